@@ -1,0 +1,92 @@
+// fattn — exact scaled-dot-product attention: O = softmax(Q Kᵀ · scale) V.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "fattn/tensor.hpp"
+
+namespace fattn {
+
+// Every error fattn reports is this exception. Invalid arguments are found before
+// any memory is touched; the message names the argument, the expected and the
+// actual value, e.g. "fattn: k.size(3) (head dim) must equal q.size(3) = 64, got 32".
+// A working-memory allocation that fails is reported with it too.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Which keys a query may see.
+//   top_left:     query i sees keys j <= i                (PyTorch's is_causal)
+//   bottom_right: query i sees keys j <= i + (Sk - Sq)    (FlashAttention's causal)
+// With bottom_right and Sq > Sk the first Sq - Sk queries see no key at all:
+// their output row is 0 and their logsumexp is -inf.
+enum class Causal : std::uint8_t { none, top_left, bottom_right };
+
+// The implementation to run. All of them are reached through attention_forward,
+// so tests and benchmarks compare them through the same call.
+//   reference: plain loops, float64 accumulation (for tests; slow)
+//   naive:     3 stages — scores = Q·Kᵀ·scale to an Sq×Sk buffer, softmax, O = P·V
+//   fused:     tiled, online softmax; the Sq×Sk matrix never leaves cache
+//   automatic: the best for this device (fused)
+enum class Impl : std::uint8_t { automatic, reference, naive, fused };
+
+// CPU instruction set for the naive and fused kernels. automatic picks the widest
+// this CPU supports; asking for one it lacks is an Error.
+enum class Isa : std::uint8_t { automatic, avx512, avx2, portable };
+
+const char* to_string(Causal causal);
+const char* to_string(Impl impl);
+const char* to_string(Isa isa);
+Impl parse_impl(const std::string& name);  // throws Error on an unknown name
+Isa parse_isa(const std::string& name);    // throws Error on an unknown name
+
+// How CPU work items are spread over threads. By default fattn uses its own
+// OpenMP team; a host framework (e.g. PyTorch) can pass its own pool instead so
+// that the two do not oversubscribe the cores. run() must call
+// worker(arg, w) exactly once for every w in [0, workers), concurrently or not.
+struct ParallelRunner {
+  void (*run)(void* context, int workers, void (*worker)(void* arg, int worker_index),
+              void* arg) = nullptr;
+  void* context = nullptr;
+};
+
+struct Options {
+  std::optional<double> scale;  // default 1/sqrt(head_dim); must be finite
+  Causal causal = Causal::none;
+  Impl impl = Impl::automatic;
+  Isa isa = Isa::automatic;
+  int num_threads = 0;                        // 0: all cores (OMP_NUM_THREADS is honoured)
+  const ParallelRunner* runner = nullptr;     // nullptr: fattn's OpenMP team
+  void* cuda_stream = nullptr;                // for the CUDA backend (cudaStream_t)
+};
+
+// q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32
+// Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA). D in [16, 256]. lse may be null.
+// lse is the natural-log logsumexp of the scaled, masked scores of each query row.
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView* lse, const Options& options = {});
+
+// Bytes of working memory the chosen implementation allocates for this problem
+// (the naive path's Sq×Sk buffer, per-thread tiles, packed operands).
+std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const Options& options = {});
+
+// Float64 reference for one query row (b, h, i), for checking sampled rows of long
+// problems: writes head_dim values to out_row and returns the row's logsumexp
+// (-inf for a row that sees no key). Same arguments and validation as attention_forward,
+// without the output.
+double reference_row(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const Options& options, std::int64_t b, std::int64_t h, std::int64_t i,
+                     double* out_row);
+
+// What this machine offers.
+Isa best_cpu_isa();
+bool cpu_supports(Isa isa);
+int default_num_threads();
+const char* version();
+
+}  // namespace fattn

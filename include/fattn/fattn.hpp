@@ -1,0 +1,5 @@
+// fattn — public API. Include this one header.
+#pragma once
+
+#include "fattn/attention.hpp"
+#include "fattn/tensor.hpp"

@@ -1,0 +1,45 @@
+// fattn — tensor views: a pointer, sizes and strides, no ownership.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace fattn {
+
+enum class DType : std::uint8_t { float32, float16, bfloat16 };
+enum class Device : std::uint8_t { cpu, cuda };
+
+const char* to_string(DType dtype);
+const char* to_string(Device device);
+int element_size(DType dtype);
+
+// A strided view of up to 4 dimensions. Sizes and strides are in elements (64-bit).
+// Attention tensors are always *logically* (batch, heads, seq, head_dim); the
+// strides say how they sit in memory, so (B,H,S,D), (B,S,H,D) and any other
+// strided view are read without copies. The logsumexp output is rank 3:
+// (batch, heads, seq).
+struct TensorView {
+  void* data = nullptr;
+  int rank = 4;
+  std::array<std::int64_t, 4> sizes{};
+  std::array<std::int64_t, 4> strides{};
+  DType dtype = DType::float32;
+  Device device = Device::cpu;
+
+  std::int64_t size(int dim) const { return sizes[static_cast<std::size_t>(dim)]; }
+  std::int64_t stride(int dim) const { return strides[static_cast<std::size_t>(dim)]; }
+
+  // Contiguous (B, H, S, D) memory: PyTorch's layout for SDPA.
+  static TensorView bhsd(void* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                         std::int64_t head_dim, DType dtype = DType::float32,
+                         Device device = Device::cpu);
+  // Contiguous (B, S, H, D) memory: FlashAttention's layout, viewed as (B, H, S, D).
+  static TensorView bshd(void* data, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                         std::int64_t head_dim, DType dtype = DType::float32,
+                         Device device = Device::cpu);
+  // Contiguous (B, H, S) float32 logsumexp.
+  static TensorView lse(float* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                        Device device = Device::cpu);
+};
+
+}  // namespace fattn

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Every test: the C++ suite (Release), the same suite under ASan+UBSan, and a
+# consumer project built against the installed CMake package.
+# Usage: scripts/test.sh [--no-sanitizers]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+sanitizers=1
+[ "${1:-}" = "--no-sanitizers" ] && sanitizers=0
+
+scripts/setup.sh
+
+echo "== build and test (Release)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== find_package(fattn) consumer"
+rm -rf build/install build/consumer
+cmake --install build --prefix build/install >/dev/null
+cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
+cmake --build build/consumer -j"$jobs"
+ctest --test-dir build/consumer --output-on-failure
+
+if [ "$sanitizers" = 1 ]; then
+  echo "== build and test (ASan + UBSan)"
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFATTN_SANITIZE=address,undefined \
+    -DFATTN_BUILD_BENCH=ON >/dev/null
+  cmake --build build-asan -j"$jobs"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+fi

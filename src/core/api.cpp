@@ -1,0 +1,133 @@
+// fattn — the entry points: validate, pick a backend and an implementation, run.
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "core/checked.hpp"
+#include "core/parallel.hpp"
+#include "core/problem.hpp"
+#include "cpu/kernels.hpp"
+#include "fattn/attention.hpp"
+#ifdef FATTN_WITH_CUDA
+#include "cuda/backend.hpp"
+#endif
+
+#ifndef FATTN_VERSION
+#define FATTN_VERSION "0.0.0"
+#endif
+
+namespace fattn {
+namespace {
+
+constexpr std::size_t kWorkspaceAlignment = 64;  // a cache line; the widest vector
+
+const cpu::Kernels& cpu_kernels(const Options& options) {
+  if (!cpu_supports(options.isa))
+    throw Error(std::string("fattn: isa ") + to_string(options.isa) +
+                " is not supported by this CPU (best: " + to_string(best_cpu_isa()) + ")");
+  return cpu::kernels_for(options.isa);
+}
+
+void require_cpu(const TensorView& q) {
+#ifndef FATTN_WITH_CUDA
+  if (q.device == Device::cuda)
+    throw Error("fattn: q is on cuda, but this build of fattn has no CUDA backend "
+                "(rebuild with -DFATTN_CUDA=ON)");
+#endif
+  if (q.device != Device::cpu)
+    throw Error(std::string("fattn: q is on ") + to_string(q.device) +
+                ", but this entry point takes cpu tensors");
+  if (q.dtype != DType::float32)
+    throw Error(std::string("fattn: the CPU kernels take float32, got q.dtype = ") +
+                to_string(q.dtype));
+}
+
+Impl resolve(Impl impl) { return impl == Impl::automatic ? Impl::fused : impl; }
+
+// Floats of working memory, with the products checked for overflow.
+std::int64_t workspace_floats(const detail::Problem& p, const cpu::Kernels& kernels, Impl impl,
+                              int workers) {
+  if (impl == Impl::reference) return 0;
+  const bool naive = impl == Impl::naive;
+  if (naive) {  // the Sq×Sk buffer is the one product that can overflow for valid tensors
+    std::int64_t n = 0;
+    if (!detail::checked_mul(p.batch * p.q_heads, p.q_len + kernels.query_tile, &n) ||
+        !detail::checked_mul(n, p.kv_len + 64, &n) || !detail::checked_mul(n, 4, &n))
+      throw Error("fattn: the naive implementation's Sq×Sk score buffer would overflow 64 bits");
+  }
+  return kernels.workspace_floats(p, naive, workers);
+}
+
+struct FreeDeleter {
+  void operator()(float* p) const { ::operator delete[](p, std::align_val_t(kWorkspaceAlignment)); }
+};
+
+std::unique_ptr<float[], FreeDeleter> allocate(std::int64_t floats, Impl impl) {
+  if (floats == 0) return nullptr;
+  try {
+    return std::unique_ptr<float[], FreeDeleter>(static_cast<float*>(::operator new[](
+        static_cast<std::size_t>(floats) * sizeof(float), std::align_val_t(kWorkspaceAlignment))));
+  } catch (const std::bad_alloc&) {
+    throw Error(std::string("fattn: could not allocate ") + std::to_string(floats * 4) +
+                " bytes of working memory for the " + to_string(impl) + " implementation");
+  }
+}
+
+}  // namespace
+
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView* lse, const Options& options) {
+#ifdef FATTN_WITH_CUDA
+  if (q.device == Device::cuda) return cuda::attention_forward(q, k, v, out, lse, options);
+#endif
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, &out, lse, options);
+  const detail::Exec exec = detail::make_exec(options);
+  const Impl impl = resolve(options.impl);
+  if (impl == Impl::reference) {
+    cpu::reference_forward(p, exec);
+    return;
+  }
+  const cpu::Kernels& kernels = cpu_kernels(options);
+  auto workspace = allocate(workspace_floats(p, kernels, impl, exec.workers), impl);
+  if (impl == Impl::naive)
+    kernels.naive(p, exec, workspace.get());
+  else
+    kernels.fused(p, exec, workspace.get());
+}
+
+std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const Options& options) {
+#ifdef FATTN_WITH_CUDA
+  if (q.device == Device::cuda) return cuda::extra_bytes(q, k, v, options);
+#endif
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
+  const Impl impl = resolve(options.impl);
+  const int workers = detail::make_exec(options).workers;
+  if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
+    return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
+  return workspace_floats(p, cpu_kernels(options), impl, workers) *
+         static_cast<std::int64_t>(sizeof(float));
+}
+
+double reference_row(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const Options& options, std::int64_t b, std::int64_t h, std::int64_t i,
+                     double* out_row) {
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
+  if (b < 0 || b >= p.batch || h < 0 || h >= p.q_heads || i < 0 || i >= p.q_len)
+    throw Error("fattn: reference_row index (" + std::to_string(b) + ", " + std::to_string(h) +
+                ", " + std::to_string(i) + ") is outside q's (B, Hq, Sq) = (" +
+                std::to_string(p.batch) + ", " + std::to_string(p.q_heads) + ", " +
+                std::to_string(p.q_len) + ")");
+  if (out_row == nullptr) throw Error("fattn: reference_row out_row must not be null");
+  std::vector<double> scores;
+  return cpu::reference_row(p, b, h, i, out_row, scores);
+}
+
+const char* version() { return FATTN_VERSION; }
+
+}  // namespace fattn

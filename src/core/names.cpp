@@ -1,0 +1,86 @@
+// fattn — names of the enumerations, and the tensor-view constructors.
+#include <string>
+
+#include "fattn/attention.hpp"
+#include "fattn/tensor.hpp"
+
+namespace fattn {
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return "float32";
+    case DType::float16: return "float16";
+    case DType::bfloat16: return "bfloat16";
+  }
+  return "unknown dtype";
+}
+
+const char* to_string(Device device) {
+  switch (device) {
+    case Device::cpu: return "cpu";
+    case Device::cuda: return "cuda";
+  }
+  return "unknown device";
+}
+
+int element_size(DType dtype) { return dtype == DType::float32 ? 4 : 2; }
+
+const char* to_string(Causal causal) {
+  switch (causal) {
+    case Causal::none: return "none";
+    case Causal::top_left: return "top_left";
+    case Causal::bottom_right: return "bottom_right";
+  }
+  return "unknown causal";
+}
+
+const char* to_string(Impl impl) {
+  switch (impl) {
+    case Impl::automatic: return "auto";
+    case Impl::reference: return "reference";
+    case Impl::naive: return "naive";
+    case Impl::fused: return "fused";
+  }
+  return "unknown impl";
+}
+
+const char* to_string(Isa isa) {
+  switch (isa) {
+    case Isa::automatic: return "auto";
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    case Isa::portable: return "portable";
+  }
+  return "unknown isa";
+}
+
+Impl parse_impl(const std::string& name) {
+  for (Impl i : {Impl::automatic, Impl::reference, Impl::naive, Impl::fused})
+    if (name == to_string(i)) return i;
+  throw Error("fattn: impl must be one of auto, reference, naive, fused; got '" + name + "'");
+}
+
+Isa parse_isa(const std::string& name) {
+  for (Isa i : {Isa::automatic, Isa::avx512, Isa::avx2, Isa::portable})
+    if (name == to_string(i)) return i;
+  throw Error("fattn: isa must be one of auto, avx512, avx2, portable; got '" + name + "'");
+}
+
+TensorView TensorView::bhsd(void* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                            std::int64_t head_dim, DType dtype, Device device) {
+  return {data, 4, {batch, heads, seq, head_dim},
+          {heads * seq * head_dim, seq * head_dim, head_dim, 1}, dtype, device};
+}
+
+TensorView TensorView::bshd(void* data, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                            std::int64_t head_dim, DType dtype, Device device) {
+  return {data, 4, {batch, heads, seq, head_dim},
+          {seq * heads * head_dim, head_dim, heads * head_dim, 1}, dtype, device};
+}
+
+TensorView TensorView::lse(float* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                           Device device) {
+  return {data, 3, {batch, heads, seq, 0}, {heads * seq, seq, 1, 0}, DType::float32, device};
+}
+
+}  // namespace fattn

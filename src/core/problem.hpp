@@ -1,0 +1,54 @@
+// fattn — the validated problem that every backend receives.
+#pragma once
+
+#include <cstdint>
+
+#include "fattn/attention.hpp"
+
+namespace fattn::detail {
+
+// Element (b, h, s, d) of a strided 4-D float tensor.
+template <class T>
+struct Strided {
+  T* data = nullptr;
+  std::int64_t batch = 0, head = 0, seq = 0, dim = 0;  // strides in elements
+
+  T* row(std::int64_t b, std::int64_t h, std::int64_t s) const {
+    return data + b * batch + h * head + s * seq;
+  }
+};
+
+struct Problem {
+  std::int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
+  double scale = 0.0;
+  Causal causal = Causal::none;
+  // Key j is visible to query i iff j <= i + causal_offset (causal problems only):
+  // 0 for top-left alignment, kv_len − q_len for bottom-right.
+  std::int64_t causal_offset = 0;
+
+  Strided<const float> q, k, v;
+  Strided<float> out;
+  Strided<float> lse;  // dim stride unused; null data when no logsumexp is asked for
+
+  std::int64_t group_size() const { return q_heads / kv_heads; }  // query heads per kv head
+  std::int64_t kv_head_of(std::int64_t q_head) const { return q_head / group_size(); }
+
+  // One past the last key that queries [q_begin, q_end) may see.
+  std::int64_t kv_end(std::int64_t q_end) const {
+    if (causal == Causal::none) return kv_len;
+    const std::int64_t last_visible = q_end - 1 + causal_offset;
+    if (last_visible < 0) return 0;
+    return last_visible + 1 < kv_len ? last_visible + 1 : kv_len;
+  }
+  // Whether some key in [kv_begin, kv_end) is hidden from some query in [q_begin, q_end).
+  bool needs_mask(std::int64_t q_begin, std::int64_t kv_block_end) const {
+    return causal != Causal::none && kv_block_end - 1 > q_begin + causal_offset;
+  }
+};
+
+// Validates the arguments (throwing fattn::Error) and describes the problem.
+// out may be null (reference_row checks one row without an output tensor).
+Problem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView* out, const TensorView* lse, const Options& options);
+
+}  // namespace fattn::detail

@@ -1,0 +1,198 @@
+// fattn — argument validation: every check runs before any memory is touched.
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "core/checked.hpp"
+#include "core/problem.hpp"
+
+namespace fattn::detail {
+namespace {
+
+constexpr std::int64_t kMinHeadDim = 16;
+constexpr std::int64_t kMaxHeadDim = 256;
+
+[[noreturn]] void fail(const std::string& message) { throw Error("fattn: " + message); }
+
+std::string dim_name(const char* tensor, int dim) {
+  return std::string(tensor) + ".size(" + std::to_string(dim) + ")";
+}
+
+// Byte range [first, last) a view can touch.
+struct Extent {
+  std::uintptr_t first, last;
+};
+
+Extent check_view(const char* name, const TensorView& t, int rank, DType dtype, Device device) {
+  if (t.data == nullptr) fail(std::string(name) + " has a null data pointer");
+  if (t.rank != rank) {
+    std::ostringstream m;
+    m << name << " must have rank " << rank << ", got " << t.rank;
+    fail(m.str());
+  }
+  if (t.device != device) {
+    std::ostringstream m;
+    m << name << " must be on " << to_string(device) << " like q, got " << to_string(t.device);
+    fail(m.str());
+  }
+  if (t.dtype != dtype) {
+    std::ostringstream m;
+    m << name << " must have dtype " << to_string(dtype) << ", got " << to_string(t.dtype);
+    fail(m.str());
+  }
+  std::int64_t last_offset = 0;
+  for (int d = 0; d < rank; ++d) {
+    if (t.size(d) <= 0) {
+      std::ostringstream m;
+      m << dim_name(name, d) << " must be positive, got " << t.size(d);
+      fail(m.str());
+    }
+    if (t.stride(d) < 0) {
+      std::ostringstream m;
+      m << name << ".stride(" << d << ") must be non-negative, got " << t.stride(d);
+      fail(m.str());
+    }
+    std::int64_t reach = 0;
+    if (!checked_mul(t.size(d) - 1, t.stride(d), &reach) ||
+        !checked_add(last_offset, reach, &last_offset))
+      fail(std::string(name) + ": sizes times strides overflow 64-bit offsets");
+  }
+  std::int64_t elements = 1;
+  for (int d = 0; d < rank; ++d)
+    if (!checked_mul(elements, t.size(d), &elements))
+      fail(std::string(name) + ": the product of its sizes overflows 64 bits");
+  std::int64_t bytes = 0;
+  if (!checked_add(last_offset, 1, &bytes) || !checked_mul(bytes, element_size(dtype), &bytes))
+    fail(std::string(name) + ": its extent in bytes overflows 64 bits");
+  const auto first = reinterpret_cast<std::uintptr_t>(t.data);
+  if (first + static_cast<std::uintptr_t>(bytes) < first)
+    fail(std::string(name) + ": its extent wraps around the address space");
+  return {first, first + static_cast<std::uintptr_t>(bytes)};
+}
+
+void expect_size(const char* name, const TensorView& t, int dim, const char* meaning,
+                 const std::string& source, std::int64_t expected) {
+  if (t.size(dim) == expected) return;
+  std::ostringstream m;
+  m << dim_name(name, dim) << " (" << meaning << ") must equal " << source << " = " << expected
+    << ", got " << t.size(dim);
+  fail(m.str());
+}
+
+// An output must not have two index tuples at one address: sorted by stride,
+// each dimension must step over everything the smaller ones span.
+void expect_no_self_overlap(const char* name, const TensorView& t) {
+  int order[4] = {0, 1, 2, 3};
+  for (int a = 0; a < t.rank; ++a)
+    for (int b = a + 1; b < t.rank; ++b)
+      if (t.stride(order[b]) < t.stride(order[a])) std::swap(order[a], order[b]);
+  std::int64_t span = 1;  // offsets [0, span) are reachable by the smaller dimensions
+  for (int n = 0; n < t.rank; ++n) {
+    const int d = order[n];
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) < span) {
+      std::ostringstream m;
+      m << name << " has overlapping elements (stride(" << d << ") = " << t.stride(d)
+        << " is smaller than the " << span << " elements its inner dimensions span)";
+      fail(m.str());
+    }
+    span = t.stride(d) * (t.size(d) - 1) + span;
+  }
+}
+
+void expect_disjoint(const char* out_name, Extent out, const char* in_name, Extent in) {
+  if (out.first < in.last && in.first < out.last)
+    fail(std::string(out_name) + " must not overlap " + in_name +
+         " (the kernels read inputs while writing outputs)");
+}
+
+}  // namespace
+
+Problem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView* out, const TensorView* lse, const Options& options) {
+  const DType dtype = q.dtype;
+  const Device device = q.device;
+  const Extent q_extent = check_view("q", q, 4, dtype, device);
+  const Extent k_extent = check_view("k", k, 4, dtype, device);
+  const Extent v_extent = check_view("v", v, 4, dtype, device);
+
+  expect_size("k", k, 0, "batch", "q.size(0)", q.size(0));
+  expect_size("v", v, 0, "batch", "q.size(0)", q.size(0));
+  expect_size("v", v, 1, "kv heads", "k.size(1)", k.size(1));
+  expect_size("v", v, 2, "kv sequence", "k.size(2)", k.size(2));
+  if (q.size(1) % k.size(1) != 0) {
+    std::ostringstream m;
+    m << "q.size(1) (query heads) must be a multiple of k.size(1) (kv heads) = " << k.size(1)
+      << ", got " << q.size(1);
+    fail(m.str());
+  }
+  const std::int64_t head_dim = q.size(3);
+  if (head_dim < kMinHeadDim || head_dim > kMaxHeadDim) {
+    std::ostringstream m;
+    m << "q.size(3) (head dim) must be in [" << kMinHeadDim << ", " << kMaxHeadDim << "], got "
+      << head_dim;
+    fail(m.str());
+  }
+  expect_size("k", k, 3, "head dim", "q.size(3)", head_dim);
+  expect_size("v", v, 3, "head dim", "q.size(3)", head_dim);
+
+  if (out) {
+    const Extent out_extent = check_view("out", *out, 4, dtype, device);
+    for (int d = 0; d < 4; ++d) expect_size("out", *out, d, "as q", dim_name("q", d), q.size(d));
+    expect_no_self_overlap("out", *out);
+    expect_disjoint("out", out_extent, "q", q_extent);
+    expect_disjoint("out", out_extent, "k", k_extent);
+    expect_disjoint("out", out_extent, "v", v_extent);
+    if (lse) {
+      const Extent lse_extent = check_view("lse", *lse, 3, DType::float32, device);
+      expect_size("lse", *lse, 0, "batch", "q.size(0)", q.size(0));
+      expect_size("lse", *lse, 1, "query heads", "q.size(1)", q.size(1));
+      expect_size("lse", *lse, 2, "query sequence", "q.size(2)", q.size(2));
+      expect_no_self_overlap("lse", *lse);
+      expect_disjoint("lse", lse_extent, "q", q_extent);
+      expect_disjoint("lse", lse_extent, "k", k_extent);
+      expect_disjoint("lse", lse_extent, "v", v_extent);
+      expect_disjoint("lse", lse_extent, "out", out_extent);
+    }
+  }
+
+  const double scale =
+      options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  if (!std::isfinite(scale)) {
+    std::ostringstream m;
+    m << "scale must be finite, got " << scale;
+    fail(m.str());
+  }
+  if (options.num_threads < 0) {
+    std::ostringstream m;
+    m << "num_threads must be >= 0 (0: all cores), got " << options.num_threads;
+    fail(m.str());
+  }
+  if (options.runner && !options.runner->run) fail("runner.run must not be null");
+
+  Problem p;
+  p.batch = q.size(0);
+  p.q_heads = q.size(1);
+  p.kv_heads = k.size(1);
+  p.q_len = q.size(2);
+  p.kv_len = k.size(2);
+  p.head_dim = head_dim;
+  p.scale = scale;
+  p.causal = options.causal;
+  p.causal_offset = options.causal == Causal::bottom_right ? p.kv_len - p.q_len : 0;
+  auto strided = [](auto* data, const TensorView& t) {
+    return Strided<std::remove_pointer_t<decltype(data)>>{data, t.stride(0), t.stride(1),
+                                                          t.stride(2), t.stride(3)};
+  };
+  p.q = strided(static_cast<const float*>(q.data), q);
+  p.k = strided(static_cast<const float*>(k.data), k);
+  p.v = strided(static_cast<const float*>(v.data), v);
+  if (out) p.out = strided(static_cast<float*>(out->data), *out);
+  if (lse) p.lse = {static_cast<float*>(lse->data), lse->stride(0), lse->stride(1), lse->stride(2), 0};
+  return p;
+}
+
+}  // namespace fattn::detail

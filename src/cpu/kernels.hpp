@@ -1,0 +1,35 @@
+// fattn — the CPU kernels of one instruction set, as a table the dispatcher picks from.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/parallel.hpp"
+#include "core/problem.hpp"
+
+namespace fattn::cpu {
+
+struct Kernels {
+  Isa isa;
+  int query_tile;  // Br: query rows per work item
+  // Floats of working memory for this problem (naive or fused) with `workers` threads.
+  std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
+  void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+};
+
+// Built from kernels_isa.cpp, once per instruction set. avx512 and avx2 exist only on x86-64.
+extern const Kernels avx512_kernels;
+extern const Kernels avx2_kernels;
+extern const Kernels portable_kernels;
+
+// The table for an ISA this CPU supports (the caller checks), or the best one.
+const Kernels& kernels_for(Isa isa);
+
+// Float64 reference: plain loops, for tests (cpu/reference.cpp).
+void reference_forward(const detail::Problem& p, const detail::Exec& exec);
+// One row of it: writes head_dim values, returns the logsumexp. scores is scratch.
+double reference_row(const detail::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
+                     double* out_row, std::vector<double>& scores);
+
+}  // namespace fattn::cpu

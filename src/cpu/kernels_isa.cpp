@@ -1,0 +1,28 @@
+// fattn — instantiates the CPU kernels for one instruction set.
+//
+// The build compiles this file once per ISA with that ISA's flags, defining
+//   FATTN_VECTOR_BYTES  64 (AVX-512), 32 (AVX2+FMA) or 16 (portable)
+//   FATTN_KERNELS       the name of the table: avx512_kernels, avx2_kernels, portable_kernels
+//   FATTN_ISA           the Isa enumerator
+// Everything here is a template instantiated on Simd<FATTN_VECTOR_BYTES>, a type
+// unique to this unit, so code built with wide instructions never leaks into
+// another unit's symbols.
+#include "cpu/fused.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/naive.hpp"
+
+namespace fattn::cpu {
+namespace {
+
+using S = Simd<FATTN_VECTOR_BYTES>;
+
+std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
+  return Workspace<S>(p, naive, workers).total;
+}
+
+}  // namespace
+
+const Kernels FATTN_KERNELS = {Isa::FATTN_ISA, TileOps<S>::Br, workspace_floats,
+                               fused_forward<S>, naive_forward<S>};
+
+}  // namespace fattn::cpu

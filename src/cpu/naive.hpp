@@ -1,0 +1,78 @@
+// fattn — the naive CPU baseline: three stages, the score matrix in memory.
+//
+//   stage 1  scores = Q·Kᵀ·scale      written to a B·Hq·Sq·Sk buffer
+//   stage 2  P = softmax(scores)       in place: max pass, exp/sum pass, normalise pass
+//   stage 3  O = P·V
+// Each stage is a separate parallel loop over (batch, head, query tile) that finishes
+// before the next starts — the CPU picture of three kernel launches. The stages use
+// the fused kernel's own tile operations (same register-blocked FMA micro-kernels,
+// same exp2), and skip the same fully masked key tiles, so fused vs naive measures
+// the effect of fusion alone.
+#pragma once
+
+#include <algorithm>
+
+#include "cpu/workspace.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  using Ops = TileOps<S>;
+  Workspace<S> ws(p, /*is_naive=*/true, exec.workers);
+  ws.base = memory;
+  ws.prepare_kv(exec);
+  const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
+  struct Tile {
+    std::int64_t b, h, t, i0, rows, hk, kv_end;
+  };
+  auto tile_at = [&](std::int64_t item) {
+    Tile x;
+    ws.tile_of(item, &x.b, &x.h, &x.t);
+    x.i0 = x.t * Ops::Br;
+    x.rows = std::min<std::int64_t>(Ops::Br, p.q_len - x.i0);
+    x.hk = p.kv_head_of(x.h);
+    x.kv_end = p.kv_end(x.i0 + x.rows);
+    return x;
+  };
+
+  // Stage 1: scores.
+  detail::parallel_items(exec, ws.tile_items(), [&](std::int64_t item, int worker) {
+    const Tile x = tile_at(item);
+    const auto tile = ws.worker(worker);
+    Ops::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, p.head_dim, q_factor, tile.qt);
+    Ops::scores_tile(ws.k_panels(x.b, x.hk), 0, x.kv_end, tile.qt, p.head_dim,
+                     ws.scores(x.b, x.h, x.t));
+  });
+
+  // Stage 2: softmax of each query row, in place; logsumexp.
+  detail::parallel_items(exec, ws.tile_items(), [&](std::int64_t item, int worker) {
+    const Tile x = tile_at(item);
+    const auto tile = ws.worker(worker);
+    float* scores = ws.scores(x.b, x.h, x.t);
+    if (p.needs_mask(x.i0, x.kv_end)) Ops::mask_tile(scores, x.kv_end, 0, x.i0, p.causal_offset);
+    Ops::start_rows(tile.m, tile.l, tile.ot, 0);
+    Ops::softmax_update(scores, x.kv_end, tile.m, tile.l, tile.alpha);
+    Ops::normalize_rows(scores, x.kv_end, tile.l);
+    Ops::store_lse(tile.m, tile.l, p, x.b, x.h, x.i0, x.rows);
+  });
+
+  // Stage 3: O = P·V, key tile by key tile as in the fused kernel.
+  detail::parallel_items(exec, ws.tile_items(), [&](std::int64_t item, int worker) {
+    const Tile x = tile_at(item);
+    const auto tile = ws.worker(worker);
+    const float* probs = ws.scores(x.b, x.h, x.t);
+    std::int64_t v_stride;
+    const float* v = ws.v_rows(x.b, x.hk, &v_stride);
+    Ops::start_rows(tile.m, tile.l, tile.ot, p.head_dim);
+    for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
+    for (std::int64_t j0 = 0; j0 < x.kv_end; j0 += Ops::Bc) {
+      const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
+      Ops::pv_accumulate(v + j0 * v_stride, v_stride, nj, probs + j0 * Ops::Br, tile.ones,
+                         p.head_dim, tile.ot);
+    }
+    Ops::store_output(tile.ot, tile.ones, p, x.b, x.h, x.i0, x.rows);
+  });
+}
+
+}  // namespace fattn::cpu

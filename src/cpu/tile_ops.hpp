@@ -1,0 +1,218 @@
+// fattn — the tile operations the CPU kernels are made of.
+//
+// Layouts (Br = query tile rows, D = head dim):
+//   qt  [D][Br]   the query tile, transposed and pre-scaled by scale·log2(e)
+//   kp  [D][key_rows] per panel: key_rows keys interleaved, so a broadcast walks forward
+//   st  [Bc][Br]  scores, keys × queries; becomes the probabilities P in place
+//   ot  [D][Br]   the output accumulator, transposed
+//   m, l, alpha [Br]  running max (log2 units), running sum, this tile's rescale factor
+// Queries run along the vector lanes, so the softmax needs no horizontal reductions.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/problem.hpp"
+#include "cpu/exp2.hpp"
+#include "cpu/simd.hpp"
+#include "cpu/tiling.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+struct TileOps {
+  using vec = typename S::vec;
+  using T = Tiling<S::lanes * static_cast<int>(sizeof(float))>;
+  static constexpr int L = S::lanes;
+  static constexpr int NV = T::query_vecs;
+  static constexpr int Br = NV * L;
+  static constexpr int Bc = T::key_tile;
+  static constexpr int MK = T::key_rows;
+  static constexpr int MD = T::dim_rows;
+  static_assert(Bc % MK == 0, "a key tile is a whole number of key panels");
+
+  static constexpr float kLog2e = 1.4426950408889634f;
+  static constexpr float kLn2 = 0.6931471805599453f;
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  // qt[d][i] = q[i0+i][d] · factor; rows past the end of the sequence are zero.
+  static void load_q_transposed(const detail::Strided<const float>& q, std::int64_t b,
+                                std::int64_t h, std::int64_t i0, std::int64_t rows, std::int64_t D,
+                                float factor, float* qt) {
+    for (std::int64_t i = 0; i < Br; ++i) {
+      const float* row = i < rows ? q.row(b, h, i0 + i) : nullptr;
+      for (std::int64_t d = 0; d < D; ++d) qt[d * Br + i] = row ? row[d * q.dim] * factor : 0.0f;
+    }
+  }
+
+  // Packs keys [0, n) of one head into panels of MK keys; the last panel is zero-padded.
+  static void pack_k_panels(const float* k, std::int64_t seq_stride, std::int64_t dim_stride,
+                            std::int64_t n, std::int64_t D, float* kp) {
+    for (std::int64_t g = 0; g * MK < n; ++g, kp += D * MK)
+      for (int r = 0; r < MK; ++r) {
+        const std::int64_t j = g * MK + r;
+        const float* row = j < n ? k + j * seq_stride : nullptr;
+        for (std::int64_t d = 0; d < D; ++d) kp[d * MK + r] = row ? row[d * dim_stride] : 0.0f;
+      }
+  }
+
+  // st[r][·] = Σ_d kp[d][r] · qt[d][·] for the MK keys of one panel.
+  static void scores_block(const float* kp, const float* qt, std::int64_t D, float* st) {
+    vec acc[MK][NV] = {};
+    for (std::int64_t d = 0; d < D; ++d) {
+      vec qv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) qv[v] = S::load(qt + d * Br + v * L);
+#pragma GCC unroll 16
+      for (int r = 0; r < MK; ++r) {
+        const vec kb = S::splat(kp[d * MK + r]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = S::fma(kb, qv[v], acc[r][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MK; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) S::store(st + r * Br + v * L, acc[r][v]);
+  }
+
+  // Scores of keys [j0, j0 + nj) against the query tile: nj rows of st.
+  static void scores_tile(const float* kpanels, std::int64_t j0, std::int64_t nj, const float* qt,
+                          std::int64_t D, float* st) {
+    for (std::int64_t g = j0 / MK; g * MK < j0 + nj; ++g)
+      scores_block(kpanels + g * D * MK, qt, D, st + (g * MK - j0) * Br);
+  }
+
+  // Hides key j0+j from query i0+i where j0+j > i0+i+offset (causal).
+  static void mask_tile(float* st, std::int64_t nj, std::int64_t j0, std::int64_t i0,
+                        std::int64_t offset) {
+    for (std::int64_t j = 0; j < nj; ++j) {
+      // Query i sees key j0+j iff i >= j0 + j − offset − i0.
+      std::int64_t first_seeing = j0 + j - offset - i0;
+      if (first_seeing > Br) first_seeing = Br;
+      for (std::int64_t i = 0; i < first_seeing; ++i) st[j * Br + i] = kNegInf;
+    }
+  }
+
+  // Online softmax over nj rows of scores: new running max m, rescale factor
+  // alpha = 2^(m_old − m_new), st ← 2^(st − m_new), l ← alpha·l + Σ_j st.
+  // A query that has seen no key yet keeps m = −inf and uses 0 as its reference,
+  // so its probabilities are exactly 0 rather than NaN.
+  static void softmax_update(float* st, std::int64_t nj, float* m, float* l, float* alpha) {
+    vec m_new[NV], m_ref[NV], sum[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) m_new[v] = S::load(m + v * L);
+    for (std::int64_t j = 0; j < nj; ++j)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) m_new[v] = S::max(S::load(st + j * Br + v * L), m_new[v]);
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      m_ref[v] = m_new[v] == kNegInf ? S::zero() : m_new[v];
+      sum[v] = S::zero();
+    }
+    for (std::int64_t j = 0; j < nj; ++j)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const vec p = exp2<S>(S::load(st + j * Br + v * L) - m_ref[v]);
+        S::store(st + j * Br + v * L, p);
+        sum[v] += p;
+      }
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const vec a = exp2<S>(S::load(m + v * L) - m_ref[v]);
+      S::store(alpha + v * L, a);
+      S::store(l + v * L, S::fma(S::load(l + v * L), a, sum[v]));
+      S::store(m + v * L, m_new[v]);
+    }
+  }
+
+  // ot[d0+r][·] = alpha·ot[d0+r][·] + Σ_{j<nj} v[j][d0+r] · p[j][·] for R dims.
+  template <int R>
+  static void pv_block(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
+                       const float* alpha, float* ot) {
+    vec acc[R][NV] = {};
+    for (std::int64_t j = 0; j < nj; ++j) {
+      vec pv[NV];
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) pv[u] = S::load(p + j * Br + u * L);
+      const float* vrow = v + j * v_stride;
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const vec vb = S::splat(vrow[r]);
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; ++u) acc[r][u] = S::fma(vb, pv[u], acc[r][u]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) {
+        float* o = ot + r * Br + u * L;
+        S::store(o, S::fma(S::load(o), S::load(alpha + u * L), acc[r][u]));
+      }
+  }
+
+  // ot ← alpha·ot + Vᵀ·P over nj keys; v points at key 0 of the tile, dims contiguous.
+  static void pv_accumulate(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
+                            const float* alpha, std::int64_t D, float* ot) {
+    std::int64_t d = 0;
+    for (; d + MD <= D; d += MD) pv_block<MD>(v + d, v_stride, nj, p, alpha, ot + d * Br);
+    if (d < D) pv_tail<MD - 1>(static_cast<int>(D - d), v + d, v_stride, nj, p, alpha, ot + d * Br);
+  }
+
+  // The last D mod MD dims in one block of exactly that many rows.
+  template <int R>
+  static void pv_tail(int rows, const float* v, std::int64_t v_stride, std::int64_t nj,
+                      const float* p, const float* alpha, float* ot) {
+    if constexpr (R > 0) {
+      if (rows == R) return pv_block<R>(v, v_stride, nj, p, alpha, ot);
+      pv_tail<R - 1>(rows, v, v_stride, nj, p, alpha, ot);
+    }
+  }
+
+  // Fresh accumulators: m = −inf, l = 0, ot = 0.
+  static void start_rows(float* m, float* l, float* ot, std::int64_t D) {
+    for (int i = 0; i < Br; ++i) {
+      m[i] = kNegInf;
+      l[i] = 0.0f;
+    }
+    for (std::int64_t e = 0; e < D * Br; ++e) ot[e] = 0.0f;
+  }
+
+  // Natural-log logsumexp from the running max (log2 units) and sum.
+  static float logsumexp(float m, float l) { return (m + std::log2(l)) * kLn2; }
+
+  // 1/l, and 0 for a row that saw no key (l = 0); NaN stays NaN.
+  static vec reciprocal(vec l) { return l == 0.0f ? S::zero() : 1.0f / l; }
+
+  // st[j][i] ← st[j][i] / l[i] for nj rows (the naive path's normalise pass).
+  static void normalize_rows(float* st, std::int64_t nj, const float* l) {
+    vec inv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) inv[v] = reciprocal(S::load(l + v * L));
+    for (std::int64_t j = 0; j < nj; ++j)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) S::store(st + j * Br + v * L, S::load(st + j * Br + v * L) * inv[v]);
+  }
+
+  // out[i0+i][d] = ot[d][i] / l[i] for the tile's rows; a row that saw no key is 0.
+  static void store_output(const float* ot, const float* l, const detail::Problem& p,
+                           std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {
+    alignas(S::alignment) float inv[Br];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) S::store(inv + v * L, reciprocal(S::load(l + v * L)));
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float* orow = p.out.row(b, h, i0 + i);
+      for (std::int64_t d = 0; d < p.head_dim; ++d) orow[d * p.out.dim] = ot[d * Br + i] * inv[i];
+    }
+  }
+
+  static void store_lse(const float* m, const float* l, const detail::Problem& p, std::int64_t b,
+                        std::int64_t h, std::int64_t i0, std::int64_t rows) {
+    if (!p.lse.data) return;
+    for (std::int64_t i = 0; i < rows; ++i) *p.lse.row(b, h, i0 + i) = logsumexp(m[i], l[i]);
+  }
+};
+
+}  // namespace fattn::cpu

@@ -1,0 +1,51 @@
+// fattn — tile and register-block sizes of the CPU kernels, per vector width.
+//
+// The fused kernel works on a query tile of Br = query_vecs·lanes rows against key
+// tiles of Bc = key_tile rows. Scores are kept transposed (keys × queries), so the
+// queries of a tile run along the vector lanes and every softmax step (row max,
+// exp2, row sum, rescale) is a plain vertical vector operation.
+//
+// Register blocks: scores_block holds key_rows × query_vecs accumulators,
+// pv_block holds dim_rows × query_vecs; both must fit the register file
+// (32 vector registers with AVX-512, 16 with AVX2 and SSE) with room for the
+// query_vecs operands and one broadcast.
+//
+// Measured on the 2-core Zen 4 machine, one thread, B=2 H=8 S=2048 (docs/perf-log.md,
+// "CPU tile sizes"): the numbers after each choice are fused GFLOP/s at D=64 / D=128.
+#pragma once
+
+namespace fattn::cpu {
+
+template <int VectorBytes>
+struct Tiling;
+
+template <>
+struct Tiling<64> {  // AVX-512: 32 zmm registers
+  // Br=64 (4 vectors) × 6 keys: 84 / 90; Br=32 × 12 keys (Bc 192): 70 / 74;
+  // Br=48 × 8 keys: 82 / 79; Br=16 × 24 keys: 50 / 40.
+  static constexpr int query_vecs = 4;  // Br = 64
+  static constexpr int key_rows = 6;    // 24 accumulators in scores_block
+  // 6 dims: 84 / 90; 4 dims: 76 / 83 (fewer FMAs per P load).
+  static constexpr int dim_rows = 6;    // 24 accumulators in pv_block
+  // Bc 96: 84 / 90; 48: 80 / 87; 192: Bc·Br scores (48 KiB) no longer fit L1 with V.
+  static constexpr int key_tile = 96;   // Bc, a multiple of key_rows
+};
+
+template <>
+struct Tiling<32> {  // AVX2: 16 ymm registers
+  // Br=24 × 4 keys: 53 / 66; Br=16 × 6 keys: 39–44 / 64–66; Br=8 × 12 keys: 42 / 26.
+  static constexpr int query_vecs = 3;  // Br = 24
+  static constexpr int key_rows = 4;    // 12 accumulators
+  static constexpr int dim_rows = 4;    // 12 accumulators
+  static constexpr int key_tile = 96;
+};
+
+template <>
+struct Tiling<16> {  // portable: 16 xmm registers (SSE2) or 32 (NEON); not tuned
+  static constexpr int query_vecs = 2;  // Br = 8
+  static constexpr int key_rows = 6;    // 12 accumulators, as AVX2's first choice
+  static constexpr int dim_rows = 6;
+  static constexpr int key_tile = 96;
+};
+
+}  // namespace fattn::cpu

@@ -1,0 +1,104 @@
+// fattn — working memory of the CPU kernels, and the key/value pre-pass.
+//
+// One allocation, carved up here (every piece 64-byte aligned):
+//   K panels  B·Hkv·ceil(Sk/key_rows)·key_rows·D   keys re-laid for broadcast (O(S))
+//   V rows    B·Hkv·Sk·D, only when V's head-dim stride is not 1       (O(S))
+//   scores    B·Hq·ceil(Sq/Br)·Sk_padded·Br, naive only                (O(Sq·Sk))
+//   per worker: qt, ot [D][Br], m, l, alpha, ones [Br], st [Bc][Br]    (O(1) in S)
+#pragma once
+
+#include <cstdint>
+
+#include "core/parallel.hpp"
+#include "core/problem.hpp"
+#include "cpu/tile_ops.hpp"
+
+namespace fattn::cpu {
+
+inline std::int64_t align_floats(std::int64_t n) { return (n + 15) / 16 * 16; }
+
+template <class S>
+struct Workspace {
+  using Ops = TileOps<S>;
+  static constexpr int Br = Ops::Br;
+
+  struct Worker {
+    float *qt, *ot, *m, *l, *alpha, *ones;
+    float* st;  // one key tile of scores, Bc×Br (fused only)
+  };
+
+  const detail::Problem& p;
+  bool naive;
+  std::int64_t q_tiles, kv_padded, k_panel_head, v_rows_head, scores_block, worker_floats;
+  std::int64_t k_panels_at, v_rows_at, scores_at, workers_at, total;
+  float* base = nullptr;
+
+  Workspace(const detail::Problem& problem, bool is_naive, int workers)
+      : p(problem), naive(is_naive) {
+    q_tiles = (p.q_len + Br - 1) / Br;
+    kv_padded = (p.kv_len + Ops::MK - 1) / Ops::MK * Ops::MK;
+    k_panel_head = align_floats(kv_padded * p.head_dim);
+    v_rows_head = p.v.dim == 1 ? 0 : align_floats(p.kv_len * p.head_dim);
+    scores_block = kv_padded * Br;
+    worker_floats = 2 * align_floats(p.head_dim * Br) + 4 * align_floats(Br) +
+                    (naive ? 0 : Ops::Bc * Br);
+    const std::int64_t kv_heads = p.batch * p.kv_heads;
+    k_panels_at = 0;
+    v_rows_at = k_panels_at + kv_heads * k_panel_head;
+    scores_at = v_rows_at + kv_heads * v_rows_head;
+    workers_at = scores_at + (naive ? p.batch * p.q_heads * q_tiles * scores_block : 0);
+    total = workers_at + workers * worker_floats;
+  }
+
+  const float* k_panels(std::int64_t b, std::int64_t hk) const {
+    return base + k_panels_at + (b * p.kv_heads + hk) * k_panel_head;
+  }
+  // V rows of one head, dims contiguous, and the stride between rows.
+  const float* v_rows(std::int64_t b, std::int64_t hk, std::int64_t* row_stride) const {
+    if (v_rows_head == 0) {
+      *row_stride = p.v.seq;
+      return p.v.row(b, hk, 0);
+    }
+    *row_stride = p.head_dim;
+    return base + v_rows_at + (b * p.kv_heads + hk) * v_rows_head;
+  }
+  float* scores(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    return base + scores_at + ((b * p.q_heads + h) * q_tiles + t) * scores_block;
+  }
+  Worker worker(int w) const {
+    float* s = base + workers_at + w * worker_floats;
+    const std::int64_t tile = align_floats(p.head_dim * Br), vec = align_floats(Br);
+    return {s,
+            s + tile,
+            s + 2 * tile,
+            s + 2 * tile + vec,
+            s + 2 * tile + 2 * vec,
+            s + 2 * tile + 3 * vec,
+            naive ? nullptr : s + 2 * tile + 4 * vec};
+  }
+
+  // Pre-pass: every kv head's keys into panels (and V into contiguous rows if needed).
+  void prepare_kv(const detail::Exec& exec) const {
+    detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
+      const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
+      Ops::pack_k_panels(p.k.row(b, hk, 0), p.k.seq, p.k.dim, p.kv_len, p.head_dim,
+                         base + k_panels_at + item * k_panel_head);
+      if (v_rows_head == 0) return;
+      float* dst = base + v_rows_at + item * v_rows_head;
+      for (std::int64_t j = 0; j < p.kv_len; ++j)
+        for (std::int64_t d = 0; d < p.head_dim; ++d)
+          dst[j * p.head_dim + d] = p.v.row(b, hk, j)[d * p.v.dim];
+    });
+  }
+
+  // Work item → (batch, head, query tile), heaviest query tiles first under causal masks.
+  void tile_of(std::int64_t item, std::int64_t* b, std::int64_t* h, std::int64_t* t) const {
+    const std::int64_t heads = p.batch * p.q_heads;
+    *t = q_tiles - 1 - item / heads;
+    *b = item % heads / p.q_heads;
+    *h = item % p.q_heads;
+  }
+  std::int64_t tile_items() const { return p.batch * p.q_heads * q_tiles; }
+};
+
+}  // namespace fattn::cpu
