@@ -46,18 +46,16 @@ void require_cpu(const TensorView& q) {
 
 Impl resolve(Impl impl) { return impl == Impl::automatic ? Impl::fused : impl; }
 
-// Floats of working memory, with the products checked for overflow.
+// Floats of working memory; every size product is checked for overflow.
 std::int64_t workspace_floats(const detail::Problem& p, const cpu::Kernels& kernels, Impl impl,
                               int workers) {
   if (impl == Impl::reference) return 0;
-  const bool naive = impl == Impl::naive;
-  if (naive) {  // the Sq×Sk buffer is the one product that can overflow for valid tensors
-    std::int64_t n = 0;
-    if (!detail::checked_mul(p.batch * p.q_heads, p.q_len + kernels.query_tile, &n) ||
-        !detail::checked_mul(n, p.kv_len + 64, &n) || !detail::checked_mul(n, 4, &n))
-      throw Error("fattn: the naive implementation's Sq×Sk score buffer would overflow 64 bits");
-  }
-  return kernels.workspace_floats(p, naive, workers);
+  const std::int64_t floats = kernels.workspace_floats(p, impl == Impl::naive, workers);
+  std::int64_t bytes = 0;
+  if (floats < 0 || !detail::checked_mul(floats, sizeof(float), &bytes))
+    throw Error(std::string("fattn: the ") + to_string(impl) +
+                " implementation's working memory for this problem would overflow 64 bits");
+  return floats;
 }
 
 struct FreeDeleter {

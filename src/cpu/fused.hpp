@@ -41,11 +41,13 @@ void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     const std::int64_t kv_end = p.kv_end(i0 + rows);
     for (std::int64_t j0 = 0; j0 < kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, kv_end - j0);
+      const typename Ops::Diagonal diag{j0, i0, p.causal_offset};
+      const bool on_diagonal = p.needs_mask(i0, j0 + nj);
       Ops::scores_tile(k_panels, j0, nj, tile.qt, p.head_dim, tile.st);
-      if (p.needs_mask(i0, j0 + nj)) Ops::mask_tile(tile.st, nj, j0, i0, p.causal_offset);
+      if (on_diagonal) Ops::mask_tile(tile.st, nj, diag);
       Ops::softmax_update(tile.st, nj, tile.m, tile.l, tile.alpha);
       Ops::pv_accumulate(v + j0 * v_stride, v_stride, nj, tile.st, tile.alpha, p.head_dim,
-                         tile.ot);
+                         tile.ot, on_diagonal ? &diag : nullptr);
     }
     Ops::store_output(tile.ot, tile.l, p, b, h, i0, rows);
     Ops::store_lse(tile.m, tile.l, p, b, h, i0, rows);

@@ -50,7 +50,8 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     const Tile x = tile_at(item);
     const auto tile = ws.worker(worker);
     float* scores = ws.scores(x.b, x.h, x.t);
-    if (p.needs_mask(x.i0, x.kv_end)) Ops::mask_tile(scores, x.kv_end, 0, x.i0, p.causal_offset);
+    if (p.needs_mask(x.i0, x.kv_end))
+      Ops::mask_tile(scores, x.kv_end, typename Ops::Diagonal{0, x.i0, p.causal_offset});
     Ops::start_rows(tile.m, tile.l, tile.ot, 0);
     Ops::softmax_update(scores, x.kv_end, tile.m, tile.l, tile.alpha);
     Ops::normalize_rows(scores, x.kv_end, tile.l);
@@ -68,8 +69,9 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
     for (std::int64_t j0 = 0; j0 < x.kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
+      const typename Ops::Diagonal diag{j0, x.i0, p.causal_offset};
       Ops::pv_accumulate(v + j0 * v_stride, v_stride, nj, probs + j0 * Ops::Br, tile.ones,
-                         p.head_dim, tile.ot);
+                         p.head_dim, tile.ot, p.needs_mask(x.i0, j0 + nj) ? &diag : nullptr);
     }
     Ops::store_output(tile.ot, tile.ones, p, x.b, x.h, x.i0, x.rows);
   });

@@ -32,6 +32,13 @@ struct TileOps {
   static constexpr int MD = T::dim_rows;
   static_assert(Bc % MK == 0, "a key tile is a whole number of key panels");
 
+  // Which (key, query) pairs of a tile are visible, for the tiles that straddle the
+  // causal diagonal: query i0+i sees key j0+j iff i >= first_seeing(j).
+  struct Diagonal {
+    std::int64_t j0, i0, offset;
+    std::int64_t first_seeing(std::int64_t j) const { return j0 + j - offset - i0; }
+  };
+
   static constexpr float kLog2e = 1.4426950408889634f;
   static constexpr float kLn2 = 0.6931471805599453f;
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -85,13 +92,11 @@ struct TileOps {
   }
 
   // Hides key j0+j from query i0+i where j0+j > i0+i+offset (causal).
-  static void mask_tile(float* st, std::int64_t nj, std::int64_t j0, std::int64_t i0,
-                        std::int64_t offset) {
+  static void mask_tile(float* st, std::int64_t nj, const Diagonal& diag) {
     for (std::int64_t j = 0; j < nj; ++j) {
-      // Query i sees key j0+j iff i >= j0 + j − offset − i0.
-      std::int64_t first_seeing = j0 + j - offset - i0;
-      if (first_seeing > Br) first_seeing = Br;
-      for (std::int64_t i = 0; i < first_seeing; ++i) st[j * Br + i] = kNegInf;
+      std::int64_t first = diag.first_seeing(j);
+      if (first > Br) first = Br;
+      for (std::int64_t i = 0; i < first; ++i) st[j * Br + i] = kNegInf;
     }
   }
 
@@ -128,20 +133,40 @@ struct TileOps {
   }
 
   // ot[d0+r][·] = alpha·ot[d0+r][·] + Σ_{j<nj} v[j][d0+r] · p[j][·] for R dims.
-  template <int R>
+  // On a diagonal tile the hidden (key, query) pairs are skipped rather than added
+  // with p = 0, so a NaN or Inf in a value row reaches only the queries that see it.
+  template <int R, bool OnDiagonal>
   static void pv_block(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
-                       const float* alpha, float* ot) {
+                       const float* alpha, float* ot, const Diagonal& diag) {
+    using ivec = typename S::ivec;
     vec acc[R][NV] = {};
+    ivec lane[NV];
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u)
+      lane[u] = __builtin_convertvector(S::iota(), ivec) + u * L;
     for (std::int64_t j = 0; j < nj; ++j) {
       vec pv[NV];
+      ivec visible[NV];
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u) pv[u] = S::load(p + j * Br + u * L);
+      if constexpr (OnDiagonal) {
+        std::int64_t first = diag.first_seeing(j);
+        first = first < 0 ? 0 : first > Br ? Br : first;
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; ++u) visible[u] = lane[u] >= static_cast<std::int32_t>(first);
+      }
       const float* vrow = v + j * v_stride;
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const vec vb = S::splat(vrow[r]);
 #pragma GCC unroll 8
-        for (int u = 0; u < NV; ++u) acc[r][u] = S::fma(vb, pv[u], acc[r][u]);
+        for (int u = 0; u < NV; ++u) {
+          const vec sum = S::fma(vb, pv[u], acc[r][u]);
+          if constexpr (OnDiagonal)
+            acc[r][u] = visible[u] ? sum : acc[r][u];
+          else
+            acc[r][u] = sum;
+        }
       }
     }
 #pragma GCC unroll 16
@@ -154,20 +179,34 @@ struct TileOps {
   }
 
   // ot ← alpha·ot + Vᵀ·P over nj keys; v points at key 0 of the tile, dims contiguous.
+  // diag: null for a tile every query sees whole.
   static void pv_accumulate(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
-                            const float* alpha, std::int64_t D, float* ot) {
+                            const float* alpha, std::int64_t D, float* ot,
+                            const Diagonal* diag = nullptr) {
+    if (diag)
+      pv_rows<true>(v, v_stride, nj, p, alpha, D, ot, *diag);
+    else
+      pv_rows<false>(v, v_stride, nj, p, alpha, D, ot, Diagonal{});
+  }
+
+  template <bool OnDiagonal>
+  static void pv_rows(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
+                      const float* alpha, std::int64_t D, float* ot, const Diagonal& diag) {
     std::int64_t d = 0;
-    for (; d + MD <= D; d += MD) pv_block<MD>(v + d, v_stride, nj, p, alpha, ot + d * Br);
-    if (d < D) pv_tail<MD - 1>(static_cast<int>(D - d), v + d, v_stride, nj, p, alpha, ot + d * Br);
+    for (; d + MD <= D; d += MD)
+      pv_block<MD, OnDiagonal>(v + d, v_stride, nj, p, alpha, ot + d * Br, diag);
+    if (d < D)
+      pv_tail<MD - 1, OnDiagonal>(static_cast<int>(D - d), v + d, v_stride, nj, p, alpha,
+                                  ot + d * Br, diag);
   }
 
   // The last D mod MD dims in one block of exactly that many rows.
-  template <int R>
+  template <int R, bool OnDiagonal>
   static void pv_tail(int rows, const float* v, std::int64_t v_stride, std::int64_t nj,
-                      const float* p, const float* alpha, float* ot) {
+                      const float* p, const float* alpha, float* ot, const Diagonal& diag) {
     if constexpr (R > 0) {
-      if (rows == R) return pv_block<R>(v, v_stride, nj, p, alpha, ot);
-      pv_tail<R - 1>(rows, v, v_stride, nj, p, alpha, ot);
+      if (rows == R) return pv_block<R, OnDiagonal>(v, v_stride, nj, p, alpha, ot, diag);
+      pv_tail<R - 1, OnDiagonal>(rows, v, v_stride, nj, p, alpha, ot, diag);
     }
   }
 

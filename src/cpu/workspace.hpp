@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "core/checked.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
 #include "cpu/tile_ops.hpp"
@@ -16,6 +17,23 @@
 namespace fattn::cpu {
 
 inline std::int64_t align_floats(std::int64_t n) { return (n + 15) / 16 * 16; }
+
+// Size arithmetic that remembers whether anything overflowed 64 bits.
+struct Sizes {
+  bool overflow = false;
+  std::int64_t mul(std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    overflow |= !detail::checked_mul(a, b, &r);
+    return r;
+  }
+  std::int64_t add(std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    overflow |= !detail::checked_add(a, b, &r);
+    return r;
+  }
+  std::int64_t div_up(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0); }
+  std::int64_t align(std::int64_t a) { return mul(div_up(a, 16), 16); }
+};
 
 template <class S>
 struct Workspace {
@@ -35,19 +53,24 @@ struct Workspace {
 
   Workspace(const detail::Problem& problem, bool is_naive, int workers)
       : p(problem), naive(is_naive) {
-    q_tiles = (p.q_len + Br - 1) / Br;
-    kv_padded = (p.kv_len + Ops::MK - 1) / Ops::MK * Ops::MK;
-    k_panel_head = align_floats(kv_padded * p.head_dim);
-    v_rows_head = p.v.dim == 1 ? 0 : align_floats(p.kv_len * p.head_dim);
-    scores_block = kv_padded * Br;
-    worker_floats = 2 * align_floats(p.head_dim * Br) + 4 * align_floats(Br) +
-                    (naive ? 0 : Ops::Bc * Br);
-    const std::int64_t kv_heads = p.batch * p.kv_heads;
+    // Every product is checked: broadcast (zero-stride) K and V views make huge
+    // sequence lengths valid arguments, and the panels below would wrap 64 bits.
+    Sizes n;
+    q_tiles = n.div_up(p.q_len, Br);
+    kv_padded = n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK);
+    k_panel_head = n.align(n.mul(kv_padded, p.head_dim));
+    v_rows_head = p.v.dim == 1 ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
+    scores_block = n.mul(kv_padded, Br);
+    worker_floats = n.align(p.head_dim * Br) * 2 + align_floats(Br) * 4 +
+                    (naive ? 0 : Ops::Bc * Br);  // head_dim <= 256: no overflow
+    const std::int64_t kv_heads = p.batch * p.kv_heads;  // <= elements of k
     k_panels_at = 0;
-    v_rows_at = k_panels_at + kv_heads * k_panel_head;
-    scores_at = v_rows_at + kv_heads * v_rows_head;
-    workers_at = scores_at + (naive ? p.batch * p.q_heads * q_tiles * scores_block : 0);
-    total = workers_at + workers * worker_floats;
+    v_rows_at = n.add(k_panels_at, n.mul(kv_heads, k_panel_head));
+    scores_at = n.add(v_rows_at, n.mul(kv_heads, v_rows_head));
+    const std::int64_t scores = naive ? n.mul(n.mul(p.batch * p.q_heads, q_tiles), scores_block) : 0;
+    workers_at = n.add(scores_at, scores);
+    total = n.add(workers_at, n.mul(workers, worker_floats));
+    if (n.overflow) total = -1;
   }
 
   const float* k_panels(std::int64_t b, std::int64_t hk) const {
