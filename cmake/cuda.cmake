@@ -1,0 +1,118 @@
+# fattn — the optional CUDA backend (src/cuda). Included from the top-level
+# CMakeLists.txt after the fattn target is defined.
+#
+#   FATTN_CUDA                AUTO (default): on when a CUDA compiler is found
+#                             (check_language); ON: required; OFF: never
+#   FATTN_CUDA_HEAD_DIMS      head dims the fused kernels are compiled for: the ONE list
+#                             the per-dim instantiation files and the dispatcher's
+#                             table (cuda/head_dims.hpp) are generated from
+#   CMAKE_CUDA_ARCHITECTURES  default 80;90 (no sm_90a-only instructions are used)
+#   FATTN_CUDA_WERROR         nvcc warnings are errors (host code: -Wall -Wextra too)
+#   FATTN_CUDA_PTXAS_VERBOSE  ptxas prints registers, spills and shared memory per kernel
+#   FATTN_BUILD_GPU_BENCH     gpu/fattn_gpu_bench (default: FATTN_BUILD_BENCH)
+#
+# Sets FATTN_WITH_CUDA (ON/OFF) for the rest of the build and for fattnConfig.cmake.
+
+set(FATTN_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO (when nvcc is found), ON, OFF")
+set_property(CACHE FATTN_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(FATTN_CUDA_HEAD_DIMS "64;128;32;96;256" CACHE STRING
+    "Head dims the fused CUDA kernels are compiled for (multiples of 16 in [16, 256])")
+option(FATTN_CUDA_WERROR "Treat nvcc warnings as errors" OFF)
+option(FATTN_CUDA_PTXAS_VERBOSE "Print ptxas resource usage of every CUDA kernel" OFF)
+
+string(TOUPPER "${FATTN_CUDA}" _fattn_cuda_mode)
+set(FATTN_WITH_CUDA OFF)
+if(_fattn_cuda_mode STREQUAL "AUTO")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(FATTN_WITH_CUDA ON)
+  else()
+    message(STATUS "fattn: no CUDA compiler found; building without the CUDA backend")
+  endif()
+elseif(_fattn_cuda_mode MATCHES "^(ON|TRUE|YES|Y|1)$")
+  set(FATTN_WITH_CUDA ON)
+elseif(NOT _fattn_cuda_mode MATCHES "^(OFF|FALSE|NO|N|0)$")
+  message(FATAL_ERROR "FATTN_CUDA must be AUTO, ON or OFF, got '${FATTN_CUDA}'")
+endif()
+if(NOT FATTN_WITH_CUDA)
+  return()
+endif()
+
+# sm_80 and sm_90 machine code (+ PTX). Hopper-only instructions (wgmma, TMA) would
+# need 90a; the kernels use none yet.
+set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures to build for")
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+message(STATUS "fattn: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+               "architectures ${CMAKE_CUDA_ARCHITECTURES}, head dims ${FATTN_CUDA_HEAD_DIMS})")
+
+# --- generated instantiations: one translation unit per (fused kernel, head dim) -------
+set(_fattn_gen ${PROJECT_BINARY_DIR}/fattn_cuda_generated)
+set(_fattn_dims ${FATTN_CUDA_HEAD_DIMS})
+list(REMOVE_DUPLICATES _fattn_dims)
+set(_fattn_gen_sources)
+set(FATTN_GEN_HEAD_DIM_ITEMS "")
+foreach(d IN LISTS _fattn_dims)
+  if(NOT d MATCHES "^[0-9]+$")
+    message(FATAL_ERROR "FATTN_CUDA_HEAD_DIMS: '${d}' is not a number")
+  endif()
+  math(EXPR _rem "${d} % 16")
+  if(d LESS 16 OR d GREATER 256 OR NOT _rem EQUAL 0)
+    message(FATAL_ERROR "FATTN_CUDA_HEAD_DIMS: ${d} must be a multiple of 16 in [16, 256]")
+  endif()
+  string(APPEND FATTN_GEN_HEAD_DIM_ITEMS " X(${d})")
+  foreach(family IN ITEMS mma_f16 mma_bf16 tf32x3 fma)
+    if(family STREQUAL "mma_f16")
+      set(FATTN_GEN_HEADER fused_mma.cuh)
+      set(FATTN_GEN_LAUNCHER "launch_fused_mma<__half, ${d}>")
+    elseif(family STREQUAL "mma_bf16")
+      set(FATTN_GEN_HEADER fused_mma.cuh)
+      set(FATTN_GEN_LAUNCHER "launch_fused_mma<__nv_bfloat16, ${d}>")
+    elseif(family STREQUAL "tf32x3")
+      set(FATTN_GEN_HEADER fused_tf32.cuh)
+      set(FATTN_GEN_LAUNCHER "launch_fused_tf32x3<${d}>")
+    else()
+      set(FATTN_GEN_HEADER fused_fma.cuh)
+      set(FATTN_GEN_LAUNCHER "launch_fused_fma<${d}>")
+    endif()
+    set(_file ${_fattn_gen}/fused_${family}_d${d}.cu)
+    configure_file(${PROJECT_SOURCE_DIR}/src/cuda/instantiate.cu.in ${_file} @ONLY)
+    list(APPEND _fattn_gen_sources ${_file})
+  endforeach()
+endforeach()
+configure_file(${PROJECT_SOURCE_DIR}/src/cuda/head_dims.hpp.in ${_fattn_gen}/cuda/head_dims.hpp
+               @ONLY)
+
+# --- the backend: a static library linked into fattn --------------------------------
+# A separate library rather than objects inside fattn: CMake (3.25) would then apply
+# fattn's cxx_std_20 to CUDA too, and it knows no C++20 flag for nvcc. The CUDA
+# sources are C++17.
+add_library(fattn_cuda STATIC
+  src/cuda/dispatch.cu
+  src/cuda/naive.cu
+  src/cuda/reference.cu
+  src/cuda/repack.cu
+  ${_fattn_gen_sources})
+target_include_directories(fattn_cuda PRIVATE include src ${_fattn_gen})
+set_target_properties(fattn_cuda PROPERTIES
+  CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON POSITION_INDEPENDENT_CODE ON)
+target_link_libraries(fattn_cuda PUBLIC CUDA::cudart)
+# -lineinfo: source lines in ncu and compute-sanitizer reports; no effect on the code.
+target_compile_options(fattn_cuda PRIVATE -lineinfo)
+if(FATTN_CUDA_WERROR)
+  target_compile_options(fattn_cuda PRIVATE --Werror all-warnings -Xcompiler=-Wall,-Wextra)
+endif()
+if(FATTN_CUDA_PTXAS_VERBOSE)
+  target_compile_options(fattn_cuda PRIVATE -Xptxas=-v)
+endif()
+install(TARGETS fattn_cuda EXPORT fattnTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+
+target_link_libraries(fattn PRIVATE fattn_cuda)
+target_compile_definitions(fattn PRIVATE FATTN_WITH_CUDA=1)
+
+# --- the GPU benchmark and ncu driver (gpu/) -----------------------------------------
+option(FATTN_BUILD_GPU_BENCH "Build gpu/fattn_gpu_bench" ${FATTN_BUILD_BENCH})
+if(FATTN_BUILD_GPU_BENCH)
+  add_subdirectory(gpu)
+endif()

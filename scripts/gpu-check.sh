@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# fattn — the one script a GPU session runs on the device machine (repo root = cwd).
+#
+#   scripts/gpu-check.sh            writes at most 8 files into $OUT (default ./gpu-check-out)
+#
+# Steps, each with its own time cap, all inside 9 minutes (DEADLINE_S, default 530 s):
+#   1 build      CUDA for sm_90 only (Release, ptxas -v into build.log): the library,
+#                fattn_cuda_tests (tests/cuda) and fattn_gpu_bench (gpu/). The tests are
+#                configured through a small harness project (repo as a subdirectory +
+#                tests/cuda), so this script does not depend on tests/CMakeLists.txt.
+#                GoogleTest: the system's, else .gpu-deps/googletest carried from the
+#                workstation (scripts/gpu-deps.sh stages it; name .gpu-deps in `carry`).
+#   2 tests      the whole CUDA test suite                             -> tests.log
+#   3 sanitizer  compute-sanitizer on the Small/CudaSanitize subset: memcheck (+leaks)
+#                on all of it, racecheck and synccheck on its D=64 cases -> sanitizer.log
+#   4 bench      fattn_gpu_bench, both suites, time-budgeted           -> bench.json
+#   5 ncu        --clock-control none; SpeedOfLight, roofline, launch, occupancy and
+#                compute sections + DRAM bytes, flop and tensor-pipe counters, bank
+#                conflicts, of every naive and fused kernel at S = 1024 and 4096
+#                                                  -> ncu_raw.csv, ncu_details.csv, fattn.ncu-rep
+# summary.txt (also printed last) holds the machine, step results, spills and the bench
+# table. Files in $OUT: summary.txt build.log tests.log sanitizer.log bench.json
+# ncu_raw.csv ncu_details.csv fattn.ncu-rep (8).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-check-out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-/tmp/fattn-gpu-build}
+DEADLINE_S=${DEADLINE_S:-530}
+JOBS=${JOBS:-$(nproc)}
+START=$(date +%s)
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+
+elapsed() { echo $(($(date +%s) - START)); }
+say() { echo "[gpu-check +$(elapsed)s] $*" | tee -a "$SUMMARY"; }
+# cap N RESERVE: seconds a step may take: at most N, leaving RESERVE for later steps.
+cap() {
+  local left=$((DEADLINE_S - $(elapsed) - $2))
+  [ "$left" -gt "$1" ] && left=$1
+  [ "$left" -lt 5 ] && left=5
+  echo "$left"
+}
+
+# ---- 0. the machine -----------------------------------------------------------------------
+{
+  echo "== machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv 2>&1
+  nvcc --version 2>&1 | tail -2
+  cmake --version 2>&1 | head -1
+  ncu --version 2>&1 | tail -1
+  compute-sanitizer --version 2>&1 | tail -1
+} | tee -a "$SUMMARY"
+DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+
+# ---- 1. build ------------------------------------------------------------------------------
+BUILD_LOG=$OUT/build.log
+: >"$BUILD_LOG"
+PREFIX_ARGS=()
+if [ -d "$ROOT/.gpu-deps/googletest" ]; then
+  PREFIX_ARGS+=(-DFETCHCONTENT_SOURCE_DIR_GOOGLETEST="$ROOT/.gpu-deps/googletest")
+fi
+SYSTEM_GTEST=""
+for f in /usr/lib/*/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake \
+  /usr/local/lib*/cmake/GTest/GTestConfig.cmake; do
+  [ -f "$f" ] && SYSTEM_GTEST=$f
+done
+if [ -z "$SYSTEM_GTEST" ]; then
+  if [ -d "$ROOT/.gpu-deps/googletest" ]; then
+    say "building GoogleTest from .gpu-deps/googletest"
+    if ! { timeout 120 cmake -S "$ROOT/.gpu-deps/googletest" -B /tmp/gtest-build "${GEN[@]}" \
+      -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest >>"$BUILD_LOG" 2>&1 &&
+      timeout 120 cmake --build /tmp/gtest-build -j"$JOBS" --target install >>"$BUILD_LOG" 2>&1; }; then
+      say "GoogleTest build FAILED (see build.log)"
+    fi
+    PREFIX_ARGS+=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
+  else
+    say "WARNING: no GoogleTest on this machine and no .gpu-deps/googletest carried: tests will not build"
+  fi
+fi
+
+HARNESS=/tmp/fattn-harness
+mkdir -p "$HARNESS"
+cat >"$HARNESS/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.22)
+project(fattn_gpu_check LANGUAGES CXX)
+find_package(CUDAToolkit REQUIRED)
+add_subdirectory("$ROOT" fattn)
+enable_testing()
+add_subdirectory("$ROOT/tests/cuda" cuda_tests)
+EOF
+say "configure + build (sm_90, Release, ${JOBS} jobs)"
+T0=$(date +%s)
+BUILD_OK=0
+if timeout "$(cap 60 400)" cmake -S "$HARNESS" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DFATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DFATTN_BUILD_TESTS=OFF -DFATTN_BUILD_BENCH=OFF \
+  -DFATTN_BUILD_GPU_BENCH=ON -DFATTN_CUDA_PTXAS_VERBOSE=ON \
+  "${PREFIX_ARGS[@]}" >>"$BUILD_LOG" 2>&1 &&
+  timeout "$(cap 240 290)" cmake --build "$BUILD" -j"$JOBS" --target fattn_gpu_bench fattn_cuda_tests \
+    >>"$BUILD_LOG" 2>&1; then
+  BUILD_OK=1
+  say "build OK in $(($(date +%s) - T0)) s"
+else
+  say "build FAILED after $(($(date +%s) - T0)) s; last lines of build.log:"
+  grep -E "error|Error|FAILED" "$BUILD_LOG" | head -20 | tee -a "$SUMMARY"
+  tail -5 "$BUILD_LOG" | tee -a "$SUMMARY"
+fi
+TESTS=$BUILD/cuda_tests/fattn_cuda_tests
+BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
+{
+  echo "== compiler warnings in build.log: $(grep -c -i 'warning' "$BUILD_LOG")"
+  echo "== ptxas: kernels with a stack frame or spills (sm_90)"
+  grep -B2 -E "[1-9][0-9]* bytes spill (stores|loads)|[1-9][0-9]* bytes stack frame" "$BUILD_LOG" |
+    grep -E "Compiling entry|spill" | sed 's/ptxas info    : //' | head -20
+  echo "== SASS (sm_90): tensor-core (HMMA) and local-memory (LDL/STL) instructions per kernel"
+  if [ -f "$BUILD/fattn/libfattn_cuda.a" ]; then
+    cuobjdump --dump-sass "$BUILD/fattn/libfattn_cuda.a" 2>/dev/null |
+      awk '/Function :/ {f=$3; seen[f]=1} /HMMA/ {n[f]++} /LDL|STL/ {l[f]++}
+           END {for (k in seen) printf "  %-80s HMMA %d, local ld/st %d\n", k, n[k], l[k]}' |
+      sort | head -30
+  fi
+} | tee -a "$SUMMARY"
+
+# ---- 2. tests ------------------------------------------------------------------------------
+if [ "$BUILD_OK" = 1 ] && [ -x "$TESTS" ]; then
+  say "tests"
+  timeout "$(cap 150 230)" "$TESTS" --gtest_brief=1 >"$OUT/tests.log" 2>&1
+  RC=$?
+  say "tests exit $RC: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -25 | tee -a "$SUMMARY"
+fi
+
+# ---- 3. compute-sanitizer ------------------------------------------------------------------
+if [ "$BUILD_OK" = 1 ] && [ -x "$TESTS" ]; then
+  SAN=$OUT/sanitizer.log
+  : >"$SAN"
+  # memcheck: the whole Small subset; racecheck: the D=64 cases; synccheck: the fused D=64 ones.
+  for spec in "memcheck 60 Small/CudaSanitize.*:CudaBehaviour.FullyMasked*" \
+    "racecheck 60 Small/CudaSanitize.*_D64_*" "synccheck 30 Small/CudaSanitize.*fused*_D64_*"; do
+    read -r tool limit filter <<<"$spec"
+    extra=()
+    case $tool in
+      memcheck) extra=(--leak-check full) ;;
+      racecheck) extra=(--racecheck-report all) ;;
+    esac
+    say "compute-sanitizer --tool $tool ($filter)"
+    echo "===== $tool $filter" >>"$SAN"
+    timeout "$(cap "$limit" 150)" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+      "$TESTS" --gtest_filter="$filter" --gtest_brief=1 >>"$SAN" 2>&1
+    RC=$?
+    say "  $tool exit $RC (99: errors found, 124: timed out): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY' "$SAN" | tail -2 | tr '\n' ' ')"
+  done
+fi
+
+# ---- 4. benchmark --------------------------------------------------------------------------
+if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ]; then
+  T=$(cap 160 80)
+  say "benchmark (time budget $((T - 35)) s)"
+  echo "== bench" >>"$SUMMARY"
+  timeout "$T" "$BENCH" --suite all --budget-s $((T - 35)) --driver "${DRIVER:-unknown}" \
+    --out "$OUT/bench.json" 2>&1 | tee -a "$SUMMARY" | tail -3
+fi
+
+# ---- 5. Nsight Compute ---------------------------------------------------------------------
+if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ] && command -v ncu >/dev/null; then
+  say "ncu"
+  KNOWN=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}')
+  METRICS=""
+  for m in dram__bytes_read.sum dram__bytes_write.sum dram__bytes.sum lts__t_bytes.sum \
+    gpu__time_duration.sum sm__throughput.avg.pct_of_peak_sustained_elapsed \
+    gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed \
+    sm__sass_thread_inst_executed_op_ffma_pred_on.sum sm__sass_thread_inst_executed_op_fadd_pred_on.sum \
+    sm__sass_thread_inst_executed_op_fmul_pred_on.sum sm__inst_executed_pipe_tensor_op_hmma.sum \
+    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum \
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
+    sm__warps_active.avg.pct_of_peak_sustained_active; do
+    base=${m%%.*}
+    if [ -z "$KNOWN" ] || grep -qx "$base" <<<"$KNOWN"; then METRICS+="${METRICS:+,}$m"; fi
+  done
+  SECTIONS=()
+  LISTED=$(ncu --list-sections 2>/dev/null)
+  for s in SpeedOfLight SpeedOfLight_RooflineChart SpeedOfLight_HierarchicalTensorRooflineChart \
+    LaunchStats Occupancy ComputeWorkloadAnalysis; do
+    if [ -z "$LISTED" ] || grep -qw "$s" <<<"$LISTED"; then SECTIONS+=(--section "$s"); fi
+  done
+  echo "== ncu metrics: $METRICS" >>"$SUMMARY"
+  echo "== ncu sections: ${SECTIONS[*]}" >>"$SUMMARY"
+  METRIC_ARGS=()
+  [ -n "$METRICS" ] && METRIC_ARGS=(--metrics "$METRICS")
+  rm -f /tmp/fattn_prof.ncu-rep
+  timeout "$(cap 200 15)" ncu --clock-control none --kernel-name regex:'naive_|fused_' \
+    "${SECTIONS[@]}" "${METRIC_ARGS[@]}" -o /tmp/fattn_prof -f "$BENCH" --profile \
+    >/tmp/ncu.log 2>&1
+  say "ncu exit $? ($(grep -c '==PROF==' /tmp/ncu.log) profiler lines; errors: $(grep -c '==ERROR==' /tmp/ncu.log))"
+  grep '==ERROR==\|==WARNING==' /tmp/ncu.log | head -5 | tee -a "$SUMMARY"
+  if [ ! -f /tmp/fattn_prof.ncu-rep ] && [ ${#METRIC_ARGS[@]} -gt 0 ]; then
+    say "ncu again without the extra metrics (sections only)"
+    timeout "$(cap 150 10)" ncu --clock-control none --kernel-name regex:'naive_|fused_' \
+      "${SECTIONS[@]}" -o /tmp/fattn_prof -f "$BENCH" --profile >/tmp/ncu.log 2>&1
+    say "ncu exit $?"
+  fi
+  if [ -f /tmp/fattn_prof.ncu-rep ]; then
+    ncu --import /tmp/fattn_prof.ncu-rep --csv --page raw >"$OUT/ncu_raw.csv" 2>&1
+    ncu --import /tmp/fattn_prof.ncu-rep --csv --page details >"$OUT/ncu_details.csv" 2>&1
+    cp /tmp/fattn_prof.ncu-rep "$OUT/fattn.ncu-rep"
+    say "ncu: $(($(wc -l <"$OUT/ncu_raw.csv") - 2)) kernels profiled"
+  fi
+fi
+
+say "done"
+echo "===================== summary ====================="
+cat "$SUMMARY"

@@ -1,0 +1,65 @@
+// fattn — the CUDA backend's entry points, as seen from plain C++ (no CUDA headers).
+//
+// src/core/api.cpp calls attention_forward / extra_bytes here when q.device is cuda
+// and the library was built with FATTN_WITH_CUDA. Tests and the GPU benchmark may
+// also call forward_with() to reach a kernel that no Impl value names (the exact
+// FMA fp32 kernel).
+//
+// Which kernel each Impl runs on the GPU:
+//   Impl::reference  float64 kernel, one warp per query row (for same-device tests)
+//   Impl::naive      3 launches: scores = Q·Kᵀ·scale·log2(e) to a B·Hq·Sq·Sk float32
+//                    buffer, row softmax in place (+ logsumexp), O = P·V
+//   Impl::fused      float16/bfloat16: FlashAttention-2 on mma.sync (Kernel::fused_mma)
+//   Impl::automatic  float32: 3xTF32 on mma.sync m16n8k8 (Kernel::fused_tf32x3), which
+//                    keeps float32 accuracy; Kernel::fused_fma (plain FMA, exact float32
+//                    arithmetic) is reachable through forward_with only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fattn/attention.hpp"
+
+namespace fattn::cuda {
+
+enum class Kernel : std::uint8_t {
+  automatic,     // what Options::impl selects (see above)
+  reference,     // float64, any dtype
+  naive,         // 3 kernels, any dtype
+  fused_mma,     // float16 / bfloat16 only
+  fused_tf32x3,  // float32 only
+  fused_fma,     // float32 only
+};
+
+const char* to_string(Kernel kernel);
+
+// The kernel attention_forward runs for this impl and dtype.
+Kernel kernel_for(Impl impl, DType dtype);
+
+// Same contract as fattn::attention_forward for Device::cuda views: validation
+// (fattn::Error), then the launches are enqueued on options.cuda_stream (nullptr:
+// the legacy default stream) and the call returns without synchronising.
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView* lse, const Options& options);
+void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
+                  const TensorView& out, const TensorView* lse, const Options& options,
+                  Kernel kernel);
+
+// Device bytes the call allocates (stream-ordered, freed before it returns to the
+// stream): the naive Sq×Sk buffer, and for the fused kernels the repacked copies of
+// inputs whose alignment or head dim the kernels cannot read directly.
+std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const Options& options);
+std::int64_t extra_bytes_with(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const Options& options, Kernel kernel);
+
+// Kernel launches of one naive call (scores, softmax, P·V): 3.
+int naive_launch_count();
+
+// Head dims the fused kernels are compiled for (ascending). Other dims in [16, 256]
+// run on the next larger one with zero padding; above the largest is an Error.
+std::vector<int> supported_head_dims();
+std::string supported_head_dims_text();  // e.g. "32, 64, 96, 128, 256"
+
+}  // namespace fattn::cuda

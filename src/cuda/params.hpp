@@ -1,0 +1,78 @@
+// fattn — what every CUDA kernel receives: one problem, raw pointers, element strides.
+//
+// The dispatcher (dispatch.cu) fills this from the validated detail::Problem. Data
+// pointers are untyped here: the kernels are templates on the element type. Every
+// row of head_dim elements is contiguous (the dispatcher checks stride(3) == 1), so
+// only the batch, head and sequence strides are kept.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fattn::cuda {
+
+struct Strides3 {
+  std::int64_t batch = 0, head = 0, seq = 0;  // in elements
+};
+
+struct Params {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // null: no logsumexp asked for
+  Strides3 q_stride, k_stride, v_stride, out_stride, lse_stride;  // lse: (batch, head, seq)
+
+  int batch = 0, q_heads = 0, kv_heads = 0;
+  int group = 1;  // q_heads / kv_heads: query heads sharing one kv head (GQA)
+  int q_len = 0, kv_len = 0;
+  int head_dim = 0;  // the real head dim; kernels compiled for a larger one zero-pad
+
+  bool causal = false;
+  // Key j is visible to query i iff j <= i + causal_offset (causal problems only).
+  int causal_offset = 0;
+
+  double scale = 0.0;       // softmax scale (natural units; the float64 reference uses it)
+  float scale_log2 = 0.0f;  // scale · log2(e): scores are kept in log2 units
+  bool out_pairs = false;   // out allows 2-element vector stores (alignment, even strides)
+
+  // One past the last key that query rows [.., q_end) may see, clamped to [0, kv_len].
+  __host__ __device__ int kv_end(int q_end) const {
+    if (!causal) return kv_len;
+    const long long last = static_cast<long long>(q_end) - 1 + causal_offset;
+    if (last < 0) return 0;
+    return last + 1 < kv_len ? static_cast<int>(last + 1) : kv_len;
+  }
+};
+
+// Launchers. Each is explicitly instantiated in exactly one translation unit: the
+// fused ones per head dim in the files cmake/cuda.cmake generates from
+// FATTN_CUDA_HEAD_DIMS, the others in their own .cu file. They launch on `stream`
+// and check the launch (cudaGetLastError), throwing fattn::Error.
+template <class T, int D>
+void launch_fused_mma(const Params& p, cudaStream_t stream);  // T = __half or __nv_bfloat16
+template <int D>
+void launch_fused_tf32x3(const Params& p, cudaStream_t stream);
+template <int D>
+void launch_fused_fma(const Params& p, cudaStream_t stream);
+
+// `scores` holds batch·q_heads·q_len·kv_len floats.
+template <class T>
+void launch_naive(const Params& p, float* scores, cudaStream_t stream);
+long long naive_max_blocks(const Params& p);  // the largest of its 3 grids
+template <class T>
+void launch_reference(const Params& p, cudaStream_t stream);
+
+// Copies a strided (B, H, S, D) view into contiguous [B][H][S][row] memory, row >= D,
+// zero-filling columns [D, row).
+template <class T>
+void launch_repack(const void* src, Strides3 src_stride, int batch, int heads, int seq,
+                   int head_dim, void* dst, int row, cudaStream_t stream);
+
+// Throw fattn::Error naming `what`: if status is not cudaSuccess, or if the last
+// launch failed (cudaGetLastError).
+void check_cuda(cudaError_t status, const char* what);
+void check_launch(const char* what);
+
+}  // namespace fattn::cuda

@@ -1,0 +1,332 @@
+// fattn CUDA tests — behaviour beyond accuracy: fully masked rows, NaN propagation,
+// streams and graph capture (3 launches for naive), determinism, working memory,
+// and the CUDA path's error messages.
+#include <gmock/gmock.h>
+
+#include <functional>
+#include <memory>
+
+#include "cuda_test_util.hpp"
+
+namespace fattn_cuda_test {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const fattn::Error& e) {
+    return e.what();
+  }
+  return "(no fattn::Error thrown)";
+}
+
+// Device copies of a case's tensors; outputs poisoned.
+struct Bound {
+  Tensor q, k, v, out, lse;
+  std::unique_ptr<DeviceBuffer> dq, dk, dv, dout, dlse;
+  TensorView qv, kv, vv, ov, lv;
+
+  explicit Bound(const Case& c) {
+    std::mt19937_64 rng(seed_of(c.name()));
+    q = make_tensor(c.dtype, c.layout, c.B, c.Hq, c.Sq, c.D);
+    k = make_tensor(c.dtype, c.layout, c.B, c.Hkv, c.Sk, c.D);
+    v = make_tensor(c.dtype, c.layout, c.B, c.Hkv, c.Sk, c.D);
+    out = make_tensor(c.dtype, c.layout, c.B, c.Hq, c.Sq, c.D);
+    lse = make_lse(c.layout, c.B, c.Hq, c.Sq);
+    fill_random(q, rng);
+    fill_random(k, rng);
+    fill_random(v, rng);
+    auto upload = [](const Tensor& t, std::unique_ptr<DeviceBuffer>& d, TensorView& view) {
+      d = std::make_unique<DeviceBuffer>(t.storage.size());
+      cudaMemcpy(d->get(), t.storage.data(), t.storage.size(), cudaMemcpyHostToDevice);
+      view = t.view(d->get());
+    };
+    upload(q, dq, qv);
+    upload(k, dk, kv);
+    upload(v, dv, vv);
+    upload(out, dout, ov);
+    upload(lse, dlse, lv);
+  }
+  void download() {
+    cudaMemcpy(out.storage.data(), dout->get(), out.storage.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(lse.storage.data(), dlse->get(), lse.storage.size(), cudaMemcpyDeviceToHost);
+  }
+};
+
+// ---- semantics --------------------------------------------------------------------------
+
+// bottom_right with Sq > Sk: the first Sq - Sk queries see no key: exactly 0 and -inf.
+TEST(CudaBehaviour, FullyMaskedRowsAreZeroWithLseMinusInf) {
+  FATTN_REQUIRE_GPU();
+  for (auto [dtype, kernel] : all_kernels()) {
+    Case c;
+    c.dtype = dtype;
+    c.kernel = kernel;
+    c.Sq = 100;
+    c.Sk = 5;
+    c.causal = Causal::bottom_right;
+    SCOPED_TRACE(c.name());
+    Bound t(c);
+    Options options;
+    options.causal = c.causal;
+    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel);
+    CUDA_OK(cudaDeviceSynchronize());
+    t.download();
+    for (int h = 0; h < c.Hq; ++h)
+      for (int i = 0; i < c.Sq; ++i) {
+        const bool masked = i < c.Sq - c.Sk;
+        if (masked) {
+          EXPECT_EQ(t.lse.get(0, h, i), -std::numeric_limits<float>::infinity()) << "row " << i;
+          for (int d = 0; d < c.D; ++d) ASSERT_EQ(t.out.get(0, h, i, d), 0.0f) << "row " << i;
+        } else {
+          EXPECT_TRUE(std::isfinite(t.lse.get(0, h, i))) << "row " << i;
+        }
+      }
+  }
+}
+
+// A NaN input reaches exactly the rows whose scores or values it enters (as on the
+// CPU: tests/test_robustness.cpp), never a row that does not see its key.
+TEST(CudaBehaviour, NaNPropagates) {
+  FATTN_REQUIRE_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (auto [dtype, kernel] : all_kernels()) {
+    Case c;
+    c.dtype = dtype;
+    c.kernel = kernel;
+    c.Sq = c.Sk = 70;
+    SCOPED_TRACE(c.name());
+    run_case(c, [&](Tensor& q, Tensor&, Tensor&) { q.set(0, 1, 3, 0, nan); });  // one row
+    run_case(c, [&](Tensor&, Tensor& k, Tensor&) { k.set(0, 0, 0, 5, nan); });  // every row
+    c.causal = Causal::top_left;  // key 69 is seen by query 69 only: the mask must hide it
+    run_case(c, [&](Tensor&, Tensor& k, Tensor&) { k.set(0, 0, 69, 1, nan); });
+    // A value at key 37 reaches rows >= 37 only, also on the diagonal tile where the
+    // tensor-core P·V would add 0·NaN to rows 0..36 (and 0·inf for an infinity).
+    run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 37, 20, nan); });
+    run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 37, 3, inf); });
+    // bottom_right, Sq > Sk: rows that see no key are 0 whatever the values hold.
+    c.causal = Causal::bottom_right;
+    c.Sk = 4;
+    run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 0, 7, nan); });
+  }
+}
+
+// Logits of magnitude ~1e4 (as tests/test_robustness.cpp does on the CPU): every row
+// must subtract its running max (no overflow), and O(1) differences between logits
+// of ~1e4 must survive. Tolerance: run_case's rule (the plain pipeline computes its
+// logits in float32 from the same inputs) plus the CPU suite's 64·2^-24·max|logit|.
+TEST(CudaBehaviour, HugeLogits) {
+  FATTN_REQUIRE_GPU();
+  for (auto [dtype, kernel] : all_kernels())
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      Case c;
+      c.dtype = dtype;
+      c.kernel = kernel;
+      c.Sq = 200;
+      c.Sk = 190;
+      c.causal = causal;
+      c.extra_tol = 64.0 * std::ldexp(1.0, -24) * 1e4;  // the CPU suite's kLogitC·u·max|logit|
+      SCOPED_TRACE(c.name());
+      // Spread: q·2000 gives logits over about ±1e4.
+      run_case(c, [](Tensor& q, Tensor&, Tensor&) {
+        for (std::int64_t h = 0; h < q.sizes[1]; ++h)
+          for (std::int64_t i = 0; i < q.sizes[2]; ++i)
+            for (std::int64_t d = 0; d < q.sizes[3]; ++d) q.set(0, h, i, d, q.get(0, h, i, d) * 2000.0f);
+      });
+      // Offset: dim 0 carries ±800 · 100 / 8 = ±1e4 on every logit of a row.
+      run_case(c, [](Tensor& q, Tensor& k, Tensor&) {
+        for (std::int64_t h = 0; h < q.sizes[1]; ++h)
+          for (std::int64_t i = 0; i < q.sizes[2]; ++i) q.set(0, h, i, 0, i % 2 ? -800.0f : 800.0f);
+        for (std::int64_t h = 0; h < k.sizes[1]; ++h)
+          for (std::int64_t j = 0; j < k.sizes[2]; ++j) k.set(0, h, j, 0, 100.0f);
+      });
+    }
+}
+
+// Running twice gives the same bits (no atomics, no order-dependent reductions).
+TEST(CudaBehaviour, Deterministic) {
+  FATTN_REQUIRE_GPU();
+  for (auto [dtype, kernel] : all_kernels()) {
+    Case c;
+    c.dtype = dtype;
+    c.kernel = kernel;
+    c.Sq = 300;
+    c.Sk = 1000;
+    c.causal = Causal::bottom_right;
+    SCOPED_TRACE(c.name());
+    Bound t(c);
+    Options options;
+    options.causal = c.causal;
+    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel);
+    CUDA_OK(cudaDeviceSynchronize());
+    t.download();
+    const std::vector<std::uint8_t> first = t.out.storage, first_lse = t.lse.storage;
+    CUDA_OK(cudaMemset(t.dout->get(), 0xFF, t.dout->bytes()));
+    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel);
+    CUDA_OK(cudaDeviceSynchronize());
+    t.download();
+    EXPECT_TRUE(first == t.out.storage) << "out differs between two runs";
+    EXPECT_TRUE(first_lse == t.lse.storage) << "lse differs between two runs";
+  }
+}
+
+// ---- streams and launches -------------------------------------------------------------
+
+// Captured on a user stream into a CUDA graph: the kernel nodes are fattn's launches
+// (naive: 3; fused: 1, plus one repack per input it cannot read directly), every
+// launch and allocation honours Options::cuda_stream, and the graph runs.
+TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
+  FATTN_REQUIRE_GPU();
+  EXPECT_EQ(fattn::cuda::naive_launch_count(), 3);
+  struct Expect {
+    DType dtype;
+    Kernel kernel;
+    Layout layout;
+    int kernels;
+  };
+  for (const Expect& e : {Expect{DType::float16, Kernel::naive, Layout::bhsd, 3},
+                          Expect{DType::float32, Kernel::naive, Layout::padded, 3},
+                          Expect{DType::float16, Kernel::fused_mma, Layout::bhsd, 1},
+                          Expect{DType::bfloat16, Kernel::fused_mma, Layout::misaligned, 4},
+                          Expect{DType::float32, Kernel::fused_tf32x3, Layout::padded, 1},
+                          Expect{DType::float32, Kernel::fused_fma, Layout::bshd, 1},
+                          Expect{DType::float32, Kernel::reference, Layout::bhsd, 1}}) {
+    Case c;
+    c.dtype = e.dtype;
+    c.kernel = e.kernel;
+    c.layout = e.layout;
+    c.Sq = 100;
+    c.Sk = 130;
+    c.causal = Causal::top_left;
+    SCOPED_TRACE(c.name());
+    Bound t(c);
+    cudaStream_t stream = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    Options options;
+    options.causal = c.causal;
+    options.cuda_stream = stream;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    std::string error;
+    try {
+      fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, e.kernel);
+    } catch (const fattn::Error& x) {
+      error = x.what();
+    }
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_EQ(error, "");
+    std::size_t count = 0;
+    CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &count));
+    int kernels = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type;
+      CUDA_OK(cudaGraphNodeGetType(node, &type));
+      kernels += type == cudaGraphNodeTypeKernel;
+    }
+    EXPECT_EQ(kernels, e.kernels);
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    t.download();
+    for (int i = 0; i < c.Sq; ++i) ASSERT_TRUE(std::isfinite(t.out.get(0, 1, i, 3))) << "row " << i;
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// ---- working memory (no GPU needed: nothing is launched) ------------------------------
+
+TensorView fake(DType dtype, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D,
+                std::uintptr_t address) {
+  return TensorView::bhsd(reinterpret_cast<void*>(address), B, H, S, D, dtype, fattn::Device::cuda);
+}
+
+TEST(CudaBehaviour, ExtraBytes) {
+  constexpr std::uintptr_t base = std::uintptr_t{1} << 32;  // 16-byte aligned, never touched
+  const auto q = fake(DType::float16, 2, 8, 300, 64, base);
+  const auto k = fake(DType::float16, 2, 4, 500, 64, base + (1u << 28));
+  const auto v = fake(DType::float16, 2, 4, 500, 64, base + (2u << 28));
+  Options options;
+  options.impl = fattn::Impl::naive;
+  const std::int64_t scores = 2 * 8 * 300 * 500 * 4;  // a multiple of 256
+  EXPECT_EQ(fattn::extra_bytes(q, k, v, options), scores);
+  options.impl = fattn::Impl::fused;
+  EXPECT_EQ(fattn::extra_bytes(q, k, v, options), 0);
+  options.impl = fattn::Impl::reference;
+  EXPECT_EQ(fattn::extra_bytes(q, k, v, options), 0);
+  // A misaligned q is repacked: B·H·S·D elements, rounded up to 256 bytes.
+  const auto q_odd = fake(DType::float16, 2, 8, 300, 64, base + 2);
+  options.impl = fattn::Impl::fused;
+  EXPECT_EQ(fattn::extra_bytes(q_odd, k, v, options), 2 * 8 * 300 * 64 * 2);
+  // A head dim that is not a whole number of 16-byte chunks: rows padded to 24.
+  const auto q20 = fake(DType::float16, 1, 1, 10, 20, base);
+  const auto k20 = fake(DType::float16, 1, 1, 10, 20, base + (1u << 28));
+  const auto v20 = fake(DType::float16, 1, 1, 10, 20, base + (2u << 28));
+  EXPECT_EQ(fattn::extra_bytes(q20, k20, v20, options), 3 * 512);  // 480 B each, rounded
+  EXPECT_EQ(fattn::cuda::extra_bytes_with(q20, k20, v20, options, Kernel::naive), 512);  // 400 B
+}
+
+// ---- errors ---------------------------------------------------------------------------------
+
+TEST(CudaBehaviour, HeadDimStrideMustBeOne) {
+  constexpr std::uintptr_t base = std::uintptr_t{1} << 32;
+  auto q = fake(DType::float32, 1, 2, 16, 32, base);
+  const auto k = fake(DType::float32, 1, 2, 16, 32, base + (1u << 28));
+  const auto v = fake(DType::float32, 1, 2, 16, 32, base + (2u << 28));
+  const auto out = fake(DType::float32, 1, 2, 16, 32, base + (3u << 28));
+  q.strides = {2 * 16 * 64, 16 * 64, 64, 2};  // every other element
+  EXPECT_THAT(error_of([&] { fattn::attention_forward(q, k, v, out, nullptr); }),
+              HasSubstr("q.stride(3) (head dim) must be 1 for CUDA tensors, got 2"));
+  EXPECT_THAT(error_of([&] { fattn::extra_bytes(q, k, v); }),
+              HasSubstr("q.stride(3) (head dim) must be 1 for CUDA tensors"));
+}
+
+TEST(CudaBehaviour, KernelMustMatchDtype) {
+  constexpr std::uintptr_t base = std::uintptr_t{1} << 32;
+  const auto q = fake(DType::float32, 1, 1, 16, 64, base);
+  const auto k = fake(DType::float32, 1, 1, 16, 64, base + (1u << 28));
+  const auto v = fake(DType::float32, 1, 1, 16, 64, base + (2u << 28));
+  const auto out = fake(DType::float32, 1, 1, 16, 64, base + (3u << 28));
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(q, k, v, out, nullptr, {}, Kernel::fused_mma); }),
+              HasSubstr("the fused_mma CUDA kernel takes float16 or bfloat16, got float32"));
+  const auto h = fake(DType::float16, 1, 1, 16, 64, base);
+  EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h, h, h, {}, Kernel::fused_fma); }),
+              HasSubstr("the fused_fma CUDA kernel takes float32, got float16"));
+}
+
+TEST(CudaBehaviour, HostPointersAreRejected) {
+  std::vector<float> host(4 * 64 * 16);
+  const auto q = TensorView::bhsd(host.data(), 1, 1, 16, 64, DType::float32, fattn::Device::cuda);
+  const auto k = TensorView::bhsd(host.data() + 1024, 1, 1, 16, 64, DType::float32, fattn::Device::cuda);
+  const auto v = TensorView::bhsd(host.data() + 2048, 1, 1, 16, 64, DType::float32, fattn::Device::cuda);
+  const auto out = TensorView::bhsd(host.data() + 3072, 1, 1, 16, 64, DType::float32, fattn::Device::cuda);
+  const std::string error = error_of([&] { fattn::attention_forward(q, k, v, out, nullptr); });
+  if (!why_no_gpu().empty()) {
+    EXPECT_THAT(error, HasSubstr("no CUDA device is usable"));
+    return;
+  }
+  EXPECT_THAT(error, HasSubstr("q is marked Device::cuda, but its data pointer is host memory"));
+}
+
+TEST(CudaBehaviour, HeadDimAboveTheBuiltList) {
+  const std::vector<int> dims = fattn::cuda::supported_head_dims();
+  ASSERT_FALSE(dims.empty());
+  EXPECT_FALSE(fattn::cuda::supported_head_dims_text().empty());
+  if (dims.back() >= 256) GTEST_SKIP() << "every head dim up to 256 has a fused kernel in this build";
+  constexpr std::uintptr_t base = std::uintptr_t{1} << 32;
+  const int d = 256;
+  const auto q = fake(DType::float16, 1, 1, 16, d, base);
+  EXPECT_THAT(error_of([&] { fattn::extra_bytes(q, q, q); }),
+              HasSubstr("is larger than every head dim the fused CUDA kernels are built for (" +
+                        fattn::cuda::supported_head_dims_text() + ")"));
+}
+
+}  // namespace
+}  // namespace fattn_cuda_test

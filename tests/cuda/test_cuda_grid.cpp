@@ -1,0 +1,192 @@
+// fattn CUDA tests — the grid: every CUDA kernel against the float64 host reference
+// over sequence lengths (odd, around tile edges), Sq != Sk, head dims (compiled and
+// padded), causal alignments, GQA, memory layouts and scales.
+#include "cuda_test_util.hpp"
+
+namespace fattn_cuda_test {
+namespace {
+
+class CudaGrid : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { FATTN_REQUIRE_GPU(); }
+};
+
+TEST_P(CudaGrid, MatchesFloat64Reference) {
+  if (!compiled_for(GetParam())) GTEST_SKIP() << "head dim not in this build's FATTN_CUDA_HEAD_DIMS";
+  run_case(GetParam());
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.name(); }
+
+constexpr Causal kCausals[] = {Causal::none, Causal::top_left, Causal::bottom_right};
+
+// Sq = Sk over odd lengths and tile edges (64-row and 64/32-key tiles), GQA 2:1.
+std::vector<Case> seq_len_cases() {
+  std::vector<Case> cases;
+  for (int s : {1, 7, 63, 65, 113, 1023})
+    for (Causal causal : kCausals)
+      for (auto [dtype, kernel] : all_kernels()) {
+        Case c;
+        c.dtype = dtype;
+        c.kernel = kernel;
+        c.Sq = c.Sk = s;
+        c.causal = causal;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+// Sq != Sk: bottom_right with Sq > Sk has queries that see no key (0 and -inf).
+std::vector<Case> cross_cases() {
+  std::vector<Case> cases;
+  for (auto [sq, sk] : {std::pair{1, 1023}, {1023, 1}, {7, 65}, {65, 7}, {113, 1023}, {1023, 113},
+                        {63, 64}, {64, 63}, {129, 200}})
+    for (Causal causal : kCausals)
+      for (auto [dtype, kernel] : all_kernels()) {
+        Case c;
+        c.dtype = dtype;
+        c.kernel = kernel;
+        c.Sq = sq;
+        c.Sk = sk;
+        c.causal = causal;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+// Head dims: compiled ones and others in [16, 256] (zero-padded to the next compiled
+// one; 17, 20 and 24 are not whole 16-byte chunks in 16-bit and take the repack path).
+std::vector<Case> head_dim_cases() {
+  std::vector<Case> cases;
+  for (int d : {16, 17, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128, 136, 200, 256})
+    for (Causal causal : {Causal::none, Causal::bottom_right})
+      for (auto [dtype, kernel] : all_kernels()) {
+        Case c;
+        c.dtype = dtype;
+        c.kernel = kernel;
+        c.D = d;
+        c.Sq = 65;
+        c.Sk = 113;
+        c.causal = causal;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+// GQA / MQA with several batches.
+std::vector<Case> gqa_cases() {
+  std::vector<Case> cases;
+  for (int hkv : {1, 2, 3, 6})
+    for (auto [dtype, kernel] : all_kernels()) {
+      Case c;
+      c.dtype = dtype;
+      c.kernel = kernel;
+      c.B = 2;
+      c.Hq = 6;
+      c.Hkv = hkv;
+      c.Sq = 113;
+      c.Sk = 65;
+      c.causal = Causal::top_left;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+// Strided layouts: BSHD, NaN-padded gaps (direct cp.async path), misaligned (repack
+// path); without lse; scales of either sign and zero.
+std::vector<Case> layout_cases() {
+  std::vector<Case> cases;
+  for (Layout layout : {Layout::bshd, Layout::padded, Layout::misaligned})
+    for (int d : {64, 96, 20})
+      for (auto [dtype, kernel] : all_kernels()) {
+        Case c;
+        c.dtype = dtype;
+        c.kernel = kernel;
+        c.D = d;
+        c.B = 2;
+        c.Hq = 4;
+        c.Hkv = 2;
+        c.Sq = 70;
+        c.Sk = 129;
+        c.causal = Causal::bottom_right;
+        c.layout = layout;
+        c.with_lse = d != 96;
+        cases.push_back(c);
+      }
+  for (double scale : {0.0, -0.37, 2.5})
+    for (auto [dtype, kernel] : all_kernels()) {
+      Case c;
+      c.dtype = dtype;
+      c.kernel = kernel;
+      c.Sq = 65;
+      c.Sk = 130;
+      c.causal = Causal::bottom_right;
+      c.scale = scale;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+// Long rows: many key tiles, the online softmax's rescaling over 30+ tiles. Rows are
+// sampled for the host reference.
+std::vector<Case> long_cases() {
+  std::vector<Case> cases;
+  for (Causal causal : {Causal::none, Causal::bottom_right})
+    for (int d : {64, 128})
+      for (auto [dtype, kernel] : all_kernels()) {
+        if (kernel == Kernel::reference) continue;
+        Case c;
+        c.dtype = dtype;
+        c.kernel = kernel;
+        c.D = d;
+        c.Hq = c.Hkv = 1;
+        c.Sq = 2049;
+        c.Sk = 2100;
+        c.causal = causal;
+        c.row_step = 37;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(SeqLen, CudaGrid, ::testing::ValuesIn(seq_len_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Cross, CudaGrid, ::testing::ValuesIn(cross_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(HeadDim, CudaGrid, ::testing::ValuesIn(head_dim_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Gqa, CudaGrid, ::testing::ValuesIn(gqa_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Layout, CudaGrid, ::testing::ValuesIn(layout_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Long, CudaGrid, ::testing::ValuesIn(long_cases()), case_name);
+
+// A small subset for compute-sanitizer (memcheck, racecheck): every kernel once, with
+// a partial key tile, a causal diagonal, GQA, a padded head dim and the repack path.
+class CudaSanitize : public CudaGrid {};
+TEST_P(CudaSanitize, MatchesFloat64Reference) {
+  if (!compiled_for(GetParam())) GTEST_SKIP() << "head dim not in this build's FATTN_CUDA_HEAD_DIMS";
+  run_case(GetParam());
+}
+
+std::vector<Case> sanitize_cases() {
+  std::vector<Case> cases;
+  for (auto [dtype, kernel] : all_kernels()) {
+    Case c;
+    c.dtype = dtype;
+    c.kernel = kernel;
+    c.Sq = 70;
+    c.Sk = 100;
+    c.causal = Causal::bottom_right;
+    cases.push_back(c);
+    if (kernel == Kernel::reference) continue;
+    c.D = 40;  // padded to 64
+    c.layout = Layout::misaligned;
+    cases.push_back(c);
+    c.D = 256;  // the largest shared-memory footprint
+    c.layout = Layout::padded;
+    c.Sq = 20;
+    c.Sk = 33;
+    cases.push_back(c);
+  }
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Small, CudaSanitize, ::testing::ValuesIn(sanitize_cases()), case_name);
+
+}  // namespace
+}  // namespace fattn_cuda_test
