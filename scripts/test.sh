@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# Every test: the C++ suite (Release), the same suite under ASan+UBSan, and a
-# consumer project built against the installed CMake package.
-# Usage: scripts/test.sh [--no-sanitizers]
+# Every test: the C++ suite (Release, CUDA code compiled where nvcc exists), the same
+# suite under ASan+UBSan, a consumer project built against the installed CMake
+# package, and the PyTorch package's pytest suite (scripts/test_python.sh).
+# Usage: scripts/test.sh [--no-sanitizers] [--no-python]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 sanitizers=1
-[ "${1:-}" = "--no-sanitizers" ] && sanitizers=0
+python=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-sanitizers) sanitizers=0 ;;
+    --no-python) python=0 ;;
+    *) echo "usage: scripts/test.sh [--no-sanitizers] [--no-python]" >&2; exit 2 ;;
+  esac
+done
 
 scripts/setup.sh
 
@@ -24,9 +32,16 @@ ctest --test-dir build/consumer --output-on-failure
 
 if [ "$sanitizers" = 1 ]; then
   echo "== build and test (ASan + UBSan)"
+  # Host code only: the sanitizers do not instrument device code, and the Release
+  # build above already compiles every CUDA kernel.
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFATTN_SANITIZE=address,undefined \
-    -DFATTN_BUILD_BENCH=ON >/dev/null
+    -DFATTN_BUILD_BENCH=ON -DFATTN_CUDA=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs"
+fi
+
+if [ "$python" = 1 ]; then
+  echo "== PyTorch package (pytest)"
+  scripts/test_python.sh
 fi

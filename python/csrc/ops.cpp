@@ -1,0 +1,277 @@
+// fattn — the PyTorch operator torch.ops.<ns>.attention, and a few helpers in <module>.
+//
+// One source, two builds:
+//   * python/CMakeLists.txt builds it as fattn/_C (pip install .), ns = fattn;
+//   * fattn.jit.load() builds it with torch.utils.cpp_extension.load, ns = fattn_jit
+//     (FATTN_OP_NAMESPACE), so both can live in one process without one operator
+//     being registered twice.
+// The C++ library stays free of torch: a tensor reaches it as a fattn::TensorView (its
+// data pointer, sizes and strides — no copy, whatever the strides), and fattn's
+// parallel loop runs on ATen's thread pool (at::parallel_for) through
+// fattn::ParallelRunner, so fattn and torch share one OpenMP team.
+//
+// Errors: every problem is reported as a RuntimeError whose message starts "fattn: "
+// (the library's fattn::Error messages pass through unchanged).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "fattn/attention.hpp"
+
+#ifdef FATTN_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#ifndef FATTN_OP_NAMESPACE
+#define FATTN_OP_NAMESPACE fattn
+#endif
+#define FATTN_STRINGIFY_(x) #x
+#define FATTN_STRINGIFY(x) FATTN_STRINGIFY_(x)
+
+namespace {
+
+// --- the thread-pool seam ---------------------------------------------------------------
+// fattn asks for `workers` calls worker(arg, w), w = 0..workers-1 (each pulls work items
+// from a shared counter). at::parallel_for hands out the range [0, workers) in at most
+// at::get_num_threads() chunks on torch's own OpenMP team; a chunk of several indices
+// just runs them one after the other. Nested inside another parallel region it runs
+// inline, as every ATen operator does.
+void run_on_aten_pool(void* /*context*/, int workers, void (*worker)(void* arg, int worker_index),
+                      void* arg) {
+  at::parallel_for(0, workers, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t w = begin; w < end; ++w) worker(arg, static_cast<int>(w));
+  });
+}
+const fattn::ParallelRunner kAtenRunner{&run_on_aten_pool, nullptr};
+
+// --- tensors to views ---------------------------------------------------------------------
+fattn::DType dtype_of(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return fattn::DType::float32;
+    case at::kHalf: return fattn::DType::float16;
+    case at::kBFloat16: return fattn::DType::bfloat16;
+    default:
+      TORCH_CHECK(false, "fattn: ", name,
+                  ".dtype must be float32 (float16 and bfloat16 only on CUDA), got ",
+                  t.scalar_type());
+  }
+}
+
+fattn::Device device_of(const at::Tensor& t, const char* name) {
+  if (t.device().is_cpu()) return fattn::Device::cpu;
+  if (t.device().is_cuda()) return fattn::Device::cuda;
+  TORCH_CHECK(false, "fattn: ", name, " is on ", t.device(), "; fattn runs on cpu and cuda");
+}
+
+// Pointer, sizes and strides (in elements, as torch counts them): the view reads the
+// tensor's memory where it is. A (B, S, H, D) tensor transposed to (B, H, S, D) arrives
+// with its BSHD strides.
+fattn::TensorView view_of(const at::Tensor& t, const char* name) {
+  fattn::TensorView v;
+  v.data = t.data_ptr();
+  v.rank = static_cast<int>(t.dim());
+  for (int d = 0; d < v.rank; ++d) {
+    v.sizes[static_cast<std::size_t>(d)] = t.size(d);
+    v.strides[static_cast<std::size_t>(d)] = t.stride(d);
+  }
+  v.dtype = dtype_of(t, name);
+  v.device = device_of(t, name);
+  return v;
+}
+
+fattn::Impl impl_of(c10::string_view impl) {
+  try {
+    return fattn::parse_impl(std::string(impl));
+  } catch (const fattn::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+fattn::Causal causal_of(bool is_causal, bool causal_bottom_right) {
+  TORCH_CHECK(is_causal || !causal_bottom_right,
+              "fattn: causal_bottom_right=True needs is_causal=True (it picks the alignment "
+              "of the causal mask)");
+  if (!is_causal) return fattn::Causal::none;
+  return causal_bottom_right ? fattn::Causal::bottom_right : fattn::Causal::top_left;
+}
+
+// What the library cannot see for itself: that the operands are tensors of the right
+// rank on one device with one dtype. (Sizes, strides and dtypes are checked again, with
+// the expected values in the message, by fattn's own validation.)
+void check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const std::pair<const at::Tensor*, const char*> operands[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}};
+  for (const auto& [t, name] : operands) {
+    TORCH_CHECK(t->defined(), "fattn: ", name, " is an undefined tensor");
+    TORCH_CHECK(t->dim() == 4, "fattn: ", name,
+                " must have 4 dimensions (batch, heads, seq, head_dim), got ", t->dim(),
+                " with shape ", t->sizes());
+  }
+  for (const auto& [t, name] : {operands[1], operands[2]}) {
+    TORCH_CHECK(t->device() == q.device(), "fattn: ", name, " is on ", t->device(),
+                " but q is on ", q.device(), "; q, k and v must be on one device");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "fattn: ", name, ".dtype is ",
+                t->scalar_type(), " but q.dtype is ", q.scalar_type(),
+                "; q, k and v must have one dtype");
+  }
+}
+
+// Shapes checked here only for the empty problems the library does not take (it wants
+// every size positive): the same relations its validation enforces.
+void check_empty_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0),
+              "fattn: q, k and v must have one batch size, got ", q.size(0), ", ", k.size(0),
+              ", ", v.size(0));
+  TORCH_CHECK(v.size(1) == k.size(1) && v.size(2) == k.size(2),
+              "fattn: v's (heads, seq) must equal k's, got ", v.sizes(), " and ", k.sizes());
+  TORCH_CHECK(k.size(3) == q.size(3) && v.size(3) == q.size(3),
+              "fattn: q, k and v must have one head dim, got ", q.size(3), ", ", k.size(3), ", ",
+              v.size(3));
+  TORCH_CHECK(k.size(1) > 0 ? q.size(1) % k.size(1) == 0 : q.size(1) == 0,
+              "fattn: q.size(1) (query heads) must be a multiple of k.size(1) (kv heads) = ",
+              k.size(1), ", got ", q.size(1));
+}
+
+fattn::Options options_for(const at::Tensor& q, bool is_causal, bool causal_bottom_right,
+                           std::optional<double> scale, c10::string_view impl) {
+  fattn::Options options;
+  options.scale = scale;
+  options.causal = causal_of(is_causal, causal_bottom_right);
+  options.impl = impl_of(impl);
+  if (q.device().is_cpu()) {
+    // torch.get_num_threads() threads, on torch's pool: never more threads than torch uses.
+    options.num_threads = at::get_num_threads();
+    options.runner = &kAtenRunner;
+  }
+  return options;
+}
+
+// The output's layout follows q's: (B, S, H, D) memory when q's heads are closer in memory
+// than its rows (a transposed BSHD tensor, FlashAttention's layout), else contiguous
+// (B, H, S, D). The same rule, spelled out rather than left to empty_like, is in the fake
+// kernel (python/fattn/_registry.py), so eager and traced strides always agree.
+at::Tensor empty_output(const at::Tensor& q) {
+  const bool bshd = q.size(1) > 1 && q.size(2) > 1 && q.stride(1) < q.stride(2);
+  if (bshd) return at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
+  return at::empty(q.sizes(), q.options());
+}
+
+// --- the operator -----------------------------------------------------------------------
+// attention(q, k, v, is_causal, causal_bottom_right, scale, impl) -> (out, lse)
+//   q: (B, Hq, Sq, D)  k, v: (B, Hkv, Sk, D), any strides; Hq a multiple of Hkv
+//   out: (B, Hq, Sq, D), laid out as empty_output says
+//   lse: (B, Hq, Sq) float32, the natural-log logsumexp of each row's scaled scores
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, bool is_causal,
+                                             bool causal_bottom_right,
+                                             std::optional<double> scale,
+                                             c10::string_view impl) {
+  check_operands(q, k, v);
+  const fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
+  at::Tensor out = empty_output(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+
+  if (q.numel() == 0 || k.size(2) == 0 || k.size(1) == 0) {
+    check_empty_shapes(q, k, v);
+    out.zero_();  // no key at all: a row that sees none is 0, its logsumexp -inf
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
+
+#ifdef FATTN_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> guard;
+  fattn::Options cuda_options = options;
+  if (q.is_cuda()) {
+    guard.emplace(q.device());
+    cuda_options.cuda_stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  }
+  const fattn::Options& run_options = cuda_options;
+#else
+  const fattn::Options& run_options = options;
+#endif
+
+  const fattn::TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v");
+  const fattn::TensorView ov = view_of(out, "out"), lv = view_of(lse, "lse");
+  try {
+    fattn::attention_forward(qv, kv, vv, ov, &lv, run_options);
+  } catch (const fattn::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  return {out, lse};
+}
+
+// Working memory the operator would allocate for this call (fattn::extra_bytes), with
+// the thread count it would use.
+std::int64_t extra_bytes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         bool is_causal, bool causal_bottom_right, const std::string& impl) {
+  check_operands(q, k, v);
+  const fattn::Options options = options_for(q, is_causal, causal_bottom_right, std::nullopt, impl);
+  try {
+    return fattn::extra_bytes(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), options);
+  } catch (const fattn::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
+#ifdef FATTN_PYTHON_MODULE
+  // Where the fake (meta) kernels live: torch asks for this module to be imported when
+  // the operator is traced without them.
+  m.set_python_module(FATTN_PYTHON_MODULE);
+#endif
+  m.def(
+      "attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, "
+      "bool causal_bottom_right=False, float? scale=None, str impl=\"auto\") "
+      "-> (Tensor out, Tensor lse)",
+      {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) { m.impl("attention", &attention); }
+
+// ---- CUDA -------------------------------------------------------------------------------
+// The same function serves CUDA tensors: fattn::attention_forward dispatches on
+// TensorView::device (Device::cuda) and runs on torch's current stream (set above).
+// Registered only when the library is built with its CUDA backend (FATTN_WITH_CUDA,
+// python/CMakeLists.txt); without it a CUDA tensor gets torch's "no kernel for CUDA"
+// error, and fattn's Python API says so before calling.
+#ifdef FATTN_WITH_CUDA
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) { m.impl("attention", &attention); }
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fattn's PyTorch extension: registers torch.ops." FATTN_STRINGIFY(
+      FATTN_OP_NAMESPACE) ".attention; helpers for the Python package";
+  m.attr("op_namespace") = FATTN_STRINGIFY(FATTN_OP_NAMESPACE);
+#ifdef FATTN_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+  m.def("version", [] { return std::string(fattn::version()); }, "fattn's C++ library version");
+  m.def("best_cpu_isa", [] { return std::string(fattn::to_string(fattn::best_cpu_isa())); },
+        "the widest instruction set of this CPU that fattn has kernels for");
+  m.def(
+      "cpu_supports",
+      [](const std::string& isa) {
+        try {
+          return fattn::cpu_supports(fattn::parse_isa(isa));
+        } catch (const fattn::Error& e) {
+          TORCH_CHECK(false, e.what());
+        }
+      },
+      pybind11::arg("isa"));
+  m.def("num_threads", [] { return at::get_num_threads(); },
+        "threads the CPU operator uses: torch.get_num_threads()");
+  m.def("extra_bytes", &extra_bytes, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+        pybind11::arg("is_causal") = false, pybind11::arg("causal_bottom_right") = false,
+        pybind11::arg("impl") = "auto",
+        "bytes of working memory the operator allocates for this call");
+}

@@ -1,0 +1,56 @@
+"""fattn — exact, IO-aware scaled-dot-product attention for PyTorch.
+
+    import fattn
+    out = fattn.scaled_dot_product_attention(q, k, v, is_causal=True)   # torch's semantics
+    out = fattn.flash_attention(q, k, v, causal=True)                   # FlashAttention's
+    out = fattn.attention_forward(Q, K, V)                              # [B, H, S, D] float32
+    out, lse = torch.ops.fattn.attention(q, k, v, is_causal, causal_bottom_right, scale, impl)
+
+The operator ``torch.ops.fattn.attention`` is registered by the C++ extension ``fattn._C``
+(built from the same sources as the C++ library), with a fake kernel for
+``torch.compile`` and an autograd formula whose backward raises (forward only for now).
+On the CPU it runs float32 on ``torch.get_num_threads()`` threads of torch's own pool.
+``fattn.jit.load()`` builds the same sources with ``torch.utils.cpp_extension.load``
+(under another operator namespace); ``python -m fattn.bench`` compares fattn with torch.
+"""
+import torch  # first: torch's libraries (and its OpenMP runtime) are loaded before ours
+
+from . import _C  # registers torch.ops.fattn.attention and its CPU kernel
+from . import _registry
+
+_registry.register(_C.op_namespace)
+
+from . import jit  # noqa: E402
+from .functional import (  # noqa: E402
+    attention_forward,
+    extra_bytes,
+    flash_attention,
+    flops,
+    scaled_dot_product_attention,
+)
+
+__version__ = _C.version()
+
+
+def num_threads() -> int:
+    """Threads the CPU operator uses: torch.get_num_threads() (set it with
+    torch.set_num_threads)."""
+    return _C.num_threads()
+
+
+def best_cpu_isa() -> str:
+    """The instruction set fattn's CPU kernels use on this machine (avx512, avx2, portable)."""
+    return _C.best_cpu_isa()
+
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "flash_attention",
+    "attention_forward",
+    "extra_bytes",
+    "flops",
+    "num_threads",
+    "best_cpu_isa",
+    "jit",
+    "__version__",
+]

@@ -1,0 +1,229 @@
+"""fattn's Python API: thin, traceable wrappers around ``torch.ops.fattn.attention``.
+
+Every function checks what the operator cannot see (the Python argument names, the
+arguments fattn does not support) and then passes the tensors to the operator as strided
+(B, H, S, D) views: no copy for 3-D or 4-D inputs, whatever their strides.
+
+Errors:
+  ValueError           the call is invalid for torch too (mismatched shapes, devices,
+                       dtypes, ranks, an unknown layout, GQA heads without enable_gqa)
+  NotImplementedError  valid for torch, but not supported by fattn (yet): attn_mask,
+                       dropout_p > 0, inputs that require grad (no backward yet), dtypes
+                       other than float32 on the CPU, a device without fattn kernels
+  TypeError            an argument that is not a tensor
+  RuntimeError         raised by the operator itself, its message starting "fattn: "
+                       (e.g. a head dim outside [16, 256])
+Nothing falls back to another implementation silently.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _C
+
+# Device types with a fattn kernel in this build: the CPU, the fake kernel (meta), and
+# CUDA once the extension is built with the library's CUDA backend (ops.cpp).
+_DEVICE_TYPES = ("cpu", "meta", "cuda") if _C.with_cuda else ("cpu", "meta")
+_DTYPES = {"cpu": (torch.float32,), "meta": (torch.float32, torch.float16, torch.bfloat16),
+           "cuda": (torch.float32, torch.float16, torch.bfloat16)}
+
+
+def _check_tensors(fn: str, tensors) -> None:
+    """Type, device, dtype and autograd checks shared by every entry point."""
+    for name, t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fattn.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    (first_name, first), rest = tensors[0], tensors[1:]
+    for name, t in rest:
+        if t.device != first.device:
+            raise ValueError(f"fattn.{fn}: {name} is on {t.device} but {first_name} is on "
+                             f"{first.device}; all inputs must be on one device")
+        if t.dtype != first.dtype:
+            raise ValueError(f"fattn.{fn}: {name}.dtype is {t.dtype} but {first_name}.dtype is "
+                             f"{first.dtype}; all inputs must have one dtype")
+    device = first.device.type
+    if device not in _DEVICE_TYPES:
+        extra = (" (this build has no CUDA kernels: the CUDA backend is not built in yet)"
+                 if device == "cuda" else "")
+        raise NotImplementedError(
+            f"fattn.{fn}: {first_name} is on {first.device}, but fattn runs on "
+            f"{', '.join(d for d in _DEVICE_TYPES if d != 'meta')} only{extra}")
+    if first.dtype not in _DTYPES[device]:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in _DTYPES[device])
+        raise NotImplementedError(
+            f"fattn.{fn}: {first_name}.dtype is {first.dtype}, but fattn on {device} takes "
+            f"{allowed} (convert with .float())")
+    if torch.is_grad_enabled():
+        needing = [name for name, t in tensors if t.requires_grad]
+        if needing:
+            raise NotImplementedError(
+                f"fattn.{fn}: {', '.join(needing)} require grad, but fattn's backward pass is "
+                "not implemented yet (forward only). Call it under torch.no_grad() or "
+                "torch.inference_mode(), or pass detached tensors.")
+
+
+def _check_heads(fn: str, hq: int, hkv: int, enable_gqa: bool, hint: str) -> None:
+    if hkv == hq:
+        return
+    if not enable_gqa:
+        raise ValueError(
+            f"fattn.{fn}: query has {hq} heads but key/value have {hkv}; they must be equal, "
+            f"or pass {hint} for grouped-query attention")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"fattn.{fn}: query's {hq} heads must be a multiple of key/value's "
+                         f"{hkv} heads (grouped-query attention)")
+
+
+def _as_bhsd(fn: str, name: str, t: torch.Tensor, rank: int):
+    """(…, H, S, D) of any rank >= 2 viewed as (B, H, S, D). Ranks 2 to 4 are views;
+    a rank above 4 merges the leading dimensions (torch.reshape: a copy only when they
+    cannot be merged as they lie in memory)."""
+    if t.dim() != rank:
+        raise ValueError(f"fattn.{fn}: query has {rank} dimensions but {name} has {t.dim()}; "
+                         "query, key and value must have the same rank")
+    if rank == 2:
+        return t.unsqueeze(0).unsqueeze(0)
+    if rank == 3:
+        return t.unsqueeze(0)
+    if rank == 4:
+        return t
+    return t.reshape((-1,) + tuple(t.shape[-3:]))
+
+
+def _sdpa(op, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    fn = "scaled_dot_product_attention"
+    _check_tensors(fn, (("query", query), ("key", key), ("value", value)))
+    if attn_mask is not None:
+        raise NotImplementedError(
+            f"fattn.{fn}: attn_mask is not supported (fattn computes full or causal "
+            "attention); pass attn_mask=None, with is_causal=True for a causal mask")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 (fattn has no dropout), "
+                                  f"got {dropout_p}")
+    rank = query.dim()
+    if rank < 2:
+        raise ValueError(f"fattn.{fn}: query must have at least 2 dimensions (…, S, D), got "
+                         f"shape {tuple(query.shape)}")
+    q = _as_bhsd(fn, "query", query, rank)
+    k = _as_bhsd(fn, "key", key, rank)
+    v = _as_bhsd(fn, "value", value, rank)
+    if key.shape[:-3] != query.shape[:-3] or value.shape[:-3] != query.shape[:-3]:
+        raise ValueError(
+            f"fattn.{fn}: the batch dimensions must match (fattn does not broadcast them): "
+            f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+    if key.shape != value.shape[:-1] + key.shape[-1:]:
+        raise ValueError(f"fattn.{fn}: key and value must agree in all but the last "
+                         f"dimension, got key {tuple(key.shape)} and value {tuple(value.shape)}")
+    if key.size(-1) != query.size(-1):
+        raise ValueError(f"fattn.{fn}: key's head dim must equal query's: query "
+                         f"{tuple(query.shape)}, key {tuple(key.shape)}")
+    if value.size(-1) != query.size(-1):
+        raise NotImplementedError(
+            f"fattn.{fn}: value's head dim ({value.size(-1)}) must equal query's "
+            f"({query.size(-1)}); fattn has no separate value head dim")
+    _check_heads(fn, q.size(1), k.size(1), enable_gqa, "enable_gqa=True")
+    out, _ = op(q, k, v, bool(is_causal), False, scale, "auto")
+    return out.view(query.shape) if rank != 4 else out
+
+
+def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", return_lse=False,
+           dropout_p=0.0):
+    fn = "flash_attention"
+    _check_tensors(fn, (("q", q), ("k", k), ("v", v)))
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 (fattn has no dropout), "
+                                  f"got {dropout_p}")
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"fattn.{fn}: layout must be 'bshd' (batch, seq, heads, head_dim) or "
+                         f"'bhsd' (batch, heads, seq, head_dim), got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"fattn.{fn}: {name} must have 4 dimensions "
+                             f"({', '.join(layout.upper())}), got shape {tuple(t.shape)}")
+    if layout == "bshd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    _check_heads(fn, q.size(1), k.size(1), True, "")
+    out, lse = op(q, k, v, bool(causal), bool(causal), softmax_scale, "auto")
+    if layout == "bshd":
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+def _attention_forward(op, Q, K, V):
+    fn = "attention_forward"
+    _check_tensors(fn, (("Q", Q), ("K", K), ("V", V)))
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if t.dim() != 4:
+            raise ValueError(f"fattn.{fn}: {name} must be [B, H, S, D], got shape "
+                             f"{tuple(t.shape)}")
+    if not (Q.shape == K.shape == V.shape):
+        raise ValueError(f"fattn.{fn}: Q, K and V must have one shape [B, H, S, D], got "
+                         f"{tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)}")
+    out, _ = op(Q, K, V, False, False, None, "auto")
+    return out
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """``torch.nn.functional.scaled_dot_product_attention`` computed by fattn.
+
+    query (…, Hq, L, D), key and value (…, Hkv, S, D): 4-D (B, H, S, D), 3-D (H, S, D),
+    2-D (S, D) or more leading batch dimensions, any strides (no copies up to 4-D).
+    is_causal: torch's (top-left) causal mask, query i sees keys j <= i.
+    scale: default 1/sqrt(D). enable_gqa: allow Hq a multiple of Hkv, as in torch.
+    attn_mask and dropout_p > 0 are not supported and raise NotImplementedError.
+    """
+    return _sdpa(torch.ops.fattn.attention, query, key, value, attn_mask, dropout_p, is_causal,
+                 scale, enable_gqa)
+
+
+def flash_attention(q, k, v, *, causal=False, softmax_scale=None, layout="bshd",
+                    return_lse=False, dropout_p=0.0):
+    """FlashAttention's convention: q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D) with
+    layout="bshd" (the default; layout="bhsd" for (B, H, S, D)); Hq a multiple of Hkv
+    (MQA/GQA); causal aligned bottom-right (query i sees keys j <= i + Sk - Sq; a query
+    that sees no key gives 0). Returns the output in q's layout, and with
+    return_lse=True also the (B, Hq, Sq) float32 logsumexp of the scaled scores.
+    The options are keyword-only (flash_attn_func's 4th positional argument is dropout_p).
+    """
+    return _flash(torch.ops.fattn.attention, q, k, v, causal=causal,
+                  softmax_scale=softmax_scale, layout=layout, return_lse=return_lse,
+                  dropout_p=dropout_p)
+
+
+def attention_forward(Q, K, V):
+    """O = softmax(Q Kᵀ / sqrt(D)) V for float32 [B, H, S, D] tensors (the assignment
+    harness's signature): non-causal, default scale. Returns a contiguous [B, H, S, D]
+    tensor for contiguous inputs."""
+    return _attention_forward(torch.ops.fattn.attention, Q, K, V)
+
+
+def bind(op):
+    """The three entry points bound to another build's operator (fattn.jit)."""
+    return (functools.partial(_sdpa, op), functools.partial(_flash, op),
+            functools.partial(_attention_forward, op))
+
+
+def extra_bytes(query, key, value, is_causal=False, causal_bottom_right=False, impl="auto"):
+    """Bytes of working memory ``torch.ops.fattn.attention`` allocates for these
+    (B, H, S, D) tensors with ``torch.get_num_threads()`` threads (fattn::extra_bytes):
+    the naive implementation's Sq×Sk score buffer, the fused one's per-thread tiles."""
+    return _C.extra_bytes(query, key, value, is_causal, causal_bottom_right, impl)
+
+
+def flops(batch, q_heads, q_len, kv_len, head_dim, causal=None):
+    """FLOPs of one forward pass as fattn-bench counts them: 4·D per visible (query, key)
+    pair (Q·Kᵀ and P·V). causal: None, "top_left" or "bottom_right"."""
+    if causal is None:
+        pairs = q_len * kv_len
+    else:
+        offset = kv_len - q_len if causal == "bottom_right" else 0
+        pairs = sum(min(kv_len, max(0, i + 1 + offset)) for i in range(q_len))
+    return 4 * batch * q_heads * pairs * head_dim
+
+
+__all__ = ["scaled_dot_product_attention", "flash_attention", "attention_forward",
+           "extra_bytes", "flops"]

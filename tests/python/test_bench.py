@@ -1,0 +1,30 @@
+"""python -m fattn.bench --quick: runs, and writes fattn-bench's JSON schema, a CSV and plots."""
+import csv
+import json
+import subprocess
+import sys
+
+KEYS = {"impl", "dtype", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "ms_median", "ms_min",
+        "ms_max", "gflops", "max_abs_err", "extra_bytes"}
+
+
+def test_bench_quick(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "fattn.bench", "--quick", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "fused vs sdpa" in p.stdout
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert {"device", "cpu", "isa", "threads", "date", "fattn_version"} <= set(doc["machine"])
+    results = doc["results"]
+    assert {r["impl"] for r in results} == {"fattn_fused", "fattn_naive", "torch_sdpa",
+                                            "torch_standard"}
+    for r in results:
+        assert KEYS <= set(r), KEYS - set(r)
+        assert r["dtype"] == "float32" and r["ms_median"] > 0 and r["gflops"] > 0
+        assert r["ms_min"] <= r["ms_median"] <= r["ms_max"]
+        assert r["max_abs_err"] < 1e-5
+        assert r["extra_bytes"] is not None and r["extra_bytes"] >= 0
+    with open(tmp_path / "bench.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(results)
+    for png in ("time_vs_s.png", "memory_vs_s.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

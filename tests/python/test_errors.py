@@ -1,0 +1,214 @@
+"""Every error path: a clear message naming the argument, never a silent fallback."""
+import pytest
+import torch
+
+import fattn
+from conftest import qkv, randn
+
+sdpa = fattn.scaled_dot_product_attention
+op = torch.ops.fattn.attention
+
+
+def t(*shape, **kw):
+    return randn(*shape, **kw)
+
+
+# --- unsupported by fattn (valid for torch): NotImplementedError -------------------------
+def test_attn_mask():
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    with pytest.raises(NotImplementedError, match="attn_mask is not supported"):
+        sdpa(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+
+
+def test_dropout():
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
+        sdpa(q, k, v, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
+        fattn.flash_attention(q, k, v, dropout_p=0.1)
+
+
+def test_requires_grad():
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    k.requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"key require grad.*backward pass is not"):
+        sdpa(q, k, v)
+    with pytest.raises(NotImplementedError, match="require grad"):
+        fattn.flash_attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="require grad"):
+        fattn.attention_forward(q, k, v)
+    with torch.no_grad():
+        sdpa(q, k, v)  # fine without autograd
+
+
+def test_operator_backward_raises():
+    # calling the operator directly: forward works, backward says it does not exist
+    q, k, v = (x.requires_grad_() for x in qkv(1, 2, 2, 8, 8, 32))
+    out, _ = op(q, k, v)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="backward pass of fattn::attention"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_dtype_not_float32(dtype):
+    q, k, v = (x.to(dtype) for x in qkv(1, 2, 2, 8, 8, 32))
+    with pytest.raises(NotImplementedError, match=rf"query.dtype is {dtype}.*takes float32"):
+        sdpa(q, k, v)
+    with pytest.raises(NotImplementedError, match="takes float32"):
+        fattn.flash_attention(q, k, v)
+
+
+def test_16_bit_reaches_the_library_check():
+    # the operator passes 16-bit views on; the C++ library rejects them on the CPU
+    q, k, v = (x.half() for x in qkv(1, 2, 2, 8, 8, 32))
+    with pytest.raises(RuntimeError, match="fattn: the CPU kernels take float32, got q.dtype = "
+                                           "float16"):
+        op(q, k, v)
+    with pytest.raises(RuntimeError, match=r"fattn: q.dtype must be float32 .*got Double"):
+        op(q.double(), k.double(), v.double())
+
+
+def test_value_head_dim_differs():
+    with pytest.raises(NotImplementedError, match=r"value's head dim \(48\) must equal query's"):
+        sdpa(t(1, 2, 8, 32), t(1, 2, 8, 32), t(1, 2, 8, 48))
+
+
+@pytest.mark.parametrize("d", [8, 15, 257, 512])
+def test_head_dim_out_of_range(d):
+    q, k, v = qkv(1, 2, 2, 8, 8, d)
+    with pytest.raises(RuntimeError, match=rf"head dim\) must be in \[16, 256\], got {d}"):
+        sdpa(q, k, v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_without_cuda_kernels():
+    q, k, v = (x.cuda() for x in qkv(1, 2, 2, 8, 8, 32))
+    if fattn._C.with_cuda:
+        pytest.skip("built with the CUDA backend")
+    with pytest.raises(NotImplementedError, match="no CUDA kernels"):
+        sdpa(q, k, v)
+
+
+# --- invalid calls: ValueError / TypeError -----------------------------------------------
+def test_not_a_tensor():
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    with pytest.raises(TypeError, match="value must be a torch.Tensor, got list"):
+        sdpa(q, k, [1.0])
+
+
+def test_mismatched_devices():
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    with pytest.raises(ValueError, match="key is on meta but query is on cpu"):
+        sdpa(q, k.to("meta"), v)
+    with pytest.raises(RuntimeError, match="fattn: k is on meta but q is on cpu"):
+        op(q, k.to("meta"), v)  # the operator (dispatched to its fake kernel) says so too
+
+
+def test_mismatched_dtypes():
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    with pytest.raises(ValueError, match="value.dtype is torch.float64 but query.dtype is "
+                                         "torch.float32"):
+        sdpa(q, k, v.double())
+    with pytest.raises(RuntimeError, match="fattn: v.dtype is Double but q.dtype is Float"):
+        op(q, k, v.double())
+
+
+def test_wrong_ranks():
+    with pytest.raises(ValueError, match="query must have at least 2 dimensions"):
+        sdpa(t(8), t(8), t(8))
+    with pytest.raises(ValueError, match="query has 4 dimensions but key has 3"):
+        sdpa(t(1, 2, 8, 32), t(2, 8, 32), t(2, 8, 32))
+    with pytest.raises(ValueError, match=r"q must have 4 dimensions \(B, S, H, D\)"):
+        fattn.flash_attention(t(2, 8, 32), t(2, 8, 32), t(2, 8, 32))
+    with pytest.raises(ValueError, match=r"K must be \[B, H, S, D\]"):
+        fattn.attention_forward(t(1, 2, 8, 32), t(2, 8, 32), t(1, 2, 8, 32))
+    with pytest.raises(RuntimeError, match=r"fattn: q must have 4 dimensions \(batch, heads, "
+                                           r"seq, head_dim\), got 3"):
+        op(t(2, 8, 32), t(1, 2, 8, 32), t(1, 2, 8, 32))
+
+
+def test_mismatched_head_dims():
+    with pytest.raises(ValueError, match="key's head dim must equal query's"):
+        sdpa(t(1, 2, 8, 32), t(1, 2, 8, 64), t(1, 2, 8, 32))
+    with pytest.raises(RuntimeError, match=r"fattn: k.size\(3\) \(head dim\) must equal "
+                                           r"q.size\(3\) = 32, got 64"):
+        op(t(1, 2, 8, 32), t(1, 2, 8, 64), t(1, 2, 8, 64))
+
+
+def test_mismatched_batch():
+    with pytest.raises(ValueError, match="batch dimensions must match"):
+        sdpa(t(2, 2, 8, 32), t(3, 2, 8, 32), t(3, 2, 8, 32))
+    with pytest.raises(RuntimeError, match=r"fattn: k.size\(0\) \(batch\) must equal q.size\(0\) "
+                                           r"= 2, got 3"):
+        op(t(2, 2, 8, 32), t(3, 2, 8, 32), t(3, 2, 8, 32))
+
+
+def test_key_value_mismatch():
+    with pytest.raises(ValueError, match="key and value must agree"):
+        sdpa(t(1, 2, 8, 32), t(1, 2, 8, 32), t(1, 2, 9, 32))
+    with pytest.raises(RuntimeError, match=r"fattn: v.size\(2\) \(kv sequence\) must equal "
+                                           r"k.size\(2\) = 8, got 9"):
+        op(t(1, 2, 8, 32), t(1, 2, 8, 32), t(1, 2, 9, 32))
+
+
+def test_gqa_heads():
+    q, k, v = t(1, 4, 8, 32), t(1, 2, 8, 32), t(1, 2, 8, 32)
+    with pytest.raises(ValueError, match="query has 4 heads but key/value have 2.*enable_gqa=True"):
+        sdpa(q, k, v)
+    with pytest.raises(ValueError, match="query's 4 heads must be a multiple of key/value's 3"):
+        sdpa(q, t(1, 3, 8, 32), t(1, 3, 8, 32), enable_gqa=True)
+    with pytest.raises(RuntimeError, match=r"fattn: q.size\(1\) \(query heads\) must be a "
+                                           r"multiple of k.size\(1\) \(kv heads\) = 3, got 4"):
+        op(q, t(1, 3, 8, 32), t(1, 3, 8, 32))
+    with pytest.raises(ValueError, match="must be a multiple"):
+        fattn.flash_attention(t(1, 8, 4, 32), t(1, 8, 3, 32), t(1, 8, 3, 32))
+
+
+def test_flash_attention_arguments():
+    q, k, v = t(1, 8, 2, 32), t(1, 8, 2, 32), t(1, 8, 2, 32)
+    with pytest.raises(ValueError, match="layout must be 'bshd'.*or 'bhsd'.*got 'sbhd'"):
+        fattn.flash_attention(q, k, v, layout="sbhd")
+    with pytest.raises(TypeError):  # options are keyword-only (flash_attn_func: dropout_p)
+        fattn.flash_attention(q, k, v, 0.0)
+
+
+def test_attention_forward_shapes():
+    with pytest.raises(ValueError, match=r"Q, K and V must have one shape"):
+        fattn.attention_forward(t(1, 2, 8, 32), t(1, 2, 9, 32), t(1, 2, 9, 32))
+
+
+def test_operator_arguments():
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    with pytest.raises(RuntimeError, match="fattn: impl must be one of auto, reference, naive, "
+                                           "fused; got 'fast'"):
+        op(q, k, v, False, False, None, "fast")
+    with pytest.raises(RuntimeError, match="causal_bottom_right=True needs is_causal=True"):
+        op(q, k, v, False, True)
+    with pytest.raises(RuntimeError, match="fattn: scale must be finite, got inf"):
+        op(q, k, v, False, False, float("inf"))
+    with pytest.raises(RuntimeError, match="fattn: scale must be finite"):
+        sdpa(q, k, v, scale=float("nan"))
+
+
+def test_fake_kernel_checks_like_the_real_one():
+    # meta tensors run the fake kernel (what torch.compile traces with)
+    q, k, v = (x.to("meta") for x in qkv(1, 4, 2, 8, 8, 32))
+    out, lse = op(q, k, v)
+    assert out.shape == (1, 4, 8, 32) and lse.shape == (1, 4, 8) and lse.dtype == torch.float32
+    with pytest.raises(RuntimeError, match=r"fattn: q.size\(1\) \(query heads\) must be a "
+                                           "multiple"):
+        op(q, k[:, :1].expand(1, 3, 8, 32), v[:, :1].expand(1, 3, 8, 32))
+    with pytest.raises(RuntimeError, match="fattn: q, k and v must have one head dim"):
+        op(q, k[..., :16], v)
+    with pytest.raises(RuntimeError, match="causal_bottom_right=True needs is_causal=True"):
+        op(q, k, v, False, True)
+
+
+def test_messages_are_torch_errors_not_crashes():
+    # a bad call leaves the operator usable
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    with pytest.raises(RuntimeError):
+        op(q, k[..., :16], v)
+    out, _ = op(q, k, v)
+    assert torch.isfinite(out).all()
