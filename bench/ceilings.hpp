@@ -1,0 +1,36 @@
+// fattn-bench — this machine's ceilings, measured at start-up in the same run.
+//
+//   FMA peak    fp32 GFLOP/s of register-resident, independent FMA chains
+//               (fma_loops_isa.cpp), on every thread at once, vector and scalar.
+//   Bandwidth   STREAM triad a[i] = b[i] + s·c[i] over three arrays of doubles far
+//               larger than L3, on every thread (OpenMP, static schedule, first touch
+//               by the same threads). Counted bytes: 24 per element — read b, read c,
+//               write a (STREAM's convention). The write-allocate read of a that the
+//               cache also performs is NOT counted; bandwidth_with_write_allocate_gbs
+//               (× 4/3) counts it.
+// Each figure is the best of several repetitions.
+#pragma once
+
+#include <string>
+
+#include "fattn/attention.hpp"
+
+namespace fattn_bench {
+
+struct Ceilings {
+  std::string isa;  // the ISA the vector peak was measured with
+  int threads = 1;
+  double fma_peak_gflops = 0;                    // vector FMA, all threads
+  double scalar_fma_peak_gflops = 0;             // scalar FMA (or mul + add), all threads
+  double bandwidth_gbs = 0;                      // triad, 24 bytes per element
+  double bandwidth_with_write_allocate_gbs = 0;  // triad, 32 bytes per element
+  double triad_array_mib = 0;                    // size of each of the three arrays
+};
+
+// isa must be concrete (not automatic) and supported by this CPU.
+Ceilings measure_ceilings(fattn::Isa isa, int threads);
+
+// "model name" from /proc/cpuinfo, or "unknown".
+std::string cpu_model_name();
+
+}  // namespace fattn_bench

@@ -1,0 +1,176 @@
+// fattn-bench — measures this machine's ceilings, then times the attention kernels
+// over a sweep of sequence lengths and causal modes, and reports each against them.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "ceilings.hpp"
+#include "contention.hpp"
+#include "model.hpp"
+#include "report.hpp"
+#include "sweep.hpp"
+
+namespace {
+
+using fattn_bench::SweepConfig;
+
+constexpr int kMinTimedRuns = 5;  // the median needs at least this many
+constexpr int kMaxTimedRuns = 1000;
+const std::vector<std::int64_t> kQuickSeqLens{128, 256};
+
+const char* kCeilingsHelp =
+    "Ceilings, measured at start-up on all threads, best of 5: fp32 FMA peak = independent\n"
+    "FMA chains in registers (vector for the ISA in use, and scalar); bandwidth = STREAM\n"
+    "triad a = b + s*c over 3 x 256 MiB of double, counting 24 B/element (read b, c; write\n"
+    "a; the write-allocate read of a is not counted: JSON gives both).";
+
+const char* kJsonSchema =
+    "--json FILE writes {\"machine\": {device, cpu, isa, threads, fma_peak_gflops,\n"
+    "bandwidth_gbs, date, ...}, \"results\": [{impl, dtype, B, Hq, Hkv, Sq, Sk, D, causal,\n"
+    "causal_alignment, ms_median, ms_min, ms_max, gflops, max_abs_err, err_rows,\n"
+    "extra_bytes, ai_model, flops, model_bytes, pct_fma_peak, lse_written,\n"
+    "fused_ai_kv_reread (fused only), ...}]}. --csv FILE writes the results flat.";
+
+// "both" is none + top_left; the other names are fattn's.
+std::vector<fattn::Causal> parse_causal(const std::vector<std::string>& names) {
+  std::vector<fattn::Causal> modes;
+  for (const std::string& name : names) {
+    if (name == "both") {
+      modes.push_back(fattn::Causal::none);
+      modes.push_back(fattn::Causal::top_left);
+      continue;
+    }
+    bool known = false;
+    for (fattn::Causal c :
+         {fattn::Causal::none, fattn::Causal::top_left, fattn::Causal::bottom_right})
+      if (name == fattn::to_string(c)) {
+        modes.push_back(c);
+        known = true;
+      }
+    if (!known) throw CLI::ValidationError("--causal", "unknown mode '" + name + "'");
+  }
+  return modes;
+}
+
+std::vector<fattn::Impl> parse_impls(const std::vector<std::string>& names) {
+  std::vector<fattn::Impl> impls;
+  for (const std::string& name : names) {
+    const fattn::Impl impl = fattn::parse_impl(name);
+    if (impl == fattn::Impl::automatic)
+      throw CLI::ValidationError("--impls", "name naive, fused or reference, not auto");
+    impls.push_back(impl);
+  }
+  return impls;
+}
+
+fattn::Isa resolve_isa(const std::string& name) {
+  fattn::Isa isa = fattn::parse_isa(name);
+  if (isa == fattn::Isa::automatic) isa = fattn::best_cpu_isa();
+  if (!fattn::cpu_supports(isa))
+    throw CLI::ValidationError(
+        "--isa", std::string(fattn::to_string(isa)) + " is not supported by this CPU");
+  return isa;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  SweepConfig config;
+  std::vector<std::string> causal_names{"both"}, impl_names{"naive", "fused"};
+  std::string isa_name = "auto", json_path, csv_path;
+  bool quick = false;
+
+  CLI::App app{
+      "fattn-bench: fp32 attention kernels against this machine's measured FMA peak\n"
+      "and memory bandwidth, with FLOPs, arithmetic intensity and accuracy."};
+  app.footer(std::string("\n") + kCeilingsHelp + "\n\n" + fattn_bench::model_help() + "\n\n" +
+             kJsonSchema);
+  app.add_option("--batch", config.batch, "batch size B")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--heads", config.q_heads, "query heads Hq")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  auto* kv_heads =
+      app.add_option("--kv-heads", config.kv_heads, "key/value heads Hkv (default: Hq)")
+          ->check(CLI::PositiveNumber);
+  app.add_option("--head-dim", config.head_dim, "head dimension D")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  auto* seq = app.add_option("--seq", config.q_lens, "query lengths Sq to sweep")
+                  ->capture_default_str()
+                  ->check(CLI::PositiveNumber)
+                  ->delimiter(',');
+  app.add_option("--seq-kv", config.kv_lens,
+                 "key lengths Sk: one for all, or one per --seq (default: Sk = Sq)")
+      ->check(CLI::PositiveNumber)
+      ->delimiter(',');
+  app.add_option("--causal", causal_names,
+                 "none|top_left|bottom_right|both (both = none and top_left)")
+      ->capture_default_str()
+      ->delimiter(',');
+  app.add_option("--threads", config.threads, "threads (0: fattn's default, all cores)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--impls", impl_names, "implementations: naive,fused,reference")
+      ->capture_default_str()
+      ->delimiter(',');
+  app.add_option("--isa", isa_name, "auto|avx512|avx2|portable")->capture_default_str();
+  app.add_option("--reps", config.reps, "timed runs per point (median, min, max)")
+      ->capture_default_str()
+      ->check(CLI::Range(kMinTimedRuns, kMaxTimedRuns));
+  app.add_option("--warmup", config.warmup, "untimed runs before them")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--json", json_path, "write the machine and results as JSON");
+  app.add_option("--csv", csv_path, "write the results as CSV");
+  app.add_flag("--lse", config.lse, "also write the logsumexp (counted in the AI models)");
+  app.add_option("--seed", config.seed, "seed of the random-normal inputs")->capture_default_str();
+  app.add_flag("--quick", quick, "tiny sweep for CI smoke tests: S in {128, 256} unless --seq");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (kv_heads->count() == 0) config.kv_heads = config.q_heads;
+    if (quick && seq->count() == 0) config.q_lens = kQuickSeqLens;
+    if (!config.kv_lens.empty() && config.kv_lens.size() != 1 &&
+        config.kv_lens.size() != config.q_lens.size())
+      throw CLI::ValidationError("--seq-kv", "give one length, or as many as --seq");
+    config.causal = parse_causal(causal_names);
+    config.impls = parse_impls(impl_names);
+    config.isa = resolve_isa(isa_name);
+    if (config.threads == 0) config.threads = fattn::default_num_threads();
+
+    fattn_bench::Machine machine;
+    machine.cpu = fattn_bench::cpu_model_name();
+    machine.date = fattn_bench::iso8601_now();
+    machine.fattn_version = fattn::version();
+    machine.reps = config.reps;
+    machine.warmup = config.warmup;
+    std::fprintf(stderr, "measuring ceilings ...\n");
+    const fattn_bench::CpuSharing whole_run;
+    {
+      const fattn_bench::CpuSharing ceilings_phase;
+      machine.ceilings = fattn_bench::measure_ceilings(config.isa, config.threads);
+      machine.others_cores_ceilings = ceilings_phase.others_cores();
+    }
+    fattn_bench::print_machine(stdout, machine);
+    std::fflush(stdout);
+
+    const fattn_bench::CpuSharing sweep_phase;
+    const auto results = fattn_bench::run_sweep(config, machine.ceilings);
+    machine.others_cores_sweep = sweep_phase.others_cores();
+    machine.steal_cores = whole_run.steal_cores();
+    fattn_bench::print_table(stdout, machine, results);
+    fattn_bench::print_contention(stdout, machine);
+    if (!json_path.empty()) fattn_bench::write_json(json_path, machine, results);
+    if (!csv_path.empty()) fattn_bench::write_csv(csv_path, results);
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fattn-bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

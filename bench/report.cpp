@@ -1,0 +1,292 @@
+// fattn-bench — table, JSON and CSV output (see report.hpp).
+#include "report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <tuple>
+
+#include "accuracy.hpp"
+#include "contention.hpp"
+
+namespace fattn_bench {
+namespace {
+
+using Cells = std::vector<std::string>;
+
+template <class... Args>
+std::string format(const char* fmt, Args... args) {
+  char buffer[128];
+  std::snprintf(buffer, sizeof buffer, fmt, args...);
+  return buffer;
+}
+
+std::string bytes_label(std::int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  constexpr double kStep = 1024;
+  while (value >= kStep && unit < 4) {
+    value /= kStep;
+    ++unit;
+  }
+  return unit == 0 ? format("%lld B", static_cast<long long>(bytes))
+                   : format("%.1f %s", value, units[unit]);
+}
+
+std::string seq_label(const Shape& s) {
+  return s.q_len == s.kv_len ? format("%lld", static_cast<long long>(s.q_len))
+                             : format("%lld/%lld", static_cast<long long>(s.q_len),
+                                      static_cast<long long>(s.kv_len));
+}
+
+// Right-aligned columns, two spaces apart.
+void print_cells(std::FILE* out, const std::vector<Cells>& rows) {
+  std::vector<std::size_t> width;
+  for (const Cells& row : rows) {
+    width.resize(std::max(width.size(), row.size()));
+    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  for (const Cells& row : rows) {
+    for (std::size_t c = 0; c < row.size(); ++c)
+      std::fprintf(out, "%s%*s", c ? "  " : "", static_cast<int>(width[c]), row[c].c_str());
+    std::fputc('\n', out);
+  }
+}
+
+bool is_causal(const Shape& s) { return s.causal != fattn::Causal::none; }
+
+nlohmann::ordered_json result_json(const Result& r) {
+  nlohmann::ordered_json j;
+  j["impl"] = fattn::to_string(r.impl);
+  j["dtype"] = "float32";
+  j["B"] = r.shape.batch;
+  j["Hq"] = r.shape.q_heads;
+  j["Hkv"] = r.shape.kv_heads;
+  j["Sq"] = r.shape.q_len;
+  j["Sk"] = r.shape.kv_len;
+  j["D"] = r.shape.head_dim;
+  j["causal"] = is_causal(r.shape);
+  j["causal_alignment"] = fattn::to_string(r.shape.causal);
+  j["ms_median"] = r.ms_median;
+  j["ms_min"] = r.ms_min;
+  j["ms_max"] = r.ms_max;
+  j["gflops"] = r.gflops;
+  j["max_abs_err"] = r.max_abs_err;  // NaN is written as null
+  j["err_rows"] = r.err_all_rows ? "all" : "sampled";
+  j["extra_bytes"] = r.extra_bytes;
+  j["page_faults_per_run"] = r.page_faults_per_run;
+  j["sys_ms_per_run"] = r.sys_ms_per_run;
+  j["other_processes_cores"] = r.others_cores;
+  j["ai_model"] = r.ai_model;
+  j["flops"] = r.flops;
+  j["model_bytes"] = r.model_bytes;
+  j["pct_fma_peak"] = r.pct_fma_peak;
+  j["lse_written"] = r.shape.lse_written;
+  if (r.impl == fattn::Impl::fused) {
+    j["fused_ai_kv_reread"] = r.fused_ai_kv_reread;
+    j["query_tile_rows"] = r.query_tile_rows;
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string iso8601_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buffer;
+}
+
+void print_machine(std::FILE* out, const Machine& m) {
+  const Ceilings& c = m.ceilings;
+  std::fprintf(out, "fattn %s on %s (%s), isa %s, %d threads, %s\n", m.fattn_version.c_str(),
+               m.device.c_str(), m.cpu.c_str(), c.isa.c_str(), c.threads, m.date.c_str());
+  std::fprintf(out, "ceilings (best of several runs, all %d threads):\n", c.threads);
+  std::fprintf(out, "  fp32 FMA peak   %8.1f GFLOP/s  (%s vectors; scalar %.1f GFLOP/s)\n",
+               c.fma_peak_gflops, c.isa.c_str(), c.scalar_fma_peak_gflops);
+  std::fprintf(out,
+               "  bandwidth       %8.1f GB/s     (triad a = b + s*c, 3 x %.0f MiB of double;\n"
+               "                                     24 B/element: read b, c, write a; %.1f GB/s"
+               " with write-allocate)\n",
+               c.bandwidth_gbs, c.triad_array_mib, c.bandwidth_with_write_allocate_gbs);
+  std::fprintf(out, "  ridge point     %8.1f FLOP/byte\n\n", c.fma_peak_gflops / c.bandwidth_gbs);
+}
+
+namespace {
+
+// The results of one (Sq, Sk, causal) point, one per impl.
+using Point = std::vector<const Result*>;
+
+struct Grouped {
+  std::vector<fattn::Impl> impls;  // in the order they first appear
+  std::vector<Point> points;       // likewise
+};
+
+Grouped group_by_point(const std::vector<Result>& results) {
+  Grouped g;
+  std::map<std::tuple<std::int64_t, std::int64_t, int>, std::size_t> index;
+  for (const Result& r : results) {
+    if (std::find(g.impls.begin(), g.impls.end(), r.impl) == g.impls.end())
+      g.impls.push_back(r.impl);
+    const auto key =
+        std::make_tuple(r.shape.q_len, r.shape.kv_len, static_cast<int>(r.shape.causal));
+    const auto [it, fresh] = index.try_emplace(key, g.points.size());
+    if (fresh) g.points.emplace_back();
+    g.points[it->second].push_back(&r);
+  }
+  return g;
+}
+
+const Result* find(const Point& point, fattn::Impl impl) {
+  for (const Result* r : point)
+    if (r->impl == impl) return r;
+  return nullptr;
+}
+
+}  // namespace
+
+void print_table(std::FILE* out, const Machine& m, const std::vector<Result>& results) {
+  if (results.empty()) return;
+  const auto [impls, points] = group_by_point(results);
+  const bool speedup = std::count(impls.begin(), impls.end(), fattn::Impl::naive) &&
+                       std::count(impls.begin(), impls.end(), fattn::Impl::fused);
+
+  // One column per impl for each quantity; the speedup follows the times.
+  using Cell = std::string (*)(const Result&);
+  struct Quantity {
+    const char* name;
+    Cell cell;
+  };
+  const Quantity quantities[] = {
+      {"ms",
+       [](const Result& r) {
+         const char* busy = r.others_cores > kBusyCores ? "!" : "";
+         return format("%s%.2f (%.2f-%.2f)", busy, r.ms_median, r.ms_min, r.ms_max);
+       }},
+      {"GF/s", [](const Result& r) { return format("%.1f", r.gflops); }},
+      {"%pk", [](const Result& r) { return format("%.1f%%", r.pct_fma_peak); }},
+      {"AI", [](const Result& r) { return format("%.1f", r.ai_model); }},
+      {"extra", [](const Result& r) { return bytes_label(r.extra_bytes); }},
+      {"err", [](const Result& r) { return format("%.1e", r.max_abs_err); }},
+  };
+  const Quantity& time_quantity = quantities[0];
+
+  std::vector<Cells> rows;
+  Cells header{"S", "causal"};
+  for (const Quantity& q : quantities) {
+    for (fattn::Impl impl : impls)
+      header.push_back(std::string(fattn::to_string(impl)) + " " + q.name);
+    if (speedup && &q == &time_quantity) header.push_back("fused/naive");
+  }
+  header.push_back("err rows");
+  rows.push_back(header);
+
+  for (const Point& point : points) {
+    const Shape& s = point.front()->shape;
+    Cells row{seq_label(s), fattn::to_string(s.causal)};
+    for (const Quantity& q : quantities) {
+      for (fattn::Impl impl : impls) {
+        const Result* r = find(point, impl);
+        row.push_back(r ? q.cell(*r) : "-");
+      }
+      if (speedup && &q == &time_quantity) {
+        const Result *naive = find(point, fattn::Impl::naive),
+                     *fused = find(point, fattn::Impl::fused);
+        row.push_back(naive && fused ? format("%.2fx", naive->ms_median / fused->ms_median) : "-");
+      }
+    }
+    row.push_back(point.front()->err_all_rows ? "all" : "sampled");
+    rows.push_back(row);
+  }
+
+  const Shape& s = results.front().shape;
+  std::fprintf(out, "B=%lld Hq=%lld Hkv=%lld D=%lld float32, %d timed runs (+%d warm-up)%s\n",
+               static_cast<long long>(s.batch), static_cast<long long>(s.q_heads),
+               static_cast<long long>(s.kv_heads), static_cast<long long>(s.head_dim), m.reps,
+               m.warmup, s.lse_written ? ", logsumexp written" : "");
+  print_cells(out, rows);
+  std::fprintf(
+      out,
+      "\nms = median (min-max) wall time, ! = other processes used > %.1f core meanwhile;\n"
+      "fused/naive = naive median / fused median.\n"
+      "GF/s = 4*B*Hq*visible_pairs*D / median time; %%pk = share of the measured FMA "
+      "peak.\nAI = FLOP per DRAM byte (model.hpp): fused counts Q, K, V, O once; "
+      "naive adds 7 passes over the scores.\nextra = fattn::extra_bytes. err rows: "
+      "all = whole output vs Impl::reference (B*Hq*Sq*Sk <= 2^26);\n"
+      "sampled = %d rows spread over batch/heads/rows vs fattn::reference_row.\n"
+      "JSON/CSV add page_faults_per_run and sys_ms_per_run: fattn allocates its workspace on\n"
+      "every call, and the naive path's Sq*Sk buffer is page-faulted in afresh each time.\n",
+      kBusyCores, kSampledRows);
+}
+
+void print_contention(std::FILE* out, const Machine& m) {
+  std::fprintf(out,
+               "other processes used %.2f cores during the ceilings, %.2f during the sweep; "
+               "hypervisor steal %.2f cores\n",
+               m.others_cores_ceilings, m.others_cores_sweep, m.steal_cores);
+  if (std::max({m.others_cores_ceilings, m.others_cores_sweep, m.steal_cores}) > kBusyCores)
+    std::fprintf(stderr,
+                 "fattn-bench: warning: the machine was not quiet (see the line above); "
+                 "the timings and ceilings are inflated — run again when it is idle\n");
+}
+
+void write_json(const std::string& path, const Machine& m, const std::vector<Result>& results) {
+  const Ceilings& c = m.ceilings;
+  nlohmann::ordered_json doc;
+  doc["machine"] = {
+      {"device", m.device},
+      {"cpu", m.cpu},
+      {"isa", c.isa},
+      {"threads", c.threads},
+      {"fma_peak_gflops", c.fma_peak_gflops},
+      {"bandwidth_gbs", c.bandwidth_gbs},
+      {"date", m.date},
+      {"scalar_fma_peak_gflops", c.scalar_fma_peak_gflops},
+      {"bandwidth_bytes_counted", "24 per element: read b, read c, write a (no write-allocate)"},
+      {"bandwidth_with_write_allocate_gbs", c.bandwidth_with_write_allocate_gbs},
+      {"triad_array_mib", c.triad_array_mib},
+      {"fattn_version", m.fattn_version},
+      {"reps", m.reps},
+      {"warmup", m.warmup},
+      {"other_processes_cores_ceilings", m.others_cores_ceilings},
+      {"other_processes_cores_sweep", m.others_cores_sweep},
+      {"steal_cores", m.steal_cores},
+  };
+  doc["results"] = nlohmann::ordered_json::array();
+  for (const Result& r : results) doc["results"].push_back(result_json(r));
+  std::ofstream file(path);
+  file << doc.dump(2) << '\n';
+  if (!file) throw std::runtime_error("cannot write " + path);
+}
+
+void write_csv(const std::string& path, const std::vector<Result>& results) {
+  std::ofstream file(path);
+  file << "impl,dtype,B,Hq,Hkv,Sq,Sk,D,causal,causal_alignment,ms_median,ms_min,ms_max,gflops,"
+          "max_abs_err,err_rows,extra_bytes,ai_model,flops,model_bytes,pct_fma_peak,lse_written,"
+          "page_faults_per_run,sys_ms_per_run,other_processes_cores,fused_ai_kv_reread\n";
+  file.precision(9);
+  for (const Result& r : results) {
+    const Shape& s = r.shape;
+    file << fattn::to_string(r.impl) << ",float32," << s.batch << ',' << s.q_heads << ','
+         << s.kv_heads << ',' << s.q_len << ',' << s.kv_len << ',' << s.head_dim << ','
+         << (is_causal(s) ? "true" : "false") << ',' << fattn::to_string(s.causal) << ','
+         << r.ms_median << ',' << r.ms_min << ',' << r.ms_max << ',' << r.gflops << ','
+         << r.max_abs_err << ',' << (r.err_all_rows ? "all" : "sampled") << ',' << r.extra_bytes
+         << ',' << r.ai_model << ',' << r.flops << ',' << r.model_bytes << ',' << r.pct_fma_peak
+         << ',' << (s.lse_written ? "true" : "false") << ',' << r.page_faults_per_run << ','
+         << r.sys_ms_per_run << ',' << r.others_cores << ',';
+    if (r.impl == fattn::Impl::fused) file << r.fused_ai_kv_reread;
+    file << '\n';
+  }
+  if (!file) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace fattn_bench

@@ -1,0 +1,31 @@
+// fattn-bench — output: the ceilings and results table on stdout, JSON, CSV.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "result.hpp"
+
+namespace fattn_bench {
+
+void print_machine(std::FILE* out, const Machine& machine);
+
+// One line per (Sq, Sk, causal); for each quantity one column per impl, in the order
+// the impls were asked for. Speedup (naive / fused time) when both ran.
+void print_table(std::FILE* out, const Machine& machine, const std::vector<Result>& results);
+
+// CPU time other processes (and the hypervisor) took during the run; a warning on
+// stderr when it was enough to distort the figures.
+void print_contention(std::FILE* out, const Machine& machine);
+
+// The schema in main.cpp's --help; throws std::runtime_error if the file cannot be written.
+void write_json(const std::string& path, const Machine& machine,
+                const std::vector<Result>& results);
+// The results, flat, with a header row.
+void write_csv(const std::string& path, const std::vector<Result>& results);
+
+// Current time, ISO 8601 in UTC: 2024-05-01T12:34:56Z.
+std::string iso8601_now();
+
+}  // namespace fattn_bench

@@ -1,0 +1,43 @@
+// fattn-bench — what one run of the sweep records, and the machine it ran on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ceilings.hpp"
+#include "model.hpp"
+
+namespace fattn_bench {
+
+struct Result {
+  fattn::Impl impl = fattn::Impl::fused;
+  Shape shape;
+  double ms_median = 0, ms_min = 0, ms_max = 0;
+  std::int64_t flops = 0;                // model.hpp
+  double gflops = 0;                     // flops / median time
+  double pct_fma_peak = 0;               // gflops / Ceilings::fma_peak_gflops × 100
+  double max_abs_err = 0;                // vs the float64 reference; NaN if any value was NaN
+  bool err_all_rows = true;              // false: sampled rows (accuracy.hpp)
+  std::int64_t extra_bytes = 0;          // fattn::extra_bytes
+  std::int64_t page_faults_per_run = 0;  // minor faults per call (fresh workspace pages)
+  double sys_ms_per_run = 0;      // kernel CPU time per call, all threads (mostly those faults)
+  std::int64_t model_bytes = 0;   // DRAM bytes of this impl's AI model
+  double ai_model = 0;            // flops / model_bytes
+  double fused_ai_kv_reread = 0;  // fused only: the pessimistic K/V model
+  double others_cores = 0;        // CPU other processes used meanwhile (contention.hpp)
+  int query_tile_rows = 0;        // Br used by fused_ai_kv_reread
+};
+
+struct Machine {
+  std::string device = "cpu";
+  std::string cpu;   // /proc/cpuinfo model name
+  std::string date;  // ISO 8601, UTC
+  std::string fattn_version;
+  Ceilings ceilings;  // isa, threads, FMA peaks, bandwidth
+  int reps = 0, warmup = 0;
+  // CPU used by other processes (contention.hpp), in cores' worth, while the ceilings
+  // and then the sweep were measured; and hypervisor steal over the whole run.
+  double others_cores_ceilings = 0, others_cores_sweep = 0, steal_cores = 0;
+};
+
+}  // namespace fattn_bench

@@ -1,0 +1,134 @@
+// fattn-bench — unit tests of the FLOP and arithmetic-intensity models (model.hpp).
+// Every expected value is worked out by hand in the comment beside it.
+#include <gtest/gtest.h>
+
+#include "model.hpp"
+
+namespace fattn_bench {
+namespace {
+
+using fattn::Causal;
+
+Shape square(std::int64_t seq, Causal causal = Causal::none) {
+  Shape s;  // B = Hq = Hkv = 1, D = 64
+  s.q_len = s.kv_len = seq;
+  s.causal = causal;
+  return s;
+}
+
+Shape rectangular(std::int64_t q_len, std::int64_t kv_len, Causal causal) {
+  Shape s = square(q_len, causal);
+  s.kv_len = kv_len;
+  return s;
+}
+
+TEST(Flops, NonCausalIsFourBHSSD) {
+  // 4 · 128 · 128 · 64 = 4194304
+  EXPECT_EQ(flops(square(128)), 4194304);
+  // B=2, Hq=8: 16 × that = 67108864
+  Shape s = square(128);
+  s.batch = 2;
+  s.q_heads = 8;
+  s.kv_heads = 8;
+  EXPECT_EQ(flops(s), 67108864);
+}
+
+TEST(VisiblePairs, TopLeftSquare) {
+  // rows see 1, 2, 3, 4 keys: 10
+  EXPECT_EQ(visible_pairs(square(4, Causal::top_left)), 10);
+  // S = 128: 128 · 129 / 2 = 8256
+  EXPECT_EQ(visible_pairs(square(128, Causal::top_left)), 8256);
+  // 4 · 10 · 64 = 2560
+  EXPECT_EQ(flops(square(4, Causal::top_left)), 2560);
+}
+
+TEST(VisiblePairs, TopLeftRectangular) {
+  // Sq=2, Sk=4: min(4,1) + min(4,2) = 3
+  EXPECT_EQ(visible_pairs(rectangular(2, 4, Causal::top_left)), 3);
+  // Sq=6, Sk=4: 1 + 2 + 3 + 4 + 4 + 4 = 18
+  EXPECT_EQ(visible_pairs(rectangular(6, 4, Causal::top_left)), 18);
+}
+
+TEST(VisiblePairs, BottomRight) {
+  // Square: offset 0, same as top-left: 10
+  EXPECT_EQ(visible_pairs(square(4, Causal::bottom_right)), 10);
+  // Sq=2, Sk=4, offset 2: row 0 sees keys 0..2 (3), row 1 sees 0..3 (4): 7
+  EXPECT_EQ(visible_pairs(rectangular(2, 4, Causal::bottom_right)), 7);
+  // Sq=4, Sk=2, offset −2: rows 0, 1 see nothing (0), row 2 sees 1, row 3 sees 2: 3
+  const Shape tall = rectangular(4, 2, Causal::bottom_right);
+  EXPECT_EQ(visible_keys(tall, 0), 0);
+  EXPECT_EQ(visible_keys(tall, 1), 0);
+  EXPECT_EQ(visible_keys(tall, 2), 1);
+  EXPECT_EQ(visible_keys(tall, 3), 2);
+  EXPECT_EQ(visible_pairs(tall), 3);
+  // rows that see nothing contribute 0 FLOPs: 4 · 3 · 64 = 768
+  EXPECT_EQ(flops(tall), 768);
+}
+
+TEST(FusedModel, EachTensorOnce) {
+  // Q, K, V, O: 128 · 64 = 8192 floats each, 32768 floats = 131072 bytes
+  EXPECT_EQ(fused_bytes(square(128)), 131072);
+  // 4194304 / 131072 = 32
+  EXPECT_DOUBLE_EQ(fused_ai(square(128)), 32.0);
+}
+
+TEST(FusedModel, GroupedQueryHeadsAndLse) {
+  Shape s = square(256);
+  s.batch = 2;
+  s.q_heads = 8;
+  s.kv_heads = 2;
+  s.head_dim = 128;
+  s.lse_written = true;
+  // |Q| = |O| = 2·8·256·128 = 524288; |K| = |V| = 2·2·256·128 = 131072;
+  // |LSE| = 2·8·256 = 4096. 2·524288 + 2·131072 + 4096 = 1314816 floats = 5259264 bytes
+  EXPECT_EQ(fused_bytes(s), 5259264);
+}
+
+TEST(FusedModel, KvRereadPerQueryTile) {
+  // Br = 32: 4 query tiles, each reads K and V (2 · 128 · 64 = 16384 floats): 65536,
+  // plus Q and O (16384): 81920 floats = 327680 bytes; 4194304 / 327680 = 12.8
+  EXPECT_EQ(fused_bytes_kv_reread(square(128), 32), 327680);
+  EXPECT_DOUBLE_EQ(fused_ai_kv_reread(square(128), 32), 12.8);
+  // Causal top-left: tiles end at rows 31, 63, 95, 127 and visit 32, 64, 96, 128 keys
+  // = 320; K/V 2 · 320 · 64 = 40960 + Q, O 16384 = 57344 floats = 229376 bytes.
+  // FLOPs 4 · 8256 · 64 = 2113536; AI = 2113536 / 229376 = 129 / 14
+  const Shape causal = square(128, Causal::top_left);
+  EXPECT_EQ(fused_bytes_kv_reread(causal, 32), 229376);
+  EXPECT_DOUBLE_EQ(fused_ai_kv_reread(causal, 32), 129.0 / 14.0);
+}
+
+TEST(FusedModel, KvRereadPartialLastTile) {
+  // Sq = Sk = 40, D = 64, Br = 32: 2 tiles. Non-causal: 2 · 40 keys = 80;
+  // K/V 2 · 80 · 64 = 10240, Q and O 2 · 40 · 64 = 5120: 15360 floats = 61440 bytes
+  EXPECT_EQ(fused_bytes_kv_reread(square(40), 32), 61440);
+  // Top-left: tile 0 ends at row 31 (32 keys), tile 1 at row 39 (40 keys): 72;
+  // K/V 2 · 72 · 64 = 9216 + 5120 = 14336 floats = 57344 bytes
+  EXPECT_EQ(fused_bytes_kv_reread(square(40, Causal::top_left), 32), 57344);
+}
+
+TEST(NaiveModel, SevenPassesOverTheScores) {
+  // fused bytes 131072 + 7 passes · 128·128 scores · 4 bytes (458752) = 589824
+  EXPECT_EQ(naive_bytes(square(128)), 589824);
+  // 4194304 / 589824 = 64 / 9
+  EXPECT_DOUBLE_EQ(naive_ai(square(128)), 64.0 / 9.0);
+  // Causal S = 4, D = 64: fused 4 · 4·64 · 4 = 4096 bytes; scores 10 visible:
+  // 7 · 10 · 4 = 280: 4376 bytes
+  EXPECT_EQ(naive_bytes(square(4, Causal::top_left)), 4376);
+}
+
+TEST(NaiveModel, LessIntenseThanFused) {
+  for (std::int64_t seq : {128, 1024, 4096})
+    for (Causal c : {Causal::none, Causal::top_left})
+      EXPECT_LT(naive_ai(square(seq, c)), fused_ai(square(seq, c))) << seq;
+}
+
+TEST(QueryTileRows, PerIsa) {
+  // Tiling<bytes>::query_vecs = 2 vectors of 16, 8, 4 floats
+  EXPECT_EQ(query_tile_rows(fattn::Isa::avx512), 32);
+  EXPECT_EQ(query_tile_rows(fattn::Isa::avx2), 16);
+  EXPECT_EQ(query_tile_rows(fattn::Isa::portable), 8);
+  EXPECT_EQ(query_tile_rows(fattn::Isa::automatic), query_tile_rows(fattn::best_cpu_isa()));
+}
+
+}  // namespace
+}  // namespace fattn_bench
