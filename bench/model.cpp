@@ -79,16 +79,7 @@ double fused_ai_kv_reread(const Shape& s, int query_tile_rows) {
 }
 double naive_ai(const Shape& s) { return ratio(flops(s), naive_bytes(s)); }
 
-int query_tile_rows(fattn::Isa isa) {
-  // Tiling<bytes>::query_vecs (2) × floats per vector, from src/cpu/tiling.hpp.
-  switch (isa) {
-    case fattn::Isa::avx512: return 32;
-    case fattn::Isa::avx2: return 16;
-    case fattn::Isa::portable: return 8;
-    case fattn::Isa::automatic: break;
-  }
-  return query_tile_rows(fattn::best_cpu_isa());
-}
+int query_tile_rows(fattn::Isa isa) { return fattn::cpu_query_tile(isa); }
 
 const char* model_help() {
   return "Model (fp32; FLOPs = 4*B*Hq*pairs*D, pairs = visible (query,key) pairs,\n"
@@ -96,7 +87,7 @@ const char* model_help() {
          "FLOPs / DRAM bytes, each tensor read or written once:\n"
          "  fused: 4*(|Q|+|K|+|V|+|O| [+|LSE|]); assumes K/V tiles are re-read from\n"
          "         cache. JSON fused_ai_kv_reread instead re-reads K and V from DRAM\n"
-         "         once per query tile of Br rows (32 avx512, 16 avx2, 8 portable).\n"
+         "         once per query tile of Br rows (fattn::cpu_query_tile: 64 avx512).\n"
          "  naive: fused bytes + 4*7*N, N = B*Hq*pairs scores: stage 1 writes S,\n"
          "         softmax reads S (max), reads S + writes P (exp), reads + writes P\n"
          "         (normalise), stage 3 reads P.\n"

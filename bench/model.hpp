@@ -17,7 +17,7 @@
 //           bytes = 4 · (|Q| + |O| [+ |LSE|] + B·Hq·Σ_tiles 2·keys(tile)·D)
 //           every query tile of Br rows reads the K and V rows it visits from DRAM;
 //           keys(tile) = Sk, or the tile's causal limit (tiles skip keys past it).
-//           Br = 32 (avx512), 16 (avx2), 8 (portable): see src/cpu/tiling.hpp.
+//           Br = fattn::cpu_query_tile(isa): 64 (avx512), 24 (avx2), 8 (portable).
 //   naive   bytes = 4 · (|Q| + |K| + |V| + |O| [+ |LSE|] + 7·N),  N = B·Hq·pairs scores
 //           stage 1  read Q, K; write S                        N
 //           stage 2  max pass reads S                          N

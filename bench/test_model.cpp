@@ -123,9 +123,9 @@ TEST(NaiveModel, LessIntenseThanFused) {
 }
 
 TEST(QueryTileRows, PerIsa) {
-  // Tiling<bytes>::query_vecs = 2 vectors of 16, 8, 4 floats
-  EXPECT_EQ(query_tile_rows(fattn::Isa::avx512), 32);
-  EXPECT_EQ(query_tile_rows(fattn::Isa::avx2), 16);
+  // src/cpu/tiling.hpp: query_vecs × floats per vector
+  EXPECT_EQ(query_tile_rows(fattn::Isa::avx512), 64);  // Tiling<64>: 4 vectors of 16 floats
+  EXPECT_EQ(query_tile_rows(fattn::Isa::avx2), 24);  // Tiling<32>: 3 vectors of 8 floats
   EXPECT_EQ(query_tile_rows(fattn::Isa::portable), 8);
   EXPECT_EQ(query_tile_rows(fattn::Isa::automatic), query_tile_rows(fattn::best_cpu_isa()));
 }

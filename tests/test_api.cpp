@@ -188,4 +188,26 @@ TEST(Machine, ReportsItself) {
 }
 
 }  // namespace
+// Working memory is cached between calls: a larger problem after a smaller one, a
+// smaller one after it (reusing the larger block, with stale data in it), and a call
+// after release_cached_memory() all give the reference result.
+TEST(WorkspaceCache, ReuseGrowAndReleaseStayCorrect) {
+  Rng rng;
+  for (Impl impl : {Impl::naive, Impl::fused}) {
+    for (std::int64_t S : {65, 300, 65}) {
+      const Tensor q = make_input(L::bhsd, 1, 2, S, 64, rng);
+      const Tensor k = make_input(L::bhsd, 1, 2, S, 64, rng);
+      const Tensor v = make_input(L::bhsd, 1, 2, S, 64, rng);
+      Options options;
+      options.causal = Causal::top_left;
+      const Result ref = run_reference(q, k, v, options, /*with_lse=*/false);
+      options.impl = impl;
+      Tensor out = make_output(L::bhsd, 1, 2, S, 64);
+      fattn::attention_forward(q.view(), k.view(), v.view(), out.view(), nullptr, options);
+      EXPECT_TRUE(outputs_near(out, ref.out)) << fattn::to_string(impl) << " S=" << S;
+      if (S == 300) fattn::release_cached_memory();
+    }
+  }
+}
+
 }  // namespace fattn_test

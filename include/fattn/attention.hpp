@@ -75,6 +75,11 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options = {});
 
+// The CPU kernels keep their working memory between calls (the naive path's Sq×Sk
+// buffer would otherwise be page-faulted in on every call). This frees it; a call
+// running meanwhile keeps its block.
+void release_cached_memory();
+
 // Float64 reference for one query row (b, h, i), for checking sampled rows of long
 // problems: writes head_dim values to out_row and returns the row's logsumexp
 // (-inf for a row that sees no key). Same arguments and validation as attention_forward,
@@ -86,6 +91,8 @@ double reference_row(const TensorView& q, const TensorView& k, const TensorView&
 // What this machine offers.
 Isa best_cpu_isa();
 bool cpu_supports(Isa isa);
+// Query rows per work item (Br) of the CPU kernels for an ISA (automatic: the best).
+int cpu_query_tile(Isa isa);
 int default_num_threads();
 const char* version();
 

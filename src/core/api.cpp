@@ -8,6 +8,7 @@
 #include "core/checked.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
+#include "core/workspace_cache.hpp"
 #include "cpu/kernels.hpp"
 #include "fattn/attention.hpp"
 #ifdef FATTN_WITH_CUDA
@@ -20,8 +21,6 @@
 
 namespace fattn {
 namespace {
-
-constexpr std::size_t kWorkspaceAlignment = 64;  // a cache line; the widest vector
 
 const cpu::Kernels& cpu_kernels(const Options& options) {
   if (!cpu_supports(options.isa))
@@ -58,21 +57,6 @@ std::int64_t workspace_floats(const detail::Problem& p, const cpu::Kernels& kern
   return floats;
 }
 
-struct FreeDeleter {
-  void operator()(float* p) const { ::operator delete[](p, std::align_val_t(kWorkspaceAlignment)); }
-};
-
-std::unique_ptr<float[], FreeDeleter> allocate(std::int64_t floats, Impl impl) {
-  if (floats == 0) return nullptr;
-  try {
-    return std::unique_ptr<float[], FreeDeleter>(static_cast<float*>(::operator new[](
-        static_cast<std::size_t>(floats) * sizeof(float), std::align_val_t(kWorkspaceAlignment))));
-  } catch (const std::bad_alloc&) {
-    throw Error(std::string("fattn: could not allocate ") + std::to_string(floats * 4) +
-                " bytes of working memory for the " + to_string(impl) + " implementation");
-  }
-}
-
 }  // namespace
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -89,7 +73,8 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
     return;
   }
   const cpu::Kernels& kernels = cpu_kernels(options);
-  auto workspace = allocate(workspace_floats(p, kernels, impl, exec.workers), impl);
+  const detail::WorkspaceLease workspace(workspace_floats(p, kernels, impl, exec.workers),
+                                         to_string(impl));
   if (impl == Impl::naive)
     kernels.naive(p, exec, workspace.get());
   else

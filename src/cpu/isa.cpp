@@ -28,6 +28,8 @@ Isa best_cpu_isa() {
   return Isa::portable;
 }
 
+int cpu_query_tile(Isa isa) { return cpu::kernels_for(isa).query_tile; }
+
 namespace cpu {
 
 const Kernels& kernels_for(Isa isa) {
