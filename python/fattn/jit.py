@@ -39,8 +39,15 @@ _X86_ISAS = (
     ("avx2", 32, "avx2,fma"),
     ("avx512", 64, "avx512f,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512"),
 )
-_LIBRARY_SOURCES = ("src/core/api.cpp", "src/core/names.cpp", "src/core/parallel.cpp",
-                    "src/core/validate.cpp", "src/cpu/isa.cpp", "src/cpu/reference.cpp")
+# Every library source but the per-ISA kernel unit (built through the wrappers below),
+# found rather than listed, so that a file added to the library is not forgotten here.
+_LIBRARY_SOURCE_GLOBS = ("src/core/*.cpp", "src/cpu/*.cpp")
+_PER_ISA_SOURCE = "kernels_isa.cpp"
+
+
+def _library_sources(src: Path) -> list:
+    return sorted(str(f) for pattern in _LIBRARY_SOURCE_GLOBS for f in src.glob(pattern)
+                  if f.name != _PER_ISA_SOURCE)
 
 
 def source_dir() -> Path:
@@ -136,7 +143,7 @@ def load(namespace: str = "fattn_jit", build_directory: str | os.PathLike | None
         build_dir = Path(build_directory) if build_directory else _default_build_dir(namespace)
         build_dir.mkdir(parents=True, exist_ok=True)
         src = _sync_sources(source_dir(), build_dir / "sources")
-        sources = ([str(src / s) for s in _LIBRARY_SOURCES] + _isa_wrappers(build_dir)
+        sources = (_library_sources(src) + _isa_wrappers(build_dir)
                    + [str(src / "python/csrc/ops.cpp")])
         from . import _C
 
