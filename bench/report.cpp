@@ -222,8 +222,8 @@ void print_table(std::FILE* out, const Machine& m, const std::vector<Result>& re
       "naive adds 7 passes over the scores.\nextra = fattn::extra_bytes. err rows: "
       "all = whole output vs Impl::reference (B*Hq*Sq*Sk <= 2^26);\n"
       "sampled = %d rows spread over batch/heads/rows vs fattn::reference_row.\n"
-      "JSON/CSV add page_faults_per_run and sys_ms_per_run: fattn allocates its workspace on\n"
-      "every call, and the naive path's Sq*Sk buffer is page-faulted in afresh each time.\n",
+      "JSON/CSV add page_faults_per_run and sys_ms_per_run (kernel time per call): fattn keeps\n"
+      "its working memory between calls, so a fault count well above 0 means the OS reclaimed it.\n",
       kBusyCores, kSampledRows);
 }
 
