@@ -8,6 +8,8 @@
 //   out ← otᵀ / l, lse ← ln(2)·(m + log2 l)
 // A key tile is Bc×Br floats and stays in L1/L2: the Sq×Sk matrix never exists.
 // Key tiles past the causal limit are skipped; only diagonal tiles are masked.
+// A work item is query_tiles_per_item consecutive query tiles of one head that take
+// each K/V tile in turn, so a K/V tile is read from L3 once for all of them.
 #pragma once
 
 #include <algorithm>
@@ -19,38 +21,54 @@ namespace fattn::cpu {
 template <class S>
 void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = TileOps<S>;
+  constexpr int kGroup = Ops::T::query_tiles_per_item;
   Workspace<S> ws(p, /*is_naive=*/false, exec.workers);
   ws.base = memory;
   ws.prepare_kv(exec);
   const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
+  const std::int64_t heads = p.batch * p.q_heads;
+  const std::int64_t groups = (ws.q_tiles + kGroup - 1) / kGroup;
 
-  detail::parallel_items(exec, ws.tile_items(), [&](std::int64_t item, int worker) {
-    std::int64_t b, h, t;
-    ws.tile_of(item, &b, &h, &t);
-    const auto tile = ws.worker(worker);
-    const std::int64_t i0 = t * Ops::Br;
-    const std::int64_t rows = std::min<std::int64_t>(Ops::Br, p.q_len - i0);
+  detail::parallel_items(exec, heads * groups, [&](std::int64_t item, int worker) {
+    const std::int64_t g = groups - 1 - item / heads;
+    const std::int64_t b = item % heads / p.q_heads, h = item % p.q_heads;
     const std::int64_t hk = p.kv_head_of(h);
     std::int64_t v_stride;
     const float* v = ws.v_rows(b, hk, &v_stride);
     const float* k_panels = ws.k_panels(b, hk);
-
-    Ops::load_q_transposed(p.q, b, h, i0, rows, p.head_dim, q_factor, tile.qt);
-    Ops::start_rows(tile.m, tile.l, tile.ot, p.head_dim);
-
-    const std::int64_t kv_end = p.kv_end(i0 + rows);
-    for (std::int64_t j0 = 0; j0 < kv_end; j0 += Ops::Bc) {
-      const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, kv_end - j0);
-      const typename Ops::Diagonal diag{j0, i0, p.causal_offset};
-      const bool on_diagonal = p.needs_mask(i0, j0 + nj);
-      Ops::scores_tile(k_panels, j0, nj, tile.qt, p.head_dim, tile.st);
-      if (on_diagonal) Ops::mask_tile(tile.st, nj, diag);
-      Ops::softmax_update(tile.st, nj, tile.m, tile.l, tile.alpha);
-      Ops::pv_accumulate(v + j0 * v_stride, v_stride, nj, tile.st, tile.alpha, p.head_dim,
-                         tile.ot, on_diagonal ? &diag : nullptr);
+    typename Workspace<S>::Worker tile[kGroup];
+    std::int64_t i0[kGroup], rows[kGroup], kv_end[kGroup];
+    int n = 0;
+    std::int64_t kv_max = 0;
+    for (int s = 0; s < kGroup; ++s) {
+      const std::int64_t t = g * kGroup + s;
+      if (t >= ws.q_tiles) break;
+      tile[s] = ws.worker(worker * kGroup + s);
+      i0[s] = t * Ops::Br;
+      rows[s] = std::min<std::int64_t>(Ops::Br, p.q_len - i0[s]);
+      kv_end[s] = p.kv_end(i0[s] + rows[s]);
+      kv_max = std::max(kv_max, kv_end[s]);
+      Ops::load_q_transposed(p.q, b, h, i0[s], rows[s], p.head_dim, q_factor, tile[s].qt);
+      Ops::start_rows(tile[s].m, tile[s].l, tile[s].ot, p.head_dim);
+      ++n;
     }
-    Ops::store_output(tile.ot, tile.l, p, b, h, i0, rows);
-    Ops::store_lse(tile.m, tile.l, p, b, h, i0, rows);
+    for (std::int64_t j0 = 0; j0 < kv_max; j0 += Ops::Bc) {
+      for (int s = 0; s < n; ++s) {
+        if (j0 >= kv_end[s]) continue;
+        const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, kv_end[s] - j0);
+        const typename Ops::Diagonal diag{j0, i0[s], p.causal_offset};
+        const bool on_diagonal = p.needs_mask(i0[s], j0 + nj);
+        Ops::scores_tile(k_panels, j0, nj, tile[s].qt, p.head_dim, tile[s].st);
+        if (on_diagonal) Ops::mask_tile(tile[s].st, nj, diag);
+        Ops::softmax_update(tile[s].st, nj, tile[s].m, tile[s].l, tile[s].alpha);
+        Ops::pv_accumulate(v + j0 * v_stride, v_stride, nj, tile[s].st, tile[s].alpha,
+                           p.head_dim, tile[s].ot, on_diagonal ? &diag : nullptr);
+      }
+    }
+    for (int s = 0; s < n; ++s) {
+      Ops::store_output(tile[s].ot, tile[s].l, p, b, h, i0[s], rows[s]);
+      Ops::store_lse(tile[s].m, tile[s].l, p, b, h, i0[s], rows[s]);
+    }
   });
 }
 

@@ -69,7 +69,9 @@ struct Workspace {
     scores_at = n.add(v_rows_at, n.mul(kv_heads, v_rows_head));
     const std::int64_t scores = naive ? n.mul(n.mul(p.batch * p.q_heads, q_tiles), scores_block) : 0;
     workers_at = n.add(scores_at, scores);
-    total = n.add(workers_at, n.mul(workers, worker_floats));
+    // The fused kernel gives each worker one slot per query tile of its work item.
+    const std::int64_t slots = naive ? workers : workers * Ops::T::query_tiles_per_item;
+    total = n.add(workers_at, n.mul(slots, worker_floats));
     if (n.overflow) total = -1;
   }
 
@@ -88,6 +90,7 @@ struct Workspace {
   float* scores(std::int64_t b, std::int64_t h, std::int64_t t) const {
     return base + scores_at + ((b * p.q_heads + h) * q_tiles + t) * scores_block;
   }
+  // Scratch slot w: [0, workers) for naive, [0, workers·query_tiles_per_item) for fused.
   Worker worker(int w) const {
     float* s = base + workers_at + w * worker_floats;
     const std::int64_t tile = align_floats(p.head_dim * Br), vec = align_floats(Br);
