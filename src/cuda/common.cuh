@@ -155,4 +155,18 @@ __device__ __forceinline__ float logsumexp(float m, float l) {
 // 1/l, and 0 for a row that saw no key (l = 0); NaN stays NaN.
 __device__ __forceinline__ float reciprocal_or_zero(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
 
+// Launches a fused kernel: one block per (query tile of Shape::kBr rows, batch, head),
+// Shape::kThreads threads, Shape::kSmemBytes of dynamic shared memory (raised above the
+// 48 KB default first). `name` is the kernel's name in error messages.
+template <class Shape, class Kernel>
+void launch_per_query_tile(Kernel kernel, const char* name, const Params& p, cudaStream_t stream) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  Shape::kSmemBytes),
+             name);
+  const long long tiles = (p.q_len + Shape::kBr - 1) / Shape::kBr;
+  const auto blocks = static_cast<unsigned>(tiles * p.batch * p.q_heads);
+  kernel<<<blocks, Shape::kThreads, Shape::kSmemBytes, stream>>>(p);
+  check_launch(name);
+}
+
 }  // namespace fattn::cuda

@@ -229,15 +229,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
 
 template <int D>
 void launch_fused_fma(const Params& p, cudaStream_t stream) {
-  using S = FmaShape<D>;
-  const auto kernel = fused_fma_kernel<D>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  S::kSmemBytes),
-             "cudaFuncSetAttribute(fused_fma_kernel, shared memory size)");
-  const long long tiles = (p.q_len + S::kBr - 1) / S::kBr;
-  const auto blocks = static_cast<unsigned>(tiles * p.batch * p.q_heads);
-  kernel<<<blocks, S::kThreads, S::kSmemBytes, stream>>>(p);
-  check_launch("fused_fma_kernel");
+  launch_per_query_tile<FmaShape<D>>(fused_fma_kernel<D>, "fused_fma_kernel", p, stream);
 }
 
 }  // namespace fattn::cuda

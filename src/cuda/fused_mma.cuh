@@ -164,15 +164,7 @@ __global__ void __launch_bounds__(MmaShape<T, kD>::kThreads, 1)
 
 template <class T, int D>
 void launch_fused_mma(const Params& p, cudaStream_t stream) {
-  using S = MmaShape<T, D>;
-  const auto kernel = fused_mma_kernel<T, D>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  S::kSmemBytes),
-             "cudaFuncSetAttribute(fused_mma_kernel, shared memory size)");
-  const long long tiles = (p.q_len + S::kBr - 1) / S::kBr;
-  const auto blocks = static_cast<unsigned>(tiles * p.batch * p.q_heads);
-  kernel<<<blocks, S::kThreads, S::kSmemBytes, stream>>>(p);
-  check_launch("fused_mma_kernel");
+  launch_per_query_tile<MmaShape<T, D>>(fused_mma_kernel<T, D>, "fused_mma_kernel", p, stream);
 }
 
 }  // namespace fattn::cuda

@@ -159,15 +159,7 @@ __global__ void __launch_bounds__(Tf32Shape<kD>::kThreads, 1) fused_tf32x3_kerne
 
 template <int D>
 void launch_fused_tf32x3(const Params& p, cudaStream_t stream) {
-  using S = Tf32Shape<D>;
-  const auto kernel = fused_tf32x3_kernel<D>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  S::kSmemBytes),
-             "cudaFuncSetAttribute(fused_tf32x3_kernel, shared memory size)");
-  const long long tiles = (p.q_len + S::kBr - 1) / S::kBr;
-  const auto blocks = static_cast<unsigned>(tiles * p.batch * p.q_heads);
-  kernel<<<blocks, S::kThreads, S::kSmemBytes, stream>>>(p);
-  check_launch("fused_tf32x3_kernel");
+  launch_per_query_tile<Tf32Shape<D>>(fused_tf32x3_kernel<D>, "fused_tf32x3_kernel", p, stream);
 }
 
 }  // namespace fattn::cuda

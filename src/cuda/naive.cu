@@ -42,6 +42,26 @@ __device__ __forceinline__ Tile3 tile3(int tiles_a, int tiles_b) {
   return t;
 }
 
+// One kStep slice of a 64×64 tile product: acc[i][j] += Σ_s a[s][ty+16i] · b[s][tx+16j]
+// (both GEMM kernels: scores = Q·Kᵀ and O = P·V).
+__device__ __forceinline__ void accumulate_step(const float (&a_tile)[kStep][kTile + kPad],
+                                                const float (&b_tile)[kStep][kTile + kPad],
+                                                float (&acc)[4][4]) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+  for (int s = 0; s < kStep; ++s) {
+    float a[4], b[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = a_tile[s][ty + 16 * i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) b[j] = b_tile[s][tx + 16 * j];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads) naive_scores_kernel(const Params p, float* scores) {
   __shared__ float sq[kStep][kTile + kPad];  // [dim][query]
@@ -66,18 +86,7 @@ __global__ void __launch_bounds__(kThreads) naive_scores_kernel(const Params p, 
       sk[d][r] = dim_ok && j0 + r < p.kv_len ? to_float(k[(j0 + r) * p.k_stride.seq + d0 + d]) : 0.0f;
     }
     __syncthreads();
-#pragma unroll
-    for (int d = 0; d < kStep; ++d) {
-      float a[4], c[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = sq[d][ty + 16 * i];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[j] = sk[d][tx + 16 * j];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], c[j], acc[i][j]);
-    }
+    accumulate_step(sq, sk, acc);
     __syncthreads();
   }
   float* const rows = scores + static_cast<std::int64_t>(t.bh) * p.q_len * p.kv_len;
@@ -178,18 +187,7 @@ __global__ void __launch_bounds__(kThreads) naive_pv_kernel(const Params p, cons
           for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(sp[jj][ty + 16 * i], sv[jj][tx + 16 * j], acc[i][j]);
         }
     } else {
-#pragma unroll
-      for (int jj = 0; jj < kStep; ++jj) {
-        float a[4], c[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = sp[jj][ty + 16 * i];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) c[j] = sv[jj][tx + 16 * j];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], c[j], acc[i][j]);
-      }
+      accumulate_step(sp, sv, acc);
     }
     __syncthreads();
   }
