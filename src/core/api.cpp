@@ -1,7 +1,5 @@
 // fattn — the entry points: validate, pick a backend and an implementation, run.
 #include <cstdlib>
-#include <memory>
-#include <new>
 #include <string>
 #include <vector>
 

@@ -38,6 +38,13 @@ Cache& cache() {
   return instance;
 }
 
+// Frees the cached block; the caller holds the mutex.
+void drop_block(Cache& c) {
+  release(c.block);
+  c.block = nullptr;
+  c.floats = 0;
+}
+
 }  // namespace
 
 namespace detail {
@@ -52,9 +59,7 @@ WorkspaceLease::WorkspaceLease(std::int64_t floats, const char* what) {
     return;
   }
   if (c.floats < floats) {  // grow: drop the old block before taking the larger one
-    release(c.block);
-    c.block = nullptr;
-    c.floats = 0;
+    drop_block(c);
     c.block = allocate(floats, what);
     c.floats = floats;
   }
@@ -79,9 +84,7 @@ void release_cached_memory() {
   Cache& c = cache();
   std::lock_guard lock(c.mutex);
   if (c.in_use) return;  // the running call keeps it; a later call can release it
-  release(c.block);
-  c.block = nullptr;
-  c.floats = 0;
+  drop_block(c);
 }
 
 }  // namespace fattn

@@ -26,38 +26,30 @@ void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* me
   ws.base = memory;
   ws.prepare_kv(exec);
   const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
-  const std::int64_t heads = p.batch * p.q_heads;
-  const std::int64_t groups = (ws.q_tiles + kGroup - 1) / kGroup;
 
-  detail::parallel_items(exec, heads * groups, [&](std::int64_t item, int worker) {
-    const std::int64_t g = groups - 1 - item / heads;
-    const std::int64_t b = item % heads / p.q_heads, h = item % p.q_heads;
-    const std::int64_t hk = p.kv_head_of(h);
+  detail::parallel_items(exec, ws.items(kGroup), [&](std::int64_t item, int worker) {
+    const auto first = ws.first_tile_of(item, kGroup);
     std::int64_t v_stride;
-    const float* v = ws.v_rows(b, hk, &v_stride);
-    const float* k_panels = ws.k_panels(b, hk);
+    const float* v = ws.v_rows(first.b, first.hk, &v_stride);
+    const float* k_panels = ws.k_panels(first.b, first.hk);
+    typename Workspace<S>::QueryTile q[kGroup];
     typename Workspace<S>::Worker tile[kGroup];
-    std::int64_t i0[kGroup], rows[kGroup], kv_end[kGroup];
     int n = 0;
     std::int64_t kv_max = 0;
-    for (int s = 0; s < kGroup; ++s) {
-      const std::int64_t t = g * kGroup + s;
-      if (t >= ws.q_tiles) break;
-      tile[s] = ws.worker(worker * kGroup + s);
-      i0[s] = t * Ops::Br;
-      rows[s] = std::min<std::int64_t>(Ops::Br, p.q_len - i0[s]);
-      kv_end[s] = p.kv_end(i0[s] + rows[s]);
-      kv_max = std::max(kv_max, kv_end[s]);
-      Ops::load_q_transposed(p.q, b, h, i0[s], rows[s], p.head_dim, q_factor, tile[s].qt);
-      Ops::start_rows(tile[s].m, tile[s].l, tile[s].ot, p.head_dim);
-      ++n;
+    for (; n < kGroup && first.t + n < ws.q_tiles; ++n) {
+      q[n] = ws.query_tile(first.b, first.h, first.t + n);
+      tile[n] = ws.worker(worker * kGroup + n);
+      kv_max = std::max(kv_max, q[n].kv_end);
+      Ops::load_q_transposed(p.q, q[n].b, q[n].h, q[n].i0, q[n].rows, p.head_dim, q_factor,
+                             tile[n].qt);
+      Ops::start_rows(tile[n].m, tile[n].l, tile[n].ot, p.head_dim);
     }
     for (std::int64_t j0 = 0; j0 < kv_max; j0 += Ops::Bc) {
       for (int s = 0; s < n; ++s) {
-        if (j0 >= kv_end[s]) continue;
-        const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, kv_end[s] - j0);
-        const typename Ops::Diagonal diag{j0, i0[s], p.causal_offset};
-        const bool on_diagonal = p.needs_mask(i0[s], j0 + nj);
+        if (j0 >= q[s].kv_end) continue;
+        const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
+        const typename Ops::Diagonal diag{j0, q[s].i0, p.causal_offset};
+        const bool on_diagonal = p.needs_mask(q[s].i0, j0 + nj);
         Ops::scores_tile(k_panels, j0, nj, tile[s].qt, p.head_dim, tile[s].st);
         if (on_diagonal) Ops::mask_tile(tile[s].st, nj, diag);
         Ops::softmax_update(tile[s].st, nj, tile[s].m, tile[s].l, tile[s].alpha);
@@ -66,8 +58,8 @@ void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* me
       }
     }
     for (int s = 0; s < n; ++s) {
-      Ops::store_output(tile[s].ot, tile[s].l, p, b, h, i0[s], rows[s]);
-      Ops::store_lse(tile[s].m, tile[s].l, p, b, h, i0[s], rows[s]);
+      Ops::store_output(tile[s].ot, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
+      Ops::store_lse(tile[s].m, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
     }
   });
 }

@@ -23,22 +23,9 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
   ws.base = memory;
   ws.prepare_kv(exec);
   const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
-  struct Tile {
-    std::int64_t b, h, t, i0, rows, hk, kv_end;
-  };
-  auto tile_at = [&](std::int64_t item) {
-    Tile x;
-    ws.tile_of(item, &x.b, &x.h, &x.t);
-    x.i0 = x.t * Ops::Br;
-    x.rows = std::min<std::int64_t>(Ops::Br, p.q_len - x.i0);
-    x.hk = p.kv_head_of(x.h);
-    x.kv_end = p.kv_end(x.i0 + x.rows);
-    return x;
-  };
-
   // Stage 1: scores.
-  detail::parallel_items(exec, ws.tile_items(), [&](std::int64_t item, int worker) {
-    const Tile x = tile_at(item);
+  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
+    const auto x = ws.first_tile_of(item, 1);
     const auto tile = ws.worker(worker);
     Ops::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, p.head_dim, q_factor, tile.qt);
     Ops::scores_tile(ws.k_panels(x.b, x.hk), 0, x.kv_end, tile.qt, p.head_dim,
@@ -46,8 +33,8 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
   });
 
   // Stage 2: softmax of each query row, in place; logsumexp.
-  detail::parallel_items(exec, ws.tile_items(), [&](std::int64_t item, int worker) {
-    const Tile x = tile_at(item);
+  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
+    const auto x = ws.first_tile_of(item, 1);
     const auto tile = ws.worker(worker);
     float* scores = ws.scores(x.b, x.h, x.t);
     if (p.needs_mask(x.i0, x.kv_end))
@@ -59,8 +46,8 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
   });
 
   // Stage 3: O = P·V, key tile by key tile as in the fused kernel.
-  detail::parallel_items(exec, ws.tile_items(), [&](std::int64_t item, int worker) {
-    const Tile x = tile_at(item);
+  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
+    const auto x = ws.first_tile_of(item, 1);
     const auto tile = ws.worker(worker);
     const float* probs = ws.scores(x.b, x.h, x.t);
     std::int64_t v_stride;

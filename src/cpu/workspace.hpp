@@ -7,6 +7,7 @@
 //   per worker: qt, ot [D][Br], m, l, alpha, ones [Br], st [Bc][Br]    (O(1) in S)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/checked.hpp"
@@ -117,14 +118,28 @@ struct Workspace {
     });
   }
 
-  // Work item → (batch, head, query tile), heaviest query tiles first under causal masks.
-  void tile_of(std::int64_t item, std::int64_t* b, std::int64_t* h, std::int64_t* t) const {
-    const std::int64_t heads = p.batch * p.q_heads;
-    *t = q_tiles - 1 - item / heads;
-    *b = item % heads / p.q_heads;
-    *h = item % p.q_heads;
+  // One query tile of one head: the rows it holds and the keys they may see.
+  struct QueryTile {
+    std::int64_t b, h, hk, t, i0, rows, kv_end;
+  };
+  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    const std::int64_t i0 = t * Br;
+    const std::int64_t rows = std::min<std::int64_t>(Br, p.q_len - i0);
+    return {b, h, p.kv_head_of(h), t, i0, rows, p.kv_end(i0 + rows)};
   }
-  std::int64_t tile_items() const { return p.batch * p.q_heads * q_tiles; }
+
+  // Work items of `group` consecutive query tiles of one head: how many, and the first
+  // tile of each. Items are listed heaviest first under causal masks (later tiles see
+  // more keys), which the dynamic schedule turns into balance.
+  std::int64_t items(int group) const {
+    return p.batch * p.q_heads * ((q_tiles + group - 1) / group);
+  }
+  QueryTile first_tile_of(std::int64_t item, int group) const {
+    const std::int64_t heads = p.batch * p.q_heads;
+    const std::int64_t groups = (q_tiles + group - 1) / group;
+    return query_tile(item % heads / p.q_heads, item % p.q_heads,
+                      (groups - 1 - item / heads) * group);
+  }
 };
 
 }  // namespace fattn::cpu
