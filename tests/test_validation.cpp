@@ -340,7 +340,7 @@ TEST(Validation, WrongDtype) {
   {
     Args s;
     s.qv.dtype = fattn::DType::float16;
-    EXPECT_FORWARD_ERROR(s, HasSubstr("the CPU kernels take float32, got q.dtype = float16"));
+    EXPECT_FORWARD_ERROR(s, HasSubstr("the CPU kernels take float32 (float64: reference only), got q.dtype = float16"));
   }
   for (auto [name, dtype] : {std::pair{"k", fattn::DType::bfloat16}, {"v", fattn::DType::float16},
                              {"out", fattn::DType::float16}, {"lse", fattn::DType::bfloat16}}) {
@@ -451,7 +451,7 @@ TEST(Validation, NaiveScoreBufferOverflow) {
   s.kv.strides = s.vv.strides = {0, 0, 0, 1};
   s.options.impl = Impl::naive;
   EXPECT_THAT(error_of([&] { fattn::extra_bytes(s.qv, s.kv, s.vv, s.options); }),
-              HasSubstr("the naive implementation's working memory for this problem would overflow 64 bits"));
+              HasSubstr("the naive forward's working memory for this problem would overflow 64 bits"));
 }
 
 // Working memory that cannot be allocated is reported as an Error too. Keys and values

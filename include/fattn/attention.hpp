@@ -66,9 +66,31 @@ struct Options {
 
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32
 // Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA). D in [16, 256]. lse may be null.
+// dtype: float32 on the CPU (float32, float16, bfloat16 on CUDA); float64 on the CPU
+// runs the float64 reference (Impl::automatic or Impl::reference) and takes a float64 lse.
 // lse is the natural-log logsumexp of the scaled, masked scores of each query row.
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView* lse, const Options& options = {});
+
+// Gradients of attention_forward (FlashAttention-2's backward): given the forward's
+// out and lse and the gradient dout of out, writes dq, dk, dv. dlse, the gradient of
+// the lse output, may be null (no gradient flows through lse).
+//   q, dq: (B, Hq, Sq, D)   k, v, dk, dv: (B, Hkv, Sk, D)   out, dout: (B, Hq, Sq, D)
+//   lse, dlse: (B, Hq, Sq), float32 (float64 for float64 problems)
+// With GQA, dk and dv sum the contributions of every query head sharing a kv head.
+//   fused:     scores recomputed tile by tile from q, k and lse (no Sq×Sk storage);
+//              deterministic: the same bits on every run with the same thread count
+//   naive:     P, dP and dS materialised as Sq×Sk matrices, as a framework would
+//   reference: float64 loops (also the float64 path, for gradient checks)
+// The options (scale, causal, impl, threads) must be those of the forward call.
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                        const TensorView* dlse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const Options& options = {});
+
+// Bytes of working memory attention_backward allocates for this problem.
+std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const Options& options = {});
 
 // Bytes of working memory the chosen implementation allocates for this problem
 // (the naive path's Sq×Sk buffer, per-thread tiles, packed operands).

@@ -6,7 +6,8 @@
 
 namespace fattn {
 
-enum class DType : std::uint8_t { float32, float16, bfloat16 };
+// float64 is for checking gradients: on the CPU it runs the float64 reference only.
+enum class DType : std::uint8_t { float32, float16, bfloat16, float64 };
 enum class Device : std::uint8_t { cpu, cuda };
 
 const char* to_string(DType dtype);
@@ -40,6 +41,9 @@ struct TensorView {
   // Contiguous (B, H, S) float32 logsumexp.
   static TensorView lse(float* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,
                         Device device = Device::cpu);
+  // Contiguous (B, H, S) logsumexp of another dtype (float64 for float64 problems).
+  static TensorView lse(void* data, DType dtype, std::int64_t batch, std::int64_t heads,
+                        std::int64_t seq, Device device = Device::cpu);
 };
 
 }  // namespace fattn

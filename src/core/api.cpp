@@ -36,36 +36,67 @@ void require_cpu(const TensorView& q) {
   if (q.device != Device::cpu)
     throw Error(std::string("fattn: q is on ") + to_string(q.device) +
                 ", but this entry point takes cpu tensors");
-  if (q.dtype != DType::float32)
-    throw Error(std::string("fattn: the CPU kernels take float32, got q.dtype = ") +
+  if (q.dtype != DType::float32 && q.dtype != DType::float64)
+    throw Error(std::string("fattn: the CPU kernels take float32 (float64: reference only), "
+                            "got q.dtype = ") +
                 to_string(q.dtype));
 }
 
-Impl resolve(Impl impl) { return impl == Impl::automatic ? Impl::fused : impl; }
+// float64 problems run the float64 reference; the SIMD kernels are float32.
+Impl resolve(Impl impl, DType dtype) {
+  if (dtype == DType::float64) {
+    if (impl != Impl::automatic && impl != Impl::reference)
+      throw Error(std::string("fattn: impl ") + to_string(impl) +
+                  " takes float32; float64 runs only the reference (impl auto or reference)");
+    return Impl::reference;
+  }
+  return impl == Impl::automatic ? Impl::fused : impl;
+}
 
 // Floats of working memory; every size product is checked for overflow.
+std::int64_t checked_floats(std::int64_t floats, Impl impl, const char* pass) {
+  std::int64_t bytes = 0;
+  if (floats < 0 || !detail::checked_mul(floats, sizeof(float), &bytes))
+    throw Error(std::string("fattn: the ") + to_string(impl) + " " + pass +
+                "'s working memory for this problem would overflow 64 bits");
+  return floats;
+}
+
 std::int64_t workspace_floats(const detail::Problem& p, const cpu::Kernels& kernels, Impl impl,
                               int workers) {
   if (impl == Impl::reference) return 0;
-  const std::int64_t floats = kernels.workspace_floats(p, impl == Impl::naive, workers);
-  std::int64_t bytes = 0;
-  if (floats < 0 || !detail::checked_mul(floats, sizeof(float), &bytes))
-    throw Error(std::string("fattn: the ") + to_string(impl) +
-                " implementation's working memory for this problem would overflow 64 bits");
-  return floats;
+  return checked_floats(kernels.workspace_floats(p, impl == Impl::naive, workers), impl,
+                        "forward");
 }
+
+std::int64_t backward_workspace_floats(const detail::Problem& p, const cpu::Kernels& kernels,
+                                       Impl impl, int workers) {
+  if (impl == Impl::reference) return 0;
+  return checked_floats(kernels.backward_workspace_floats(p, impl == Impl::naive, workers), impl,
+                        "backward");
+}
+
+#ifdef FATTN_WITH_CUDA
+void reject_float64_on_cuda(const TensorView& q) {
+  if (q.dtype == DType::float64)
+    throw Error("fattn: float64 runs only on the CPU reference; q is a float64 cuda tensor");
+}
+#endif
 
 }  // namespace
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView* lse, const Options& options) {
 #ifdef FATTN_WITH_CUDA
-  if (q.device == Device::cuda) return cuda::attention_forward(q, k, v, out, lse, options);
+  if (q.device == Device::cuda) {
+    reject_float64_on_cuda(q);
+    return cuda::attention_forward(q, k, v, out, lse, options);
+  }
 #endif
   require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, &out, lse, options);
   const detail::Exec exec = detail::make_exec(options);
-  const Impl impl = resolve(options.impl);
+  const Impl impl = resolve(options.impl, q.dtype);
   if (impl == Impl::reference) {
     cpu::reference_forward(p, exec);
     return;
@@ -82,15 +113,59 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options) {
 #ifdef FATTN_WITH_CUDA
-  if (q.device == Device::cuda) return cuda::extra_bytes(q, k, v, options);
+  if (q.device == Device::cuda) {
+    reject_float64_on_cuda(q);
+    return cuda::extra_bytes(q, k, v, options);
+  }
 #endif
   require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
-  const Impl impl = resolve(options.impl);
+  const Impl impl = resolve(options.impl, q.dtype);
   const int workers = detail::make_exec(options).workers;
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
     return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
   return workspace_floats(p, cpu_kernels(options), impl, workers) *
+         static_cast<std::int64_t>(sizeof(float));
+}
+
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                        const TensorView* dlse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const Options& options) {
+  if (q.device == Device::cuda)
+    throw Error("fattn: attention_backward runs on the CPU only (no CUDA backward yet); "
+                "q is on cuda");
+  require_cpu(q);
+  const detail::Problem p =
+      detail::make_backward_problem(q, k, v, out, dout, lse, dlse, dq, dk, dv, options);
+  const detail::Exec exec = detail::make_exec(options);
+  const Impl impl = resolve(options.impl, q.dtype);
+  if (impl == Impl::reference) {
+    cpu::reference_backward(p, exec);
+    return;
+  }
+  const cpu::Kernels& kernels = cpu_kernels(options);
+  const detail::WorkspaceLease workspace(
+      backward_workspace_floats(p, kernels, impl, exec.workers), to_string(impl));
+  if (impl == Impl::naive)
+    kernels.naive_backward(p, exec, workspace.get());
+  else
+    kernels.fused_backward(p, exec, workspace.get());
+}
+
+std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const Options& options) {
+  if (q.device == Device::cuda)
+    throw Error("fattn: attention_backward runs on the CPU only (no CUDA backward yet); "
+                "q is on cuda");
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
+  const Impl impl = resolve(options.impl, q.dtype);
+  const int workers = detail::make_exec(options).workers;
+  if (impl == Impl::reference)  // per worker: dk, dv of one kv head and a few rows, float64
+    return workers * (2 * p.kv_len * p.head_dim + p.kv_len + 2 * p.head_dim) *
+           static_cast<std::int64_t>(sizeof(double));
+  return backward_workspace_floats(p, cpu_kernels(options), impl, workers) *
          static_cast<std::int64_t>(sizeof(float));
 }
 

@@ -11,6 +11,7 @@ const char* to_string(DType dtype) {
     case DType::float32: return "float32";
     case DType::float16: return "float16";
     case DType::bfloat16: return "bfloat16";
+    case DType::float64: return "float64";
   }
   return "unknown dtype";
 }
@@ -23,7 +24,15 @@ const char* to_string(Device device) {
   return "unknown device";
 }
 
-int element_size(DType dtype) { return dtype == DType::float32 ? 4 : 2; }
+int element_size(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return 4;
+    case DType::float64: return 8;
+    case DType::float16:
+    case DType::bfloat16: return 2;
+  }
+  return 0;
+}
 
 const char* to_string(Causal causal) {
   switch (causal) {
@@ -80,7 +89,12 @@ TensorView TensorView::bshd(void* data, std::int64_t batch, std::int64_t seq, st
 
 TensorView TensorView::lse(float* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,
                            Device device) {
-  return {data, 3, {batch, heads, seq, 0}, {heads * seq, seq, 1, 0}, DType::float32, device};
+  return lse(data, DType::float32, batch, heads, seq, device);
+}
+
+TensorView TensorView::lse(void* data, DType dtype, std::int64_t batch, std::int64_t heads,
+                           std::int64_t seq, Device device) {
+  return {data, 3, {batch, heads, seq, 0}, {heads * seq, seq, 1, 0}, dtype, device};
 }
 
 }  // namespace fattn

@@ -18,6 +18,13 @@ struct Strided {
   }
 };
 
+// The same view with another element type (the float64 reference reads float64 data
+// through the float pointers a Problem holds).
+template <class T, class U>
+Strided<T> retype(const Strided<U>& s) {
+  return {reinterpret_cast<T*>(s.data), s.batch, s.head, s.seq, s.dim};
+}
+
 struct Problem {
   std::int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
   double scale = 0.0;
@@ -29,6 +36,12 @@ struct Problem {
   Strided<const float> q, k, v;
   Strided<float> out;
   Strided<float> lse;  // dim stride unused; null data when no logsumexp is asked for
+  DType dtype = DType::float32;  // of q, k, v, out (float64 data sits behind these float pointers)
+
+  // Backward only (make_backward_problem), where out and lse are inputs.
+  Strided<const float> dout;
+  Strided<const float> dlse;  // dim stride unused; null data when no gradient flows through lse
+  Strided<float> dq, dk, dv;
 
   std::int64_t group_size() const { return q_heads / kv_heads; }  // query heads per kv head
   std::int64_t kv_head_of(std::int64_t q_head) const { return q_head / group_size(); }
@@ -50,5 +63,13 @@ struct Problem {
 // out may be null (reference_row checks one row without an output tensor).
 Problem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView* out, const TensorView* lse, const Options& options);
+
+// The same for attention_backward: out, dout, lse (and dlse if not null) are inputs,
+// dq, dk, dv outputs that overlap neither an input nor each other.
+Problem make_backward_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const TensorView& dout,
+                              const TensorView& lse, const TensorView* dlse,
+                              const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const Options& options);
 
 }  // namespace fattn::detail

@@ -109,6 +109,19 @@ void expect_disjoint(const char* out_name, Extent out, const char* in_name, Exte
          " (the kernels read inputs while writing outputs)");
 }
 
+DType lse_dtype(DType dtype) { return dtype == DType::float64 ? DType::float64 : DType::float32; }
+
+template <class T>
+Strided<T> strided(T* data, const TensorView& t) {
+  return {data, t.stride(0), t.stride(1), t.stride(2), t.rank == 4 ? t.stride(3) : 0};
+}
+
+void expect_like(const char* name, const TensorView& t, const char* model_name,
+                 const TensorView& model, const char* meaning) {
+  for (int d = 0; d < model.rank; ++d)
+    expect_size(name, t, d, meaning, dim_name(model_name, d), model.size(d));
+}
+
 }  // namespace
 
 Problem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -147,7 +160,7 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView&
     expect_disjoint("out", out_extent, "k", k_extent);
     expect_disjoint("out", out_extent, "v", v_extent);
     if (lse) {
-      const Extent lse_extent = check_view("lse", *lse, 3, DType::float32, device);
+      const Extent lse_extent = check_view("lse", *lse, 3, lse_dtype(dtype), device);
       expect_size("lse", *lse, 0, "batch", "q.size(0)", q.size(0));
       expect_size("lse", *lse, 1, "query heads", "q.size(1)", q.size(1));
       expect_size("lse", *lse, 2, "query sequence", "q.size(2)", q.size(2));
@@ -183,15 +196,60 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView&
   p.scale = scale;
   p.causal = options.causal;
   p.causal_offset = options.causal == Causal::bottom_right ? p.kv_len - p.q_len : 0;
-  auto strided = [](auto* data, const TensorView& t) {
-    return Strided<std::remove_pointer_t<decltype(data)>>{data, t.stride(0), t.stride(1),
-                                                          t.stride(2), t.stride(3)};
-  };
+  p.dtype = dtype;
   p.q = strided(static_cast<const float*>(q.data), q);
   p.k = strided(static_cast<const float*>(k.data), k);
   p.v = strided(static_cast<const float*>(v.data), v);
   if (out) p.out = strided(static_cast<float*>(out->data), *out);
-  if (lse) p.lse = {static_cast<float*>(lse->data), lse->stride(0), lse->stride(1), lse->stride(2), 0};
+  if (lse) p.lse = strided(static_cast<float*>(lse->data), *lse);
+  return p;
+}
+
+Problem make_backward_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const TensorView& dout,
+                              const TensorView& lse, const TensorView* dlse,
+                              const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const Options& options) {
+  Problem p = make_problem(q, k, v, &out, &lse, options);
+  const DType dtype = q.dtype;
+  const Device device = q.device;
+  struct Named {
+    const char* name;
+    const TensorView* view;
+    Extent extent;
+  };
+  Named inputs[7] = {{"q", &q, check_view("q", q, 4, dtype, device)},
+                     {"k", &k, check_view("k", k, 4, dtype, device)},
+                     {"v", &v, check_view("v", v, 4, dtype, device)},
+                     {"out", &out, check_view("out", out, 4, dtype, device)},
+                     {"dout", &dout, check_view("dout", dout, 4, dtype, device)},
+                     {"lse", &lse, check_view("lse", lse, 3, lse_dtype(dtype), device)},
+                     {}};
+  expect_like("dout", dout, "q", q, "as q");
+  int n_inputs = 6;
+  if (dlse) {
+    inputs[n_inputs++] = {"dlse", dlse, check_view("dlse", *dlse, 3, lse_dtype(dtype), device)};
+    expect_like("dlse", *dlse, "lse", lse, "as lse");
+  }
+  Named outputs[3] = {{"dq", &dq, check_view("dq", dq, 4, dtype, device)},
+                      {"dk", &dk, check_view("dk", dk, 4, dtype, device)},
+                      {"dv", &dv, check_view("dv", dv, 4, dtype, device)}};
+  expect_like("dq", dq, "q", q, "as q");
+  expect_like("dk", dk, "k", k, "as k");
+  expect_like("dv", dv, "v", v, "as v");
+  for (int o = 0; o < 3; ++o) {
+    expect_no_self_overlap(outputs[o].name, *outputs[o].view);
+    for (int i = 0; i < n_inputs; ++i)
+      expect_disjoint(outputs[o].name, outputs[o].extent, inputs[i].name, inputs[i].extent);
+    for (int other = 0; other < o; ++other)
+      expect_disjoint(outputs[o].name, outputs[o].extent, outputs[other].name,
+                      outputs[other].extent);
+  }
+  p.dout = strided(static_cast<const float*>(dout.data), dout);
+  if (dlse) p.dlse = strided(static_cast<const float*>(dlse->data), *dlse);
+  p.dq = strided(static_cast<float*>(dq.data), dq);
+  p.dk = strided(static_cast<float*>(dk.data), dk);
+  p.dv = strided(static_cast<float*>(dv.data), dv);
   return p;
 }
 

@@ -16,6 +16,10 @@ struct Kernels {
   std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  // The backward (cpu/backward.hpp): working memory, fused and naive.
+  std::int64_t (*backward_workspace_floats)(const detail::Problem& p, bool naive, int workers);
+  void (*fused_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  void (*naive_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
 };
 
 // Built from kernels_isa.cpp, once per instruction set. avx512 and avx2 exist only on x86-64.
@@ -31,5 +35,7 @@ void reference_forward(const detail::Problem& p, const detail::Exec& exec);
 // One row of it: writes head_dim values, returns the logsumexp. scores is scratch.
 double reference_row(const detail::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
                      double* out_row, std::vector<double>& scores);
+// The float64 reference backward (a problem from make_backward_problem).
+void reference_backward(const detail::Problem& p, const detail::Exec& exec);
 
 }  // namespace fattn::cpu

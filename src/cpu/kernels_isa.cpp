@@ -7,6 +7,7 @@
 // Everything here is a template instantiated on Simd<FATTN_VECTOR_BYTES>, a type
 // unique to this unit, so code built with wide instructions never leaks into
 // another unit's symbols.
+#include "cpu/backward.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/naive.hpp"
@@ -20,9 +21,14 @@ std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers)
   return Workspace<S>(p, naive, workers).total;
 }
 
+std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
+  return BackwardWorkspace<S>(p, naive, workers).total;
+}
+
 }  // namespace
 
 const Kernels FATTN_KERNELS = {Isa::FATTN_ISA, TileOps<S>::Br, workspace_floats,
-                               fused_forward<S>, naive_forward<S>};
+                               fused_forward<S>, naive_forward<S>, backward_workspace_floats,
+                               fused_backward<S>, naive_backward<S>};
 
 }  // namespace fattn::cpu

@@ -91,12 +91,14 @@ struct TileOps {
       scores_block(kpanels + g * D * MK, qt, D, st + (g * MK - j0) * Br);
   }
 
-  // Hides key j0+j from query i0+i where j0+j > i0+i+offset (causal).
-  static void mask_tile(float* st, std::int64_t nj, const Diagonal& diag) {
+  // Hides key j0+j from query i0+i where j0+j > i0+i+offset (causal): the score
+  // becomes `hidden` (−inf; the backward also zeroes its dS this way).
+  static void mask_tile(float* st, std::int64_t nj, const Diagonal& diag,
+                        float hidden = kNegInf) {
     for (std::int64_t j = 0; j < nj; ++j) {
       std::int64_t first = diag.first_seeing(j);
       if (first > Br) first = Br;
-      for (std::int64_t i = 0; i < first; ++i) st[j * Br + i] = kNegInf;
+      for (std::int64_t i = 0; i < first; ++i) st[j * Br + i] = hidden;
     }
   }
 

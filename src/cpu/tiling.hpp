@@ -32,6 +32,9 @@ struct Tiling<64> {  // AVX-512: 32 zmm registers
   // Query tiles per work item sharing each K/V tile: 2 vs 1, 2 threads, B=2 H=8,
   // S=1024/2048/4096: D=64 +5 % / +0.5 % / +4 %, D=128 +15 % / +8 % / +6 %.
   static constexpr int query_tiles_per_item = 2;
+  // Backward rows_block (dK, dV += P·X): key_rows × dim_vecs accumulators, X rows
+  // loaded as dim_vecs vectors. 6 × 4 = 24, as the forward's blocks.
+  static constexpr int dim_vecs = 4;
 };
 
 template <>
@@ -42,6 +45,7 @@ struct Tiling<32> {  // AVX2: 16 ymm registers
   static constexpr int dim_rows = 4;    // 12 accumulators
   static constexpr int key_tile = 96;
   static constexpr int query_tiles_per_item = 2;  // as AVX-512 (not measured for AVX2)
+  static constexpr int dim_vecs = 3;              // 4 × 3 = 12 accumulators (not measured)
 };
 
 template <>
@@ -51,6 +55,7 @@ struct Tiling<16> {  // portable: 16 xmm registers (SSE2) or 32 (NEON); not tune
   static constexpr int dim_rows = 6;
   static constexpr int key_tile = 96;
   static constexpr int query_tiles_per_item = 2;  // as AVX-512 (not measured here)
+  static constexpr int dim_vecs = 2;              // 6 × 2 = 12 accumulators (not measured)
 };
 
 }  // namespace fattn::cpu

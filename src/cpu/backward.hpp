@@ -1,0 +1,203 @@
+// fattn — the CPU backward: FlashAttention-2's backward loop on a CPU core, and the
+// naive baseline that materialises P and dS.
+//
+// Fused. A work item is one chunk of key tiles of one kv head. For each key tile:
+//   for each query head sharing the kv head, each query tile that sees the key tile:
+//     st  ← K·qtᵀ, masked on the diagonal       scores in log2 units (scores_tile)
+//     st  ← 2^(st − lse2)                        P, from the saved logsumexp
+//     dst ← V·dOᵀ;  dst ← P ∘ (dst − Δ)           dS
+//     dV  += P·dO;  dK += dS·Q                   the key tile's accumulators (rows_accumulate)
+//     dQ[chunk] += dS·K                          this chunk's dQ partial (pv_accumulate)
+//   dK·scale, dV → out
+// then every query tile's dQ = scale · Σ_chunk dQ[chunk], chunks in order.
+// Determinism: an item owns its keys' dK and dV and its chunk's dQ partial; the
+// order of every sum is fixed by the loops, not by the thread that runs them; the
+// chunk count depends only on the problem and the worker count. So a given thread
+// count gives the same bits on every run. No Sq×Sk matrix is stored.
+//
+// Naive, four stages, each a parallel loop finishing before the next:
+//   1  P = 2^(Q·Kᵀ·scale·log2e − lse2)      B·Hq·Sq·Sk floats
+//   2  dS = P ∘ (dO·Vᵀ − Δ)                  B·Hq·Sq·Sk floats
+//   3  dV = Pᵀ·dO, dK = dSᵀ·Q·scale         per key tile
+//   4  dQ = dS·K·scale                       per query tile
+// on the same tile operations as the fused kernel, so fused vs naive measures fusion.
+#pragma once
+
+#include <algorithm>
+
+#include "cpu/backward_workspace.hpp"
+
+namespace fattn::cpu {
+namespace backward_detail {
+
+// dK·scale and dV rows [j0, j0 + nj) of one kv head from the accumulators.
+template <class S>
+void store_key_grads(const BackwardWorkspace<S>& ws, std::int64_t b, std::int64_t hk,
+                     std::int64_t j0, std::int64_t nj, const float* dk, const float* dv) {
+  const detail::Problem& p = ws.p;
+  const float scale = static_cast<float>(p.scale);
+  for (std::int64_t r = 0; r < nj; ++r) {
+    float* dk_out = p.dk.row(b, hk, j0 + r);
+    float* dv_out = p.dv.row(b, hk, j0 + r);
+    for (std::int64_t d = 0; d < p.head_dim; ++d) {
+      dk_out[d * p.dk.dim] = dk[r * ws.Dp + d] * scale;
+      dv_out[d * p.dv.dim] = dv[r * ws.Dp + d];
+    }
+  }
+}
+
+// dQ rows of one query tile: scale · Σ_{c < parts} part(c), transposed back to rows.
+template <class S, class Part>
+void store_query_grads(const BackwardWorkspace<S>& ws,
+                       const typename BackwardWorkspace<S>::QueryTile& x, std::int64_t parts,
+                       Part part) {
+  constexpr int Br = BackwardWorkspace<S>::Br;
+  const detail::Problem& p = ws.p;
+  const float scale = static_cast<float>(p.scale);
+  for (std::int64_t i = 0; i < x.rows; ++i) {
+    float* dq = p.dq.row(x.b, x.h, x.i0 + i);
+    for (std::int64_t d = 0; d < p.head_dim; ++d) {
+      float sum = 0.0f;
+      for (std::int64_t c = 0; c < parts; ++c) sum += part(c)[d * Br + i];
+      dq[d * p.dq.dim] = sum * scale;
+    }
+  }
+}
+
+}  // namespace backward_detail
+
+template <class S>
+void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  using Ops = TileOps<S>;
+  using Bwd = BackwardOps<S>;
+  using W = BackwardWorkspace<S>;
+  W ws(p, /*is_naive=*/false, exec.workers);
+  ws.base = memory;
+  ws.prepare(exec);
+  const std::int64_t kv_heads = p.batch * p.kv_heads, D = p.head_dim, Dp = ws.Dp;
+
+  // Chunk-major item order: under a causal mask the first keys are seen by the most
+  // queries, so the heaviest items come first and the dynamic schedule balances them.
+  detail::parallel_items(exec, ws.chunks * kv_heads, [&](std::int64_t item, int worker) {
+    const std::int64_t chunk = item / kv_heads;
+    const std::int64_t b = item % kv_heads / p.kv_heads, hk = item % p.kv_heads;
+    const auto tile = ws.worker(worker);
+    for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
+    std::int64_t k_stride;
+    const float* k_rows = ws.k_rows(b, hk, &k_stride);
+    const float* k_panels = ws.k_panels(b, hk);
+    const float* v_panels = ws.v_panels(b, hk);
+    const std::int64_t kt_end = (chunk + 1) * ws.key_tiles / ws.chunks;
+    for (std::int64_t kt = chunk * ws.key_tiles / ws.chunks; kt < kt_end; ++kt) {
+      const std::int64_t j0 = kt * Ops::Bc;
+      const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, p.kv_len - j0);
+      const std::int64_t rows_padded = (nj + Ops::MK - 1) / Ops::MK * Ops::MK;
+      std::fill_n(tile.dk, rows_padded * Dp, 0.0f);
+      std::fill_n(tile.dv, rows_padded * Dp, 0.0f);
+      for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
+        for (std::int64_t t = ws.first_tile_seeing(j0); t < ws.q_tiles; ++t) {
+          const auto x = ws.query_tile(b, h, t);
+          if (x.kv_end <= j0) continue;  // a padding row is the only one that "sees" j0
+          const typename Ops::Diagonal diag{j0, x.i0, p.causal_offset};
+          const bool on_diagonal = p.needs_mask(x.i0, j0 + nj);
+          Ops::scores_tile(k_panels, j0, nj, ws.qt(x.index), D, tile.st);
+          if (on_diagonal) Ops::mask_tile(tile.st, nj, diag);
+          Bwd::probs_from_lse(tile.st, rows_padded, ws.lse2(x.index));
+          Ops::scores_tile(v_panels, j0, nj, ws.dot(x.index), D, tile.dst);
+          Bwd::grad_scores(tile.st, tile.dst, rows_padded, ws.delta(x.index));
+          if (on_diagonal) Ops::mask_tile(tile.dst, nj, diag, 0.0f);
+          Bwd::rows_accumulate(tile.dv, nj, Dp, tile.st, ws.do_rows(x.index), x.rows);
+          Bwd::rows_accumulate(tile.dk, nj, Dp, tile.dst, ws.q_rows(x.index), x.rows);
+          Ops::pv_accumulate(k_rows + j0 * k_stride, k_stride, nj, tile.dst, tile.ones, D,
+                             ws.dq_part(chunk, x.index), on_diagonal ? &diag : nullptr);
+        }
+      backward_detail::store_key_grads(ws, b, hk, j0, nj, tile.dk, tile.dv);
+    }
+  });
+
+  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+    backward_detail::store_query_grads(ws, ws.query_tile(index), ws.chunks,
+                                       [&](std::int64_t c) { return ws.dq_part(c, index); });
+  });
+}
+
+template <class S>
+void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  using Ops = TileOps<S>;
+  using Bwd = BackwardOps<S>;
+  using W = BackwardWorkspace<S>;
+  W ws(p, /*is_naive=*/true, exec.workers);
+  ws.base = memory;
+  ws.prepare(exec);
+  const std::int64_t D = p.head_dim, Dp = ws.Dp;
+  // Keys a query tile's P and dS rows cover: its visible keys rounded up to whole key
+  // tiles (stage 3 reads whole key tiles), every hidden pair masked.
+  auto keys_covered = [&](const typename W::QueryTile& x) {
+    return std::min(p.kv_len, (x.kv_end + Ops::Bc - 1) / Ops::Bc * Ops::Bc);
+  };
+
+  // Stage 1: P.
+  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+    const auto x = ws.query_tile(index);
+    const std::int64_t n = keys_covered(x);
+    float* probs = ws.probs(index);
+    Ops::scores_tile(ws.k_panels(x.b, p.kv_head_of(x.h)), 0, n, ws.qt(index), D, probs);
+    if (p.needs_mask(x.i0, n))
+      Ops::mask_tile(probs, n, typename Ops::Diagonal{0, x.i0, p.causal_offset});
+    Bwd::probs_from_lse(probs, n, ws.lse2(index));
+  });
+
+  // Stage 2: dS.
+  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+    const auto x = ws.query_tile(index);
+    const std::int64_t n = keys_covered(x);
+    float* dscores = ws.dscores(index);
+    Ops::scores_tile(ws.v_panels(x.b, p.kv_head_of(x.h)), 0, n, ws.dot(index), D, dscores);
+    Bwd::grad_scores(ws.probs(index), dscores, n, ws.delta(index));
+    if (p.needs_mask(x.i0, n))
+      Ops::mask_tile(dscores, n, typename Ops::Diagonal{0, x.i0, p.causal_offset}, 0.0f);
+  });
+
+  // Stage 3: dV and dK, one key tile of one kv head per item.
+  detail::parallel_items(exec, p.batch * p.kv_heads * ws.key_tiles, [&](std::int64_t item,
+                                                                         int worker) {
+    const std::int64_t kt = item / (p.batch * p.kv_heads);
+    const std::int64_t b = item % (p.batch * p.kv_heads) / p.kv_heads, hk = item % p.kv_heads;
+    const auto tile = ws.worker(worker);
+    const std::int64_t j0 = kt * Ops::Bc;
+    const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, p.kv_len - j0);
+    const std::int64_t rows_padded = (nj + Ops::MK - 1) / Ops::MK * Ops::MK;
+    std::fill_n(tile.dk, rows_padded * Dp, 0.0f);
+    std::fill_n(tile.dv, rows_padded * Dp, 0.0f);
+    for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
+      for (std::int64_t t = ws.first_tile_seeing(j0); t < ws.q_tiles; ++t) {
+        const auto x = ws.query_tile(b, h, t);
+        if (x.kv_end <= j0) continue;  // P and dS cover only the key tiles it sees
+        Bwd::rows_accumulate(tile.dv, nj, Dp, ws.probs(x.index) + j0 * Ops::Br,
+                             ws.do_rows(x.index), x.rows);
+        Bwd::rows_accumulate(tile.dk, nj, Dp, ws.dscores(x.index) + j0 * Ops::Br,
+                             ws.q_rows(x.index), x.rows);
+      }
+    backward_detail::store_key_grads(ws, b, hk, j0, nj, tile.dk, tile.dv);
+  });
+
+  // Stage 4: dQ, one query tile per item.
+  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int worker) {
+    const auto x = ws.query_tile(index);
+    const auto tile = ws.worker(worker);
+    for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
+    std::fill_n(tile.dqt, D * Ops::Br, 0.0f);
+    std::int64_t k_stride;
+    const float* k_rows = ws.k_rows(x.b, p.kv_head_of(x.h), &k_stride);
+    const float* dscores = ws.dscores(index);
+    for (std::int64_t j0 = 0; j0 < x.kv_end; j0 += Ops::Bc) {
+      const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
+      const typename Ops::Diagonal diag{j0, x.i0, p.causal_offset};
+      Ops::pv_accumulate(k_rows + j0 * k_stride, k_stride, nj, dscores + j0 * Ops::Br,
+                         tile.ones, D, tile.dqt, p.needs_mask(x.i0, j0 + nj) ? &diag : nullptr);
+    }
+    backward_detail::store_query_grads(ws, x, 1, [&](std::int64_t) { return tile.dqt; });
+  });
+}
+
+}  // namespace fattn::cpu

@@ -1,0 +1,197 @@
+// fattn — working memory of the CPU backward, and its pre-pass.
+//
+// One allocation (every piece 64-byte aligned). Per kv head (O(Sk)):
+//   K panels, V panels   keys and values re-laid for broadcast (S = K·Qᵀ, dP = V·dOᵀ)
+//   K rows               keys with contiguous dims (dQ += dS·K), only when K's dim stride ≠ 1
+// Per query tile of Br rows (O(Sq)):
+//   qt, dot  [D][Br]     Q·scale·log2(e) and dO, transposed (operands of S and dP)
+//   q, do    [Br][Dp]    Q and dO rows, dims padded to whole vectors (operands of dK, dV)
+//   lse2, delta [Br]     logsumexp in log2 units (+inf for a row without keys), Δ
+//   dq parts [C][D][Br]  fused: one dQ partial per key chunk, summed in chunk order
+// Naive only (O(Sq·Sk)):  P and dS of every query tile, [Sk padded][Br]
+// Per worker (O(1) in S): st, dst [Bc][Br], dK and dV accumulators [Bc][Dp], dqt, ones.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/backward_ops.hpp"
+#include "cpu/workspace.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+struct BackwardWorkspace {
+  using Ops = TileOps<S>;
+  using Bwd = BackwardOps<S>;
+  static constexpr int Br = Ops::Br;
+  static constexpr int Bc = Ops::Bc;
+  // Key chunks per kv head are chosen so that there are at least this many work items
+  // per worker: with 2 workers and 16 kv heads one chunk (no dQ partials to sum).
+  static constexpr int kItemsPerWorker = 2;
+
+  struct Worker {
+    float *st, *dst, *dk, *dv, *dqt, *ones;
+  };
+  // One query tile of one head: the rows it holds and the keys they may see.
+  struct QueryTile {
+    std::int64_t b, h, t, index, i0, rows, kv_end;
+  };
+
+  const detail::Problem& p;
+  bool naive;
+  std::int64_t Dp, q_tiles, tiles, key_tiles, kv_padded, chunks;
+  std::int64_t panel_head, k_rows_head, tile_t, tile_rows, tile_vec, full_block, worker_floats;
+  std::int64_t k_panels_at, v_panels_at, k_rows_at, qt_at, dot_at, q_rows_at, do_rows_at;
+  std::int64_t lse2_at, delta_at, dq_parts_at, probs_at, dscores_at, workers_at, total;
+  float* base = nullptr;
+
+  BackwardWorkspace(const detail::Problem& problem, bool is_naive, int workers)
+      : p(problem), naive(is_naive) {
+    Sizes n;  // every product checked, as in Workspace
+    Dp = Bwd::padded_dim(p.head_dim);
+    q_tiles = n.div_up(p.q_len, Br);
+    tiles = n.mul(p.batch * p.q_heads, q_tiles);
+    key_tiles = n.div_up(p.kv_len, Bc);
+    kv_padded = n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK);
+    const std::int64_t kv_heads = p.batch * p.kv_heads;
+    chunks = naive ? 1
+                   : std::clamp<std::int64_t>(n.div_up(kItemsPerWorker * std::int64_t{workers},
+                                                       kv_heads),
+                                              1, key_tiles);
+    panel_head = n.align(n.mul(kv_padded, p.head_dim));
+    k_rows_head = p.k.dim == 1 ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
+    tile_t = align_floats(p.head_dim * Br);  // head_dim <= 256: no overflow
+    tile_rows = Br * Dp;
+    tile_vec = align_floats(Br);
+    full_block = naive ? n.mul(kv_padded, Br) : 0;
+    worker_floats = (naive ? 0 : 2 * Bc * Br) + 2 * Bc * Dp + tile_t + tile_vec;
+
+    std::int64_t at = 0;
+    auto take = [&](std::int64_t floats) {
+      const std::int64_t start = at;
+      at = n.add(at, floats);
+      return start;
+    };
+    k_panels_at = take(n.mul(kv_heads, panel_head));
+    v_panels_at = take(n.mul(kv_heads, panel_head));
+    k_rows_at = take(n.mul(kv_heads, k_rows_head));
+    qt_at = take(n.mul(tiles, tile_t));
+    dot_at = take(n.mul(tiles, tile_t));
+    q_rows_at = take(n.mul(tiles, tile_rows));
+    do_rows_at = take(n.mul(tiles, tile_rows));
+    lse2_at = take(n.mul(tiles, tile_vec));
+    delta_at = take(n.mul(tiles, tile_vec));
+    dq_parts_at = take(naive ? 0 : n.mul(chunks, n.mul(tiles, tile_t)));
+    probs_at = take(n.mul(tiles, full_block));
+    dscores_at = take(n.mul(tiles, full_block));
+    workers_at = take(n.mul(workers, worker_floats));
+    total = n.overflow ? -1 : at;
+  }
+
+  const float* k_panels(std::int64_t b, std::int64_t hk) const {
+    return base + k_panels_at + (b * p.kv_heads + hk) * panel_head;
+  }
+  const float* v_panels(std::int64_t b, std::int64_t hk) const {
+    return base + v_panels_at + (b * p.kv_heads + hk) * panel_head;
+  }
+  // K rows of one head, dims contiguous, and the stride between rows.
+  const float* k_rows(std::int64_t b, std::int64_t hk, std::int64_t* row_stride) const {
+    if (k_rows_head == 0) {
+      *row_stride = p.k.seq;
+      return p.k.row(b, hk, 0);
+    }
+    *row_stride = p.head_dim;
+    return base + k_rows_at + (b * p.kv_heads + hk) * k_rows_head;
+  }
+  float* qt(std::int64_t tile) const { return base + qt_at + tile * tile_t; }
+  float* dot(std::int64_t tile) const { return base + dot_at + tile * tile_t; }
+  float* q_rows(std::int64_t tile) const { return base + q_rows_at + tile * tile_rows; }
+  float* do_rows(std::int64_t tile) const { return base + do_rows_at + tile * tile_rows; }
+  float* lse2(std::int64_t tile) const { return base + lse2_at + tile * tile_vec; }
+  float* delta(std::int64_t tile) const { return base + delta_at + tile * tile_vec; }
+  float* dq_part(std::int64_t chunk, std::int64_t tile) const {
+    return base + dq_parts_at + (chunk * tiles + tile) * tile_t;
+  }
+  float* probs(std::int64_t tile) const { return base + probs_at + tile * full_block; }
+  float* dscores(std::int64_t tile) const { return base + dscores_at + tile * full_block; }
+  Worker worker(int w) const {
+    float* s = base + workers_at + w * worker_floats;
+    float* st = naive ? nullptr : s;
+    float* dst = naive ? nullptr : s + Bc * Br;
+    float* dk = s + (naive ? 0 : 2 * Bc * Br);
+    return {st, dst, dk, dk + Bc * Dp, dk + 2 * Bc * Dp, dk + 2 * Bc * Dp + tile_t};
+  }
+
+  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    const std::int64_t i0 = t * Br;
+    const std::int64_t rows = std::min<std::int64_t>(Br, p.q_len - i0);
+    return {b, h, t, (b * p.q_heads + h) * q_tiles + t, i0, rows, p.kv_end(i0 + rows)};
+  }
+  QueryTile query_tile(std::int64_t index) const {
+    const std::int64_t t = index % q_tiles, bh = index / q_tiles;
+    return query_tile(bh / p.q_heads, bh % p.q_heads, t);
+  }
+  // The first query tile with a row that sees key j (causal masks hide key j from
+  // the rows before j − causal_offset); q_tiles when none does.
+  std::int64_t first_tile_seeing(std::int64_t j) const {
+    if (p.causal == Causal::none) return 0;
+    const std::int64_t first_row = std::max<std::int64_t>(0, j - p.causal_offset);
+    return std::min(q_tiles, first_row / Br);
+  }
+
+  // Pre-pass, one parallel loop: the kv heads' panels and rows, then every query tile's
+  // operands, lse2 and Δ; the dQ partials start at zero.
+  void prepare(const detail::Exec& exec) const {
+    const std::int64_t kv_items = p.batch * p.kv_heads;
+    detail::parallel_items(exec, kv_items + tiles, [&](std::int64_t item, int) {
+      if (item < kv_items)
+        prepare_kv(item / p.kv_heads, item % p.kv_heads);
+      else
+        prepare_query_tile(query_tile(item - kv_items));
+    });
+  }
+
+  void prepare_kv(std::int64_t b, std::int64_t hk) const {
+    const std::int64_t head = b * p.kv_heads + hk;
+    Ops::pack_k_panels(p.k.row(b, hk, 0), p.k.seq, p.k.dim, p.kv_len, p.head_dim,
+                       base + k_panels_at + head * panel_head);
+    Ops::pack_k_panels(p.v.row(b, hk, 0), p.v.seq, p.v.dim, p.kv_len, p.head_dim,
+                       base + v_panels_at + head * panel_head);
+    if (k_rows_head == 0) return;
+    float* dst = base + k_rows_at + head * k_rows_head;
+    for (std::int64_t j = 0; j < p.kv_len; ++j)
+      for (std::int64_t d = 0; d < p.head_dim; ++d)
+        dst[j * p.head_dim + d] = p.k.row(b, hk, j)[d * p.k.dim];
+  }
+
+  void prepare_query_tile(const QueryTile& x) const {
+    const std::int64_t D = p.head_dim;
+    Ops::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, D,
+                           static_cast<float>(p.scale) * Ops::kLog2e, qt(x.index));
+    Ops::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, dot(x.index));
+    float *q = q_rows(x.index), *dout = do_rows(x.index);
+    float *lse = lse2(x.index), *dl = delta(x.index);
+    for (std::int64_t i = 0; i < Br; ++i) {
+      const bool real = i < x.rows;
+      const float* qi = real ? p.q.row(x.b, x.h, x.i0 + i) : nullptr;
+      const float* di = real ? p.dout.row(x.b, x.h, x.i0 + i) : nullptr;
+      const float* oi = real ? p.out.row(x.b, x.h, x.i0 + i) : nullptr;
+      float rowsum = 0.0f;
+      for (std::int64_t d = 0; d < Dp; ++d) {
+        const bool in = real && d < D;
+        q[i * Dp + d] = in ? qi[d * p.q.dim] : 0.0f;
+        dout[i * Dp + d] = in ? di[d * p.dout.dim] : 0.0f;
+        if (in) rowsum += di[d * p.dout.dim] * oi[d * p.out.dim];
+      }
+      // A row without keys (lse = −inf) and a padding row get +inf: P = 2^−inf = 0.
+      const float l = real ? *p.lse.row(x.b, x.h, x.i0 + i) : Ops::kNegInf;
+      lse[i] = l == Ops::kNegInf ? -Ops::kNegInf : l * Ops::kLog2e;
+      dl[i] = real ? rowsum - (p.dlse.data ? *p.dlse.row(x.b, x.h, x.i0 + i) : 0.0f) : 0.0f;
+    }
+    for (std::int64_t c = 0; !naive && c < chunks; ++c)
+      std::fill_n(dq_part(c, x.index), D * Br, 0.0f);
+  }
+};
+
+}  // namespace fattn::cpu
