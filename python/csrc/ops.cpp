@@ -57,9 +57,11 @@ fattn::DType dtype_of(const at::Tensor& t, const char* name) {
     case at::kFloat: return fattn::DType::float32;
     case at::kHalf: return fattn::DType::float16;
     case at::kBFloat16: return fattn::DType::bfloat16;
+    case at::kDouble: return fattn::DType::float64;
     default:
       TORCH_CHECK(false, "fattn: ", name,
-                  ".dtype must be float32 (float16 and bfloat16 only on CUDA), got ",
+                  ".dtype must be float32 (float16 and bfloat16 only on CUDA, float64 only "
+                  "through the CPU reference), got ",
                   t.scalar_type());
   }
 }
@@ -162,6 +164,11 @@ at::Tensor empty_output(const at::Tensor& q) {
   return at::empty(q.sizes(), q.options());
 }
 
+// The logsumexp's dtype: float32, float64 for float64 problems (the reference path).
+at::ScalarType lse_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // --- the operator -----------------------------------------------------------------------
 // attention(q, k, v, is_causal, causal_bottom_right, scale, impl) -> (out, lse)
 //   q: (B, Hq, Sq, D)  k, v: (B, Hkv, Sk, D), any strides; Hq a multiple of Hkv
@@ -175,7 +182,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   check_operands(q, k, v);
   const fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
   at::Tensor out = empty_output(q);
-  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
 
   if (q.numel() == 0 || k.size(2) == 0 || k.size(1) == 0) {
     check_empty_shapes(q, k, v);
@@ -206,6 +213,38 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   return {out, lse};
 }
 
+// attention_backward(dout, q, k, v, out, lse, dlse, is_causal, causal_bottom_right, scale,
+//                    impl) -> (dq, dk, dv)
+//   the gradients of attention(q, k, v, ...) -> (out, lse) given dout (and dlse, the
+//   gradient of lse, or None); the options must be the forward's. dq is laid out as q's
+//   output would be (empty_output), dk and dv as k and v.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
+    bool is_causal, bool causal_bottom_right, std::optional<double> scale,
+    c10::string_view impl) {
+  check_operands(q, k, v);
+  const fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
+  at::Tensor dq = empty_output(q), dk = empty_output(k), dv = empty_output(v);
+  if (q.numel() == 0 || k.numel() == 0) {
+    check_empty_shapes(q, k, v);
+    dq.zero_();  // no (query, key) pair: every gradient is 0
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  const fattn::TensorView dlse_view = dlse ? view_of(*dlse, "dlse") : fattn::TensorView{};
+  try {
+    fattn::attention_backward(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
+                              view_of(out, "out"), view_of(dout, "dout"), view_of(lse, "lse"),
+                              dlse ? &dlse_view : nullptr, view_of(dq, "dq"), view_of(dk, "dk"),
+                              view_of(dv, "dv"), options);
+  } catch (const fattn::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  return {dq, dk, dv};
+}
+
 // Working memory the operator would allocate for this call (fattn::extra_bytes), with
 // the thread count it would use.
 std::int64_t extra_bytes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -214,6 +253,19 @@ std::int64_t extra_bytes(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const fattn::Options options = options_for(q, is_causal, causal_bottom_right, std::nullopt, impl);
   try {
     return fattn::extra_bytes(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), options);
+  } catch (const fattn::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+std::int64_t backward_extra_bytes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  bool is_causal, bool causal_bottom_right,
+                                  const std::string& impl) {
+  check_operands(q, k, v);
+  const fattn::Options options = options_for(q, is_causal, causal_bottom_right, std::nullopt, impl);
+  try {
+    return fattn::backward_extra_bytes(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
+                                       options);
   } catch (const fattn::Error& e) {
     TORCH_CHECK(false, e.what());
   }
@@ -232,9 +284,17 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
       "bool causal_bottom_right=False, float? scale=None, str impl=\"auto\") "
       "-> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
+  m.def(
+      "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor? dlse=None, bool is_causal=False, bool causal_bottom_right=False, "
+      "float? scale=None, str impl=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+      {at::Tag::pt2_compliant_tag});
 }
 
-TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) { m.impl("attention", &attention); }
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) {
+  m.impl("attention", &attention);
+  m.impl("attention_backward", &attention_backward);
+}
 
 // ---- CUDA -------------------------------------------------------------------------------
 // The same function serves CUDA tensors: fattn::attention_forward dispatches on
@@ -243,7 +303,11 @@ TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) { m.impl("attention", &attention)
 // python/CMakeLists.txt); without it a CUDA tensor gets torch's "no kernel for CUDA"
 // error, and fattn's Python API says so before calling.
 #ifdef FATTN_WITH_CUDA
-TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) { m.impl("attention", &attention); }
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) {
+  m.impl("attention", &attention);
+  // The library says that its backward runs on the CPU only (fattn::Error).
+  m.impl("attention_backward", &attention_backward);
+}
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -274,4 +338,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("is_causal") = false, pybind11::arg("causal_bottom_right") = false,
         pybind11::arg("impl") = "auto",
         "bytes of working memory the operator allocates for this call");
+  m.def("backward_extra_bytes", &backward_extra_bytes, pybind11::arg("q"), pybind11::arg("k"),
+        pybind11::arg("v"), pybind11::arg("is_causal") = false,
+        pybind11::arg("causal_bottom_right") = false, pybind11::arg("impl") = "auto",
+        "bytes of working memory the backward operator allocates for this call");
 }

@@ -8,8 +8,10 @@
 
 The operator ``torch.ops.fattn.attention`` is registered by the C++ extension ``fattn._C``
 (built from the same sources as the C++ library), with a fake kernel for
-``torch.compile`` and an autograd formula whose backward raises (forward only for now).
-On the CPU it runs float32 on ``torch.get_num_threads()`` threads of torch's own pool.
+``torch.compile`` and an autograd formula (``torch.ops.fattn.attention_backward``, the
+fused CPU backward), so training works on the CPU. On the CPU it runs float32 on
+``torch.get_num_threads()`` threads of torch's own pool; float64 runs the float64
+reference (for ``torch.autograd.gradcheck``).
 ``fattn.jit.load()`` builds the same sources with ``torch.utils.cpp_extension.load``
 (under another operator namespace); ``python -m fattn.bench`` compares fattn with torch.
 """
@@ -23,6 +25,7 @@ _registry.register(_C.op_namespace)
 from . import jit  # noqa: E402
 from .functional import (  # noqa: E402
     attention_forward,
+    backward_extra_bytes,
     extra_bytes,
     flash_attention,
     flops,
@@ -48,6 +51,7 @@ __all__ = [
     "flash_attention",
     "attention_forward",
     "extra_bytes",
+    "backward_extra_bytes",
     "flops",
     "num_threads",
     "best_cpu_isa",

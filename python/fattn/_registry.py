@@ -1,12 +1,13 @@
-"""The Python side of an operator namespace: fake kernel and autograd registration.
+"""The Python side of an operator namespace: fake kernels and autograd registration.
 
-The C++ extension (``_C`` or a ``fattn.jit`` build) defines ``<ns>::attention`` and its
-CPU kernel; this module adds, for the same namespace,
+The C++ extension (``_C`` or a ``fattn.jit`` build) defines ``<ns>::attention`` and
+``<ns>::attention_backward`` and their CPU kernels; this module adds, for the same namespace,
 
-* a fake (meta) kernel, so ``torch.compile(fullgraph=True)`` and FakeTensor tracing see
+* fake (meta) kernels, so ``torch.compile(fullgraph=True)`` and FakeTensor tracing see
   the output shapes, dtypes and strides without running anything;
-* an autograd formula whose backward raises: the backward pass is not implemented yet,
-  and without a formula torch would only warn and return no gradient.
+* the autograd formula of ``attention``: the forward saves q, k, v, out and lse (no
+  Sq×Sk matrix), the backward calls ``attention_backward`` with the same options. The
+  backward itself is not differentiable (no double backward): it says so when asked.
 """
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def check_operands(q, k, v, is_causal: bool, causal_bottom_right: bool) -> None:
         if t.dtype != q.dtype:
             raise RuntimeError(f"fattn: {name}.dtype is {t.dtype} but q.dtype is {q.dtype}; "
                                "q, k and v must have one dtype")
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise RuntimeError(f"fattn: q.dtype must be float32 (float16 and bfloat16 only on "
-                           f"CUDA), got {q.dtype}")
+                           f"CUDA, float64 only through the CPU reference), got {q.dtype}")
     if causal_bottom_right and not is_causal:
         raise RuntimeError("fattn: causal_bottom_right=True needs is_causal=True (it picks the "
                            "alignment of the causal mask)")
@@ -55,32 +56,61 @@ def check_operands(q, k, v, is_causal: bool, causal_bottom_right: bool) -> None:
                            f"(kv heads) = {k.size(1)}, got {q.size(1)}")
 
 
+def _empty_like_output(t):
+    """An uninitialised tensor laid out as the C++ operator lays out an output like t."""
+    b, h, s, d = t.shape
+    if output_is_bshd(t):
+        return t.new_empty((b, s, h, d)).transpose(1, 2)
+    return t.new_empty((b, h, s, d))
+
+
+def _lse_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def register(ns: str) -> None:
-    """Registers the fake kernel and the autograd formula of ``<ns>::attention`` (once)."""
+    """Registers the fake kernels and the autograd formula of ``<ns>::attention`` (once)."""
     if ns in _registered:
         return
     qualname = f"{ns}::attention"
+    backward_qualname = f"{ns}::attention_backward"
 
     def fake_attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None,
                        impl="auto"):
         check_operands(q, k, v, is_causal, causal_bottom_right)
-        b, h, s, d = q.shape
-        if output_is_bshd(q):
-            out = q.new_empty((b, s, h, d)).transpose(1, 2)
-        else:
-            out = q.new_empty((b, h, s, d))
-        lse = q.new_empty((b, h, s), dtype=torch.float32)
-        return out, lse
+        b, h, s, _ = q.shape
+        return _empty_like_output(q), q.new_empty((b, h, s), dtype=_lse_dtype(q))
+
+    def fake_attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
+                                causal_bottom_right=False, scale=None, impl="auto"):
+        check_operands(q, k, v, is_causal, causal_bottom_right)
+        return _empty_like_output(q), _empty_like_output(k), _empty_like_output(v)
 
     torch.library.register_fake(qualname, fake_attention)
+    torch.library.register_fake(backward_qualname, fake_attention_backward)
 
     def setup_context(ctx, inputs, output):
-        pass
+        q, k, v, is_causal, causal_bottom_right, scale, impl = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (is_causal, causal_bottom_right, scale, impl)
 
     def backward(ctx, grad_out, grad_lse):
-        raise NotImplementedError(
-            f"fattn: the backward pass of {qualname} is not implemented yet (forward only). "
-            "Run fattn under torch.no_grad() / torch.inference_mode(), or detach its inputs.")
+        q, k, v, out, lse = ctx.saved_tensors
+        if grad_out is None:  # only lse was used
+            grad_out = torch.zeros_like(out)
+        op = getattr(torch.ops, ns).attention_backward
+        dq, dk, dv = op(grad_out, q, k, v, out, lse, grad_lse, *ctx.options)
+        return dq, dk, dv, None, None, None, None
 
     torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+
+    def no_double_backward(ctx, *grads):
+        raise NotImplementedError(
+            f"fattn: {backward_qualname} is not differentiable (fattn has no double "
+            "backward); torch.autograd.grad(..., create_graph=True) through fattn is not "
+            "supported")
+
+    torch.library.register_autograd(backward_qualname, no_double_backward,
+                                    setup_context=lambda ctx, inputs, output: None)
     _registered.add(ns)

@@ -8,8 +8,9 @@ Errors:
   ValueError           the call is invalid for torch too (mismatched shapes, devices,
                        dtypes, ranks, an unknown layout, GQA heads without enable_gqa)
   NotImplementedError  valid for torch, but not supported by fattn (yet): attn_mask,
-                       dropout_p > 0, inputs that require grad (no backward yet), dtypes
-                       other than float32 on the CPU, a device without fattn kernels
+                       dropout_p > 0, dtypes other than float32 (float64: the float64
+                       reference, for gradient checks) on the CPU, a device without fattn
+                       kernels, gradients of CUDA tensors (the backward is CPU only)
   TypeError            an argument that is not a tensor
   RuntimeError         raised by the operator itself, its message starting "fattn: "
                        (e.g. a head dim outside [16, 256])
@@ -26,7 +27,9 @@ from . import _C
 # Device types with a fattn kernel in this build: the CPU, the fake kernel (meta), and
 # CUDA once the extension is built with the library's CUDA backend (ops.cpp).
 _DEVICE_TYPES = ("cpu", "meta", "cuda") if _C.with_cuda else ("cpu", "meta")
-_DTYPES = {"cpu": (torch.float32,), "meta": (torch.float32, torch.float16, torch.bfloat16),
+# float64 on the CPU runs the float64 reference (slow, exact): for torch.autograd.gradcheck.
+_DTYPES = {"cpu": (torch.float32, torch.float64),
+           "meta": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
            "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 
 
@@ -55,13 +58,13 @@ def _check_tensors(fn: str, tensors) -> None:
         raise NotImplementedError(
             f"fattn.{fn}: {first_name}.dtype is {first.dtype}, but fattn on {device} takes "
             f"{allowed} (convert with .float())")
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() and device == "cuda":
         needing = [name for name, t in tensors if t.requires_grad]
         if needing:
             raise NotImplementedError(
-                f"fattn.{fn}: {', '.join(needing)} require grad, but fattn's backward pass is "
-                "not implemented yet (forward only). Call it under torch.no_grad() or "
-                "torch.inference_mode(), or pass detached tensors.")
+                f"fattn.{fn}: {', '.join(needing)} require grad, but fattn's backward pass "
+                "runs on the CPU only (no CUDA backward yet). Call it under torch.no_grad() "
+                "or pass detached tensors.")
 
 
 def _check_heads(fn: str, hq: int, hkv: int, enable_gqa: bool, hint: str) -> None:
@@ -214,6 +217,14 @@ def extra_bytes(query, key, value, is_causal=False, causal_bottom_right=False, i
     return _C.extra_bytes(query, key, value, is_causal, causal_bottom_right, impl)
 
 
+def backward_extra_bytes(query, key, value, is_causal=False, causal_bottom_right=False,
+                         impl="auto"):
+    """Bytes of working memory ``torch.ops.fattn.attention_backward`` allocates for these
+    (B, H, S, D) tensors (fattn::backward_extra_bytes): O(S) for the fused backward, the
+    naive one's P and dS (two Sq×Sk matrices per head)."""
+    return _C.backward_extra_bytes(query, key, value, is_causal, causal_bottom_right, impl)
+
+
 def flops(batch, q_heads, q_len, kv_len, head_dim, causal=None):
     """FLOPs of one forward pass as fattn-bench counts them: 4·D per visible (query, key)
     pair (Q·Kᵀ and P·V). causal: None, "top_left" or "bottom_right"."""
@@ -226,4 +237,4 @@ def flops(batch, q_heads, q_len, kv_len, head_dim, causal=None):
 
 
 __all__ = ["scaled_dot_product_attention", "flash_attention", "attention_forward",
-           "extra_bytes", "flops"]
+           "extra_bytes", "backward_extra_bytes", "flops"]

@@ -28,29 +28,29 @@ def test_dropout():
         fattn.flash_attention(q, k, v, dropout_p=0.1)
 
 
-def test_requires_grad():
-    q, k, v = qkv(1, 2, 2, 8, 8, 32)
-    k.requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"key require grad.*backward pass is not"):
-        sdpa(q, k, v)
-    with pytest.raises(NotImplementedError, match="require grad"):
-        fattn.flash_attention(q, k, v)
-    with pytest.raises(NotImplementedError, match="require grad"):
-        fattn.attention_forward(q, k, v)
-    with torch.no_grad():
-        sdpa(q, k, v)  # fine without autograd
-
-
-def test_operator_backward_raises():
-    # calling the operator directly: forward works, backward says it does not exist
+def test_double_backward():
     q, k, v = (x.requires_grad_() for x in qkv(1, 2, 2, 8, 8, 32))
-    out, _ = op(q, k, v)
-    assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="backward pass of fattn::attention"):
-        out.sum().backward()
+    dq, = torch.autograd.grad(sdpa(q, k, v).sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match="attention_backward is not differentiable"):
+        dq.sum().backward()
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_backward_argument_errors():
+    q, k, v = qkv(1, 2, 2, 8, 8, 32)
+    out, lse = op(q, k, v)
+    backward = torch.ops.fattn.attention_backward
+    with pytest.raises(RuntimeError, match=r"fattn: dout.size\(2\) \(as q\) must equal "
+                                           r"q.size\(2\) = 8, got 7"):
+        backward(out[:, :, :7], q, k, v, out, lse)
+    with pytest.raises(RuntimeError, match=r"fattn: dlse.size\(2\) \(as lse\) must equal"):
+        backward(out, q, k, v, out, lse, lse[:, :, :3])
+    with pytest.raises(RuntimeError, match="fattn: lse must have dtype float32, got float64"):
+        backward(out, q, k, v, out, lse.double())
+    with pytest.raises(RuntimeError, match="impl must be one of"):
+        backward(out, q, k, v, out, lse, impl="fast")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_dtype_not_float32(dtype):
     q, k, v = (x.to(dtype) for x in qkv(1, 2, 2, 8, 8, 32))
     with pytest.raises(NotImplementedError, match=rf"query.dtype is {dtype}.*takes float32"):
@@ -62,11 +62,14 @@ def test_dtype_not_float32(dtype):
 def test_16_bit_reaches_the_library_check():
     # the operator passes 16-bit views on; the C++ library rejects them on the CPU
     q, k, v = (x.half() for x in qkv(1, 2, 2, 8, 8, 32))
-    with pytest.raises(RuntimeError, match="fattn: the CPU kernels take float32, got q.dtype = "
-                                           "float16"):
+    with pytest.raises(RuntimeError, match=r"fattn: the CPU kernels take float32 \(float64: "
+                                           r"reference only\), got q.dtype = float16"):
         op(q, k, v)
-    with pytest.raises(RuntimeError, match=r"fattn: q.dtype must be float32 .*got Double"):
-        op(q.double(), k.double(), v.double())
+    with pytest.raises(RuntimeError, match=r"fattn: q.dtype must be float32 .*got Int"):
+        op(q.int(), k.int(), v.int())
+    with pytest.raises(RuntimeError, match="impl naive takes float32; float64 runs only the "
+                                           "reference"):
+        op(q.double(), k.double(), v.double(), impl="naive")
 
 
 def test_value_head_dim_differs():
