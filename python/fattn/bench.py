@@ -33,6 +33,10 @@ and fattn's naive path need B·H·Sq·Sk floats (twice, for standard attention).
 
 Output: a table on stdout, and in --out DIR: bench.json (fattn-bench's --json schema:
 {"machine": {...}, "results": [...]}), bench.csv, time_vs_s.png, memory_vs_s.png.
+
+--pass train times forward + backward instead (fattn/bench_train.py: fattn's fused and
+naive backward vs torch SDPA's and standard attention's autograd), into train.json,
+train.csv, train_time_vs_s.png, train_memory_vs_s.png.
 """
 from __future__ import annotations
 
@@ -348,25 +352,25 @@ def machine_info(threads: int, args, contention) -> dict:
 KEYS = ["impl", "dtype", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "causal_alignment",
         "ms_median", "ms_min", "ms_max", "gflops", "max_abs_err", "err_rows", "extra_bytes",
         "extra_bytes_method", "peak_rss_extra_bytes", "estimated_bytes", "reps", "sweep",
-        "skipped"]
+        "skipped", "pass", "flops"]
 
 
-def write_outputs(out_dir: Path, machine: dict, results: list):
+def write_outputs(out_dir: Path, machine: dict, results: list, stem: str = "bench"):
     out_dir.mkdir(parents=True, exist_ok=True)
     results = [{k: r.get(k) for k in KEYS} for r in results]
-    with open(out_dir / "bench.json", "w") as f:
+    with open(out_dir / f"{stem}.json", "w") as f:
         json.dump({"machine": machine, "results": results}, f, indent=2)
         f.write("\n")
     keys = KEYS
-    with open(out_dir / "bench.csv", "w", newline="") as f:
+    with open(out_dir / f"{stem}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         for r in results:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in keys})
-    plot(out_dir, results)
+    plot(out_dir, results, "" if stem == "bench" else f"{stem}_")
 
 
-def plot(out_dir: Path, results: list):
+def plot(out_dir: Path, results: list, prefix: str = ""):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -378,7 +382,7 @@ def plot(out_dir: Path, results: list):
                     key=lambda g: (g[0], g[3], g[4]))
     styles = {"fattn_fused": "o-", "fattn_naive": "s-", "torch_sdpa": "^-",
               "torch_standard": "D-"}
-    for what, fname in (("time", "time_vs_s.png"), ("memory", "memory_vs_s.png")):
+    for what, fname in (("time", f"{prefix}time_vs_s.png"), ("memory", f"{prefix}memory_vs_s.png")):
         n = len(groups)
         cols = 2 if n in (2, 4) else min(n, 3)
         rows = math.ceil(n / cols)
@@ -446,6 +450,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m fattn.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes, few calls (CI)")
+    p.add_argument("--pass", dest="pass_", choices=("forward", "train"), default="forward",
+                   help="forward only (default), or forward + backward (train)")
+    p.add_argument("--train-s", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096],
+                   help="sequence lengths of --pass train (B=2, H=8, D 64 and 128)")
     p.add_argument("--out", default="fattn-bench-py", help="output directory")
     p.add_argument("--sweep", choices=("assignment", "lesson", "all"), default="assignment")
     p.add_argument("--assignment-s", type=int, nargs="+",
@@ -473,18 +481,24 @@ def main(argv=None):
     peak_rss = PeakRss()
     contention = Contention()
     results = []
-    with torch.inference_mode():
-        for shape in sweeps(args):
-            bench_shape(*shape, args.impls, args, peak_rss, results)
+    if args.pass_ == "train":
+        from . import bench_train
+        results = bench_train.run(args, peak_rss)
+    else:
+        with torch.inference_mode():
+            for shape in sweeps(args):
+                bench_shape(*shape, args.impls, args, peak_rss, results)
     machine = machine_info(threads, args, contention.result())
     if machine["other_processes_cores_sweep"] > 0.25:
         print(f"fattn.bench: warning: other processes used "
               f"{machine['other_processes_cores_sweep']:.2f} cores during the sweep; the "
               "timings are inflated", file=sys.stderr)
     out = Path(args.out)
-    write_outputs(out, machine, results)
-    print(f"\nwrote {out / 'bench.json'}, {out / 'bench.csv'}, {out / 'time_vs_s.png'}, "
-          f"{out / 'memory_vs_s.png'}")
+    stem = "train" if args.pass_ == "train" else "bench"
+    prefix = "train_" if args.pass_ == "train" else ""
+    write_outputs(out, machine, results, stem)
+    print(f"\nwrote {out / (stem + '.json')}, {out / (stem + '.csv')}, "
+          f"{out / (prefix + 'time_vs_s.png')}, {out / (prefix + 'memory_vs_s.png')}")
     return 0
 
 

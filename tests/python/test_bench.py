@@ -28,3 +28,18 @@ def test_bench_quick(tmp_path):
         assert len(list(csv.DictReader(f))) == len(results)
     for png in ("time_vs_s.png", "memory_vs_s.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_train_quick(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "fattn.bench", "--pass", "train", "--quick",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "forward + backward" in p.stdout
+    results = json.loads((tmp_path / "train.json").read_text())["results"]
+    assert {r["impl"] for r in results} == {"fattn_fused", "fattn_naive", "torch_sdpa",
+                                            "torch_standard"}
+    for r in results:
+        assert r["pass"] == "forward+backward" and r["ms_median"] > 0 and r["gflops"] > 0
+        assert r["max_abs_err"] < 1e-4  # dq, dk, dv against float64
+    for png in ("train_time_vs_s.png", "train_memory_vs_s.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
