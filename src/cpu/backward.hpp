@@ -89,29 +89,24 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     const float* v_panels = ws.v_panels(b, hk);
     const std::int64_t kt_end = (chunk + 1) * ws.key_tiles / ws.chunks;
     for (std::int64_t kt = chunk * ws.key_tiles / ws.chunks; kt < kt_end; ++kt) {
-      const std::int64_t j0 = kt * Ops::Bc;
-      const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, p.kv_len - j0);
-      const std::int64_t rows_padded = (nj + Ops::MK - 1) / Ops::MK * Ops::MK;
-      std::fill_n(tile.dk, rows_padded * Dp, 0.0f);
-      std::fill_n(tile.dv, rows_padded * Dp, 0.0f);
-      for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
-        for (std::int64_t t = ws.first_tile_seeing(j0); t < ws.q_tiles; ++t) {
-          const auto x = ws.query_tile(b, h, t);
-          if (x.kv_end <= j0) continue;  // a padding row is the only one that "sees" j0
-          const typename Ops::Diagonal diag{j0, x.i0, p.causal_offset};
-          const bool on_diagonal = p.needs_mask(x.i0, j0 + nj);
-          Ops::scores_tile(k_panels, j0, nj, ws.qt(x.index), D, tile.st);
-          if (on_diagonal) Ops::mask_tile(tile.st, nj, diag);
-          Bwd::probs_from_lse(tile.st, rows_padded, ws.lse2(x.index));
-          Ops::scores_tile(v_panels, j0, nj, ws.dot(x.index), D, tile.dst);
-          Bwd::grad_scores(tile.st, tile.dst, rows_padded, ws.delta(x.index));
-          if (on_diagonal) Ops::mask_tile(tile.dst, nj, diag, 0.0f);
-          Bwd::rows_accumulate(tile.dv, nj, Dp, tile.st, ws.do_rows(x.index), x.rows);
-          Bwd::rows_accumulate(tile.dk, nj, Dp, tile.dst, ws.q_rows(x.index), x.rows);
-          Ops::pv_accumulate(k_rows + j0 * k_stride, k_stride, nj, tile.dst, tile.ones, D,
-                             ws.dq_part(chunk, x.index), on_diagonal ? &diag : nullptr);
-        }
-      backward_detail::store_key_grads(ws, b, hk, j0, nj, tile.dk, tile.dv);
+      const auto key = ws.key_tile(kt);
+      std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
+      std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
+      ws.for_each_query_tile_seeing(b, hk, key, [&](const typename W::QueryTile& x) {
+        const typename Ops::Diagonal diag{key.j0, x.i0, p.causal_offset};
+        const bool on_diagonal = p.needs_mask(x.i0, key.j0 + key.nj);
+        Ops::scores_tile(k_panels, key.j0, key.nj, ws.qt(x.index), D, tile.st);
+        if (on_diagonal) Ops::mask_tile(tile.st, key.nj, diag);
+        Bwd::probs_from_lse(tile.st, key.rows_padded, ws.lse2(x.index));
+        Ops::scores_tile(v_panels, key.j0, key.nj, ws.dot(x.index), D, tile.dst);
+        Bwd::grad_scores(tile.st, tile.dst, key.rows_padded, ws.delta(x.index));
+        if (on_diagonal) Ops::mask_tile(tile.dst, key.nj, diag, 0.0f);
+        Bwd::rows_accumulate(tile.dv, key.nj, Dp, tile.st, ws.do_rows(x.index), x.rows);
+        Bwd::rows_accumulate(tile.dk, key.nj, Dp, tile.dst, ws.q_rows(x.index), x.rows);
+        Ops::pv_accumulate(k_rows + key.j0 * k_stride, k_stride, key.nj, tile.dst, tile.ones,
+                           D, ws.dq_part(chunk, x.index), on_diagonal ? &diag : nullptr);
+      });
+      backward_detail::store_key_grads(ws, b, hk, key.j0, key.nj, tile.dk, tile.dv);
     }
   });
 
@@ -161,24 +156,18 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   // Stage 3: dV and dK, one key tile of one kv head per item.
   detail::parallel_items(exec, p.batch * p.kv_heads * ws.key_tiles, [&](std::int64_t item,
                                                                          int worker) {
-    const std::int64_t kt = item / (p.batch * p.kv_heads);
     const std::int64_t b = item % (p.batch * p.kv_heads) / p.kv_heads, hk = item % p.kv_heads;
+    const auto key = ws.key_tile(item / (p.batch * p.kv_heads));
     const auto tile = ws.worker(worker);
-    const std::int64_t j0 = kt * Ops::Bc;
-    const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, p.kv_len - j0);
-    const std::int64_t rows_padded = (nj + Ops::MK - 1) / Ops::MK * Ops::MK;
-    std::fill_n(tile.dk, rows_padded * Dp, 0.0f);
-    std::fill_n(tile.dv, rows_padded * Dp, 0.0f);
-    for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
-      for (std::int64_t t = ws.first_tile_seeing(j0); t < ws.q_tiles; ++t) {
-        const auto x = ws.query_tile(b, h, t);
-        if (x.kv_end <= j0) continue;  // P and dS cover only the key tiles it sees
-        Bwd::rows_accumulate(tile.dv, nj, Dp, ws.probs(x.index) + j0 * Ops::Br,
-                             ws.do_rows(x.index), x.rows);
-        Bwd::rows_accumulate(tile.dk, nj, Dp, ws.dscores(x.index) + j0 * Ops::Br,
-                             ws.q_rows(x.index), x.rows);
-      }
-    backward_detail::store_key_grads(ws, b, hk, j0, nj, tile.dk, tile.dv);
+    std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
+    std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
+    ws.for_each_query_tile_seeing(b, hk, key, [&](const typename W::QueryTile& x) {
+      Bwd::rows_accumulate(tile.dv, key.nj, Dp, ws.probs(x.index) + key.j0 * Ops::Br,
+                           ws.do_rows(x.index), x.rows);
+      Bwd::rows_accumulate(tile.dk, key.nj, Dp, ws.dscores(x.index) + key.j0 * Ops::Br,
+                           ws.q_rows(x.index), x.rows);
+    });
+    backward_detail::store_key_grads(ws, b, hk, key.j0, key.nj, tile.dk, tile.dv);
   });
 
   // Stage 4: dQ, one query tile per item.

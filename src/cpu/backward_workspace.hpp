@@ -140,6 +140,28 @@ struct BackwardWorkspace {
     return std::min(q_tiles, first_row / Br);
   }
 
+  // Key tile kt of a head: its first key, its keys, and those rounded up to whole panels
+  // (the rows the panel-wise operations touch).
+  struct KeyTile {
+    std::int64_t j0, nj, rows_padded;
+  };
+  KeyTile key_tile(std::int64_t kt) const {
+    const std::int64_t j0 = kt * Bc;
+    const std::int64_t nj = std::min<std::int64_t>(Bc, p.kv_len - j0);
+    return {j0, nj, (nj + Ops::MK - 1) / Ops::MK * Ops::MK};
+  }
+  // Calls f(query tile) for every query tile of the query heads sharing kv head hk that
+  // has a row seeing a key of the key tile, heads in order, then tiles in order.
+  template <class F>
+  void for_each_query_tile_seeing(std::int64_t b, std::int64_t hk, const KeyTile& key,
+                                  F&& f) const {
+    for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
+      for (std::int64_t t = first_tile_seeing(key.j0); t < q_tiles; ++t) {
+        const QueryTile x = query_tile(b, h, t);
+        if (x.kv_end > key.j0) f(x);  // else only padding rows of the tile reach j0
+      }
+  }
+
   // Pre-pass, one parallel loop: the kv heads' panels and rows, then every query tile's
   // operands, lse2 and Δ; the dQ partials start at zero.
   void prepare(const detail::Exec& exec) const {

@@ -36,6 +36,13 @@ def qkv(b, hq, hkv, sq, sk, d, seed=0, layout="bhsd"):
     return make(hq, sq, seed), make(hkv, sk, seed + 1), make(hkv, sk, seed + 2)
 
 
+def hidden_pairs(sq, sk, causal):
+    """(Sq, Sk) bool: True where the causal mask ("top_left" or "bottom_right") hides key j
+    from query i."""
+    offset = sk - sq if causal == "bottom_right" else 0
+    return torch.arange(sk).view(1, -1) > torch.arange(sq).view(-1, 1) + offset
+
+
 def reference(q, k, v, causal=None, scale=None):
     """float64 softmax(q kᵀ · scale [masked]) v and its logsumexp, for (B, H, S, D)
     tensors with Hq a multiple of Hkv. causal: None, "top_left" or "bottom_right".
@@ -49,9 +56,7 @@ def reference(q, k, v, causal=None, scale=None):
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal is not None:
-        offset = sk - sq if causal == "bottom_right" else 0
-        hidden = torch.arange(sk).view(1, -1) > torch.arange(sq).view(-1, 1) + offset
-        s = s.masked_fill(hidden, float("-inf"))
+        s = s.masked_fill(hidden_pairs(sq, sk, causal), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1))
     p = torch.nan_to_num(p, nan=0.0)  # rows that see no key

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import fattn
-from conftest import qkv, randn
+from conftest import hidden_pairs, qkv, randn
 
 sdpa = fattn.scaled_dot_product_attention
 op = torch.ops.fattn.attention
@@ -26,9 +26,7 @@ def reference_grads(q, k, v, dout, causal=None, scale=None, dlse=None):
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     s = torch.matmul(q, kk.transpose(-2, -1)) * scale
     if causal is not None:
-        offset = sk - sq if causal == "bottom_right" else 0
-        hidden = torch.arange(sk).view(1, -1) > torch.arange(sq).view(-1, 1) + offset
-        s = s.masked_fill(hidden, float("-inf"))
+        s = s.masked_fill(hidden_pairs(sq, sk, causal), float("-inf"))
     seen = torch.isfinite(s).any(-1, keepdim=True)
     s = torch.where(seen, s, torch.zeros_like(s))  # no NaN from a row without keys
     p = torch.softmax(s, dim=-1) * seen
