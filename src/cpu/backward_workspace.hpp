@@ -194,22 +194,27 @@ struct BackwardWorkspace {
     Ops::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, dot(x.index));
     float *q = q_rows(x.index), *dout = do_rows(x.index);
     float *lse = lse2(x.index), *dl = delta(x.index);
+    std::fill_n(q, Br * Dp, 0.0f);  // padding rows and dims
+    std::fill_n(dout, Br * Dp, 0.0f);
     for (std::int64_t i = 0; i < Br; ++i) {
-      const bool real = i < x.rows;
-      const float* qi = real ? p.q.row(x.b, x.h, x.i0 + i) : nullptr;
-      const float* di = real ? p.dout.row(x.b, x.h, x.i0 + i) : nullptr;
-      const float* oi = real ? p.out.row(x.b, x.h, x.i0 + i) : nullptr;
-      float rowsum = 0.0f;
-      for (std::int64_t d = 0; d < Dp; ++d) {
-        const bool in = real && d < D;
-        q[i * Dp + d] = in ? qi[d * p.q.dim] : 0.0f;
-        dout[i * Dp + d] = in ? di[d * p.dout.dim] : 0.0f;
-        if (in) rowsum += di[d * p.dout.dim] * oi[d * p.out.dim];
+      if (i >= x.rows) {  // a padding row: P = 2^−inf = 0, Δ = 0
+        lse[i] = -Ops::kNegInf;
+        dl[i] = 0.0f;
+        continue;
       }
-      // A row without keys (lse = −inf) and a padding row get +inf: P = 2^−inf = 0.
-      const float l = real ? *p.lse.row(x.b, x.h, x.i0 + i) : Ops::kNegInf;
+      const float* qi = p.q.row(x.b, x.h, x.i0 + i);
+      const float* di = p.dout.row(x.b, x.h, x.i0 + i);
+      const float* oi = p.out.row(x.b, x.h, x.i0 + i);
+      float rowsum = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) {
+        q[i * Dp + d] = qi[d * p.q.dim];
+        dout[i * Dp + d] = di[d * p.dout.dim];
+        rowsum += di[d * p.dout.dim] * oi[d * p.out.dim];
+      }
+      // A row without keys (lse = −inf) gets +inf: P = 0.
+      const float l = *p.lse.row(x.b, x.h, x.i0 + i);
       lse[i] = l == Ops::kNegInf ? -Ops::kNegInf : l * Ops::kLog2e;
-      dl[i] = real ? rowsum - (p.dlse.data ? *p.dlse.row(x.b, x.h, x.i0 + i) : 0.0f) : 0.0f;
+      dl[i] = rowsum - (p.dlse.data ? *p.dlse.row(x.b, x.h, x.i0 + i) : 0.0f);
     }
     for (std::int64_t c = 0; !naive && c < chunks; ++c)
       std::fill_n(dq_part(c, x.index), D * Br, 0.0f);

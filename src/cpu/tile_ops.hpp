@@ -44,12 +44,15 @@ struct TileOps {
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   // qt[d][i] = q[i0+i][d] · factor; rows past the end of the sequence are zero.
+  // Dims outer, rows inner: the writes are contiguous and the loads become gathers
+  // (0.42 → 0.32 ns an element at D=128, AVX-512, docs/perf-log.md).
   static void load_q_transposed(const detail::Strided<const float>& q, std::int64_t b,
                                 std::int64_t h, std::int64_t i0, std::int64_t rows, std::int64_t D,
                                 float factor, float* qt) {
-    for (std::int64_t i = 0; i < Br; ++i) {
-      const float* row = i < rows ? q.row(b, h, i0 + i) : nullptr;
-      for (std::int64_t d = 0; d < D; ++d) qt[d * Br + i] = row ? row[d * q.dim] * factor : 0.0f;
+    const float* first = q.row(b, h, i0);
+    for (std::int64_t d = 0; d < D; ++d) {
+      for (std::int64_t i = 0; i < rows; ++i) qt[d * Br + i] = first[i * q.seq + d * q.dim] * factor;
+      for (std::int64_t i = rows; i < Br; ++i) qt[d * Br + i] = 0.0f;
     }
   }
 
