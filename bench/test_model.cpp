@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "model.hpp"
+#include "model_table.hpp"
 
 namespace fattn_bench {
 namespace {
@@ -190,6 +191,31 @@ TEST(NaiveStages, LongSequences) {
   // naive 4 · (4 · 2^18 + 7 · 2^24) = 2^22 · 113: AI = 2^10 / 113; fused 2^32 / 2^22 = 1024
   EXPECT_DOUBLE_EQ(naive_ai(square(4096)), 1024.0 / 113.0);
   EXPECT_DOUBLE_EQ(fused_ai(square(4096)), 1024.0);
+}
+
+TEST(ModelTable, RowsAgreeWithTheModel) {
+  // 2 dtypes × 4 lengths × (3 stages + naive total + fused + fused K/V re-read) = 48 rows
+  const auto rows = model_table(64, 32);
+  ASSERT_EQ(rows.size(), 48u);
+  for (std::size_t first = 0; first < rows.size(); first += 6) {
+    const auto& qk = rows[first];
+    const auto& total = rows[first + 3];
+    EXPECT_EQ(qk["stage"], "qk_gemm");
+    EXPECT_EQ(total["stage"], "total");
+    // the three stages add up to the naive total
+    const std::int64_t stages = rows[first]["bytes"].get<std::int64_t>() +
+                                rows[first + 1]["bytes"].get<std::int64_t>() +
+                                rows[first + 2]["bytes"].get<std::int64_t>();
+    EXPECT_EQ(stages, total["bytes"].get<std::int64_t>());
+    Shape s = square(total["S"].get<std::int64_t>());
+    s.element_bytes = total["element_bytes"].get<std::int64_t>();
+    EXPECT_EQ(total["bytes"].get<std::int64_t>(), naive_bytes(s));
+    EXPECT_EQ(rows[first + 4]["bytes"].get<std::int64_t>(), fused_bytes(s));
+    EXPECT_EQ(rows[first + 5]["bytes"].get<std::int64_t>(), fused_bytes_kv_reread(s, 32));
+  }
+  // S = 128, fp32, Q·Kᵀ: 131072 bytes, AI 16 (NaiveStages.Fp32AtS128)
+  EXPECT_EQ(rows[0]["bytes"], 131072);
+  EXPECT_DOUBLE_EQ(rows[0]["ai"].get<double>(), 16.0);
 }
 
 TEST(QueryTileRows, PerIsa) {
