@@ -58,8 +58,9 @@ def time_vs_s(results: list[dict], path: Path, title: str) -> None:
 
 def memory_vs_s(results: list[dict], path: Path, title: str) -> None:
     mib = 1.0 / (1 << 20)
-    _grid(results, "peak_rss_extra_bytes", mib, "extra memory per call (MiB, peak RSS rise)",
-          path, title)
+    _grid(results, "extra_bytes", mib,
+          "extra memory per call (MiB)\nfattn: fattn::extra_bytes; torch: peak-RSS rise", path,
+          title)
 
 
 def launch_counts(results: list[dict], path: Path, title: str) -> None:
