@@ -80,10 +80,10 @@ def gpu(sources) -> str:
                 f"`{sources.gpu_dir}/bench.json` (gpu/gpu_bench.cu, CUDA-event timings) and "
                 f"`{sources.gpu_dir}/ncu_raw.csv` (Nsight Compute: memory and SM throughput as % "
                 "of peak per kernel, launch counts) — both written by `scripts/gpu-check.sh` "
-                "on a GPU machine — and found neither. The CUDA kernels compile but have not "
-                "run on a GPU in this project so far, so there are no ncu SOL numbers, no H100 "
-                "roofline and no GPU launch counts to show; this section fills itself in once "
-                "those files are committed.\n")
+                "on a GPU machine — and found neither. So this report has no ncu SOL numbers, "
+                "no H100 roofline and no GPU launch counts; this section fills itself in once "
+                "those files are committed (`scripts/gpu-check.sh`, then copy its bench.json "
+                "and ncu_raw.csv there).\n")
     parts = ["### GPU", ""]
     if sources.gpu_ncu_rows:
         rows = []
