@@ -132,7 +132,9 @@ def section(model: list[dict], ridge_dram: float) -> str:
         "(Br query rows, a Bc-key tile of K and V, the Br×Bc scores) stays in L1/L2 and that "
         "the K and V of one head, streamed again by every query tile, come from L2/L3, not "
         "DRAM. The last column drops that assumption: K and V re-read from DRAM once per "
-        "query tile. The model and its hand-worked unit tests: bench/model.hpp, "
+        "query tile. The table is for B = H = 1 (AI does not depend on them) with no "
+        "logsumexp stored; storing it adds 4 bytes per query row to the softmax stage and to "
+        "the fused kernel. The model and its hand-worked unit tests: bench/model.hpp, "
         "bench/test_model.cpp. AI below counts the matmul FLOPs for whole kernels and each "
         "stage's own FLOPs for the stages.",
         "",
