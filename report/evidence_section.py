@@ -1,15 +1,12 @@
 """Section 2: profiler evidence — the CPU roofline measured by fattn-bench, and the GPU
-evidence files where they exist."""
+evidence files where they exist (gpu_section.py)."""
 from __future__ import annotations
 
-from . import roofline
+from . import gpu_section, roofline
 from .fmt import num, size, table
 
 BUSY_CORES = 0.1  # fattn-bench's contention threshold (bench/contention.hpp kBusyCores)
 
-# ncu metrics of the Speed-of-Light section (scripts/gpu-check.sh).
-NCU_MEMORY = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
-NCU_SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 
 
 def counters(machine: dict) -> str:
@@ -74,32 +71,6 @@ def dots_table(machine: dict, dots: list[roofline.Dot]) -> str:
                   "roof at this AI (DRAM)", "of the roof", "bound by the model"], rows)
 
 
-def gpu(sources) -> str:
-    if sources.gpu_bench is None and not sources.gpu_ncu_rows:
-        return ("### GPU\n\n**No GPU evidence is committed yet.** The report looks for "
-                f"`{sources.gpu_dir}/bench.json` (gpu/gpu_bench.cu, CUDA-event timings) and "
-                f"`{sources.gpu_dir}/ncu_raw.csv` (Nsight Compute: memory and SM throughput as % "
-                "of peak per kernel, launch counts) — both written by `scripts/gpu-check.sh` "
-                "on a GPU machine — and found neither. So this report has no ncu SOL numbers, "
-                "no H100 roofline and no GPU launch counts; this section fills itself in once "
-                "those files are committed (`scripts/gpu-check.sh`, then copy its bench.json "
-                "and ncu_raw.csv there).\n")
-    parts = ["### GPU", ""]
-    if sources.gpu_ncu_rows:
-        rows = []
-        for r in sources.gpu_ncu_rows:
-            name = r.get("Kernel Name", r.get("kernel_name", "?"))
-            rows.append([name[:60], r.get(NCU_MEMORY, "–"), r.get(NCU_SM, "–")])
-        parts += [f"Nsight Compute, `{sources.gpu_dir}/ncu_raw.csv`: {len(rows)} kernels "
-                  "profiled (one row per launch).", "",
-                  table(["kernel", "memory % of peak", "SM % of peak"], rows), ""]
-    if sources.gpu_bench is not None:
-        parts += [f"GPU timings: `{sources.gpu_dir}/bench.json` "
-                  f"({len(sources.gpu_bench.get('results', []))} results); the H100 roofline "
-                  "from them is not drawn yet.", ""]
-    return "\n".join(parts)
-
-
 def section(sources, figure_path: str) -> str:
     bench = sources.bench
     machine = bench["machine"]
@@ -127,5 +98,5 @@ def section(sources, figure_path: str) -> str:
         "",
         dots_table(machine, dots),
         "",
-        gpu(sources),
+        gpu_section.section(sources),
     ])

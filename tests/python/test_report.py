@@ -78,24 +78,22 @@ def test_numbers_come_from_the_data(results_dir, tmp_path):
 
 
 def test_gpu_evidence_when_present(results_dir, tmp_path):
+    from report import gpu_section
     gpu = results_dir / "gpu"
     gpu.mkdir()
     (gpu / "ncu_raw.csv").write_text(
-        f'"Kernel Name","{sources_ncu_memory()}","{sources_ncu_sm()}"\n'
-        '"","%","%"\n"fused_fma_d64","41.5","77.2"\n')
+        f'"{gpu_section.NCU_KERNEL}","{gpu_section.NCU_MEMORY}","{gpu_section.NCU_SM}"\n'
+        '"","%","%"\n"fused_fma_d64","41.5","77.2"\n"fused_fma_d64","40.9","77.0"\n')
+    shape = {"dtype": "float32", "D": 64, "causal": False, "Sq": 1024, "gflops": 100.0}
+    (gpu / "bench.json").write_text(json.dumps({
+        "machine": {"device": "NVIDIA H100", "date": "2026-01-01T00:00:00Z"},
+        "results": [{**shape, "impl": "naive", "ms_median": 3.0},
+                    {**shape, "impl": "fused", "ms_median": 1.5}]}))
     text = document.write(sources.load(results_dir), tmp_path / "out").read_text()
     assert "No GPU evidence" not in text
     assert "| fused_fma_d64 | 41.5 | 77.2 |" in text
-
-
-def sources_ncu_memory():
-    from report import evidence_section
-    return evidence_section.NCU_MEMORY
-
-
-def sources_ncu_sm():
-    from report import evidence_section
-    return evidence_section.NCU_SM
+    assert "| fused_fma_d64 | 2 |" in text  # launches per kernel
+    assert "| float32 | 64 | no | 1024 | 3.00 | 1.50 | 2.00× | 100 |" in text
 
 
 def test_missing_file_is_a_clear_error(results_dir):
