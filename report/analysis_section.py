@@ -1,7 +1,7 @@
 """Section 3: the written analysis. Every number is computed from the JSON results."""
 from __future__ import annotations
 
-from . import roofline
+from . import model_section, roofline
 from .fmt import num, ratio, size, table
 
 FUSED, SDPA, STANDARD, NAIVE = "fattn_fused", "torch_sdpa", "torch_standard", "fattn_naive"
@@ -27,8 +27,10 @@ def softmax_above_dram(bench: dict, d: roofline.Dot, achieved_gbs: float) -> str
     br, l2 = query_tile_rows(bench), cache_bytes(machine, "L2")
     if not br or not l2:
         return ""
-    tile = br * d.seq * 4
-    dram_passes, model_passes = 2, 5
+    tile = br * d.seq * 4  # fp32 scores
+    # Of the stage's passes only the first read and the last write must reach DRAM.
+    dram_passes = 2
+    model_passes = round(model_section.softmax_stage_passes(bench["model"]))
     dram_gbs = achieved_gbs * dram_passes / model_passes
     return (f" — faster than DRAM allows, so not every modelled pass reaches DRAM: the softmax "
             f"makes its {model_passes} passes over one query tile's {br}×{d.seq} scores "

@@ -2,8 +2,8 @@
 evidence files where they exist (gpu_section.py)."""
 from __future__ import annotations
 
-from . import gpu_section, roofline
-from .fmt import num, size, table
+from . import gpu_section, model_section, roofline
+from .fmt import num, plain, size, table
 
 BUSY_CORES = 0.1  # fattn-bench's contention threshold (bench/contention.hpp kBusyCores)
 
@@ -94,7 +94,8 @@ def section(sources, figure_path: str) -> str:
         f"B = {bench['results'][0].get('B', '?')}, H = {bench['results'][0].get('Hq', '?')}, "
         f"D = {bench['results'][0]['D']}, fp32, non-causal, {machine['threads']} threads, median "
         f"of {machine.get('reps', '?')} runs. The GEMM and whole-kernel dots count matmul "
-        "FLOPs, the softmax dot its own FLOPs (6 per score).",
+        "FLOPs, the softmax dot its own FLOPs "
+        f"({plain(sum(model_section.softmax_per_score(bench['model']).values()))} per score).",
         "",
         dots_table(machine, dots),
         "",

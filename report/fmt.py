@@ -16,6 +16,11 @@ def num(value: float, digits: int = 3) -> str:
     return f"{value:.{decimals}f}"
 
 
+def plain(value: float) -> str:
+    """A small exact value without padding: 1.0 → '1', 2.5 → '2.5'."""
+    return f"{value:g}"
+
+
 def integer(value: int) -> str:
     """An exact count with thin groups of three: 2097152 → '2 097 152'."""
     return f"{int(value):,}".replace(",", " ")

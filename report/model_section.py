@@ -2,7 +2,7 @@
 "model" table (bench/model.hpp)."""
 from __future__ import annotations
 
-from .fmt import integer, num, table
+from .fmt import integer, num, plain, table
 
 STAGES = ("qk_gemm", "softmax", "pv_gemm")
 
@@ -34,6 +34,18 @@ def naive_limit(model: list[dict], dtype: str) -> float:
     seq = seqs(model)[-1]
     r = row(model, dtype, seq, "naive")
     return 4 * r["D"] / (score_passes(model, dtype, seq) * r["element_bytes"])
+
+
+def softmax_per_score(model: list[dict]) -> dict[str, float]:
+    """The model's softmax FLOPs per score, by kind (max, exp, sum, scale)."""
+    r = row(model, dtypes(model)[0], seqs(model)[0], "naive")
+    return {kind: count / (r["S"] * r["S"]) for kind, count in r["softmax_flops"].items()}
+
+
+def softmax_stage_passes(model: list[dict]) -> float:
+    """Passes the naive softmax stage makes over the scores."""
+    r = row(model, dtypes(model)[0], seqs(model)[0], "naive", "softmax")
+    return r["traffic_bytes"]["scores"] / (r["element_bytes"] * r["S"] * r["S"])
 
 
 def ai_table(model: list[dict]) -> str:
@@ -117,12 +129,15 @@ def trend(model: list[dict], dtype: str, ridge_dram: float) -> str:
 def section(model: list[dict], ridge_dram: float) -> str:
     first, last = seqs(model)[0], seqs(model)[-1]
     fp32 = dtypes(model)[0]
+    per_score = softmax_per_score(model)
     parts = [
         "## 1. Arithmetic intensity: the derivation",
         "",
         "AI = FLOPs / bytes moved to and from DRAM. FLOPs: two matrix products of 2·D FLOPs "
-        "per (query, key) pair; the softmax's max (1 per score), exp (2: subtract the max, "
-        "exponentiate), sum (1) and scale (2: by 1/√D and by 1/rowsum) are counted apart. "
+        "per (query, key) pair; the softmax's max "
+        f"({plain(per_score['max'])} per score), exp ({plain(per_score['exp'])}: subtract the max, "
+        f"exponentiate), sum ({plain(per_score['sum'])}) and scale ({plain(per_score['scale'])}: by "
+        "1/√D and by 1/rowsum) are counted apart. "
         "Bytes: every read and write of every tensor — Q, K, V, O (S·D each), the S×S scores "
         "and probabilities, the logsumexp — at e bytes an element (4 for fp32, 2 for a 16-bit "
         "type; the logsumexp is float32). The naive path is fattn's three stages "
