@@ -35,7 +35,8 @@ def softmax_above_dram(bench: dict, d: roofline.Dot, achieved_gbs: float) -> str
     return (f" — faster than DRAM allows, so not every modelled pass reaches DRAM: the softmax "
             f"makes its {model_passes} passes over one query tile's {br}×{d.seq} scores "
             f"({size(tile)}; L2 holds {size(l2)}) before moving on, so the passes after the "
-            f"first read can be served from L2, or L3 where the tile outgrows L2. Counting only that read and the final write "
+            f"first read can be served from L2, or L3 where the tile outgrows L2. Counting "
+            f"only that read and the final write "
             f"({dram_passes} of {model_passes} passes) as DRAM traffic, it streams "
             f"{num(dram_gbs)} GB/s, {num(100 * dram_gbs / bw)} % of the DRAM triad")
 

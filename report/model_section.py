@@ -116,8 +116,8 @@ def trend(model: list[dict], dtype: str, ridge_dram: float) -> str:
     naive_side = ("above" if naive_limit(model, dtype) > ridge_dram else "below")
     return (
         f"**Trend ({dtype}).** From S = {first} to S = {last} the fused AI {direction(f0, f1)} "
-        f"{num(f1 / f0)}-fold ({num(f0)} → {num(f1)}): its FLOPs grow as S² and its traffic as S "
-        f"(AI = 4·S²·D / (4·S·D·e) = S/e, here S/{e}); {crossing}. The naive AI "
+        f"{num(f1 / f0)}-fold ({num(f0)} → {num(f1)}): its FLOPs grow as S² and its traffic "
+        f"as S (AI = 4·S²·D / (4·S·D·e) = S/e, here S/{e}); {crossing}. The naive AI "
         f"{direction(n0, n1)} only {num(n1 / n0)}-fold ({num(n0)} → {num(n1)}) and saturates: "
         f"its traffic is dominated by {num(passes, 2)} passes over the S² scores, so AI → "
         f"4·D / ({num(passes, 2)}·e) = {num(naive_limit(model, dtype))} for D = {d} — "
@@ -135,9 +135,9 @@ def section(model: list[dict], ridge_dram: float) -> str:
         "",
         "AI = FLOPs / bytes moved to and from DRAM. FLOPs: two matrix products of 2·D FLOPs "
         "per (query, key) pair; the softmax's max "
-        f"({plain(per_score['max'])} per score), exp ({plain(per_score['exp'])}: subtract the max, "
-        f"exponentiate), sum ({plain(per_score['sum'])}) and scale ({plain(per_score['scale'])}: by "
-        "1/√D and by 1/rowsum) are counted apart. "
+        f"({plain(per_score['max'])} per score), exp ({plain(per_score['exp'])}: subtract the "
+        f"max, exponentiate), sum ({plain(per_score['sum'])}) and scale "
+        f"({plain(per_score['scale'])}: by 1/√D and by 1/rowsum) are counted apart. "
         "Bytes: every read and write of every tensor — Q, K, V, O (S·D each), the S×S scores "
         "and probabilities, the logsumexp — at e bytes an element (4 for fp32, 2 for a 16-bit "
         "type; the logsumexp is float32). The naive path is fattn's three stages "

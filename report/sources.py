@@ -45,7 +45,8 @@ def read_json(path: Path, required: dict[str, list[str]]) -> dict:
     except json.JSONDecodeError as e:
         raise ReportInputError(f"{path}: not valid JSON: {e}") from e
     if not isinstance(doc, dict):
-        raise ReportInputError(f"{path}: expected a JSON object at the top, got {type(doc).__name__}")
+        raise ReportInputError(
+            f"{path}: expected a JSON object at the top, got {type(doc).__name__}")
     for key, inner in required.items():
         if key not in doc:
             raise ReportInputError(f"{path}: missing key {key!r}")

@@ -32,6 +32,8 @@ def test_number_formats():
     assert fmt.size(1 << 20) == "1.0 MiB"
     assert fmt.size(512) == "512 B"
     assert fmt.ratio(1.234) == "1.23×"
+    assert fmt.plain(1.0) == "1"
+    assert fmt.plain(2.5) == "2.5"
 
 
 def test_roofline_arithmetic():
