@@ -75,6 +75,12 @@ def bound_paragraphs(bench: dict, dots: list[roofline.Dot]) -> str:
         lines += ["", "The GEMM stages and the fused kernel sit right of the ridge point: what "
                   "separates them from the FMA peak is the micro-kernel's efficiency, not "
                   "bandwidth."]
+    reread = by_kernel.get(roofline.FUSED_REREAD)
+    if reread and roofline.bound(reread.ai, machine) == "compute":
+        lines += ["", f"Even if K and V came from DRAM once per query tile (the pessimistic "
+                  f"model), the fused kernel's AI at S = {largest} would be {num(reread.ai)}, "
+                  f"still right of the ridge point ({num(ridge)}): its cache assumption does "
+                  "not decide its place on this machine's roofline."]
     return "\n".join(lines)
 
 

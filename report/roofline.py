@@ -13,9 +13,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .fmt import num  # noqa: E402
 
 STAGE_LABELS = {"qk_gemm": "naive Q·Kᵀ", "softmax": "naive softmax", "pv_gemm": "naive P·V"}
-KERNEL_ORDER = ("naive Q·Kᵀ", "naive softmax", "naive P·V", "naive (3 stages)", "fused")
+FUSED_REREAD = "fused, K/V re-read model"
+KERNEL_ORDER = ("naive Q·Kᵀ", "naive softmax", "naive P·V", "naive (3 stages)", "fused",
+                FUSED_REREAD)
 COLOURS = {"naive Q·Kᵀ": "tab:orange", "naive softmax": "tab:red", "naive P·V": "tab:brown",
-           "naive (3 stages)": "tab:purple", "fused": "tab:green"}
+           "naive (3 stages)": "tab:purple", "fused": "tab:green", FUSED_REREAD: "tab:olive"}
 
 
 @dataclass
@@ -53,7 +55,8 @@ def bound(ai: float, machine: dict) -> str:
 
 
 def dots(bench: dict) -> list[Dot]:
-    """Non-causal results: fused, naive as a whole and each naive stage."""
+    """Non-causal results: fused, naive as a whole and each naive stage; the fused kernel
+    also at the AI of its pessimistic model (K and V re-read from DRAM per query tile)."""
     out = []
     for r in bench["results"]:
         if r["causal"] or r["Sq"] != r["Sk"] or r["impl"] not in ("naive", "fused"):
@@ -61,6 +64,10 @@ def dots(bench: dict) -> list[Dot]:
         kernel = "fused" if r["impl"] == "fused" else "naive (3 stages)"
         out.append(Dot(kernel, r["Sq"], r["ai_model"], r["gflops"], r["ms_median"],
                        r["model_bytes"], r["flops"]))
+        if r["impl"] == "fused" and r.get("fused_ai_kv_reread"):
+            reread_bytes = round(r["flops"] / r["fused_ai_kv_reread"])
+            out.append(Dot(FUSED_REREAD, r["Sq"], r["fused_ai_kv_reread"], r["gflops"],
+                           r["ms_median"], reread_bytes, r["flops"]))
         for s in r.get("stages", []):
             out.append(Dot(STAGE_LABELS[s["stage"]], r["Sq"], s["ai_model"], s["gflops"],
                            s["ms_median"], s["model_bytes"], s["flops"]))
@@ -107,8 +114,9 @@ def plot(path: Path, machine: dict, kernel_dots: list[Dot], title: str) -> None:
         mine = [d for d in kernel_dots if d.kernel == kernel]
         if not mine:
             continue
-        ax.scatter([d.ai for d in mine], [d.gflops for d in mine], color=COLOURS[kernel],
-                   label=kernel, zorder=3, s=28)
+        hollow = kernel == FUSED_REREAD
+        ax.scatter([d.ai for d in mine], [d.gflops for d in mine], label=kernel, zorder=3, s=28,
+                   facecolors="none" if hollow else COLOURS[kernel], edgecolors=COLOURS[kernel])
         ends = {min(d.seq for d in mine), max(d.seq for d in mine)}
         for d in mine:
             if d.seq in ends:  # the smallest and largest S, to keep the plot legible
