@@ -117,9 +117,11 @@ def plot(path: Path, machine: dict, kernel_dots: list[Dot], title: str) -> None:
         hollow = kernel == FUSED_REREAD
         ax.scatter([d.ai for d in mine], [d.gflops for d in mine], label=kernel, zorder=3, s=28,
                    facecolors="none" if hollow else COLOURS[kernel], edgecolors=COLOURS[kernel])
-        ends = {min(d.seq for d in mine), max(d.seq for d in mine)}
+        # The smallest and largest S only, and none on the hollow dots (they share the
+        # filled fused dots' S): the table beside the plot has every value.
+        ends = set() if hollow else {min(d.seq for d in mine), max(d.seq for d in mine)}
         for d in mine:
-            if d.seq in ends:  # the smallest and largest S, to keep the plot legible
+            if d.seq in ends:
                 ax.annotate(f"S={d.seq}", (d.ai, d.gflops), textcoords="offset points",
                             xytext=(5, -3), fontsize=7, color=COLOURS[kernel])
     ax.set_xscale("log")
