@@ -83,7 +83,7 @@ def working(model: list[dict], dtype: str, seq: int) -> str:
         f"- Naive Q·Kᵀ: read Q {integer(t['Q'])} B + K {integer(t['K'])} B, write S "
         f"{integer(t['scores'])} B = {integer(qk['bytes'])} B → AI = "
         f"{integer(qk['matmul_flops'])} / {integer(qk['bytes'])} = **{num(qk['ai'])}**.",
-        f"- Naive softmax: {num(sm['traffic_bytes']['scores'] / (e * seq * seq), 2)} passes over "
+        f"- Naive softmax: {plain(sm['traffic_bytes']['scores'] / (e * seq * seq))} passes over "
         f"S×S = {integer(sm['bytes'])} B for {integer(soft_total)} FLOPs → AI = "
         f"**{num(sm['ai'])}**.",
         f"- Naive P·V: read P {integer(pv['traffic_bytes']['scores'])} B + V "
@@ -119,11 +119,22 @@ def trend(model: list[dict], dtype: str, ridge_dram: float) -> str:
         f"{num(f1 / f0)}-fold ({num(f0)} → {num(f1)}): its FLOPs grow as S² and its traffic "
         f"as S (AI = 4·S²·D / (4·S·D·e) = S/e, here S/{e}); {crossing}. The naive AI "
         f"{direction(n0, n1)} only {num(n1 / n0)}-fold ({num(n0)} → {num(n1)}) and saturates: "
-        f"its traffic is dominated by {num(passes, 2)} passes over the S² scores, so AI → "
-        f"4·D / ({num(passes, 2)}·e) = {num(naive_limit(model, dtype))} for D = {d} — "
+        f"its traffic is dominated by {plain(passes)} passes over the S² scores, so AI → "
+        f"4·D / ({plain(passes)}·e) = {num(naive_limit(model, dtype))} for D = {d} — "
         f"{naive_side} the DRAM ridge point, whatever S. The naive softmax stage stays at "
         f"{num(row(model, dtype, last, 'naive', 'softmax')['ai'])} FLOP/byte at every S: "
         "pure streaming.")
+
+
+def machine_note(model: list[dict], dtype: str, ridge_dram: float) -> str:
+    limit = naive_limit(model, dtype)
+    if limit > ridge_dram:
+        return (f"On this machine (DRAM ridge point {num(ridge_dram)} FLOP/byte) even the "
+                f"unfused limit ({num(limit)} in {dtype}) lies right of the ridge: with few "
+                "cores, FLOPs are scarcer than bandwidth.")
+    return (f"On this machine (DRAM ridge point {num(ridge_dram)} FLOP/byte) the unfused "
+            f"limit ({num(limit)} in {dtype}) lies left of the ridge: unfused attention is "
+            "memory-bound here at every S.")
 
 
 def section(model: list[dict], ridge_dram: float) -> str:
@@ -170,7 +181,12 @@ def section(model: list[dict], ridge_dram: float) -> str:
         "**What it implies.** Fusion changes the kind of kernel attention is: unfused, its "
         "traffic is quadratic in S and its AI is capped by D whatever the sequence length; "
         "fused, the traffic is linear and the AI grows with S, so long sequences become "
-        "compute-bound. A 16-bit type halves every byte count and doubles every AI.",
+        "compute-bound. A 16-bit type halves every byte count and doubles every AI. "
+        + machine_note(model, fp32, ridge_dram) +
+        " A machine whose ridge point lies "
+        "above that limit — more cores per memory channel, or a GPU — runs unfused "
+        "attention memory-bound at every S, and there fusion is the difference between the "
+        "bandwidth roof and the compute roof.",
         "",
     ]
     return "\n".join(parts)

@@ -56,6 +56,13 @@ def test_model_limits_from_the_table():
     assert model_section.row(model, "float32", 128, "fused")["ai_matmul_only"] == 32
 
 
+def test_ridge_against_the_unfused_limit():
+    model = json.loads((COMMITTED / "fattn-bench.json").read_text())["model"]
+    # limit 4·64 / (7·4) = 9.14 for fp32
+    assert "right of the ridge" in model_section.machine_note(model, "float32", 5.0)
+    assert "left of the ridge" in model_section.machine_note(model, "float32", 20.0)
+
+
 def test_generates_every_section(results_dir, tmp_path):
     out = tmp_path / "out"
     path = document.write(sources.load(results_dir), out)
