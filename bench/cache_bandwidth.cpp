@@ -67,7 +67,10 @@ double measure_gbs(const StreamLoops& loops, int threads, std::int64_t n) {
 #pragma omp parallel num_threads(threads)
   {
     ThreadArrays& mine = arrays[static_cast<std::size_t>(omp_get_thread_num())];
-    const std::size_t bytes = static_cast<std::size_t>(kArrays * n) * sizeof(float);
+    // aligned_alloc wants a multiple of the alignment.
+    const std::size_t bytes =
+        (static_cast<std::size_t>(kArrays * n) * sizeof(float) + kAlignment - 1) / kAlignment *
+        kAlignment;
     mine.memory.reset(static_cast<float*>(std::aligned_alloc(kAlignment, bytes)));
     mine.n = n;
     if (mine.memory)
