@@ -53,10 +53,10 @@ def ceilings_tables(machine: dict) -> str:
           num(roofline.ridge(in_use, lv["bandwidth_gbs"]))] for lv in roof["bandwidth_levels"]])
     return (f"Ceilings, measured by the same run on all {machine['threads']} threads "
             f"({machine['cpu']}, {machine['date']}): FMA peak = independent FMA chains in "
-            "registers, per ISA; bandwidth = triad a = b + s·c in the kernels' "
-            f"{machine['isa']} vectors, counting the bytes read and "
-            "written (no write-allocate), with each cache level's working set set to half the "
-            "cache the OS reports (sysfs; per thread for private caches), DRAM's to "
+            "registers, per ISA; bandwidth = triad a = b + s·c counting the bytes read and "
+            "written (no write-allocate): for the caches on floats in the kernels' "
+            f"{machine['isa']} vectors, each level's working set half the cache the OS reports "
+            "(sysfs; per thread for private caches); for DRAM the STREAM triad on doubles over "
             f"{size(roof['bandwidth_levels'][-1]['working_set_bytes'])}.\n\n"
             f"{peaks}\n\n{levels}")
 
