@@ -33,7 +33,7 @@ constexpr double kGiga = 1e9;  // FLOP/s → GFLOP/s, B/s → GB/s (decimal, as 
 // FMA loop iterations of the first try, doubled until a run is long enough.
 constexpr std::int64_t kFirstIterations = 1 << 16;
 constexpr int kTriadArrays = 3;
-constexpr int kTriadCountedBytes = 3 * sizeof(double);       // read b, read c, write a
+constexpr int kTriadCountedBytes = kTriadArrays * sizeof(double);  // read b, read c, write a
 constexpr int kTriadWithAllocateBytes = 4 * sizeof(double);  // + write-allocate read of a
 
 volatile float g_checksum_sink;  // keeps the FMA loops' results alive
