@@ -32,7 +32,8 @@ constexpr double kMebibyte = 1 << 20;
 constexpr double kGiga = 1e9;  // FLOP/s → GFLOP/s, B/s → GB/s (decimal, as STREAM)
 // FMA loop iterations of the first try, doubled until a run is long enough.
 constexpr std::int64_t kFirstIterations = 1 << 16;
-constexpr int kTriadCountedBytes = 3 * sizeof(double);       // read b, read c, write a
+constexpr int kTriadArrays = 3;
+constexpr int kTriadCountedBytes = kTriadArrays * sizeof(double);  // read b, read c, write a
 constexpr int kTriadWithAllocateBytes = 4 * sizeof(double);  // + write-allocate read of a
 
 volatile float g_checksum_sink;  // keeps the FMA loops' results alive
@@ -103,9 +104,26 @@ double best_triad_seconds(std::int64_t n, int threads) {
   return best;
 }
 
+// The vector peak of every ISA this CPU supports, widest first; the ISA in use is
+// measured once.
+std::vector<Ceilings::IsaPeak> all_isa_peaks(const Ceilings& in_use, int threads) {
+  std::vector<Ceilings::IsaPeak> peaks;
+  for (fattn::Isa isa : {fattn::Isa::avx512, fattn::Isa::avx2, fattn::Isa::portable}) {
+    if (!fattn::cpu_supports(isa)) continue;
+    const FmaLoops& loops = loops_for(isa);
+    const double gflops =
+        loops.isa == in_use.isa
+            ? in_use.fma_peak_gflops
+            : peak_gflops(loops.vector_loop, loops.vector_flops_per_iteration, threads);
+    peaks.push_back({loops.isa, gflops});
+  }
+  peaks.push_back({"scalar", in_use.scalar_fma_peak_gflops});
+  return peaks;
+}
+
 }  // namespace
 
-Ceilings measure_ceilings(fattn::Isa isa, int threads) {
+Ceilings measure_ceilings(fattn::Isa isa, int threads, bool roofline) {
   const FmaLoops& loops = loops_for(isa);
   Ceilings c;
   c.isa = loops.isa;
@@ -120,6 +138,15 @@ Ceilings measure_ceilings(fattn::Isa isa, int threads) {
   c.bandwidth_with_write_allocate_gbs =
       static_cast<double>(n) * kTriadWithAllocateBytes / seconds / kGiga;
   c.triad_array_mib = static_cast<double>(kTriadArrayBytes) / kMebibyte;
+  if (roofline) {
+    c.fma_peaks = all_isa_peaks(c, threads);
+    c.bandwidth_levels = measure_cache_bandwidth(isa, threads, detect_data_caches());
+  }
+  LevelBandwidth dram;
+  dram.level = "DRAM";
+  dram.working_set_bytes = static_cast<std::int64_t>(kTriadArrays) * kTriadArrayBytes;
+  dram.bandwidth_gbs = c.bandwidth_gbs;
+  c.bandwidth_levels.push_back(dram);
   return c;
 }
 

@@ -8,10 +8,15 @@
 //               write a (STREAM's convention). The write-allocate read of a that the
 //               cache also performs is NOT counted; bandwidth_with_write_allocate_gbs
 //               (× 4/3) counts it.
+//   Roofline    the vector FMA peak of every ISA this CPU supports, and the triad
+//               bandwidth at L1, L2 and L3 (cache_bandwidth.hpp) besides DRAM.
 // Each figure is the best of several repetitions.
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "cache_bandwidth.hpp"
 
 #include "fattn/attention.hpp"
 
@@ -25,10 +30,19 @@ struct Ceilings {
   double bandwidth_gbs = 0;                      // triad, 24 bytes per element
   double bandwidth_with_write_allocate_gbs = 0;  // triad, 32 bytes per element
   double triad_array_mib = 0;                    // size of each of the three arrays
+  // The roofline's ceilings: FMA peak per ISA (vector; "scalar" last), bandwidth per
+  // level from L1 to DRAM (DRAM: the triad above).
+  struct IsaPeak {
+    std::string isa;
+    double gflops = 0;
+  };
+  std::vector<IsaPeak> fma_peaks;
+  std::vector<LevelBandwidth> bandwidth_levels;
 };
 
-// isa must be concrete (not automatic) and supported by this CPU.
-Ceilings measure_ceilings(fattn::Isa isa, int threads);
+// isa must be concrete (not automatic) and supported by this CPU. roofline: also the
+// peak of every other ISA and the bandwidth of each cache level (a few seconds more).
+Ceilings measure_ceilings(fattn::Isa isa, int threads, bool roofline = true);
 
 // "model name" from /proc/cpuinfo, or "unknown".
 std::string cpu_model_name();

@@ -8,6 +8,7 @@
 
 #include "ceilings.hpp"
 #include "contention.hpp"
+#include "hw_counters.hpp"
 #include "model.hpp"
 #include "report.hpp"
 #include "sweep.hpp"
@@ -31,7 +32,10 @@ const char* kJsonSchema =
     "bandwidth_gbs, date, ...}, \"results\": [{impl, dtype, B, Hq, Hkv, Sq, Sk, D, causal,\n"
     "causal_alignment, ms_median, ms_min, ms_max, gflops, max_abs_err, err_rows,\n"
     "extra_bytes, ai_model, flops, model_bytes, pct_fma_peak, lse_written,\n"
-    "fused_ai_kv_reread (fused only), ...}]}. --csv FILE writes the results flat.";
+    "fused_ai_kv_reread (fused only), stages (naive only: qk_gemm, softmax, pv_gemm, each\n"
+    "{ms_median, flops, model_bytes, ai_model, gflops}), ...}], \"model\": [the AI model at\n"
+    "S = 128..4096, fp32 and 16-bit, per stage]}; machine.roofline: FMA peak per ISA and\n"
+    "triad bandwidth per cache level (not with --quick). --csv FILE writes the results flat.";
 
 // "both" is none + top_left; the other names are fattn's.
 std::vector<fattn::Causal> parse_causal(const std::vector<std::string>& names) {
@@ -148,11 +152,14 @@ int main(int argc, char** argv) {
     machine.fattn_version = fattn::version();
     machine.reps = config.reps;
     machine.warmup = config.warmup;
+    const fattn_bench::CounterProbe counters = fattn_bench::probe_hardware_counters();
+    machine.hardware_counters = counters.available;
+    machine.hardware_counters_detail = counters.detail;
     std::fprintf(stderr, "measuring ceilings ...\n");
     const fattn_bench::CpuSharing whole_run;
     {
       const fattn_bench::CpuSharing ceilings_phase;
-      machine.ceilings = fattn_bench::measure_ceilings(config.isa, config.threads);
+      machine.ceilings = fattn_bench::measure_ceilings(config.isa, config.threads, !quick);
       machine.others_cores_ceilings = ceilings_phase.others_cores();
     }
     fattn_bench::print_machine(stdout, machine);

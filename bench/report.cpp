@@ -12,6 +12,7 @@
 
 #include "accuracy.hpp"
 #include "contention.hpp"
+#include "model_table.hpp"
 
 namespace fattn_bench {
 namespace {
@@ -91,7 +92,39 @@ nlohmann::ordered_json result_json(const Result& r) {
     j["fused_ai_kv_reread"] = r.fused_ai_kv_reread;
     j["query_tile_rows"] = r.query_tile_rows;
   }
+  if (!r.stages.empty()) {
+    j["prepare_ms_median"] = r.prepare_ms_median;
+    j["stages"] = nlohmann::ordered_json::array();
+    for (const StageResult& s : r.stages) {
+      const std::int64_t bytes = s.traffic.total();
+      j["stages"].push_back({{"stage", to_string(s.stage)},
+                             {"ms_median", s.ms_median},
+                             {"flops", s.flops},
+                             {"model_bytes", bytes},
+                             {"ai_model", static_cast<double>(s.flops) / static_cast<double>(bytes)},
+                             {"gflops", s.gflops}});
+    }
+  }
   return j;
+}
+
+nlohmann::ordered_json roofline_json(const Machine& m) {
+  const Ceilings& c = m.ceilings;
+  nlohmann::ordered_json peaks = nlohmann::ordered_json::array();
+  for (const Ceilings::IsaPeak& p : c.fma_peaks) peaks.push_back({{"isa", p.isa}, {"gflops", p.gflops}});
+  nlohmann::ordered_json levels = nlohmann::ordered_json::array();
+  for (const LevelBandwidth& l : c.bandwidth_levels)
+    levels.push_back({{"level", l.level},
+                      {"cache_bytes", l.cache_bytes},
+                      {"shared_by_cpus", l.shared_by_cpus},
+                      {"working_set_bytes", l.working_set_bytes},
+                      {"bandwidth_gbs", l.bandwidth_gbs},
+                      {"distinct", l.distinct}});
+  return {{"fma_peaks", peaks},
+          {"bandwidth_levels", levels},
+          {"bytes_counted", "triad: read b, read c, write a (no write-allocate)"},
+          {"hardware_counters", m.hardware_counters},
+          {"hardware_counters_detail", m.hardware_counters_detail}};
 }
 
 }  // namespace
@@ -117,7 +150,14 @@ void print_machine(std::FILE* out, const Machine& m) {
                "                                     24 B/element: read b, c, write a; %.1f GB/s"
                " with write-allocate)\n",
                c.bandwidth_gbs, c.triad_array_mib, c.bandwidth_with_write_allocate_gbs);
-  std::fprintf(out, "  ridge point     %8.1f FLOP/byte\n\n", c.fma_peak_gflops / c.bandwidth_gbs);
+  std::fprintf(out, "  ridge point     %8.1f FLOP/byte\n", c.fma_peak_gflops / c.bandwidth_gbs);
+  for (const Ceilings::IsaPeak& p : c.fma_peaks)
+    std::fprintf(out, "  peak %-10s %8.1f GFLOP/s\n", p.isa.c_str(), p.gflops);
+  for (const LevelBandwidth& l : c.bandwidth_levels)
+    std::fprintf(out, "  triad %-9s %8.1f GB/s     (working set %s%s)\n", l.level.c_str(),
+                 l.bandwidth_gbs, bytes_label(l.working_set_bytes).c_str(),
+                 l.distinct ? "" : ", not beyond the level below");
+  std::fprintf(out, "  hardware counters: %s\n\n", m.hardware_counters_detail.c_str());
 }
 
 namespace {
@@ -259,9 +299,12 @@ void write_json(const std::string& path, const Machine& m, const std::vector<Res
       {"other_processes_cores_ceilings", m.others_cores_ceilings},
       {"other_processes_cores_sweep", m.others_cores_sweep},
       {"steal_cores", m.steal_cores},
+      {"roofline", roofline_json(m)},
   };
   doc["results"] = nlohmann::ordered_json::array();
   for (const Result& r : results) doc["results"].push_back(result_json(r));
+  if (!results.empty())
+    doc["model"] = model_table(results.front().shape.head_dim, results.front().query_tile_rows);
   std::ofstream file(path);
   file << doc.dump(2) << '\n';
   if (!file) throw std::runtime_error("cannot write " + path);

@@ -3,11 +3,21 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ceilings.hpp"
 #include "model.hpp"
 
 namespace fattn_bench {
+
+// One stage of the naive implementation, timed on its own (fattn/diagnostics.hpp).
+struct StageResult {
+  NaiveStage stage = NaiveStage::qk_gemm;
+  double ms_median = 0;
+  std::int64_t flops = 0;  // model.hpp naive_stage_flops
+  Traffic traffic;         // model.hpp naive_stage_traffic
+  double gflops = 0;       // flops / median time
+};
 
 struct Result {
   fattn::Impl impl = fattn::Impl::fused;
@@ -26,6 +36,8 @@ struct Result {
   double fused_ai_kv_reread = 0;  // fused only: the pessimistic K/V model
   double others_cores = 0;        // CPU other processes used meanwhile (contention.hpp)
   int query_tile_rows = 0;        // Br used by fused_ai_kv_reread
+  std::vector<StageResult> stages;  // naive only: its three stages
+  double prepare_ms_median = 0;     // naive only: the K re-layout before stage 1
 };
 
 struct Machine {
@@ -38,6 +50,8 @@ struct Machine {
   // CPU used by other processes (contention.hpp), in cores' worth, while the ceilings
   // and then the sweep were measured; and hypervisor steal over the whole run.
   double others_cores_ceilings = 0, others_cores_sweep = 0, steal_cores = 0;
+  bool hardware_counters = false;        // hw_counters.hpp
+  std::string hardware_counters_detail;  // what the probe found
 };
 
 }  // namespace fattn_bench

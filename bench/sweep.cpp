@@ -4,9 +4,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "fattn/diagnostics.hpp"
 
 #include "accuracy.hpp"
 #include "contention.hpp"
@@ -51,6 +55,36 @@ struct KernelUse {
   }
 };
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// The naive stages' median times over the timed runs (seconds per run, warm-ups first).
+void add_stages(Result& r, const std::vector<fattn::NaiveStageSeconds>& runs, int warmup) {
+  constexpr double kMsPerSecond = 1e3, kGigaPerMilli = 1e-6;
+  std::vector<double> prepare, scores, softmax, output;
+  for (std::size_t i = static_cast<std::size_t>(warmup); i < runs.size(); ++i) {
+    prepare.push_back(runs[i].prepare * kMsPerSecond);
+    scores.push_back(runs[i].scores * kMsPerSecond);
+    softmax.push_back(runs[i].softmax * kMsPerSecond);
+    output.push_back(runs[i].output * kMsPerSecond);
+  }
+  r.prepare_ms_median = median(prepare);
+  const double stage_ms[] = {median(scores), median(softmax), median(output)};
+  int index = 0;
+  for (NaiveStage stage : kNaiveStages) {
+    StageResult s;
+    s.stage = stage;
+    s.ms_median = stage_ms[index++];
+    s.flops = naive_stage_flops(r.shape, stage);
+    s.traffic = naive_stage_traffic(r.shape, stage);
+    s.gflops = static_cast<double>(s.flops) / s.ms_median * kGigaPerMilli;
+    r.stages.push_back(s);
+  }
+}
+
 std::int64_t kv_len_for(const SweepConfig& c, std::size_t index) {
   if (c.kv_lens.empty()) return c.q_lens[index];
   return c.kv_lens.size() == 1 ? c.kv_lens[0] : c.kv_lens[index];
@@ -68,10 +102,12 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
   poison(out);
   const KernelUse kernel_before = KernelUse::now();
   const CpuSharing sharing;
+  std::vector<fattn::NaiveStageSeconds> stage_seconds;  // every run's, naive only
   const Timing t = time_runs(
       [&] {
         fattn::attention_forward(in.q_view, in.k_view, in.v_view, out.out_view, out.lse_or_null,
                                  options);
+        if (impl == fattn::Impl::naive) stage_seconds.push_back(fattn::last_naive_stage_seconds());
       },
       c.warmup, c.reps);
   const KernelUse kernel_after = KernelUse::now();
@@ -100,6 +136,7 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
   const bool naive = impl == fattn::Impl::naive;
   r.model_bytes = naive ? naive_bytes(s) : fused_bytes(s);
   r.ai_model = naive ? naive_ai(s) : fused_ai(s);
+  if (naive) add_stages(r, stage_seconds, c.warmup);
   return r;
 }
 

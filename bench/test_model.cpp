@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "model.hpp"
+#include "model_table.hpp"
 
 namespace fattn_bench {
 namespace {
@@ -120,6 +121,101 @@ TEST(NaiveModel, LessIntenseThanFused) {
   for (std::int64_t seq : {128, 1024, 4096})
     for (Causal c : {Causal::none, Causal::top_left})
       EXPECT_LT(naive_ai(square(seq, c)), fused_ai(square(seq, c))) << seq;
+}
+
+Shape half(Shape s) {
+  s.element_bytes = kHalfBytes;
+  return s;
+}
+
+TEST(SoftmaxFlops, EachKindApart) {
+  // S = 128: N = 16384 scores; max 1, exp 2, sum 1, scale 2 per score
+  const SoftmaxFlops f = softmax_flops(square(128));
+  EXPECT_EQ(f.max, 16384);
+  EXPECT_EQ(f.exp, 32768);
+  EXPECT_EQ(f.sum, 16384);
+  EXPECT_EQ(f.scale, 32768);
+  EXPECT_EQ(f.total(), 98304);  // 6 · 16384
+  // Causal S = 4: 10 visible scores → 60
+  EXPECT_EQ(softmax_flops(square(4, Causal::top_left)).total(), 60);
+}
+
+TEST(NaiveStages, Fp32AtS128) {
+  // |Q| = |K| = |V| = |O| = 128 · 64 = 8192 floats = 32768 bytes; N = 16384 scores
+  const Shape s = square(128);
+  const Traffic qk = naive_stage_traffic(s, NaiveStage::qk_gemm);
+  EXPECT_EQ(qk.q, 32768);
+  EXPECT_EQ(qk.k, 32768);
+  EXPECT_EQ(qk.scores, 65536);  // write S: 16384 · 4
+  EXPECT_EQ(qk.total(), 131072);
+  // 2 · 16384 · 64 = 2097152 FLOPs; 2097152 / 131072 = 16
+  EXPECT_EQ(naive_stage_flops(s, NaiveStage::qk_gemm), 2097152);
+  EXPECT_DOUBLE_EQ(naive_stage_ai(s, NaiveStage::qk_gemm), 16.0);
+  // softmax: 5 passes · 16384 · 4 = 327680 bytes; 98304 FLOPs; AI 0.3
+  EXPECT_EQ(naive_stage_traffic(s, NaiveStage::softmax).total(), 327680);
+  EXPECT_DOUBLE_EQ(naive_stage_ai(s, NaiveStage::softmax), 0.3);
+  // P·V: read P 65536 + V 32768 + write O 32768 = 131072; AI 16
+  const Traffic pv = naive_stage_traffic(s, NaiveStage::pv_gemm);
+  EXPECT_EQ(pv.scores, 65536);
+  EXPECT_EQ(pv.v, 32768);
+  EXPECT_EQ(pv.o, 32768);
+  EXPECT_DOUBLE_EQ(naive_stage_ai(s, NaiveStage::pv_gemm), 16.0);
+  // The stages add up to the whole: 131072 + 327680 + 131072 = 589824
+  EXPECT_EQ(naive_bytes(s), 589824);
+}
+
+TEST(NaiveStages, HalfPrecisionHalvesTheBytes) {
+  // 16-bit: every byte count halves, FLOPs do not: AI doubles
+  const Shape s = half(square(128));
+  EXPECT_EQ(naive_stage_traffic(s, NaiveStage::qk_gemm).total(), 65536);
+  EXPECT_DOUBLE_EQ(naive_stage_ai(s, NaiveStage::qk_gemm), 32.0);
+  EXPECT_DOUBLE_EQ(naive_stage_ai(s, NaiveStage::softmax), 0.6);  // 98304 / 163840
+  EXPECT_EQ(fused_bytes(s), 65536);                               // 4 · 8192 · 2
+  EXPECT_DOUBLE_EQ(fused_ai(s), 64.0);                            // 4194304 / 65536
+  // The logsumexp stays float32: 128 rows · 4 bytes, in the softmax stage
+  Shape with_lse = s;
+  with_lse.lse_written = true;
+  EXPECT_EQ(naive_stage_traffic(with_lse, NaiveStage::softmax).lse, 512);
+  EXPECT_EQ(fused_bytes(with_lse), 65536 + 512);
+}
+
+TEST(NaiveStages, LongSequences) {
+  // S = 1024, D = 64: |Q| = 2^16 floats, N = 2^20 scores, FLOPs 4 · 2^20 · 64 = 2^28.
+  // naive bytes 4 · (4 · 2^16 + 7 · 2^20) = 2^18 · 116: AI = 2^10 / 116 = 256 / 29
+  EXPECT_DOUBLE_EQ(naive_ai(square(1024)), 256.0 / 29.0);
+  // fused bytes 4 · 4 · 2^16 = 2^20: AI = 2^8 = 256 (= S / 4 in fp32)
+  EXPECT_DOUBLE_EQ(fused_ai(square(1024)), 256.0);
+  // S = 4096: |Q| = 2^18, N = 2^24, FLOPs 2^32. Q·Kᵀ: 2^31 FLOPs over
+  // 4 · (2 · 2^18 + 2^24) = 2^20 · 66 bytes: AI = 2^11 / 66 = 1024 / 33
+  EXPECT_DOUBLE_EQ(naive_stage_ai(square(4096), NaiveStage::qk_gemm), 1024.0 / 33.0);
+  // naive 4 · (4 · 2^18 + 7 · 2^24) = 2^22 · 113: AI = 2^10 / 113; fused 2^32 / 2^22 = 1024
+  EXPECT_DOUBLE_EQ(naive_ai(square(4096)), 1024.0 / 113.0);
+  EXPECT_DOUBLE_EQ(fused_ai(square(4096)), 1024.0);
+}
+
+TEST(ModelTable, RowsAgreeWithTheModel) {
+  // 2 dtypes × 4 lengths × (3 stages + naive total + fused + fused K/V re-read) = 48 rows
+  const auto rows = model_table(64, 32);
+  ASSERT_EQ(rows.size(), 48u);
+  for (std::size_t first = 0; first < rows.size(); first += 6) {
+    const auto& qk = rows[first];
+    const auto& total = rows[first + 3];
+    EXPECT_EQ(qk["stage"], "qk_gemm");
+    EXPECT_EQ(total["stage"], "total");
+    // the three stages add up to the naive total
+    const std::int64_t stages = rows[first]["bytes"].get<std::int64_t>() +
+                                rows[first + 1]["bytes"].get<std::int64_t>() +
+                                rows[first + 2]["bytes"].get<std::int64_t>();
+    EXPECT_EQ(stages, total["bytes"].get<std::int64_t>());
+    Shape s = square(total["S"].get<std::int64_t>());
+    s.element_bytes = total["element_bytes"].get<std::int64_t>();
+    EXPECT_EQ(total["bytes"].get<std::int64_t>(), naive_bytes(s));
+    EXPECT_EQ(rows[first + 4]["bytes"].get<std::int64_t>(), fused_bytes(s));
+    EXPECT_EQ(rows[first + 5]["bytes"].get<std::int64_t>(), fused_bytes_kv_reread(s, 32));
+  }
+  // S = 128, fp32, Q·Kᵀ: 131072 bytes, AI 16 (NaiveStages.Fp32AtS128)
+  EXPECT_EQ(rows[0]["bytes"], 131072);
+  EXPECT_DOUBLE_EQ(rows[0]["ai"].get<double>(), 16.0);
 }
 
 TEST(QueryTileRows, PerIsa) {

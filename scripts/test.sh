@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: the C++ suite (Release, CUDA code compiled where nvcc exists), the same
 # suite under ASan+UBSan, a consumer project built against the installed CMake
-# package, and the PyTorch package's pytest suite (scripts/test_python.sh).
+# package, the PyTorch package's pytest suite (scripts/test_python.sh), and REPORT.md
+# regenerated from the committed results (scripts/report.sh --from results/report).
 # Usage: scripts/test.sh [--no-sanitizers] [--no-python]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,4 +45,13 @@ fi
 if [ "$python" = 1 ]; then
   echo "== PyTorch package (pytest)"
   scripts/test_python.sh
+fi
+
+echo "== REPORT.md from the committed results (scripts/report.sh --from results/report)"
+# Into build/, so the committed REPORT.md is left alone; fails if generation breaks.
+scripts/report.sh --from results/report --out build/report
+if ! diff -q REPORT.md build/report/REPORT.md >/dev/null; then
+  diff -u REPORT.md build/report/REPORT.md | head -20 >&2
+  echo "REPORT.md is not what results/report/ gives: run scripts/report.sh --from results/report" >&2
+  exit 1
 fi

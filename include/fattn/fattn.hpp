@@ -2,4 +2,5 @@
 #pragma once
 
 #include "fattn/attention.hpp"
+#include "fattn/diagnostics.hpp"
 #include "fattn/tensor.hpp"

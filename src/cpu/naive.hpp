@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "core/diagnostics.hpp"
 #include "cpu/workspace.hpp"
 
 namespace fattn::cpu {
@@ -19,9 +20,12 @@ namespace fattn::cpu {
 template <class S>
 void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = TileOps<S>;
+  detail::StageClock clock;  // fattn::last_naive_stage_seconds()
+  NaiveStageSeconds seconds;
   Workspace<S> ws(p, /*is_naive=*/true, exec.workers);
   ws.base = memory;
   ws.prepare_kv(exec);
+  seconds.prepare = clock.lap();
   const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
   // Stage 1: scores.
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
@@ -31,6 +35,7 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     Ops::scores_tile(ws.k_panels(x.b, x.hk), 0, x.kv_end, tile.qt, p.head_dim,
                      ws.scores(x.b, x.h, x.t));
   });
+  seconds.scores = clock.lap();
 
   // Stage 2: softmax of each query row, in place; logsumexp.
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
@@ -44,6 +49,7 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     Ops::normalize_rows(scores, x.kv_end, tile.l);
     Ops::store_lse(tile.m, tile.l, p, x.b, x.h, x.i0, x.rows);
   });
+  seconds.softmax = clock.lap();
 
   // Stage 3: O = P·V, key tile by key tile as in the fused kernel.
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
@@ -62,6 +68,8 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     }
     Ops::store_output(tile.ot, tile.ones, p, x.b, x.h, x.i0, x.rows);
   });
+  seconds.output = clock.lap();
+  detail::record_naive_stage_seconds(seconds);
 }
 
 }  // namespace fattn::cpu
