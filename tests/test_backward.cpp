@@ -317,8 +317,9 @@ TEST(BackwardMemory, FusedIsLinearNaiveIsQuadratic) {
     return fattn::backward_extra_bytes(qv, kv, kv, o);
   };
   const std::int64_t operand = B * H * 4096 * D * 4;  // bytes of one of q, k, v at S = 4096
-  // Fused: K, V panels and K rows (3 operands), Q and dO twice each (4), dQ partials
-  // (1 chunk), per-query lse2 and Δ, per-worker tiles.
+  // Fused: K, V panels and K rows (3 operands; these broadcast views have K's dims
+  // strided, so K rows are copied), Q and dO transposed (2) and as rows (2, copied for the
+  // same reason), dQ partials (1 chunk), per-query lse2 and Δ, per-worker tiles.
   EXPECT_LT(bytes(4096, Impl::fused), 9 * operand);
   EXPECT_LT(bytes(4096, Impl::fused), 2.1 * bytes(2048, Impl::fused)) << "must grow as O(S)";
   EXPECT_GE(bytes(4096, Impl::naive), 2 * B * H * 4096 * 4096 * 4) << "naive stores P and dS";

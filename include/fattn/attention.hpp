@@ -88,7 +88,8 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView* dlse, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const Options& options = {});
 
-// Bytes of working memory attention_backward allocates for this problem.
+// Bytes of working memory attention_backward allocates for this problem, for a dout
+// laid out like q (a dout with strided dims adds a copy of it).
 std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const Options& options = {});
 

@@ -99,7 +99,8 @@ def measure(impl: str, b: int, h: int, s: int, d: int, causal: bool, device: str
     call = call_of(impl, q, k, v, causal)
     call()  # warm-up: one-time initialisation stays out of the count
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities, record_shapes=True) as prof:
+    # acc_events: one cycle only; without it torch warns that a later cycle would clear it.
+    with profile(activities=activities, record_shapes=True, acc_events=True) as prof:
         call()
     counts = count_events(prof.events(), device)
     return {"impl": impl, "device": device, "B": b, "H": h, "S": s, "D": d, "causal": causal,

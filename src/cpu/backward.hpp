@@ -101,8 +101,9 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
         Ops::scores_tile(v_panels, key.j0, key.nj, ws.dot(x.index), D, tile.dst);
         Bwd::grad_scores(tile.st, tile.dst, key.rows_padded, ws.delta(x.index));
         if (on_diagonal) Ops::mask_tile(tile.dst, key.nj, diag, 0.0f);
-        Bwd::rows_accumulate(tile.dv, key.nj, Dp, tile.st, ws.do_rows(x.index), x.rows);
-        Bwd::rows_accumulate(tile.dk, key.nj, Dp, tile.dst, ws.q_rows(x.index), x.rows);
+        const auto dout = ws.do_rows(x), q = ws.q_rows(x);
+        Bwd::rows_accumulate(tile.dv, key.nj, Dp, tile.st, dout.data, dout.stride, x.rows);
+        Bwd::rows_accumulate(tile.dk, key.nj, Dp, tile.dst, q.data, q.stride, x.rows);
         Ops::pv_accumulate(k_rows + key.j0 * k_stride, k_stride, key.nj, tile.dst, tile.ones,
                            D, ws.dq_part(chunk, x.index), on_diagonal ? &diag : nullptr);
       });
@@ -162,10 +163,11 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
     std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
     ws.for_each_query_tile_seeing(b, hk, key, [&](const typename W::QueryTile& x) {
+      const auto dout = ws.do_rows(x), q = ws.q_rows(x);
       Bwd::rows_accumulate(tile.dv, key.nj, Dp, ws.probs(x.index) + key.j0 * Ops::Br,
-                           ws.do_rows(x.index), x.rows);
+                           dout.data, dout.stride, x.rows);
       Bwd::rows_accumulate(tile.dk, key.nj, Dp, ws.dscores(x.index) + key.j0 * Ops::Br,
-                           ws.q_rows(x.index), x.rows);
+                           q.data, q.stride, x.rows);
     });
     backward_detail::store_key_grads(ws, b, hk, key.j0, key.nj, tile.dk, tile.dv);
   });

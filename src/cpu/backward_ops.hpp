@@ -3,8 +3,9 @@
 // Layouts, as in tile_ops.hpp (Br query rows along the vector lanes, Bc keys):
 //   st   [Bc][Br]  scores → probabilities P (recomputed from the saved logsumexp)
 //   dst  [Bc][Br]  dP = V·dOᵀ → dS = P ∘ (dP − Δ)
-//   x    [Br][Dp]  query-side rows (Q or dO), dims padded with zeros to Dp, a
-//                  multiple of the vector width
+//   x    [Br][Dp]  query-side rows (Q or dO), x_stride floats apart (their own rows
+//                  when the dims are contiguous and fill whole vectors, else copies
+//                  padded with zeros to Dp, a multiple of the vector width)
 //   acc  [Bc][Dp]  a key tile's dK or dV accumulator
 //   lse2, delta [Br]  per query: logsumexp in log2 units, Δ = rowsum(dO ∘ O) − dlse
 // The products that reduce over keys (dQ += dS·K) reuse the forward's pv_accumulate;
@@ -60,7 +61,7 @@ struct BackwardOps {
   // acc[r][d0 + ·] += Σ_{i<n} p[r][i] · x[i][d0 + ·] for KR keys × W vectors of dims.
   template <int KR, int W>
   static void rows_block(float* acc, std::int64_t Dp, const float* p, const float* x,
-                         std::int64_t n) {
+                         std::int64_t x_stride, std::int64_t n) {
     vec a[KR][W];
 #pragma GCC unroll 16
     for (int r = 0; r < KR; ++r)
@@ -69,7 +70,7 @@ struct BackwardOps {
     for (std::int64_t i = 0; i < n; ++i) {
       vec xv[W];
 #pragma GCC unroll 8
-      for (int w = 0; w < W; ++w) xv[w] = S::load(x + i * Dp + w * L);
+      for (int w = 0; w < W; ++w) xv[w] = S::load(x + i * x_stride + w * L);
 #pragma GCC unroll 16
       for (int r = 0; r < KR; ++r) {
         const vec pb = S::splat(p[r * Br + i]);
@@ -86,24 +87,24 @@ struct BackwardOps {
   // The last (Dp / L) mod DV vectors of dims, in one block of exactly that width.
   template <int W>
   static void rows_tail(int width, float* acc, std::int64_t Dp, const float* p, const float* x,
-                        std::int64_t n) {
+                        std::int64_t x_stride, std::int64_t n) {
     if constexpr (W > 0) {
-      if (width == W) return rows_block<MK, W>(acc, Dp, p, x, n);
-      rows_tail<W - 1>(width, acc, Dp, p, x, n);
+      if (width == W) return rows_block<MK, W>(acc, Dp, p, x, x_stride, n);
+      rows_tail<W - 1>(width, acc, Dp, p, x, x_stride, n);
     }
   }
 
   // acc[r][·] += Σ_{i<n} p[r][i] · x[i][·] for the keys r < nj rounded up to a whole
   // panel (the rows past nj hold padding and are never stored).
   static void rows_accumulate(float* acc, std::int64_t nj, std::int64_t Dp, const float* p,
-                              const float* x, std::int64_t n) {
+                              const float* x, std::int64_t x_stride, std::int64_t n) {
     for (std::int64_t r = 0; r < nj; r += MK) {
       std::int64_t d = 0;
       for (; d + DV * L <= Dp; d += DV * L)
-        rows_block<MK, DV>(acc + r * Dp + d, Dp, p + r * Br, x + d, n);
+        rows_block<MK, DV>(acc + r * Dp + d, Dp, p + r * Br, x + d, x_stride, n);
       if (d < Dp)
         rows_tail<DV - 1>(static_cast<int>((Dp - d) / L), acc + r * Dp + d, Dp, p + r * Br,
-                          x + d, n);
+                          x + d, x_stride, n);
     }
   }
 };

@@ -5,7 +5,9 @@
 //   K rows               keys with contiguous dims (dQ += dS·K), only when K's dim stride ≠ 1
 // Per query tile of Br rows (O(Sq)):
 //   qt, dot  [D][Br]     Q·scale·log2(e) and dO, transposed (operands of S and dP)
-//   q, do    [Br][Dp]    Q and dO rows, dims padded to whole vectors (operands of dK, dV)
+//   q, do    [Br][Dp]    Q and dO rows, dims padded to whole vectors (operands of dK, dV);
+//                        none when the input's dims are contiguous and fill whole vectors
+//                        (D = 64, 128 …): its own rows are read
 //   lse2, delta [Br]     logsumexp in log2 units (+inf for a row without keys), Δ
 //   dq parts [C][D][Br]  fused: one dQ partial per key chunk, summed in chunk order
 // Naive only (O(Sq·Sk)):  P and dS of every query tile, [Sk padded][Br]
@@ -33,6 +35,11 @@ struct BackwardWorkspace {
   struct Worker {
     float *st, *dst, *dk, *dv, *dqt, *ones;
   };
+  // Query-side rows (Q or dO) of one tile: the first row and the stride between rows.
+  struct Rows {
+    const float* data;
+    std::int64_t stride;
+  };
   // One query tile of one head: the rows it holds and the keys they may see.
   struct QueryTile {
     std::int64_t b, h, t, index, i0, rows, kv_end;
@@ -40,6 +47,7 @@ struct BackwardWorkspace {
 
   const detail::Problem& p;
   bool naive;
+  bool q_direct, do_direct;  // Q / dO rows read in place (no padded copy)
   std::int64_t Dp, q_tiles, tiles, key_tiles, kv_padded, chunks;
   std::int64_t panel_head, k_rows_head, tile_t, tile_rows, tile_vec, full_block, worker_floats;
   std::int64_t k_panels_at, v_panels_at, k_rows_at, qt_at, dot_at, q_rows_at, do_rows_at;
@@ -50,6 +58,9 @@ struct BackwardWorkspace {
       : p(problem), naive(is_naive) {
     Sizes n;  // every product checked, as in Workspace
     Dp = Bwd::padded_dim(p.head_dim);
+    q_direct = p.q.dim == 1 && Dp == p.head_dim;
+    // backward_extra_bytes sees no dout: it assumes one laid out like q.
+    do_direct = (p.dout.data ? p.dout.dim : p.q.dim) == 1 && Dp == p.head_dim;
     q_tiles = n.div_up(p.q_len, Br);
     tiles = n.mul(p.batch * p.q_heads, q_tiles);
     key_tiles = n.div_up(p.kv_len, Bc);
@@ -78,8 +89,8 @@ struct BackwardWorkspace {
     k_rows_at = take(n.mul(kv_heads, k_rows_head));
     qt_at = take(n.mul(tiles, tile_t));
     dot_at = take(n.mul(tiles, tile_t));
-    q_rows_at = take(n.mul(tiles, tile_rows));
-    do_rows_at = take(n.mul(tiles, tile_rows));
+    q_rows_at = take(q_direct ? 0 : n.mul(tiles, tile_rows));
+    do_rows_at = take(do_direct ? 0 : n.mul(tiles, tile_rows));
     lse2_at = take(n.mul(tiles, tile_vec));
     delta_at = take(n.mul(tiles, tile_vec));
     dq_parts_at = take(naive ? 0 : n.mul(chunks, n.mul(tiles, tile_t)));
@@ -106,8 +117,8 @@ struct BackwardWorkspace {
   }
   float* qt(std::int64_t tile) const { return base + qt_at + tile * tile_t; }
   float* dot(std::int64_t tile) const { return base + dot_at + tile * tile_t; }
-  float* q_rows(std::int64_t tile) const { return base + q_rows_at + tile * tile_rows; }
-  float* do_rows(std::int64_t tile) const { return base + do_rows_at + tile * tile_rows; }
+  float* q_copy(std::int64_t tile) const { return base + q_rows_at + tile * tile_rows; }
+  float* do_copy(std::int64_t tile) const { return base + do_rows_at + tile * tile_rows; }
   float* lse2(std::int64_t tile) const { return base + lse2_at + tile * tile_vec; }
   float* delta(std::int64_t tile) const { return base + delta_at + tile * tile_vec; }
   float* dq_part(std::int64_t chunk, std::int64_t tile) const {
@@ -132,6 +143,15 @@ struct BackwardWorkspace {
     const std::int64_t t = index % q_tiles, bh = index / q_tiles;
     return query_tile(bh / p.q_heads, bh % p.q_heads, t);
   }
+  Rows q_rows(const QueryTile& x) const {
+    if (q_direct) return {p.q.row(x.b, x.h, x.i0), p.q.seq};
+    return {q_copy(x.index), Dp};
+  }
+  Rows do_rows(const QueryTile& x) const {
+    if (do_direct) return {p.dout.row(x.b, x.h, x.i0), p.dout.seq};
+    return {do_copy(x.index), Dp};
+  }
+
   // The first query tile with a row that sees key j (causal masks hide key j from
   // the rows before j − causal_offset); q_tiles when none does.
   std::int64_t first_tile_seeing(std::int64_t j) const {
@@ -192,10 +212,11 @@ struct BackwardWorkspace {
     Ops::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, D,
                            static_cast<float>(p.scale) * Ops::kLog2e, qt(x.index));
     Ops::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, dot(x.index));
-    float *q = q_rows(x.index), *dout = do_rows(x.index);
+    float* q = q_direct ? nullptr : q_copy(x.index);
+    float* dout = do_direct ? nullptr : do_copy(x.index);
     float *lse = lse2(x.index), *dl = delta(x.index);
-    std::fill_n(q, Br * Dp, 0.0f);  // padding rows and dims
-    std::fill_n(dout, Br * Dp, 0.0f);
+    if (q) std::fill_n(q, Br * Dp, 0.0f);  // padding rows and dims
+    if (dout) std::fill_n(dout, Br * Dp, 0.0f);
     for (std::int64_t i = 0; i < Br; ++i) {
       if (i >= x.rows) {  // a padding row: P = 2^−inf = 0, Δ = 0
         lse[i] = -Ops::kNegInf;
@@ -206,11 +227,11 @@ struct BackwardWorkspace {
       const float* di = p.dout.row(x.b, x.h, x.i0 + i);
       const float* oi = p.out.row(x.b, x.h, x.i0 + i);
       float rowsum = 0.0f;
-      for (std::int64_t d = 0; d < D; ++d) {
-        q[i * Dp + d] = qi[d * p.q.dim];
-        dout[i * Dp + d] = di[d * p.dout.dim];
-        rowsum += di[d * p.dout.dim] * oi[d * p.out.dim];
-      }
+      for (std::int64_t d = 0; d < D; ++d) rowsum += di[d * p.dout.dim] * oi[d * p.out.dim];
+      if (q)
+        for (std::int64_t d = 0; d < D; ++d) q[i * Dp + d] = qi[d * p.q.dim];
+      if (dout)
+        for (std::int64_t d = 0; d < D; ++d) dout[i * Dp + d] = di[d * p.dout.dim];
       // A row without keys (lse = −inf) gets +inf: P = 0.
       const float l = *p.lse.row(x.b, x.h, x.i0 + i);
       lse[i] = l == Ops::kNegInf ? -Ops::kNegInf : l * Ops::kLog2e;
