@@ -43,3 +43,23 @@ def test_bench_train_quick(tmp_path):
         assert r["max_abs_err"] < 1e-4  # dq, dk, dv against float64
     for png in ("train_time_vs_s.png", "train_memory_vs_s.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_cuda_smoke_on_cpu(tmp_path):
+    # the GPU side-by-side's logic (backends forced one by one, skips with reasons, JSON),
+    # run on the CPU so that it cannot rot between GPU sessions
+    p = subprocess.run([sys.executable, "-m", "fattn.bench_cuda", "--suite", "quick", "--device",
+                        "cpu", "--dtypes", "float32", "--min-reps", "2", "--max-reps", "2",
+                        "--budget", "0.01", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads((tmp_path / "bench_cuda.json").read_text())
+    assert "not a GPU measurement" in doc["machine"]["device"]
+    by_impl = {}
+    for r in doc["results"]:
+        by_impl.setdefault(r["impl"], []).append(r)
+    for impl in ("fattn_fused", "fattn_naive", "sdpa_math"):
+        for r in by_impl[impl]:
+            assert r["skipped"] is None and r["ms_median"] > 0 and r["max_abs_err"] < 1e-5
+    for r in by_impl["sdpa_cudnn"]:  # no cuDNN attention on the CPU: skipped, with a reason
+        assert r["skipped"]
