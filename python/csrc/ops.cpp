@@ -338,6 +338,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("is_causal") = false, pybind11::arg("causal_bottom_right") = false,
         pybind11::arg("impl") = "auto",
         "bytes of working memory the operator allocates for this call");
+  m.def("release_cached_memory", &fattn::release_cached_memory,
+        "frees the working memory fattn's CPU kernels keep between calls");
   m.def("backward_extra_bytes", &backward_extra_bytes, pybind11::arg("q"), pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("is_causal") = false,
         pybind11::arg("causal_bottom_right") = false, pybind11::arg("impl") = "auto",

@@ -260,6 +260,9 @@ def bench_shape(sweep, b, h, s, d, causal, impls, args, peak_rss, rows_out):
                              ms_max=max(times[impl]), gflops=flops / (med * 1e6), reps=reps)
     ordered = [results[i] for i in impls]
     rows_out.extend(ordered)
+    # fattn keeps its working memory between calls (the naive path's S×S buffer, GiBs at
+    # large S): give it back before the next shape, so that its memory budget is real.
+    fattn._C.release_cached_memory()
     print_row(sweep, b, h, s, d, causal, impls, results)
     return results
 
