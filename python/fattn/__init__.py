@@ -41,6 +41,13 @@ def num_threads() -> int:
     return _C.num_threads()
 
 
+def release_cached_memory() -> None:
+    """Frees the working memory fattn's CPU kernels keep between calls (one block, as large
+    as the largest call's: the naive path's Sq×Sk buffer at its largest). The next call
+    allocates afresh."""
+    _C.release_cached_memory()
+
+
 def best_cpu_isa() -> str:
     """The instruction set fattn's CPU kernels use on this machine (avx512, avx2, portable)."""
     return _C.best_cpu_isa()
@@ -55,6 +62,7 @@ __all__ = [
     "flops",
     "num_threads",
     "best_cpu_isa",
+    "release_cached_memory",
     "jit",
     "__version__",
 ]

@@ -262,7 +262,7 @@ def bench_shape(sweep, b, h, s, d, causal, impls, args, peak_rss, rows_out):
     rows_out.extend(ordered)
     # fattn keeps its working memory between calls (the naive path's S×S buffer, GiBs at
     # large S): give it back before the next shape, so that its memory budget is real.
-    fattn._C.release_cached_memory()
+    fattn.release_cached_memory()
     print_row(sweep, b, h, s, d, causal, impls, results)
     return results
 

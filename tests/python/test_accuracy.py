@@ -233,3 +233,11 @@ def test_many_shapes_quickly():
         out = fattn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         ref = reference(q, k, v, "top_left" if causal else None)[0]
         assert_close_to_reference(out, ref)
+
+
+def test_release_cached_memory_then_run_again():
+    q, k, v = qkv(1, 2, 2, 300, 300, 64, seed=21)
+    first = torch.ops.fattn.attention(q, k, v, False, False, None, "naive")[0]
+    fattn.release_cached_memory()
+    again = torch.ops.fattn.attention(q, k, v, False, False, None, "naive")[0]
+    assert torch.equal(first, again)
