@@ -156,18 +156,20 @@ class PeakRss:
 
 # --- the float64 reference ------------------------------------------------------------------
 def reference_rows(q, k, v, causal: bool, rows: torch.Tensor):
-    """softmax(Q Kᵀ · scale) V in float64 for the query rows `rows` of every (b, h)."""
+    """softmax(Q Kᵀ · scale) V in float64 for the query rows `rows` of every (b, h), on
+    q's device (fattn.bench_cuda uses it on the GPU)."""
     b, h, sq, d = q.shape
     sk = k.size(2)
     scale = 1.0 / math.sqrt(d)
     kd, vd = k.double(), v.double()
-    out = torch.empty(b, h, rows.numel(), d, dtype=torch.float64)
+    out = torch.empty(b, h, rows.numel(), d, dtype=torch.float64, device=q.device)
     chunk = max(1, (256 << 20) // (8 * b * h * sk))  # rows per chunk: ~256 MiB of scores
     for start in range(0, rows.numel(), chunk):
         r = rows[start:start + chunk]
         s = torch.matmul(q[:, :, r].double(), kd.transpose(-2, -1)) * scale
         if causal:
-            s.masked_fill_(torch.arange(sk).view(1, -1) > r.view(-1, 1), float("-inf"))
+            s.masked_fill_(torch.arange(sk, device=q.device).view(1, -1) > r.view(-1, 1),
+                           float("-inf"))
         out[:, :, start:start + r.numel()] = torch.matmul(torch.softmax(s, dim=-1), vd)
     return out
 

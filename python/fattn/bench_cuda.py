@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fattn
+from .bench import reference_rows
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
@@ -81,15 +82,6 @@ def call_of(impl: str, q, k, v, causal: bool):
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return run
-
-
-def reference_rows(q, k, v, causal: bool, rows):
-    """float64 softmax(q kᵀ/√D) v for the sampled query rows, on q's device."""
-    s = torch.matmul(q[:, :, rows].double(), k.double().transpose(-2, -1)) / math.sqrt(q.size(-1))
-    if causal:
-        s.masked_fill_(torch.arange(k.size(2), device=q.device).view(1, -1) > rows.view(-1, 1),
-                       float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v.double())
 
 
 class Timer:

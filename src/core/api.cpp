@@ -53,27 +53,45 @@ Impl resolve(Impl impl, DType dtype) {
   return impl == Impl::automatic ? Impl::fused : impl;
 }
 
+// One pass (forward or backward) of the CPU kernels of an ISA.
+struct Pass {
+  const char* name;
+  std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
+  void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+};
+Pass forward_pass(const cpu::Kernels& k) {
+  return {"forward", k.workspace_floats, k.naive, k.fused};
+}
+Pass backward_pass(const cpu::Kernels& k) {
+  return {"backward", k.backward_workspace_floats, k.naive_backward, k.fused_backward};
+}
+
 // Floats of working memory; every size product is checked for overflow.
-std::int64_t checked_floats(std::int64_t floats, Impl impl, const char* pass) {
+std::int64_t workspace_floats(const detail::Problem& p, const Pass& pass, Impl impl,
+                              int workers) {
+  if (impl == Impl::reference) return 0;
+  const std::int64_t floats = pass.workspace_floats(p, impl == Impl::naive, workers);
   std::int64_t bytes = 0;
   if (floats < 0 || !detail::checked_mul(floats, sizeof(float), &bytes))
-    throw Error(std::string("fattn: the ") + to_string(impl) + " " + pass +
+    throw Error(std::string("fattn: the ") + to_string(impl) + " " + pass.name +
                 "'s working memory for this problem would overflow 64 bits");
   return floats;
 }
 
-std::int64_t workspace_floats(const detail::Problem& p, const cpu::Kernels& kernels, Impl impl,
-                              int workers) {
-  if (impl == Impl::reference) return 0;
-  return checked_floats(kernels.workspace_floats(p, impl == Impl::naive, workers), impl,
-                        "forward");
+// Runs the naive or fused kernel of a pass (not the reference) in its leased working memory.
+void run(const detail::Problem& p, const detail::Exec& exec, const Pass& pass, Impl impl) {
+  const detail::WorkspaceLease workspace(workspace_floats(p, pass, impl, exec.workers),
+                                         to_string(impl));
+  (impl == Impl::naive ? pass.naive : pass.fused)(p, exec, workspace.get());
 }
 
-std::int64_t backward_workspace_floats(const detail::Problem& p, const cpu::Kernels& kernels,
-                                       Impl impl, int workers) {
-  if (impl == Impl::reference) return 0;
-  return checked_floats(kernels.backward_workspace_floats(p, impl == Impl::naive, workers), impl,
-                        "backward");
+// The backward has no CUDA kernels yet: a cuda tensor gets this error, not the generic one.
+void require_cpu_backward(const TensorView& q) {
+  if (q.device == Device::cuda)
+    throw Error("fattn: attention_backward runs on the CPU only (no CUDA backward yet); "
+                "q is on cuda");
+  require_cpu(q);
 }
 
 #ifdef FATTN_WITH_CUDA
@@ -97,17 +115,8 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   const detail::Problem p = detail::make_problem(q, k, v, &out, lse, options);
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve(options.impl, q.dtype);
-  if (impl == Impl::reference) {
-    cpu::reference_forward(p, exec);
-    return;
-  }
-  const cpu::Kernels& kernels = cpu_kernels(options);
-  const detail::WorkspaceLease workspace(workspace_floats(p, kernels, impl, exec.workers),
-                                         to_string(impl));
-  if (impl == Impl::naive)
-    kernels.naive(p, exec, workspace.get());
-  else
-    kernels.fused(p, exec, workspace.get());
+  if (impl == Impl::reference) return cpu::reference_forward(p, exec);
+  run(p, exec, forward_pass(cpu_kernels(options)), impl);
 }
 
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -124,7 +133,7 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
   const int workers = detail::make_exec(options).workers;
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
     return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
-  return workspace_floats(p, cpu_kernels(options), impl, workers) *
+  return workspace_floats(p, forward_pass(cpu_kernels(options)), impl, workers) *
          static_cast<std::int64_t>(sizeof(float));
 }
 
@@ -132,40 +141,25 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& out, const TensorView& dout, const TensorView& lse,
                         const TensorView* dlse, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const Options& options) {
-  if (q.device == Device::cuda)
-    throw Error("fattn: attention_backward runs on the CPU only (no CUDA backward yet); "
-                "q is on cuda");
-  require_cpu(q);
+  require_cpu_backward(q);
   const detail::Problem p =
       detail::make_backward_problem(q, k, v, out, dout, lse, dlse, dq, dk, dv, options);
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve(options.impl, q.dtype);
-  if (impl == Impl::reference) {
-    cpu::reference_backward(p, exec);
-    return;
-  }
-  const cpu::Kernels& kernels = cpu_kernels(options);
-  const detail::WorkspaceLease workspace(
-      backward_workspace_floats(p, kernels, impl, exec.workers), to_string(impl));
-  if (impl == Impl::naive)
-    kernels.naive_backward(p, exec, workspace.get());
-  else
-    kernels.fused_backward(p, exec, workspace.get());
+  if (impl == Impl::reference) return cpu::reference_backward(p, exec);
+  run(p, exec, backward_pass(cpu_kernels(options)), impl);
 }
 
 std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const Options& options) {
-  if (q.device == Device::cuda)
-    throw Error("fattn: attention_backward runs on the CPU only (no CUDA backward yet); "
-                "q is on cuda");
-  require_cpu(q);
+  require_cpu_backward(q);
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
   const Impl impl = resolve(options.impl, q.dtype);
   const int workers = detail::make_exec(options).workers;
   if (impl == Impl::reference)  // per worker: dk, dv of one kv head and a few rows, float64
     return workers * (2 * p.kv_len * p.head_dim + p.kv_len + 2 * p.head_dim) *
            static_cast<std::int64_t>(sizeof(double));
-  return backward_workspace_floats(p, cpu_kernels(options), impl, workers) *
+  return workspace_floats(p, backward_pass(cpu_kernels(options)), impl, workers) *
          static_cast<std::int64_t>(sizeof(float));
 }
 

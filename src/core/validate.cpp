@@ -122,15 +122,34 @@ void expect_like(const char* name, const TensorView& t, const char* model_name,
     expect_size(name, t, d, meaning, dim_name(model_name, d), model.size(d));
 }
 
+// Byte ranges of the forward's tensors, as validated (out and lse only when given).
+struct ForwardExtents {
+  Extent q, k, v, out, lse;
+};
+
+// make_problem, also handing back the extents it checked (make_backward_problem needs them).
+Problem check_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView* out, const TensorView* lse, const Options& options,
+                      ForwardExtents* extents);
+
 }  // namespace
 
 Problem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView* out, const TensorView* lse, const Options& options) {
+  ForwardExtents extents;
+  return check_forward(q, k, v, out, lse, options, &extents);
+}
+
+namespace {
+
+Problem check_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView* out, const TensorView* lse, const Options& options,
+                      ForwardExtents* extents) {
   const DType dtype = q.dtype;
   const Device device = q.device;
-  const Extent q_extent = check_view("q", q, 4, dtype, device);
-  const Extent k_extent = check_view("k", k, 4, dtype, device);
-  const Extent v_extent = check_view("v", v, 4, dtype, device);
+  const Extent q_extent = extents->q = check_view("q", q, 4, dtype, device);
+  const Extent k_extent = extents->k = check_view("k", k, 4, dtype, device);
+  const Extent v_extent = extents->v = check_view("v", v, 4, dtype, device);
 
   expect_size("k", k, 0, "batch", "q.size(0)", q.size(0));
   expect_size("v", v, 0, "batch", "q.size(0)", q.size(0));
@@ -153,14 +172,14 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView&
   expect_size("v", v, 3, "head dim", "q.size(3)", head_dim);
 
   if (out) {
-    const Extent out_extent = check_view("out", *out, 4, dtype, device);
+    const Extent out_extent = extents->out = check_view("out", *out, 4, dtype, device);
     for (int d = 0; d < 4; ++d) expect_size("out", *out, d, "as q", dim_name("q", d), q.size(d));
     expect_no_self_overlap("out", *out);
     expect_disjoint("out", out_extent, "q", q_extent);
     expect_disjoint("out", out_extent, "k", k_extent);
     expect_disjoint("out", out_extent, "v", v_extent);
     if (lse) {
-      const Extent lse_extent = check_view("lse", *lse, 3, lse_dtype(dtype), device);
+      const Extent lse_extent = extents->lse = check_view("lse", *lse, 3, lse_dtype(dtype), device);
       expect_size("lse", *lse, 0, "batch", "q.size(0)", q.size(0));
       expect_size("lse", *lse, 1, "query heads", "q.size(1)", q.size(1));
       expect_size("lse", *lse, 2, "query sequence", "q.size(2)", q.size(2));
@@ -205,12 +224,15 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView&
   return p;
 }
 
+}  // namespace
+
 Problem make_backward_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& out, const TensorView& dout,
                               const TensorView& lse, const TensorView* dlse,
                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const Options& options) {
-  Problem p = make_problem(q, k, v, &out, &lse, options);
+  ForwardExtents seen;
+  Problem p = check_forward(q, k, v, &out, &lse, options, &seen);
   const DType dtype = q.dtype;
   const Device device = q.device;
   struct Named {
@@ -218,12 +240,12 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
     const TensorView* view;
     Extent extent;
   };
-  Named inputs[7] = {{"q", &q, check_view("q", q, 4, dtype, device)},
-                     {"k", &k, check_view("k", k, 4, dtype, device)},
-                     {"v", &v, check_view("v", v, 4, dtype, device)},
-                     {"out", &out, check_view("out", out, 4, dtype, device)},
+  Named inputs[7] = {{"q", &q, seen.q},
+                     {"k", &k, seen.k},
+                     {"v", &v, seen.v},
+                     {"out", &out, seen.out},
                      {"dout", &dout, check_view("dout", dout, 4, dtype, device)},
-                     {"lse", &lse, check_view("lse", lse, 3, lse_dtype(dtype), device)},
+                     {"lse", &lse, seen.lse},
                      {}};
   expect_like("dout", dout, "q", q, "as q");
   int n_inputs = 6;

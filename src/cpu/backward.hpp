@@ -137,7 +137,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     const auto x = ws.query_tile(index);
     const std::int64_t n = keys_covered(x);
     float* probs = ws.probs(index);
-    Ops::scores_tile(ws.k_panels(x.b, p.kv_head_of(x.h)), 0, n, ws.qt(index), D, probs);
+    Ops::scores_tile(ws.k_panels(x.b, x.hk), 0, n, ws.qt(index), D, probs);
     if (p.needs_mask(x.i0, n))
       Ops::mask_tile(probs, n, typename Ops::Diagonal{0, x.i0, p.causal_offset});
     Bwd::probs_from_lse(probs, n, ws.lse2(index));
@@ -148,7 +148,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     const auto x = ws.query_tile(index);
     const std::int64_t n = keys_covered(x);
     float* dscores = ws.dscores(index);
-    Ops::scores_tile(ws.v_panels(x.b, p.kv_head_of(x.h)), 0, n, ws.dot(index), D, dscores);
+    Ops::scores_tile(ws.v_panels(x.b, x.hk), 0, n, ws.dot(index), D, dscores);
     Bwd::grad_scores(ws.probs(index), dscores, n, ws.delta(index));
     if (p.needs_mask(x.i0, n))
       Ops::mask_tile(dscores, n, typename Ops::Diagonal{0, x.i0, p.causal_offset}, 0.0f);
@@ -179,7 +179,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
     std::fill_n(tile.dqt, D * Ops::Br, 0.0f);
     std::int64_t k_stride;
-    const float* k_rows = ws.k_rows(x.b, p.kv_head_of(x.h), &k_stride);
+    const float* k_rows = ws.k_rows(x.b, x.hk, &k_stride);
     const float* dscores = ws.dscores(index);
     for (std::int64_t j0 = 0; j0 < x.kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);

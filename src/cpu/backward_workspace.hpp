@@ -40,10 +40,7 @@ struct BackwardWorkspace {
     const float* data;
     std::int64_t stride;
   };
-  // One query tile of one head: the rows it holds and the keys they may see.
-  struct QueryTile {
-    std::int64_t b, h, t, index, i0, rows, kv_end;
-  };
+  using QueryTile = cpu::QueryTile;
 
   const detail::Problem& p;
   bool naive;
@@ -108,12 +105,9 @@ struct BackwardWorkspace {
   }
   // K rows of one head, dims contiguous, and the stride between rows.
   const float* k_rows(std::int64_t b, std::int64_t hk, std::int64_t* row_stride) const {
-    if (k_rows_head == 0) {
-      *row_stride = p.k.seq;
-      return p.k.row(b, hk, 0);
-    }
-    *row_stride = p.head_dim;
-    return base + k_rows_at + (b * p.kv_heads + hk) * k_rows_head;
+    const float* copy =
+        k_rows_head == 0 ? nullptr : base + k_rows_at + (b * p.kv_heads + hk) * k_rows_head;
+    return head_rows(p.k, b, hk, copy, p.head_dim, row_stride);
   }
   float* qt(std::int64_t tile) const { return base + qt_at + tile * tile_t; }
   float* dot(std::int64_t tile) const { return base + dot_at + tile * tile_t; }
@@ -135,9 +129,7 @@ struct BackwardWorkspace {
   }
 
   QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    const std::int64_t i0 = t * Br;
-    const std::int64_t rows = std::min<std::int64_t>(Br, p.q_len - i0);
-    return {b, h, t, (b * p.q_heads + h) * q_tiles + t, i0, rows, p.kv_end(i0 + rows)};
+    return query_tile_of(p, Br, q_tiles, b, h, t);
   }
   QueryTile query_tile(std::int64_t index) const {
     const std::int64_t t = index % q_tiles, bh = index / q_tiles;
@@ -200,11 +192,8 @@ struct BackwardWorkspace {
                        base + k_panels_at + head * panel_head);
     Ops::pack_k_panels(p.v.row(b, hk, 0), p.v.seq, p.v.dim, p.kv_len, p.head_dim,
                        base + v_panels_at + head * panel_head);
-    if (k_rows_head == 0) return;
-    float* dst = base + k_rows_at + head * k_rows_head;
-    for (std::int64_t j = 0; j < p.kv_len; ++j)
-      for (std::int64_t d = 0; d < p.head_dim; ++d)
-        dst[j * p.head_dim + d] = p.k.row(b, hk, j)[d * p.k.dim];
+    if (k_rows_head != 0)
+      copy_head_rows(p.k, b, hk, p.kv_len, p.head_dim, base + k_rows_at + head * k_rows_head);
   }
 
   void prepare_query_tile(const QueryTile& x) const {

@@ -36,6 +36,40 @@ struct Sizes {
   std::int64_t align(std::int64_t a) { return mul(div_up(a, 16), 16); }
 };
 
+// One query tile of one head: the rows it holds and the keys they may see. index
+// numbers the tiles over (batch, query head, tile), for per-tile buffers.
+struct QueryTile {
+  std::int64_t b, h, hk, t, index, i0, rows, kv_end;
+};
+inline QueryTile query_tile_of(const detail::Problem& p, int rows_per_tile, std::int64_t q_tiles,
+                               std::int64_t b, std::int64_t h, std::int64_t t) {
+  const std::int64_t i0 = t * rows_per_tile;
+  const std::int64_t rows = std::min<std::int64_t>(rows_per_tile, p.q_len - i0);
+  return {b, h, p.kv_head_of(h), t, (b * p.q_heads + h) * q_tiles + t, i0, rows,
+          p.kv_end(i0 + rows)};
+}
+
+// Rows of one head with contiguous dims, for the operands read a row at a time (V in
+// P·V, K in the backward's dS·K): the tensor's own rows when its dims are contiguous
+// (copy == nullptr), else the copy that copy_head_rows made.
+inline const float* head_rows(const detail::Strided<const float>& t, std::int64_t b,
+                              std::int64_t h, const float* copy, std::int64_t D,
+                              std::int64_t* row_stride) {
+  if (copy == nullptr) {
+    *row_stride = t.seq;
+    return t.row(b, h, 0);
+  }
+  *row_stride = D;
+  return copy;
+}
+
+// dst[j][d] = t[b][h][j][d] for rows [0, n): contiguous dims, rows D apart.
+inline void copy_head_rows(const detail::Strided<const float>& t, std::int64_t b, std::int64_t h,
+                           std::int64_t n, std::int64_t D, float* dst) {
+  for (std::int64_t j = 0; j < n; ++j)
+    for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = t.row(b, h, j)[d * t.dim];
+}
+
 template <class S>
 struct Workspace {
   using Ops = TileOps<S>;
@@ -81,12 +115,9 @@ struct Workspace {
   }
   // V rows of one head, dims contiguous, and the stride between rows.
   const float* v_rows(std::int64_t b, std::int64_t hk, std::int64_t* row_stride) const {
-    if (v_rows_head == 0) {
-      *row_stride = p.v.seq;
-      return p.v.row(b, hk, 0);
-    }
-    *row_stride = p.head_dim;
-    return base + v_rows_at + (b * p.kv_heads + hk) * v_rows_head;
+    const float* copy =
+        v_rows_head == 0 ? nullptr : base + v_rows_at + (b * p.kv_heads + hk) * v_rows_head;
+    return head_rows(p.v, b, hk, copy, p.head_dim, row_stride);
   }
   float* scores(std::int64_t b, std::int64_t h, std::int64_t t) const {
     return base + scores_at + ((b * p.q_heads + h) * q_tiles + t) * scores_block;
@@ -110,22 +141,14 @@ struct Workspace {
       const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
       Ops::pack_k_panels(p.k.row(b, hk, 0), p.k.seq, p.k.dim, p.kv_len, p.head_dim,
                          base + k_panels_at + item * k_panel_head);
-      if (v_rows_head == 0) return;
-      float* dst = base + v_rows_at + item * v_rows_head;
-      for (std::int64_t j = 0; j < p.kv_len; ++j)
-        for (std::int64_t d = 0; d < p.head_dim; ++d)
-          dst[j * p.head_dim + d] = p.v.row(b, hk, j)[d * p.v.dim];
+      if (v_rows_head != 0)
+        copy_head_rows(p.v, b, hk, p.kv_len, p.head_dim, base + v_rows_at + item * v_rows_head);
     });
   }
 
-  // One query tile of one head: the rows it holds and the keys they may see.
-  struct QueryTile {
-    std::int64_t b, h, hk, t, i0, rows, kv_end;
-  };
+  using QueryTile = cpu::QueryTile;
   QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    const std::int64_t i0 = t * Br;
-    const std::int64_t rows = std::min<std::int64_t>(Br, p.q_len - i0);
-    return {b, h, p.kv_head_of(h), t, i0, rows, p.kv_end(i0 + rows)};
+    return query_tile_of(p, Br, q_tiles, b, h, t);
   }
 
   // Work items of `group` consecutive query tiles of one head: how many, and the first
