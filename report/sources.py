@@ -7,7 +7,9 @@
                                attention, time and memory vs S
   <results>/launches.json      python -m fattn.launches: operator counts (torch.profiler)
   <results>/gpu/               GPU evidence (scripts/gpu-check.sh: bench.json,
-                               ncu_raw.csv); optional
+                               ncu_raw.csv; python -m fattn.bench_cuda:
+                               bench_cuda_assignment.json, bench_cuda_flash.json);
+                               each optional
 Missing or malformed inputs raise ReportInputError naming the file and the key.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Sources:
     gpu_dir: Path
     gpu_bench: dict | None = None
     gpu_ncu_rows: list[dict] = field(default_factory=list)
+    gpu_torch: dict[str, dict] = field(default_factory=dict)  # file name -> bench_cuda JSON
 
 
 def read_json(path: Path, required: dict[str, list[str]]) -> dict:
@@ -97,8 +100,16 @@ def load(results_dir: Path) -> Sources:
     return sources
 
 
+GPU_TORCH_FILES = ("bench_cuda_assignment.json", "bench_cuda_flash.json")
+GPU_TORCH_KEYS = {
+    "machine": ["device", "date"],
+    "results": ["impl", "suite", "dtype", "B", "Hq", "Sq", "D", "causal", "skipped"],
+}
+
+
 def load_gpu(sources: Sources) -> None:
-    """GPU evidence, where committed: bench.json and ncu_raw.csv of scripts/gpu-check.sh."""
+    """GPU evidence, where committed: bench.json and ncu_raw.csv of scripts/gpu-check.sh,
+    bench_cuda_*.json of python -m fattn.bench_cuda (fattn vs torch SDPA on the GPU)."""
     bench = sources.gpu_dir / "bench.json"
     if bench.is_file():
         sources.gpu_bench = json.loads(bench.read_text())
@@ -107,3 +118,7 @@ def load_gpu(sources: Sources) -> None:
         with ncu.open(newline="") as f:
             rows = list(csv.DictReader(f))
         sources.gpu_ncu_rows = rows[1:]  # ncu's second line gives the units
+    for name in GPU_TORCH_FILES:
+        path = sources.gpu_dir / name
+        if path.is_file():
+            sources.gpu_torch[name] = read_json(path, GPU_TORCH_KEYS)

@@ -54,6 +54,17 @@ struct ParallelRunner {
   void* context = nullptr;
 };
 
+// Device working memory for the CUDA backend (the naive path's Sq×Sk buffer, repacked
+// inputs). By default fattn takes it with cudaMallocAsync on the call's stream; a host
+// framework can pass its own allocator instead, so that the memory comes from (and is
+// counted by) its pool. allocate may throw; it must return memory usable on `stream`
+// until deallocate(ptr) is called, which fattn does after enqueueing its last kernel.
+struct DeviceAllocator {
+  void* (*allocate)(void* context, std::int64_t bytes, void* stream) = nullptr;
+  void (*deallocate)(void* context, void* ptr, void* stream) = nullptr;
+  void* context = nullptr;
+};
+
 struct Options {
   std::optional<double> scale;  // default 1/sqrt(head_dim); must be finite
   Causal causal = Causal::none;
@@ -62,6 +73,12 @@ struct Options {
   int num_threads = 0;                        // 0: all cores (OMP_NUM_THREADS is honoured)
   const ParallelRunner* runner = nullptr;     // nullptr: fattn's OpenMP team
   void* cuda_stream = nullptr;                // for the CUDA backend (cudaStream_t)
+  const DeviceAllocator* device_allocator = nullptr;  // nullptr: cudaMallocAsync
+  // float32 on CUDA: allow TF32 tensor-core products (Q·Kᵀ in TF32, P·V with V kept
+  // near float32: half the tensor-core work, errors up to ~1e-3 instead of ~1e-5), as
+  // torch.backends.cuda.matmul.allow_tf32 allows for matmuls. Off: 3xTF32, float32-
+  // level accuracy. The CPU ignores it (always float32).
+  bool allow_tf32 = false;
 };
 
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32

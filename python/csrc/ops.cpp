@@ -25,6 +25,8 @@
 #include "fattn/attention.hpp"
 
 #ifdef FATTN_WITH_CUDA
+#include <ATen/Context.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -50,6 +52,22 @@ void run_on_aten_pool(void* /*context*/, int workers, void (*worker)(void* arg, 
   });
 }
 const fattn::ParallelRunner kAtenRunner{&run_on_aten_pool, nullptr};
+
+#ifdef FATTN_WITH_CUDA
+// --- the device-memory seam ---------------------------------------------------------------
+// fattn's CUDA working memory (the naive path's Sq×Sk buffer, repacked inputs) comes from
+// torch's caching allocator on the call's stream: torch.cuda.max_memory_allocated counts
+// it, the blocks are reused across calls, and when memory runs short torch frees its
+// cached blocks and retries, or raises torch.OutOfMemoryError, as its own operators do.
+void* torch_allocate(void* /*context*/, std::int64_t bytes, void* stream) {
+  return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(static_cast<std::size_t>(bytes),
+                                                                static_cast<cudaStream_t>(stream));
+}
+void torch_deallocate(void* /*context*/, void* ptr, void* /*stream*/) {
+  c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+}
+const fattn::DeviceAllocator kTorchAllocator{&torch_allocate, &torch_deallocate, nullptr};
+#endif
 
 // --- tensors to views ---------------------------------------------------------------------
 fattn::DType dtype_of(const at::Tensor& t, const char* name) {
@@ -197,6 +215,10 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   if (q.is_cuda()) {
     guard.emplace(q.device());
     cuda_options.cuda_stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    cuda_options.device_allocator = &kTorchAllocator;
+    // float32: the TF32 mode exactly when torch would use TF32 for a float32 matmul
+    // (torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision("high")).
+    cuda_options.allow_tf32 = at::globalContext().allowTF32CuBLAS();
   }
   const fattn::Options& run_options = cuda_options;
 #else

@@ -3,6 +3,8 @@
 Implementations (the JSON's "impl"), each for every dtype it supports:
   fattn_naive       torch.ops.fattn.attention(impl="naive"): 3 kernels, Sq×Sk in HBM
   fattn_fused       impl="auto": 3xTF32 tensor cores (float32), mma.sync (float16, bfloat16)
+  fattn_fused_tf32  float32 only: impl="auto" with torch.backends.cuda.matmul.allow_tf32 on,
+                    which fattn honours (TF32 mode: Q·Kᵀ in TF32, P·V with V split)
   sdpa_flash        F.scaled_dot_product_attention with SDPBackend.FLASH_ATTENTION forced
   sdpa_efficient    ... EFFICIENT_ATTENTION
   sdpa_cudnn        ... CUDNN_ATTENTION
@@ -53,7 +55,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_math": SDPBackend.MATH}
-IMPLS = ("fattn_naive", "fattn_fused") + tuple(SDPA_BACKENDS)
+IMPLS = ("fattn_naive", "fattn_fused", "fattn_fused_tf32") + tuple(SDPA_BACKENDS)
 L2_COVER = 3          # input sets span this many L2 sizes
 ERROR_ROWS = 8        # sampled query rows checked against float64
 
@@ -73,6 +75,18 @@ def shapes(suite: str):
 
 
 def call_of(impl: str, q, k, v, causal: bool):
+    if impl == "fattn_fused_tf32":
+        if q.dtype != torch.float32:
+            raise RuntimeError("float32 only (TF32 is a float32 mode)")
+
+        def run_tf32():
+            before = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                return torch.ops.fattn.attention(q, k, v, causal, False, None, "auto")[0]
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = before
+        return run_tf32
     if impl.startswith("fattn"):
         name = "naive" if impl == "fattn_naive" else "auto"
         return lambda: torch.ops.fattn.attention(q, k, v, causal, False, None, name)[0]
@@ -167,8 +181,18 @@ def bench_shape(shape, dtypes, impls, args, device, l2_bytes, rows_out):
         deadline = time.monotonic() + args.budget * max(1, len(calls))
         rep = 0
         while calls and (rep < args.min_reps or (time.monotonic() < deadline and rep < args.max_reps)):
-            for impl, fns in calls.items():
-                times[impl].append(timer(fns[rep % len(fns)]))
+            for impl, fns in list(calls.items()):
+                try:
+                    times[impl].append(timer(fns[rep % len(fns)]))
+                except torch.OutOfMemoryError:
+                    # what the other implementations left in torch's cache can leave too
+                    # little for this one; try once more with the cache emptied
+                    torch.cuda.empty_cache()
+                    try:
+                        times[impl].append(timer(fns[rep % len(fns)]))
+                    except torch.OutOfMemoryError:
+                        results[impl]["skipped"] = "out of memory while timing"
+                        del calls[impl], times[impl]
             rep += 1
         for impl, ts in times.items():
             med = statistics.median(ts)
@@ -238,19 +262,25 @@ def main(argv=None):
     else:
         l2_bytes = 1 << 20
     rows = []
-    for shape in shapes(args.suite):
-        bench_shape(shape, args.dtypes, args.impls, args, device, l2_bytes, rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_cuda.json").write_text(json.dumps({"machine": machine(device), "results": rows},
+    info = machine(device)
+    for shape in shapes(args.suite):
+        bench_shape(shape, args.dtypes, args.impls, args, device, l2_bytes, rows)
+        write_results(out, info, rows)  # after every shape: a run cut off keeps what it measured
+    write_results(out, info, rows)
+    print(f"\nwrote {out / 'bench_cuda.json'}, {out / 'bench_cuda.csv'}")
+    return 0
+
+
+def write_results(out: Path, info: dict, rows: list) -> None:
+    (out / "bench_cuda.json").write_text(json.dumps({"machine": info, "results": rows},
                                                     indent=2) + "\n")
     keys = sorted({k for r in rows for k in r})
     with open(out / "bench_cuda.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    print(f"\nwrote {out / 'bench_cuda.json'}, {out / 'bench_cuda.csv'}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ Errors:
   RuntimeError         raised by the operator itself, its message starting "fattn: "
                        (e.g. a head dim outside [16, 256])
 Nothing falls back to another implementation silently.
+
+float32 on CUDA follows torch's TF32 switch for matmuls, read at each call:
+torch.backends.cuda.matmul.allow_tf32 = True (or set_float32_matmul_precision("high"))
+runs fattn's TF32 mode (Q·Kᵀ in TF32, errors up to ~1e-3, about 1.6x faster); off (torch's
+default) runs 3xTF32, float32-level accuracy. See docs/cuda.md.
 """
 from __future__ import annotations
 

@@ -9,10 +9,12 @@
 //   Impl::reference  float64 kernel, one warp per query row (for same-device tests)
 //   Impl::naive      3 launches: scores = Q·Kᵀ·scale·log2(e) to a B·Hq·Sq·Sk float32
 //                    buffer, row softmax in place (+ logsumexp), O = P·V
-//   Impl::fused      float16/bfloat16: FlashAttention-2 on mma.sync (Kernel::fused_mma)
+//   Impl::fused      float16/bfloat16: FlashAttention-2 on mma.sync (Kernel::fused_mma,
+//                    which picks 64- or 128-row query tiles per problem)
 //   Impl::automatic  float32: 3xTF32 on mma.sync m16n8k8 (Kernel::fused_tf32x3), which
-//                    keeps float32 accuracy; Kernel::fused_fma (plain FMA, exact float32
-//                    arithmetic) is reachable through forward_with only.
+//                    keeps float32 accuracy, or the TF32 mode (Kernel::fused_tf32) when
+//                    Options::allow_tf32 is set; Kernel::fused_fma (plain FMA, exact
+//                    float32 arithmetic) is reachable through forward_with only.
 #pragma once
 
 #include <cstdint>
@@ -27,24 +29,32 @@ enum class Kernel : std::uint8_t {
   automatic,     // what Options::impl selects (see above)
   reference,     // float64, any dtype
   naive,         // 3 kernels, any dtype
-  fused_mma,     // float16 / bfloat16 only
-  fused_tf32x3,  // float32 only
-  fused_fma,     // float32 only
+  fused_mma,        // float16 / bfloat16 only
+  fused_tf32x3,     // float32 only
+  fused_tf32,       // float32 only, TF32 mode: Q·Kᵀ plain TF32, P·V with V split (fused_tf32.cuh)
+  fused_fma,        // float32 only
 };
 
 const char* to_string(Kernel kernel);
 
-// The kernel attention_forward runs for this impl and dtype.
-Kernel kernel_for(Impl impl, DType dtype);
+// The kernel attention_forward runs for this impl and dtype (allow_tf32: Options's).
+Kernel kernel_for(Impl impl, DType dtype, bool allow_tf32 = false);
+
+// The largest head dim with 128-row query tiles (two 16-row slices per warp).
+int max_tall_head_dim();
 
 // Same contract as fattn::attention_forward for Device::cuda views: validation
 // (fattn::Error), then the launches are enqueued on options.cuda_stream (nullptr:
 // the legacy default stream) and the call returns without synchronising.
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView* lse, const Options& options);
+// tile_rows: query rows per block of the fused tensor-core kernels (fused_mma,
+// fused_tf32x3, fused_tf32): 0 chooses per problem (dispatch.cu, tall_tiles_pay);
+// 64 or 128 force one (128: head dims up to max_tall_head_dim()), for tests and
+// the benchmark that sets the choice.
 void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView* lse, const Options& options,
-                  Kernel kernel);
+                  Kernel kernel, int tile_rows = 0);
 
 // Device bytes the call allocates (stream-ordered, freed before it returns to the
 // stream): the naive Sq×Sk buffer, and for the fused kernels the repacked copies of

@@ -26,10 +26,10 @@
 namespace fattn::cuda {
 
 // The launchers are defined in other translation units (params.hpp).
-#define FATTN_EXTERN_FUSED(d)                                                       \
-  extern template void launch_fused_mma<__half, d>(const Params&, cudaStream_t);    \
-  extern template void launch_fused_mma<__nv_bfloat16, d>(const Params&, cudaStream_t); \
-  extern template void launch_fused_tf32x3<d>(const Params&, cudaStream_t);         \
+#define FATTN_EXTERN_FUSED(d)                                                            \
+  extern template void launch_fused_mma<__half, d>(const Params&, int, cudaStream_t);    \
+  extern template void launch_fused_mma<__nv_bfloat16, d>(const Params&, int, cudaStream_t); \
+  extern template void launch_fused_tf32x3<d>(const Params&, bool, int, cudaStream_t);   \
   extern template void launch_fused_fma<d>(const Params&, cudaStream_t);
 FATTN_CUDA_HEAD_DIMS(FATTN_EXTERN_FUSED)
 #undef FATTN_EXTERN_FUSED
@@ -166,6 +166,7 @@ Strides3 strides3(const TensorView& t) { return {t.stride(0), t.stride(1), t.str
 struct Plan {
   Kernel kernel = Kernel::automatic;
   int kernel_dim = 0;             // fused: the compiled head dim (>= the problem's)
+  int tile_rows = 0;              // fused tensor-core kernels: rows per block (0: chosen at launch)
   bool repack[3] = {};            // q, k, v copied to contiguous padded memory first
   int row = 0;                    // elements per repacked row
   std::int64_t repack_bytes[3] = {};
@@ -178,13 +179,53 @@ struct Plan {
   }
 };
 
+bool is_tf32(Kernel kernel) {
+  return kernel == Kernel::fused_tf32x3 || kernel == Kernel::fused_tf32;
+}
+
+bool is_tensor_core(Kernel kernel) { return kernel == Kernel::fused_mma || is_tf32(kernel); }
+
+// Query rows per block with one (short) or two (tall) 16-row slices per warp.
+int short_rows(Kernel kernel, int dim) {
+  return 16 * (is_tf32(kernel) ? tf32_tiles(dim).warps : mma_tiles(dim).warps);
+}
+bool tall_allowed(Kernel kernel, int dim) {
+  return (is_tf32(kernel) ? tf32_tiles(dim).max_slices : mma_tiles(dim).max_slices) >= 2;
+}
+
+// The fewest query rows per block the kernel may use (the largest grid).
 int rows_per_block(Kernel kernel, int dim) {
-  switch (kernel) {
-    case Kernel::fused_mma: return 16 * mma_tiles(dim).warps;
-    case Kernel::fused_tf32x3: return 16 * tf32_tiles(dim).warps;
-    case Kernel::fused_fma: return fma_tiles(dim).br;
-    default: return 1;
-  }
+  if (is_tensor_core(kernel)) return short_rows(kernel, dim);
+  if (kernel == Kernel::fused_fma) return fma_tiles(dim).br;
+  return 1;
+}
+
+// 128-row query tiles (two 16-row slices per warp, tile_config.hpp) load each K/V
+// fragment once for twice the MMAs, but make half as many blocks. They are taken when
+// their grid still fills every SM's kBlocksPerSm slots at least once. Measured on the
+// H100 (2026-11-23, results/report/gpu/bench.json, fused_br64 vs fused_br128, all three
+// dtypes): where B·H·tiles >= 264 (132 SMs x 2) 128 rows are 1.03-1.33x faster (one
+// exception: causal S = 512, D = 64, 0.97x); where the grid is smaller (B=2, H=8,
+// S <= 1024: 16-128 blocks) they are 0.63-0.96x.
+constexpr int kBlocksPerSm = 2;  // registers (~230 per thread) allow two blocks per SM
+
+int multiprocessors(int device) {
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute(multiProcessorCount)");
+  return sms;
+}
+
+bool tall_tiles_pay(const Params& p, int tall_rows, int device) {
+  const long long blocks =
+      static_cast<long long>(p.batch) * p.q_heads * ((p.q_len + tall_rows - 1) / tall_rows);
+  return blocks >= static_cast<long long>(multiprocessors(device)) * kBlocksPerSm;
+}
+
+int tile_rows_for(Kernel kernel, const Params& p, int dim, int device) {
+  const int rows = short_rows(kernel, dim);
+  if (!tall_allowed(kernel, dim)) return rows;
+  return tall_tiles_pay(p, 2 * rows, device) ? 2 * rows : rows;
 }
 
 Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& k,
@@ -194,8 +235,9 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
   plan.kernel = kernel == Kernel::automatic ? kernel_for(Impl::automatic, dtype) : kernel;
   const bool fp32 = dtype == DType::float32;
   if (plan.kernel == Kernel::fused_mma && fp32)
-    fail("the fused_mma CUDA kernel takes float16 or bfloat16, got float32");
-  if ((plan.kernel == Kernel::fused_tf32x3 || plan.kernel == Kernel::fused_fma) && !fp32)
+    fail(std::string("the ") + to_string(plan.kernel) +
+         " CUDA kernel takes float16 or bfloat16, got float32");
+  if ((is_tf32(plan.kernel) || plan.kernel == Kernel::fused_fma) && !fp32)
     fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes float32, got " +
          to_string(dtype));
 
@@ -277,11 +319,22 @@ Params make_params(const detail::Problem& pr, const TensorView& q, const TensorV
 }
 
 // Device memory for one call, stream-ordered: allocated on the stream before the
-// launches, freed on it after them (no synchronisation either way).
+// launches, freed on it after them (no synchronisation either way). From the
+// caller's allocator when Options::device_allocator is set (PyTorch's caching
+// allocator, through the binding), else from cudaMallocAsync.
 class StreamBuffer {
  public:
-  StreamBuffer(std::int64_t bytes, cudaStream_t stream, Kernel kernel) : stream_(stream) {
+  StreamBuffer(std::int64_t bytes, cudaStream_t stream, Kernel kernel,
+               const DeviceAllocator* allocator)
+      : stream_(stream), allocator_(allocator) {
     if (bytes == 0) return;
+    if (allocator_) {
+      ptr_ = allocator_->allocate(allocator_->context, bytes, stream);
+      if (!ptr_)
+        fail("the device allocator returned no memory for " + std::to_string(bytes) +
+             " bytes of working memory for the " + to_string(kernel) + " CUDA kernel");
+      return;
+    }
     const cudaError_t e = cudaMallocAsync(&ptr_, static_cast<std::size_t>(bytes), stream);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -292,7 +345,11 @@ class StreamBuffer {
     }
   }
   ~StreamBuffer() {
-    if (ptr_) cudaFreeAsync(ptr_, stream_);
+    if (!ptr_) return;
+    if (allocator_)
+      allocator_->deallocate(allocator_->context, ptr_, stream_);
+    else
+      cudaFreeAsync(ptr_, stream_);
   }
   StreamBuffer(const StreamBuffer&) = delete;
   StreamBuffer& operator=(const StreamBuffer&) = delete;
@@ -306,13 +363,18 @@ class StreamBuffer {
 
  private:
   cudaStream_t stream_;
+  const DeviceAllocator* allocator_;
   void* ptr_ = nullptr;
   std::int64_t used_ = 0;
 };
 
 void run(const Plan& plan, Params params, const TensorView& q, const TensorView& k,
-         const TensorView& v, cudaStream_t stream) {
-  StreamBuffer work(plan.total_bytes(), stream, plan.kernel);
+         const TensorView& v, cudaStream_t stream, const DeviceAllocator* allocator,
+         int device) {
+  StreamBuffer work(plan.total_bytes(), stream, plan.kernel, allocator);
+  auto rows = [&](int dim) {
+    return plan.tile_rows ? plan.tile_rows : tile_rows_for(plan.kernel, params, dim, device);
+  };
   with_type(q.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (plan.kernel == Kernel::reference) {
@@ -345,9 +407,9 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
         if (plan.kernel == Kernel::fused_fma)
           launch_fused_fma<D>(params, stream);
         else
-          launch_fused_tf32x3<D>(params, stream);
+          launch_fused_tf32x3<D>(params, plan.kernel == Kernel::fused_tf32x3, rows(D), stream);
       } else {
-        launch_fused_mma<T, D>(params, stream);
+        launch_fused_mma<T, D>(params, rows(D), stream);
       }
     });
   });
@@ -377,19 +439,28 @@ const char* to_string(Kernel kernel) {
     case Kernel::naive: return "naive";
     case Kernel::fused_mma: return "fused_mma";
     case Kernel::fused_tf32x3: return "fused_tf32x3";
+    case Kernel::fused_tf32: return "fused_tf32";
     case Kernel::fused_fma: return "fused_fma";
   }
   return "unknown kernel";
 }
 
-Kernel kernel_for(Impl impl, DType dtype) {
+Kernel kernel_for(Impl impl, DType dtype, bool allow_tf32) {
   switch (impl) {
     case Impl::reference: return Kernel::reference;
     case Impl::naive: return Kernel::naive;
     case Impl::automatic:
     case Impl::fused: break;
   }
-  return dtype == DType::float32 ? Kernel::fused_tf32x3 : Kernel::fused_mma;
+  if (dtype != DType::float32) return Kernel::fused_mma;
+  return allow_tf32 ? Kernel::fused_tf32 : Kernel::fused_tf32x3;
+}
+
+int max_tall_head_dim() {
+  int largest = 0;
+  for (int d = 16; d <= 256; d += 16)
+    if (mma_tiles(d).max_slices >= 2 && tf32_tiles(d).max_slices >= 2) largest = d;
+  return largest;
 }
 
 std::vector<int> supported_head_dims() {
@@ -410,10 +481,21 @@ std::string supported_head_dims_text() {
 
 void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView* lse, const Options& options,
-                  Kernel kernel) {
-  if (kernel == Kernel::automatic) kernel = kernel_for(options.impl, q.dtype);
+                  Kernel kernel, int tile_rows) {
+  if (kernel == Kernel::automatic) kernel = kernel_for(options.impl, q.dtype, options.allow_tf32);
   const detail::Problem problem = validate(q, k, v, &out, lse, options);
-  const Plan plan = make_plan(problem, q, k, v, kernel);
+  Plan plan = make_plan(problem, q, k, v, kernel);
+  if (tile_rows != 0) {
+    const int rows = short_rows(plan.kernel, plan.kernel_dim);
+    if (!is_tensor_core(plan.kernel) || (tile_rows != rows && tile_rows != 2 * rows))
+      fail("tile_rows = " + std::to_string(tile_rows) + " is not a tile height of the " +
+           to_string(plan.kernel) + " CUDA kernel (0, or " + std::to_string(rows) + " or " +
+           std::to_string(2 * rows) + " for the tensor-core kernels)");
+    if (tile_rows == 2 * rows && !tall_allowed(plan.kernel, plan.kernel_dim))
+      fail("tile_rows = " + std::to_string(tile_rows) + " needs a head dim of at most " +
+           std::to_string(max_tall_head_dim()) + ", got " + std::to_string(problem.head_dim));
+    plan.tile_rows = tile_rows;
+  }
   const int device = usable_device();
   expect_device_memory("q", q.data, device);
   expect_device_memory("k", k.data, device);
@@ -421,7 +503,7 @@ void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
   expect_device_memory("out", out.data, device);
   if (lse) expect_device_memory("lse", lse->data, device);
   run(plan, make_params(problem, q, k, v, out, lse), q, k, v,
-      static_cast<cudaStream_t>(options.cuda_stream));
+      static_cast<cudaStream_t>(options.cuda_stream), options.device_allocator, device);
 }
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -431,7 +513,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 
 std::int64_t extra_bytes_with(const TensorView& q, const TensorView& k, const TensorView& v,
                               const Options& options, Kernel kernel) {
-  if (kernel == Kernel::automatic) kernel = kernel_for(options.impl, q.dtype);
+  if (kernel == Kernel::automatic) kernel = kernel_for(options.impl, q.dtype, options.allow_tf32);
   const detail::Problem problem = validate(q, k, v, nullptr, nullptr, options);
   const Plan plan = make_plan(problem, q, k, v, kernel);
   return plan.total_bytes();

@@ -1,7 +1,8 @@
 // fattn — fused attention for float16 / bfloat16: FlashAttention-2 on mma.sync.
 //
-// One block = one query tile of Br = 16·warps rows of one (batch, head); each warp
-// owns 16 rows. For each key tile of Bc keys (the next one loading by cp.async into
+// One block = one query tile of Br = 16·kM·warps rows of one (batch, head); each warp
+// owns kM slices of 16 rows (kM = 1 or 2: a K or V fragment loaded from shared memory
+// then feeds kM MMAs, see tile_config.hpp). For each key tile of Bc keys (the next one loading by cp.async into
 // the other shared-memory stage meanwhile):
 //   S  = Q·Kᵀ                 mma m16n8k16, Q and K fragments by ldmatrix
 //   S ← S·scale·log2(e), masked (tiles crossing the sequence end or the causal limit)
@@ -24,48 +25,89 @@
 
 namespace fattn::cuda {
 
-template <class T, int kD>
+// kM: 16-row slices per warp (1: Br = 64, 2: Br = 128 with 4 warps; tile_config.hpp).
+template <class T, int kD, int kM>
 struct MmaShape {
   static constexpr int kWarps = mma_tiles(kD).warps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBr = 16 * kWarps;   // query rows per block
-  static constexpr int kBc = mma_tiles(kD).bc;  // keys per tile
-  static constexpr int kPitch = kD + 8;     // shared row pitch: +16 bytes (tile_config.hpp)
-  static constexpr int kNS = kBc / 8;       // 16×8 score blocks per warp
-  static constexpr int kDB = kD / 8;        // 16×8 output blocks per warp
+  static constexpr int kBr = 16 * kM * kWarps;  // query rows per block
+  static constexpr int kBc = kM == 1 ? mma_tiles(kD).bc : mma_tiles(kD).bc_tall;  // keys per tile
+  static constexpr int kPitch = kD + 8;         // shared row pitch: +16 bytes (tile_config.hpp)
+  static constexpr int kNS = kBc / 8;           // 16×8 score blocks per slice
+  static constexpr int kDB = kD / 8;            // 16×8 output blocks per slice
   static constexpr int kTileElems = kBc * kPitch;
   // Q, then 2 stages of K, then 2 stages of V.
   static constexpr int kSmemBytes =
       (kBr + 4 * kBc) * kPitch * static_cast<int>(sizeof(T));
   static_assert(kD % 16 == 0 && kBc % 16 == 0, "whole 16-wide mma steps");
+  static_assert(kM == 1 || kM == 2, "one or two 16-row slices per warp");
 };
 
-// O += P·V for one key tile, 16 keys per step: score blocks 2kk and 2kk+1, rounded to
-// T, are one A fragment; V's B fragments come transposed by ldmatrix (v_frag: this
-// lane's row address in the tile, see the kernel).
-template <class T, int kBc, int kD, int kPitch>
-__device__ __forceinline__ void pv_mma(const float (&s)[kBc / 8][4], float (&o)[kD / 8][4],
-                                       const T* v_frag) {
+// S = Q·Kᵀ for the warp's kM slices and the tile's Bc keys: each K fragment
+// (ldmatrix) feeds kM·2 MMAs. q_frag: this lane's row address of slice 0 in the Q
+// tile; k_frag: its row address in the K tile (see the kernel).
+template <class T, int kM, int kBc, int kD, int kPitch>
+__device__ __forceinline__ void qk_mma(float (&s)[kM][kBc / 8][4], const T* q_frag,
+                                       const T* k_frag) {
 #pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) {
-    const std::uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                                pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+  for (int m = 0; m < kM; ++m)
 #pragma unroll
-    for (int db = 0; db < kD / 16; ++db) {
+    for (int n = 0; n < kBc / 8; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+  // Two slices: not unrolled over kk, to keep the compiler from hoisting every K
+  // fragment of the tile into registers. (It did not remove the spills at D = 128 with
+  // Bc = 64 — Bc = 32 did, tile_config.hpp — and was not timed against full unrolling.)
+#pragma unroll(kM == 1 ? kD / 16 : 1)
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    std::uint32_t a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) ldmatrix_x4(a[m], q_frag + m * 16 * kPitch + kk * 16);
+#pragma unroll
+    for (int nb = 0; nb < kBc / 16; ++nb) {
       std::uint32_t b[4];
-      ldmatrix_x4_trans(b, v_frag + kk * 16 * kPitch + db * 16);
-      mma_16816<T>(o[2 * db], a, b[0], b[1]);
-      mma_16816<T>(o[2 * db + 1], a, b[2], b[3]);
+      ldmatrix_x4(b, k_frag + nb * 16 * kPitch + kk * 16);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma_16816<T>(s[m][2 * nb], a[m], b[0], b[1]);
+        mma_16816<T>(s[m][2 * nb + 1], a[m], b[2], b[3]);
+      }
     }
   }
 }
 
-template <class T, int kD>
-__global__ void __launch_bounds__(MmaShape<T, kD>::kThreads, 1)
+// O += P·V for one key tile, 16 keys per step: score blocks 2kk and 2kk+1 of each
+// slice, rounded to T, are one A fragment; V's B fragments come transposed by
+// ldmatrix (v_frag: this lane's row address in the tile, see the kernel), each
+// feeding kM·2 MMAs.
+template <class T, int kM, int kBc, int kD, int kPitch>
+__device__ __forceinline__ void pv_mma(const float (&s)[kM][kBc / 8][4],
+                                       float (&o)[kM][kD / 8][4], const T* v_frag) {
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    std::uint32_t a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      a[m][0] = pack2<T>(s[m][2 * kk][0], s[m][2 * kk][1]);
+      a[m][1] = pack2<T>(s[m][2 * kk][2], s[m][2 * kk][3]);
+      a[m][2] = pack2<T>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+      a[m][3] = pack2<T>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int db = 0; db < kD / 16; ++db) {
+      std::uint32_t b[4];
+      ldmatrix_x4_trans(b, v_frag + kk * 16 * kPitch + db * 16);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma_16816<T>(o[m][2 * db], a[m], b[0], b[1]);
+        mma_16816<T>(o[m][2 * db + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <class T, int kD, int kM>
+__global__ void __launch_bounds__(MmaShape<T, kD, kM>::kThreads, 1)
     fused_mma_kernel(const Params p) {
-  using S = MmaShape<T, kD>;
+  using S = MmaShape<T, kD, kM>;
   extern __shared__ __align__(16) unsigned char smem[];
   T* const sq = reinterpret_cast<T*>(smem);
   T* const sk = sq + S::kBr * S::kPitch;
@@ -90,11 +132,14 @@ __global__ void __launch_bounds__(MmaShape<T, kD>::kThreads, 1)
         sv + stage * S::kTileElems, v + k0 * p.v_stride.seq, p.v_stride.seq, rows, p.head_dim, tid);
   };
 
-  float o[S::kDB][4];
+  float o[kM][S::kDB][4];
+  WarpRows rows[kM];
 #pragma unroll
-  for (int d = 0; d < S::kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-  WarpRows rows;
-  rows.start();
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int d = 0; d < S::kDB; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
+    rows[m].start();
+  }
 
   if (tiles > 0) {
     load_tile_async<T, S::kBr, kD, S::kPitch, S::kThreads>(sq, q, p.q_stride.seq, q_rows,
@@ -103,12 +148,13 @@ __global__ void __launch_bounds__(MmaShape<T, kD>::kThreads, 1)
     cp_async_commit();
   }
 
-  const int warp_row0 = c.q0 + warp * 16;  // sequence index of the warp's first row
-  const int row0 = warp_row0 + lane / 4;   // ... of this thread's row g
+  // The warp's slice m holds block rows (warp·kM + m)·16 .. +15.
+  const int warp_row0 = c.q0 + warp * kM * 16;  // sequence index of the warp's first row
+  const int row0 = warp_row0 + lane / 4;        // ... of this thread's row g in slice 0
   // ldmatrix row addresses (mma.cuh): A fragments of Q (rows lane%16, column half lane/16),
   // B fragments of two 8-key blocks of K (keys lane%8 + 8·(lane/16), column half (lane/8)%2),
   // transposed B fragments of V (keys lane%8 + 8·((lane/8)%2), column half lane/16).
-  const T* const q_frag = sq + (warp * 16 + lane % 16) * S::kPitch + (lane / 16) * 8;
+  const T* const q_frag = sq + (warp * kM * 16 + lane % 16) * S::kPitch + (lane / 16) * 8;
   const int k_frag = (lane % 8 + (lane / 16) * 8) * S::kPitch + ((lane / 8) % 2) * 8;
   const int v_frag = (lane % 8 + ((lane / 8) % 2) * 8) * S::kPitch + (lane / 16) * 8;
 
@@ -121,50 +167,55 @@ __global__ void __launch_bounds__(MmaShape<T, kD>::kThreads, 1)
     const T* const skj = sk + stage * S::kTileElems;
     const T* const svj = sv + stage * S::kTileElems;
 
-    // S = Q·Kᵀ for the warp's 16 rows and the tile's Bc keys.
-    float s[S::kNS][4];
-#pragma unroll
-    for (int n = 0; n < S::kNS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      std::uint32_t a[4];
-      ldmatrix_x4(a, q_frag + kk * 16);
-#pragma unroll
-      for (int nb = 0; nb < S::kBc / 16; ++nb) {
-        std::uint32_t b[4];
-        ldmatrix_x4(b, skj + nb * 16 * S::kPitch + k_frag + kk * 16);
-        mma_16816<T>(s[2 * nb], a, b[0], b[1]);
-        mma_16816<T>(s[2 * nb + 1], a, b[2], b[3]);
-      }
-    }
+    float s[kM][S::kNS][4];
+    qk_mma<T, kM, S::kBc, kD, S::kPitch>(s, q_frag, skj + k_frag);
 
     const int k0 = j * S::kBc;
-    const bool mask = k0 + S::kBc > p.kv_len ||
-                      (p.causal && k0 + S::kBc - 1 > warp_row0 + p.causal_offset);
     // A tile crossing the causal diagonal: some rows must not see some keys' values.
     // Block-uniform test, so the block-wide scan below is entered by all threads.
     bool v_nonfinite = false;
     if (p.causal && k0 + S::kBc - 1 > c.q0 + p.causal_offset)
       v_nonfinite = tile_has_nonfinite<T, S::kBc, kD, S::kPitch, S::kThreads>(
           svj, min(S::kBc, p.kv_len - k0), tid);
-    scale_and_mask(s, p, mask, row0, k0 + 2 * (lane % 4));
-    softmax_update(s, o, rows);
+    bool any_mask = false;
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      const int slice_row0 = warp_row0 + m * 16;
+      const bool mask = k0 + S::kBc > p.kv_len ||
+                        (p.causal && k0 + S::kBc - 1 > slice_row0 + p.causal_offset);
+      any_mask |= mask;
+      scale_and_mask(s[m], p, mask, row0 + m * 16, k0 + 2 * (lane % 4));
+      softmax_update(s[m], o[m], rows[m]);
+    }
 
-    if (mask && v_nonfinite)  // rare: a NaN/Inf value at a key some rows do not see
-      pv_visible_keys(s, o, svj, S::kPitch, p, row0, k0, lane);
-    else
-      pv_mma<T, S::kBc, kD, S::kPitch>(s, o, svj + v_frag);
+    if (any_mask && v_nonfinite) {  // rare: a NaN/Inf value at a key some rows do not see
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+        pv_visible_keys(s[m], o[m], svj, S::kPitch, p, row0 + m * 16, k0, lane);
+    } else {
+      pv_mma<T, kM, S::kBc, kD, S::kPitch>(s, o, svj + v_frag);
+    }
     __syncthreads();  // this stage is reloaded by the next iteration's prefetch
   }
 
   T* const out = head_ptr<T>(p.out, p.out_stride, c.b, c.h);
   float* const lse = p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr;
-  store_rows<T>(o, rows, p, out, lse, row0, lane);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) store_rows<T>(o[m], rows[m], p, out, lse, row0 + m * 16, lane);
 }
 
+// rows_per_block: 64 or 128 (dispatch.cu chooses; 128 only where mma_tiles allows it).
 template <class T, int D>
-void launch_fused_mma(const Params& p, cudaStream_t stream) {
-  launch_per_query_tile<MmaShape<T, D>>(fused_mma_kernel<T, D>, "fused_mma_kernel", p, stream);
+void launch_fused_mma(const Params& p, int rows_per_block, cudaStream_t stream) {
+  if constexpr (mma_tiles(D).max_slices >= 2) {
+    if (rows_per_block == MmaShape<T, D, 2>::kBr) {
+      launch_per_query_tile<MmaShape<T, D, 2>>(fused_mma_kernel<T, D, 2>, "fused_mma_kernel", p,
+                                               stream);
+      return;
+    }
+  }
+  launch_per_query_tile<MmaShape<T, D, 1>>(fused_mma_kernel<T, D, 1>, "fused_mma_kernel", p,
+                                           stream);
 }
 
 }  // namespace fattn::cuda

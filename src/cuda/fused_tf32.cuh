@@ -1,7 +1,15 @@
-// fattn — fused attention for float32 on tensor cores: 3xTF32 mma.sync m16n8k8.
+// fattn — fused attention for float32 on tensor cores: mma.sync m16n8k8 in
+//   kExact = true   3xTF32 for Q·Kᵀ and P·V: float32-level accuracy (the default)
+//   kExact = false  TF32 mode (Options::allow_tf32): Q·Kᵀ in plain TF32 (1 MMA), P·V
+//                   with V split (2 MMAs: P·V_big + P·V_small) — half the MMAs of
+//                   3xTF32. V is kept near float32 because a row that sees one key
+//                   outputs that key's value: plain TF32 would round it by 2^-11
+//                   relative, and max_err over randn inputs reached 1.7e-3 on the H100
+//                   (causal, S = 512; results/report/gpu/history/); P in [0, 1] and the scores
+//                   tolerate 11 bits.
 //
-// The warp layout, softmax and epilogue are the 16-bit kernel's (16 query rows per
-// warp, the m16n8 C layout, warp_softmax.cuh). Every product goes through 3xTF32
+// The warp layout, softmax and epilogue are the 16-bit kernel's (kM slices of 16
+// query rows per warp, the m16n8 C layout, warp_softmax.cuh). Every product goes through 3xTF32
 // (mma.cuh): each operand is split into a tf32 big part and a tf32 remainder, and
 // three MMAs (small·big, big·small, big·big) give float32-level accuracy — a plain
 // TF32 MMA would lose 13 mantissa bits of every input (errors near 1e-3).
@@ -30,39 +38,82 @@
 
 namespace fattn::cuda {
 
-template <int kD>
+// kM: 16-row slices per warp (tile_config.hpp).
+template <int kD, int kM>
 struct Tf32Shape {
   static constexpr int kWarps = tf32_tiles(kD).warps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBr = 16 * kWarps;
-  static constexpr int kBc = tf32_tiles(kD).bc;
+  static constexpr int kBr = 16 * kM * kWarps;
+  static constexpr int kBc = kM == 1 ? tf32_tiles(kD).bc : tf32_tiles(kD).bc_tall;
   static constexpr int kPitch = kD + 4;  // +4 floats: conflict-free fragment loads
   static constexpr int kNS = kBc / 8;
   static constexpr int kDB = kD / 8;
   static constexpr int kSmemBytes = (kBr + 2 * kBc) * kPitch * 4;  // Q, K, V
   static_assert(kD % 8 == 0 && kBc % 8 == 0, "whole 8-wide mma steps");
+  static_assert(kM == 1 || kM == 2, "one or two 16-row slices per warp");
 };
 
-// O += P·V for one key tile, 8 keys per step, in 3xTF32. P's A fragment takes the
-// score registers as they are, with keys relabelled (k-index t = key 2t, t+4 = key
-// 2t+1); v_frag points at this thread's B element (key 2t, dim g) of the V tile.
-template <int kNS, int kDB, int kPitch>
-__device__ __forceinline__ void pv_3xtf32(const float (&s)[kNS][4], float (&o)[kDB][4],
-                                          const float* v_frag) {
+// S = Q·Kᵀ for the warp's kM slices: each K fragment is loaded and split once for
+// the kM slices. q_frag: this thread's A element (row g, column t) of slice 0;
+// k_frag: its B element (key g, dim t) of the K tile.
+template <bool kExact, int kM, int kNS, int kD, int kPitch>
+__device__ __forceinline__ void qk_tf32(float (&s)[kM][kNS][4], const float* q_frag,
+                                        const float* k_frag) {
 #pragma unroll
-  for (int n = 0; n < kNS; ++n) {
-    const Tf32Split a[4] = {split_tf32(s[n][0]), split_tf32(s[n][2]), split_tf32(s[n][1]),
-                            split_tf32(s[n][3])};
-    const float* const vb = v_frag + n * 8 * kPitch;
+  for (int m = 0; m < kM; ++m)
 #pragma unroll
-    for (int db = 0; db < kDB; ++db)
-      mma_1688_3xtf32(o[db], a, split_tf32(vb[db * 8]), split_tf32(vb[kPitch + db * 8]));
+    for (int n = 0; n < kNS; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+#pragma unroll 1
+  for (int kk = 0; kk < kD / 8; ++kk) {
+    Tf32Split a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      const float* const qa = q_frag + m * 16 * kPitch + kk * 8;
+      a[m][0] = split_tf32<kExact>(qa[0]);
+      a[m][1] = split_tf32<kExact>(qa[8 * kPitch]);
+      a[m][2] = split_tf32<kExact>(qa[4]);
+      a[m][3] = split_tf32<kExact>(qa[8 * kPitch + 4]);
+    }
+#pragma unroll
+    for (int n = 0; n < kNS; ++n) {
+      const float* const kb = k_frag + n * 8 * kPitch + kk * 8;
+      const Tf32Split b0 = split_tf32<kExact>(kb[0]), b1 = split_tf32<kExact>(kb[4]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) mma_1688_3xtf32<kExact, kExact>(s[m][n], a[m], b0, b1);
+    }
   }
 }
 
-template <int kD>
-__global__ void __launch_bounds__(Tf32Shape<kD>::kThreads, 1) fused_tf32x3_kernel(const Params p) {
-  using S = Tf32Shape<kD>;
+// O += P·V for one key tile, 8 keys per step. P's A fragment takes the score
+// registers as they are, with keys relabelled (k-index t = key 2t, t+4 = key 2t+1);
+// v_frag points at this thread's B element (key 2t, dim g) of the V tile, loaded and
+// split once for the kM slices. V is always split (see the top of this file).
+template <bool kExact, int kM, int kNS, int kDB, int kPitch>
+__device__ __forceinline__ void pv_tf32(const float (&s)[kM][kNS][4], float (&o)[kM][kDB][4],
+                                        const float* v_frag) {
+#pragma unroll
+  for (int n = 0; n < kNS; ++n) {
+    Tf32Split a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      a[m][0] = split_tf32<kExact>(s[m][n][0]);
+      a[m][1] = split_tf32<kExact>(s[m][n][2]);
+      a[m][2] = split_tf32<kExact>(s[m][n][1]);
+      a[m][3] = split_tf32<kExact>(s[m][n][3]);
+    }
+    const float* const vb = v_frag + n * 8 * kPitch;
+#pragma unroll
+    for (int db = 0; db < kDB; ++db) {
+      const Tf32Split b0 = split_tf32(vb[db * 8]), b1 = split_tf32(vb[kPitch + db * 8]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) mma_1688_3xtf32<kExact, true>(o[m][db], a[m], b0, b1);
+    }
+  }
+}
+
+template <int kD, bool kExact, int kM>
+__global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32x3_kernel(const Params p) {
+  using S = Tf32Shape<kD, kM>;
   extern __shared__ __align__(16) unsigned char smem[];
   float* const sq = reinterpret_cast<float*>(smem);
   float* const sk = sq + S::kBr * S::kPitch;
@@ -85,11 +136,14 @@ __global__ void __launch_bounds__(Tf32Shape<kD>::kThreads, 1) fused_tf32x3_kerne
         dst, src + k0 * stride, stride, min(S::kBc, p.kv_len - k0), p.head_dim, tid);
   };
 
-  float o[S::kDB][4];
+  float o[kM][S::kDB][4];
+  WarpRows rows[kM];
 #pragma unroll
-  for (int d = 0; d < S::kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-  WarpRows rows;
-  rows.start();
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int d = 0; d < S::kDB; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
+    rows[m].start();
+  }
 
   if (tiles > 0) {  // three groups: Q, K_0, V_0
     load_tile_async<float, S::kBr, kD, S::kPitch, S::kThreads>(sq, q, p.q_stride.seq, q_rows,
@@ -101,52 +155,46 @@ __global__ void __launch_bounds__(Tf32Shape<kD>::kThreads, 1) fused_tf32x3_kerne
     cp_async_commit();
   }
 
-  const int warp_row0 = c.q0 + warp * 16;
+  const int warp_row0 = c.q0 + warp * kM * 16;  // slice m starts 16·m rows later
   const int row0 = warp_row0 + g;
-  const float* const q_frag = sq + (warp * 16 + g) * S::kPitch + t;  // A: (g, t)
-  const float* const k_frag = sk + g * S::kPitch + t;                 // B: (key g, dim t)
-  const float* const v_frag = sv + 2 * t * S::kPitch + g;             // B: (key 2t, dim g)
+  const float* const q_frag = sq + (warp * kM * 16 + g) * S::kPitch + t;  // A: (g, t)
+  const float* const k_frag = sk + g * S::kPitch + t;                      // B: (key g, dim t)
+  const float* const v_frag = sv + 2 * t * S::kPitch + g;                  // B: (key 2t, dim g)
 
   for (int j = 0; j < tiles; ++j) {
     cp_async_wait<1>();  // all but the newest group (V_j): Q and K_j have landed
     __syncthreads();
 
-    float s[S::kNS][4];
-#pragma unroll
-    for (int n = 0; n < S::kNS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll 1
-    for (int kk = 0; kk < kD / 8; ++kk) {
-      const float* const qa = q_frag + kk * 8;
-      const Tf32Split a[4] = {split_tf32(qa[0]), split_tf32(qa[8 * S::kPitch]),
-                              split_tf32(qa[4]), split_tf32(qa[8 * S::kPitch + 4])};
-#pragma unroll
-      for (int n = 0; n < S::kNS; ++n) {
-        const float* const kb = k_frag + n * 8 * S::kPitch + kk * 8;
-        mma_1688_3xtf32(s[n], a, split_tf32(kb[0]), split_tf32(kb[4]));
-      }
-    }
+    float s[kM][S::kNS][4];
+    qk_tf32<kExact, kM, S::kNS, kD, S::kPitch>(s, q_frag, k_frag);
     __syncthreads();  // every warp is done with K_j
     if (j + 1 < tiles) load(sk, k, p.k_stride.seq, j + 1);
     cp_async_commit();
 
     const int k0 = j * S::kBc;
-    const bool mask = k0 + S::kBc > p.kv_len ||
-                      (p.causal && k0 + S::kBc - 1 > warp_row0 + p.causal_offset);
-    scale_and_mask(s, p, mask, row0, k0 + 2 * t);
-    softmax_update(s, o, rows);
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      const bool mask = k0 + S::kBc > p.kv_len ||
+                        (p.causal && k0 + S::kBc - 1 > warp_row0 + m * 16 + p.causal_offset);
+      scale_and_mask(s[m], p, mask, row0 + m * 16, k0 + 2 * t);
+      softmax_update(s[m], o[m], rows[m]);
+    }
 
     cp_async_wait<1>();  // all but K_{j+1}: V_j has landed
     __syncthreads();
     // Every V tile is scanned for NaN / Inf (block-wide, a few shared loads per
-    // thread): 3xTF32 would turn an infinite value into NaN (inf - inf in the split,
+    // thread): splitting an infinite value gives NaN (inf - inf in the split,
     // inf·0 in the small products), and a masked tile would add 0·NaN to rows that
     // do not see the key. Such a tile takes the plain-FMA path with visible keys only.
     const bool v_nonfinite = tile_has_nonfinite<float, S::kBc, kD, S::kPitch, S::kThreads>(
         sv, min(S::kBc, p.kv_len - k0), tid);
-    if (v_nonfinite)  // rare
-      pv_visible_keys(s, o, sv, S::kPitch, p, row0, k0, lane);
-    else
-      pv_3xtf32<S::kNS, S::kDB, S::kPitch>(s, o, v_frag);
+    if (v_nonfinite) {  // rare
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+        pv_visible_keys(s[m], o[m], sv, S::kPitch, p, row0 + m * 16, k0, lane);
+    } else {
+      pv_tf32<kExact, kM, S::kNS, S::kDB, S::kPitch>(s, o, v_frag);
+    }
     __syncthreads();  // every warp is done with V_j
     if (j + 1 < tiles) load(sv, v, p.v_stride.seq, j + 1);
     cp_async_commit();
@@ -154,12 +202,30 @@ __global__ void __launch_bounds__(Tf32Shape<kD>::kThreads, 1) fused_tf32x3_kerne
 
   float* const out = head_ptr<float>(p.out, p.out_stride, c.b, c.h);
   float* const lse = p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr;
-  store_rows<float>(o, rows, p, out, lse, row0, lane);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) store_rows<float>(o[m], rows[m], p, out, lse, row0 + m * 16, lane);
 }
 
+template <int D, bool kExact>
+void launch_tf32(const Params& p, int rows_per_block, cudaStream_t stream) {
+  const char* const name = kExact ? "fused_tf32x3_kernel" : "fused_tf32_kernel";
+  if constexpr (tf32_tiles(D).max_slices >= 2) {
+    if (rows_per_block == Tf32Shape<D, 2>::kBr) {
+      launch_per_query_tile<Tf32Shape<D, 2>>(fused_tf32x3_kernel<D, kExact, 2>, name, p, stream);
+      return;
+    }
+  }
+  launch_per_query_tile<Tf32Shape<D, 1>>(fused_tf32x3_kernel<D, kExact, 1>, name, p, stream);
+}
+
+// exact: 3xTF32 (true) or the TF32 mode (false); rows_per_block: 64, or 128 where
+// tf32_tiles(D) allows it (dispatch.cu chooses).
 template <int D>
-void launch_fused_tf32x3(const Params& p, cudaStream_t stream) {
-  launch_per_query_tile<Tf32Shape<D>>(fused_tf32x3_kernel<D>, "fused_tf32x3_kernel", p, stream);
+void launch_fused_tf32x3(const Params& p, bool exact, int rows_per_block, cudaStream_t stream) {
+  if (exact)
+    launch_tf32<D, true>(p, rows_per_block, stream);
+  else
+    launch_tf32<D, false>(p, rows_per_block, stream);
 }
 
 }  // namespace fattn::cuda

@@ -85,21 +85,29 @@ __device__ __forceinline__ std::uint32_t to_tf32(float x) {
 // 3xTF32: x = big + small with both parts tf32; big·big + big·small + small·big
 // recovers about 21 of float32's 24 mantissa bits of each product (the dropped
 // small·small term is below 2^-21 relative), enough for float32-level accuracy.
+// An operand that is not split keeps its big part only (small = 0): about 11 bits.
 struct Tf32Split {
   std::uint32_t big, small;
 };
+template <bool kSplit = true>
 __device__ __forceinline__ Tf32Split split_tf32(float x) {
   const std::uint32_t big = to_tf32(x);
+  if constexpr (!kSplit) return {big, 0u};
   return {big, to_tf32(x - __uint_as_float(big))};
 }
 
-// d += a·b in 3xTF32 (small products first, so they are not lost in a large d).
+// d += a·b from split operands: big·big, plus small·big where a is split and big·small
+// where b is split (small products first, so they are not lost in a large d).
+// <true, true> is 3xTF32 (3 MMAs); <false, false> is plain TF32 (1 MMA).
+template <bool kSplitA = true, bool kSplitB = true>
 __device__ __forceinline__ void mma_1688_3xtf32(float (&d)[4], const Tf32Split (&a)[4],
                                                 Tf32Split b0, Tf32Split b1) {
   const std::uint32_t a_big[4] = {a[0].big, a[1].big, a[2].big, a[3].big};
-  const std::uint32_t a_small[4] = {a[0].small, a[1].small, a[2].small, a[3].small};
-  mma_1688_tf32(d, a_small, b0.big, b1.big);
-  mma_1688_tf32(d, a_big, b0.small, b1.small);
+  if constexpr (kSplitA) {
+    const std::uint32_t a_small[4] = {a[0].small, a[1].small, a[2].small, a[3].small};
+    mma_1688_tf32(d, a_small, b0.big, b1.big);
+  }
+  if constexpr (kSplitB) mma_1688_tf32(d, a_big, b0.small, b1.small);
   mma_1688_tf32(d, a_big, b0.big, b1.big);
 }
 

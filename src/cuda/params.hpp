@@ -50,10 +50,12 @@ struct Params {
 // fused ones per head dim in the files cmake/cuda.cmake generates from
 // FATTN_CUDA_HEAD_DIMS, the others in their own .cu file. They launch on `stream`
 // and check the launch (cudaGetLastError), throwing fattn::Error.
+// T = __half or __nv_bfloat16; rows_per_block 64, or 128 where mma_tiles(D) allows it.
 template <class T, int D>
-void launch_fused_mma(const Params& p, cudaStream_t stream);  // T = __half or __nv_bfloat16
+void launch_fused_mma(const Params& p, int rows_per_block, cudaStream_t stream);
 template <int D>
-void launch_fused_tf32x3(const Params& p, cudaStream_t stream);
+void launch_fused_tf32x3(const Params& p, bool exact, int rows_per_block,
+                         cudaStream_t stream);  // exact = false: the TF32 mode
 template <int D>
 void launch_fused_fma(const Params& p, cudaStream_t stream);
 

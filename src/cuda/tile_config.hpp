@@ -1,8 +1,7 @@
 // fattn — tile sizes of the fused CUDA kernels, per head dim, with their reasons.
 //
-// None of these has been measured yet: every value is a first choice from the
-// register and shared-memory budgets below, TO BE MEASURED ON THE H100 (ncu: achieved
-// occupancy, smem bank conflicts, stall reasons; gpu/gpu_bench.cu: time per config).
+// First choices from the register and shared-memory budgets below; the measurements
+// on the H100 so far are named where they exist (docs/perf-log.md, results/report/gpu/).
 //
 // Budgets per SM (sm_80 / sm_90): 64K 32-bit registers, at most 255 per thread;
 // 164 KB / 227 KB of shared memory for one block (opt-in above 48 KB).
@@ -11,34 +10,52 @@
 namespace fattn::cuda {
 
 // FlashAttention-2 on mma.sync m16n8k16 (float16 / bfloat16).
-// Each warp owns 16 query rows (one m16 slice), so the row softmax stays inside the
-// warp; Br = 16·warps. Per thread: o = 16·D/32 floats, s = 16·Bc/32 floats; Q is
-// re-read from shared memory by ldmatrix for every key tile (FlashAttention-2's
-// default for sm_80), which keeps registers for o.
-//   D <= 128: 4 warps, Bc = 64. o <= 64 + s 32 registers, leaving room for the
-//             operand fragments without spills; shared memory
-//             (Br + 2 stages · 2 · Bc) · (D + 8) · 2 B = 87 KB at D = 128: 2 blocks/SM.
-//   D = 256:  4 warps, Bc = 32. o = 128 registers, so the score tile is halved to
-//             keep s at 16; 101 KB of shared memory.
+// Each warp owns kM slices of 16 query rows (m16), so the row softmax stays inside
+// the warp; Br = 16·kM·warps. Per thread: o = kM·16·D/32 floats, s = kM·16·Bc/32
+// floats; Q is re-read from shared memory by ldmatrix for every key tile
+// (FlashAttention-2's default for sm_80), which keeps registers for o.
+//   kM = 1 (Br = 64): every K/V fragment loaded by ldmatrix feeds 2 MMAs, so shared
+//             memory delivers one 16×8 B fragment (256 B) per 4096-FLOP MMA. First
+//             H100 run (2026-11-23, results/report/gpu/history/run1-bench.json, D = 128
+//             fp16, S >= 4096): 218-250 TFLOP/s.
+//   kM = 2 (Br = 128, as FlashAttention-2 for D <= 128): each fragment feeds 4 MMAs,
+//             halving shared-memory reads per FLOP. Half as many blocks: dispatch.cu
+//             picks it only when the grid still fills the GPU (tall_tiles_pay there).
+//             Measured (results/report/gpu/bench.json): D = 128 fp16 S >= 4096
+//             250-262 TFLOP/s, D = 64 218-234, 1.03-1.33x of kM = 1 on full grids.
+//   D <= 64:  4 warps, Bc = 64, kM up to 2.
+//   D <= 128: 4 warps, Bc = 64 for kM = 1; Bc = 32 for kM = 2: with Bc = 64 ptxas
+//             spilled 204 B at D = 128 (o + s = 192 registers), with 32 none (s = 32).
+//             Shared memory (Br + 2 stages · 2 · Bc) · (D + 8) · 2 B = 87 KB (kM = 1) /
+//             70 KB (kM = 2) at D = 128; registers allow 2 blocks/SM either way.
+//   D = 256:  4 warps, Bc = 32, kM = 1. o = 128 registers, so the score tile is
+//             halved to keep s at 16; 101 KB of shared memory.
 // Shared rows are padded by 8 elements (16 bytes): the 8 row addresses of one
 // ldmatrix 8×8 matrix then start in 8 different 16-byte bank groups (no conflicts).
 struct MmaTiles {
-  int warps, bc;
+  int warps, bc, max_slices, bc_tall;  // bc_tall: keys per tile with two slices per warp
 };
-constexpr MmaTiles mma_tiles(int d) { return d <= 128 ? MmaTiles{4, 64} : MmaTiles{4, 32}; }
+constexpr MmaTiles mma_tiles(int d) {
+  return d <= 64 ? MmaTiles{4, 64, 2, 64} : d <= 128 ? MmaTiles{4, 64, 2, 32} : MmaTiles{4, 32, 1, 32};
+}
 
-// 3xTF32 on mma.sync m16n8k8 (float32). Same warp layout as the 16-bit kernel
-// (16 rows per warp, 4 warps, Br = 64). K and V each have one shared stage, with the
+// 3xTF32 / TF32 on mma.sync m16n8k8 (float32). Same warp layout as the 16-bit kernel
+// (kM = 1 or 2 slices of 16 rows per warp, 4 warps, Br = 64 or 128; the 128-row tiles
+// share each K/V fragment load and split between two slices). K and V each have one shared stage, with the
 // next K tile loading during softmax and P·V and the next V tile during Q·Kᵀ
 // (float32 tiles are twice the bytes: two stages of both would need 168 KB at D = 128,
 // over sm_80's 164 KB). Rows are padded by 4 floats: the LDS pattern of the fragments
 // (row g, column t) then hits 32 different banks.
 //   D <= 128: Bc = 64, (64 + 2·64)·(D + 4)·4 B = 101 KB at D = 128.
-//   D = 256:  Bc = 32 (o is 128 registers), 133 KB.
+//             kM = 2: Bc = 64 up to D = 64 (70 KB), 32 above (o + s registers, as
+//             for the 16-bit kernel): (128 + 2·32)·132·4 B = 101 KB at D = 128.
+//   D = 256:  Bc = 32 (o is 128 registers), 133 KB; kM = 1 only.
 struct Tf32Tiles {
-  int warps, bc;
+  int warps, bc, max_slices, bc_tall;
 };
-constexpr Tf32Tiles tf32_tiles(int d) { return d <= 128 ? Tf32Tiles{4, 64} : Tf32Tiles{4, 32}; }
+constexpr Tf32Tiles tf32_tiles(int d) {
+  return d <= 64 ? Tf32Tiles{4, 64, 2, 64} : d <= 128 ? Tf32Tiles{4, 64, 2, 32} : Tf32Tiles{4, 32, 1, 32};
+}
 
 // Exact float32 with FMAs (no tensor cores). 256 threads as 16 × 16: thread (r, c)
 // holds the scores of rows 4r..4r+3 and columns c, c+16, ... of the tile, so a row

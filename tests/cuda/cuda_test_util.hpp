@@ -18,7 +18,11 @@
 //    where baseline is the max error of the plain same-precision pipeline (scores and
 //    softmax in float32 from the dtype's inputs, P rounded to the dtype, P·V
 //    accumulated in float32, output rounded to the dtype) against the same reference.
-//  * lse: |err| <= 5e-5·max(1, |ref|) (1e-6 for Kernel::reference); -inf and NaN exact.
+//    For Kernel::fused_tf32 (the TF32 mode) the pipeline's q, k and P are rounded to
+//    tf32 (10 mantissa bits, as cvt.rna.tf32.f32; v is split, so kept), so its
+//    tolerance is twice what that arithmetic itself costs.
+//  * lse: |err| <= 5e-5·max(1, |ref|) + 2·(the pipeline's max lse error) (1e-6·max(1,
+//    |ref|) for Kernel::reference); -inf and NaN exact.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -267,6 +271,7 @@ inline void fill_random(Tensor& t, std::mt19937_64& rng) {
 struct Case {
   DType dtype = DType::float32;
   Kernel kernel = Kernel::automatic;
+  int tile_rows = 0;  // fused tensor-core kernels: 0 (chosen per problem), 64 or 128
   int B = 1, Hq = 2, Hkv = 1, Sq = 65, Sk = 65, D = 64;
   Causal causal = Causal::none;
   Layout layout = Layout::bhsd;
@@ -277,7 +282,9 @@ struct Case {
 
   std::string name() const {
     std::ostringstream s;
-    s << short_name(dtype) << "_" << fattn::cuda::to_string(kernel) << "_S" << Sq << "x" << Sk
+    s << short_name(dtype) << "_" << fattn::cuda::to_string(kernel);
+    if (tile_rows) s << "_r" << tile_rows;
+    s << "_S" << Sq << "x" << Sk
       << "_D" << D << "_H" << Hq << "x" << Hkv << "_B" << B << "_" << fattn::to_string(causal)
       << "_" << to_string(layout);
     if (!with_lse) s << "_nolse";
@@ -314,24 +321,37 @@ inline HostCopy host_copy(const Tensor& t) {
   return c;
 }
 
+// x rounded to tf32 as cvt.rna.tf32.f32 does: to nearest, ties away from zero, on the
+// 13 low mantissa bits (finite inputs; the tests draw N(0,1) values).
+inline float round_tf32(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x1000u) & ~0x1fffu;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
 // The plain same-precision pipeline for one row (see the header comment).
-inline void baseline_row(const Case& c, const HostCopy& q, const HostCopy& k, const HostCopy& v,
-                         double scale, int b, int h, int i, std::vector<double>& out) {
+// Returns the pipeline's logsumexp of the row (-inf for a row that sees no key).
+inline double baseline_row(const Case& c, const HostCopy& q, const HostCopy& k, const HostCopy& v,
+                           double scale, int b, int h, int i, std::vector<double>& out) {
   const int hk = h / (c.Hq / c.Hkv);
   const std::int64_t offset = c.causal == Causal::bottom_right ? c.Sk - c.Sq : 0;
   int visible = c.Sk;
   if (c.causal != Causal::none)
     visible = static_cast<int>(std::clamp<std::int64_t>(i + offset + 1, 0, c.Sk));
   out.assign(static_cast<std::size_t>(c.D), 0.0);
-  if (visible == 0) return;
+  if (visible == 0) return -std::numeric_limits<double>::infinity();
   const float* qr = q.data.data() + ((static_cast<std::int64_t>(b) * c.Hq + h) * c.Sq + i) * c.D;
   const float* kb = k.data.data() + (static_cast<std::int64_t>(b) * c.Hkv + hk) * c.Sk * c.D;
   const float* vb = v.data.data() + (static_cast<std::int64_t>(b) * c.Hkv + hk) * c.Sk * c.D;
+  const bool tf32 = c.kernel == Kernel::fused_tf32;
+  auto operand = [tf32](float x) { return tf32 ? round_tf32(x) : x; };
   std::vector<float> s(static_cast<std::size_t>(visible));
   float m = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < visible; ++j) {
     float dot = 0.0f;
-    for (int d = 0; d < c.D; ++d) dot += qr[d] * kb[j * c.D + d];
+    for (int d = 0; d < c.D; ++d) dot += operand(qr[d]) * operand(kb[j * c.D + d]);
     s[static_cast<std::size_t>(j)] = dot * static_cast<float>(scale);
     m = std::max(m, s[static_cast<std::size_t>(j)]);
   }
@@ -339,11 +359,12 @@ inline void baseline_row(const Case& c, const HostCopy& q, const HostCopy& k, co
   for (float& x : s) l += (x = std::exp(x - m));
   std::vector<float> o(static_cast<std::size_t>(c.D), 0.0f);
   for (int j = 0; j < visible; ++j) {
-    const float pj = round_to(c.dtype, s[static_cast<std::size_t>(j)] / l);
+    const float pj = operand(round_to(c.dtype, s[static_cast<std::size_t>(j)] / l));
     for (int d = 0; d < c.D; ++d) o[static_cast<std::size_t>(d)] += pj * vb[j * c.D + d];
   }
   for (int d = 0; d < c.D; ++d)
     out[static_cast<std::size_t>(d)] = round_to(c.dtype, o[static_cast<std::size_t>(d)]);
+  return static_cast<double>(m) + std::log(static_cast<double>(l));
 }
 
 struct Outcome {
@@ -382,7 +403,8 @@ Outcome run_case(const Case& c, Prepare&& prepare) {
   const TensorView qv = q.view(dq.get()), kv = k.view(dk.get()), vv = v.view(dv.get());
   const TensorView ov = out.view(dout.get()), lv = lse.view(dlse.get());
   try {
-    fattn::cuda::forward_with(qv, kv, vv, ov, c.with_lse ? &lv : nullptr, options, c.kernel);
+    fattn::cuda::forward_with(qv, kv, vv, ov, c.with_lse ? &lv : nullptr, options, c.kernel,
+                              c.tile_rows);
   } catch (const fattn::Error& e) {
     ADD_FAILURE() << "forward_with threw: " << e.what();
     return result;
@@ -416,7 +438,7 @@ Outcome run_case(const Case& c, Prepare&& prepare) {
   const double scale = std::isnan(c.scale) ? 1.0 / std::sqrt(static_cast<double>(c.D)) : c.scale;
   const std::int64_t rows = static_cast<std::int64_t>(c.B) * c.Hq * c.Sq;
   std::vector<double> ref(static_cast<std::size_t>(rows * c.D)), base(ref.size()),
-      ref_lse(static_cast<std::size_t>(rows));
+      ref_lse(static_cast<std::size_t>(rows)), base_lse(static_cast<std::size_t>(rows));
   std::vector<char> checked(static_cast<std::size_t>(rows));
   Options ref_options;
   ref_options.causal = c.causal;
@@ -431,8 +453,16 @@ Outcome run_case(const Case& c, Prepare&& prepare) {
         fattn::reference_row(hq.view, hk.view, hv.view, ref_options, b, h, i,
                              ref.data() + r * c.D);
     std::vector<double> row;
-    baseline_row(c, hq, hk, hv, scale, b, h, i, row);
+    base_lse[static_cast<std::size_t>(r)] = baseline_row(c, hq, hk, hv, scale, b, h, i, row);
     std::copy(row.begin(), row.end(), base.begin() + r * c.D);
+  }
+  // The lse tolerance grows by twice the pipeline's own lse error, as the output's does
+  // (it matters for the TF32 mode, whose scores carry ~2^-11 relative error).
+  double base_lse_err = 0.0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double want = ref_lse[static_cast<std::size_t>(r)];
+    if (checked[static_cast<std::size_t>(r)] && std::isfinite(want))
+      base_lse_err = std::max(base_lse_err, std::fabs(base_lse[static_cast<std::size_t>(r)] - want));
   }
 
   double max_err = 0.0, max_ref = 0.0, base_err = 0.0;
@@ -477,7 +507,9 @@ Outcome run_case(const Case& c, Prepare&& prepare) {
     if (c.with_lse && checked[static_cast<std::size_t>(r)]) {
       const float got = lse.get(b, h, i);
       const double want = ref_lse[static_cast<std::size_t>(r)];
-      const double tol = (c.kernel == Kernel::reference ? 1e-6 : 5e-5) * std::max(1.0, std::fabs(want));
+      const double tol = c.kernel == Kernel::reference
+                             ? 1e-6 * std::max(1.0, std::fabs(want))
+                             : 5e-5 * std::max(1.0, std::fabs(want)) + 2.0 * base_lse_err;
       if (std::isnan(want))
         EXPECT_TRUE(std::isnan(got)) << "lse(" << b << "," << h << "," << i << ") should be NaN, got " << got;
       else if (std::isinf(want))
@@ -514,16 +546,26 @@ inline Outcome run_case(const Case& c) {
 inline bool compiled_for(const Case& c) {
   if (c.kernel == Kernel::reference || c.kernel == Kernel::naive) return true;
   const std::vector<int> dims = fattn::cuda::supported_head_dims();
-  return !dims.empty() && c.D <= dims.back();
+  return !dims.empty() && c.D <= dims.back() &&
+         (c.tile_rows != 128 || c.D <= fattn::cuda::max_tall_head_dim());
 }
 
-// The (dtype, kernel) pairs every grid runs.
-inline std::vector<std::pair<DType, Kernel>> all_kernels() {
-  return {{DType::float32, Kernel::reference},  {DType::float32, Kernel::naive},
-          {DType::float32, Kernel::fused_tf32x3}, {DType::float32, Kernel::fused_fma},
-          {DType::float16, Kernel::reference},  {DType::float16, Kernel::naive},
-          {DType::float16, Kernel::fused_mma},  {DType::bfloat16, Kernel::reference},
-          {DType::bfloat16, Kernel::naive},     {DType::bfloat16, Kernel::fused_mma}};
+// The (dtype, kernel, tile_rows) triples every grid runs: each tensor-core kernel at
+// both tile heights (the test sizes alone would always choose 64 rows).
+struct KernelCase {
+  DType dtype;
+  Kernel kernel;
+  int tile_rows;
+};
+inline std::vector<KernelCase> all_kernels() {
+  return {{DType::float32, Kernel::reference, 0},    {DType::float32, Kernel::naive, 0},
+          {DType::float32, Kernel::fused_tf32x3, 64}, {DType::float32, Kernel::fused_tf32x3, 128},
+          {DType::float32, Kernel::fused_tf32, 64},  {DType::float32, Kernel::fused_tf32, 128},
+          {DType::float32, Kernel::fused_fma, 0},    {DType::float16, Kernel::reference, 0},
+          {DType::float16, Kernel::naive, 0},        {DType::float16, Kernel::fused_mma, 64},
+          {DType::float16, Kernel::fused_mma, 128},  {DType::bfloat16, Kernel::reference, 0},
+          {DType::bfloat16, Kernel::naive, 0},       {DType::bfloat16, Kernel::fused_mma, 64},
+          {DType::bfloat16, Kernel::fused_mma, 128}};
 }
 
 }  // namespace fattn_cuda_test

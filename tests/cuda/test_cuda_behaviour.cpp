@@ -60,10 +60,11 @@ struct Bound {
 // bottom_right with Sq > Sk: the first Sq - Sk queries see no key: exactly 0 and -inf.
 TEST(CudaBehaviour, FullyMaskedRowsAreZeroWithLseMinusInf) {
   FATTN_REQUIRE_GPU();
-  for (auto [dtype, kernel] : all_kernels()) {
+  for (auto [dtype, kernel, tile_rows] : all_kernels()) {
     Case c;
     c.dtype = dtype;
     c.kernel = kernel;
+    c.tile_rows = tile_rows;
     c.Sq = 100;
     c.Sk = 5;
     c.causal = Causal::bottom_right;
@@ -71,7 +72,7 @@ TEST(CudaBehaviour, FullyMaskedRowsAreZeroWithLseMinusInf) {
     Bound t(c);
     Options options;
     options.causal = c.causal;
-    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel);
+    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel, tile_rows);
     CUDA_OK(cudaDeviceSynchronize());
     t.download();
     for (int h = 0; h < c.Hq; ++h)
@@ -93,10 +94,11 @@ TEST(CudaBehaviour, NaNPropagates) {
   FATTN_REQUIRE_GPU();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  for (auto [dtype, kernel] : all_kernels()) {
+  for (auto [dtype, kernel, tile_rows] : all_kernels()) {
     Case c;
     c.dtype = dtype;
     c.kernel = kernel;
+    c.tile_rows = tile_rows;
     c.Sq = c.Sk = 70;
     SCOPED_TRACE(c.name());
     run_case(c, [&](Tensor& q, Tensor&, Tensor&) { q.set(0, 1, 3, 0, nan); });  // one row
@@ -120,11 +122,12 @@ TEST(CudaBehaviour, NaNPropagates) {
 // logits in float32 from the same inputs) plus the CPU suite's 64·2^-24·max|logit|.
 TEST(CudaBehaviour, HugeLogits) {
   FATTN_REQUIRE_GPU();
-  for (auto [dtype, kernel] : all_kernels())
+  for (auto [dtype, kernel, tile_rows] : all_kernels())
     for (Causal causal : {Causal::none, Causal::bottom_right}) {
       Case c;
       c.dtype = dtype;
       c.kernel = kernel;
+      c.tile_rows = tile_rows;
       c.Sq = 200;
       c.Sk = 190;
       c.causal = causal;
@@ -149,10 +152,11 @@ TEST(CudaBehaviour, HugeLogits) {
 // Running twice gives the same bits (no atomics, no order-dependent reductions).
 TEST(CudaBehaviour, Deterministic) {
   FATTN_REQUIRE_GPU();
-  for (auto [dtype, kernel] : all_kernels()) {
+  for (auto [dtype, kernel, tile_rows] : all_kernels()) {
     Case c;
     c.dtype = dtype;
     c.kernel = kernel;
+    c.tile_rows = tile_rows;
     c.Sq = 300;
     c.Sk = 1000;
     c.causal = Causal::bottom_right;
@@ -160,12 +164,12 @@ TEST(CudaBehaviour, Deterministic) {
     Bound t(c);
     Options options;
     options.causal = c.causal;
-    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel);
+    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel, tile_rows);
     CUDA_OK(cudaDeviceSynchronize());
     t.download();
     const std::vector<std::uint8_t> first = t.out.storage, first_lse = t.lse.storage;
     CUDA_OK(cudaMemset(t.dout->get(), 0xFF, t.dout->bytes()));
-    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel);
+    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel, tile_rows);
     CUDA_OK(cudaDeviceSynchronize());
     t.download();
     EXPECT_TRUE(first == t.out.storage) << "out differs between two runs";
@@ -186,17 +190,21 @@ TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
     Kernel kernel;
     Layout layout;
     int kernels;
+    int tile_rows = 0;
   };
   for (const Expect& e : {Expect{DType::float16, Kernel::naive, Layout::bhsd, 3},
                           Expect{DType::float32, Kernel::naive, Layout::padded, 3},
                           Expect{DType::float16, Kernel::fused_mma, Layout::bhsd, 1},
+                          Expect{DType::float16, Kernel::fused_mma, Layout::bshd, 1, 128},
                           Expect{DType::bfloat16, Kernel::fused_mma, Layout::misaligned, 4},
                           Expect{DType::float32, Kernel::fused_tf32x3, Layout::padded, 1},
+                          Expect{DType::float32, Kernel::fused_tf32, Layout::bhsd, 1, 128},
                           Expect{DType::float32, Kernel::fused_fma, Layout::bshd, 1},
                           Expect{DType::float32, Kernel::reference, Layout::bhsd, 1}}) {
     Case c;
     c.dtype = e.dtype;
     c.kernel = e.kernel;
+    c.tile_rows = e.tile_rows;
     c.layout = e.layout;
     c.Sq = 100;
     c.Sk = 130;
@@ -211,7 +219,7 @@ TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     std::string error;
     try {
-      fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, e.kernel);
+      fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, e.kernel, e.tile_rows);
     } catch (const fattn::Error& x) {
       error = x.what();
     }
@@ -299,6 +307,88 @@ TEST(CudaBehaviour, KernelMustMatchDtype) {
   const auto h = fake(DType::float16, 1, 1, 16, 64, base);
   EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h, h, h, {}, Kernel::fused_fma); }),
               HasSubstr("the fused_fma CUDA kernel takes float32, got float16"));
+  EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h, h, h, {}, Kernel::fused_tf32); }),
+              HasSubstr("the fused_tf32 CUDA kernel takes float32, got float16"));
+}
+
+// forward_with's tile_rows: 0, 64 or 128 for the tensor-core kernels; 128 only up to
+// max_tall_head_dim (tile_config.hpp). Checked before any device memory is touched.
+TEST(CudaBehaviour, TileRowsAreChecked) {
+  constexpr std::uintptr_t base = std::uintptr_t{1} << 32;
+  const auto h = fake(DType::float16, 1, 1, 16, 64, base);
+  const auto out = fake(DType::float16, 1, 1, 16, 64, base + (3u << 28));
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_mma, 96); }),
+              HasSubstr("tile_rows = 96 is not a tile height of the fused_mma CUDA kernel (0, or 64 or 128"));
+  const auto f = fake(DType::float32, 1, 1, 16, 64, base);
+  const auto fout = fake(DType::float32, 1, 1, 16, 64, base + (3u << 28));
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(f, f, f, fout, nullptr, {}, Kernel::fused_fma, 64); }),
+              HasSubstr("tile_rows = 64 is not a tile height of the fused_fma CUDA kernel"));
+  EXPECT_EQ(fattn::cuda::max_tall_head_dim(), 128);
+  const auto h256 = fake(DType::float16, 1, 1, 16, 256, base);
+  const auto out256 = fake(DType::float16, 1, 1, 16, 256, base + (3u << 28));
+  EXPECT_THAT(
+      error_of([&] { fattn::cuda::forward_with(h256, h256, h256, out256, nullptr, {}, Kernel::fused_mma, 128); }),
+      HasSubstr("tile_rows = 128 needs a head dim of at most 128, got 256"));
+}
+
+// float32 runs 3xTF32 unless the caller allows TF32 (as torch's allow_tf32 does).
+TEST(CudaBehaviour, AllowTf32SelectsPlainTf32) {
+  using fattn::Impl;
+  EXPECT_EQ(fattn::cuda::kernel_for(Impl::automatic, DType::float32), Kernel::fused_tf32x3);
+  EXPECT_EQ(fattn::cuda::kernel_for(Impl::automatic, DType::float32, true), Kernel::fused_tf32);
+  EXPECT_EQ(fattn::cuda::kernel_for(Impl::fused, DType::float32, true), Kernel::fused_tf32);
+  EXPECT_EQ(fattn::cuda::kernel_for(Impl::automatic, DType::float16, true), Kernel::fused_mma);
+  EXPECT_EQ(fattn::cuda::kernel_for(Impl::naive, DType::float32, true), Kernel::naive);
+}
+
+// Options::device_allocator: the working memory comes from it (once, the size
+// extra_bytes reports) and goes back to it; the result is the same as with
+// fattn's own cudaMallocAsync.
+TEST(CudaBehaviour, DeviceAllocatorProvidesWorkingMemory) {
+  FATTN_REQUIRE_GPU();
+  struct Counting {
+    int allocations = 0, frees = 0;
+    std::int64_t bytes = 0;
+  } counts;
+  fattn::DeviceAllocator allocator;
+  allocator.context = &counts;
+  allocator.allocate = [](void* ctx, std::int64_t bytes, void*) -> void* {
+    auto* c = static_cast<Counting*>(ctx);
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<std::size_t>(bytes)) != cudaSuccess) return nullptr;
+    ++c->allocations;
+    c->bytes += bytes;
+    return p;
+  };
+  allocator.deallocate = [](void* ctx, void* p, void* stream) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // a plain cudaFree needs it
+    cudaFree(p);
+    ++static_cast<Counting*>(ctx)->frees;
+  };
+  Case c;
+  c.dtype = DType::float16;
+  c.Sq = 70;
+  c.Sk = 90;
+  Bound t(c);
+  Options options;
+  options.impl = fattn::Impl::naive;
+  fattn::attention_forward(t.qv, t.kv, t.vv, t.ov, &t.lv, options);
+  CUDA_OK(cudaDeviceSynchronize());
+  t.download();
+  const std::vector<std::uint8_t> own = t.out.storage;
+  options.device_allocator = &allocator;
+  CUDA_OK(cudaMemset(t.dout->get(), 0xff, t.out.storage.size()));
+  fattn::attention_forward(t.qv, t.kv, t.vv, t.ov, &t.lv, options);
+  CUDA_OK(cudaDeviceSynchronize());
+  t.download();
+  EXPECT_EQ(counts.allocations, 1);
+  EXPECT_EQ(counts.frees, 1);
+  EXPECT_EQ(counts.bytes, fattn::extra_bytes(t.qv, t.kv, t.vv, options));
+  EXPECT_EQ(t.out.storage, own);  // same kernels, same bits
+  // An allocator that has no memory: a clear error, nothing launched.
+  allocator.allocate = [](void*, std::int64_t, void*) -> void* { return nullptr; };
+  EXPECT_THAT(error_of([&] { fattn::attention_forward(t.qv, t.kv, t.vv, t.ov, &t.lv, options); }),
+              HasSubstr("the device allocator returned no memory for"));
 }
 
 TEST(CudaBehaviour, HostPointersAreRejected) {

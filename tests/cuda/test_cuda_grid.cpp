@@ -12,7 +12,8 @@ class CudaGrid : public ::testing::TestWithParam<Case> {
 };
 
 TEST_P(CudaGrid, MatchesFloat64Reference) {
-  if (!compiled_for(GetParam())) GTEST_SKIP() << "head dim not in this build's FATTN_CUDA_HEAD_DIMS";
+  if (!compiled_for(GetParam()))
+    GTEST_SKIP() << "no kernel for this head dim (FATTN_CUDA_HEAD_DIMS, cuda::max_tall_head_dim)";
   run_case(GetParam());
 }
 
@@ -20,15 +21,16 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.
 
 constexpr Causal kCausals[] = {Causal::none, Causal::top_left, Causal::bottom_right};
 
-// Sq = Sk over odd lengths and tile edges (64-row and 64/32-key tiles), GQA 2:1.
+// Sq = Sk over odd lengths and tile edges (64- and 128-row, 64/32-key tiles), GQA 2:1.
 std::vector<Case> seq_len_cases() {
   std::vector<Case> cases;
-  for (int s : {1, 7, 63, 65, 113, 1023})
+  for (int s : {1, 7, 63, 65, 113, 127, 129, 1023})
     for (Causal causal : kCausals)
-      for (auto [dtype, kernel] : all_kernels()) {
+      for (auto [dtype, kernel, tile_rows] : all_kernels()) {
         Case c;
         c.dtype = dtype;
         c.kernel = kernel;
+        c.tile_rows = tile_rows;
         c.Sq = c.Sk = s;
         c.causal = causal;
         cases.push_back(c);
@@ -42,10 +44,11 @@ std::vector<Case> cross_cases() {
   for (auto [sq, sk] : {std::pair{1, 1023}, {1023, 1}, {7, 65}, {65, 7}, {113, 1023}, {1023, 113},
                         {63, 64}, {64, 63}, {129, 200}})
     for (Causal causal : kCausals)
-      for (auto [dtype, kernel] : all_kernels()) {
+      for (auto [dtype, kernel, tile_rows] : all_kernels()) {
         Case c;
         c.dtype = dtype;
         c.kernel = kernel;
+        c.tile_rows = tile_rows;
         c.Sq = sq;
         c.Sk = sk;
         c.causal = causal;
@@ -60,10 +63,11 @@ std::vector<Case> head_dim_cases() {
   std::vector<Case> cases;
   for (int d : {16, 17, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128, 136, 200, 256})
     for (Causal causal : {Causal::none, Causal::bottom_right})
-      for (auto [dtype, kernel] : all_kernels()) {
+      for (auto [dtype, kernel, tile_rows] : all_kernels()) {
         Case c;
         c.dtype = dtype;
         c.kernel = kernel;
+        c.tile_rows = tile_rows;
         c.D = d;
         c.Sq = 65;
         c.Sk = 113;
@@ -77,10 +81,11 @@ std::vector<Case> head_dim_cases() {
 std::vector<Case> gqa_cases() {
   std::vector<Case> cases;
   for (int hkv : {1, 2, 3, 6})
-    for (auto [dtype, kernel] : all_kernels()) {
+    for (auto [dtype, kernel, tile_rows] : all_kernels()) {
       Case c;
       c.dtype = dtype;
       c.kernel = kernel;
+      c.tile_rows = tile_rows;
       c.B = 2;
       c.Hq = 6;
       c.Hkv = hkv;
@@ -98,10 +103,11 @@ std::vector<Case> layout_cases() {
   std::vector<Case> cases;
   for (Layout layout : {Layout::bshd, Layout::padded, Layout::misaligned})
     for (int d : {64, 96, 20})
-      for (auto [dtype, kernel] : all_kernels()) {
+      for (auto [dtype, kernel, tile_rows] : all_kernels()) {
         Case c;
         c.dtype = dtype;
         c.kernel = kernel;
+        c.tile_rows = tile_rows;
         c.D = d;
         c.B = 2;
         c.Hq = 4;
@@ -114,10 +120,11 @@ std::vector<Case> layout_cases() {
         cases.push_back(c);
       }
   for (double scale : {0.0, -0.37, 2.5})
-    for (auto [dtype, kernel] : all_kernels()) {
+    for (auto [dtype, kernel, tile_rows] : all_kernels()) {
       Case c;
       c.dtype = dtype;
       c.kernel = kernel;
+      c.tile_rows = tile_rows;
       c.Sq = 65;
       c.Sk = 130;
       c.causal = Causal::bottom_right;
@@ -133,11 +140,12 @@ std::vector<Case> long_cases() {
   std::vector<Case> cases;
   for (Causal causal : {Causal::none, Causal::bottom_right})
     for (int d : {64, 128})
-      for (auto [dtype, kernel] : all_kernels()) {
+      for (auto [dtype, kernel, tile_rows] : all_kernels()) {
         if (kernel == Kernel::reference) continue;
         Case c;
         c.dtype = dtype;
         c.kernel = kernel;
+        c.tile_rows = tile_rows;
         c.D = d;
         c.Hq = c.Hkv = 1;
         c.Sq = 2049;
@@ -160,16 +168,18 @@ INSTANTIATE_TEST_SUITE_P(Long, CudaGrid, ::testing::ValuesIn(long_cases()), case
 // a partial key tile, a causal diagonal, GQA, a padded head dim and the repack path.
 class CudaSanitize : public CudaGrid {};
 TEST_P(CudaSanitize, MatchesFloat64Reference) {
-  if (!compiled_for(GetParam())) GTEST_SKIP() << "head dim not in this build's FATTN_CUDA_HEAD_DIMS";
+  if (!compiled_for(GetParam()))
+    GTEST_SKIP() << "no kernel for this head dim (FATTN_CUDA_HEAD_DIMS, cuda::max_tall_head_dim)";
   run_case(GetParam());
 }
 
 std::vector<Case> sanitize_cases() {
   std::vector<Case> cases;
-  for (auto [dtype, kernel] : all_kernels()) {
+  for (auto [dtype, kernel, tile_rows] : all_kernels()) {
     Case c;
     c.dtype = dtype;
     c.kernel = kernel;
+    c.tile_rows = tile_rows;
     c.Sq = 70;
     c.Sk = 100;
     c.causal = Causal::bottom_right;

@@ -64,6 +64,7 @@ def test_ridge_against_the_unfused_limit():
 
 
 def test_generates_every_section(results_dir, tmp_path):
+    shutil.rmtree(results_dir / "gpu", ignore_errors=True)  # the GPU section's absent case
     out = tmp_path / "out"
     path = document.write(sources.load(results_dir), out)
     text = path.read_text()
@@ -88,12 +89,12 @@ def test_numbers_come_from_the_data(results_dir, tmp_path):
 
 def test_gpu_evidence_when_present(results_dir, tmp_path):
     from report import gpu_section
-    gpu = results_dir / "gpu"
-    gpu.mkdir()
+    gpu = fresh_gpu_dir(results_dir)
     (gpu / "ncu_raw.csv").write_text(
         f'"{gpu_section.NCU_KERNEL}","{gpu_section.NCU_MEMORY}","{gpu_section.NCU_SM}"\n'
         '"","%","%"\n"fused_fma_d64","41.5","77.2"\n"fused_fma_d64","40.9","77.0"\n')
-    shape = {"dtype": "float32", "D": 64, "causal": False, "Sq": 1024, "gflops": 100.0}
+    shape = {"suite": "assignment", "dtype": "float32", "B": 2, "Hq": 8, "D": 64,
+             "causal": False, "Sq": 1024, "gflops": 100.0}
     (gpu / "bench.json").write_text(json.dumps({
         "machine": {"device": "NVIDIA H100", "date": "2026-01-01T00:00:00Z"},
         "results": [{**shape, "impl": "naive", "ms_median": 3.0},
@@ -102,7 +103,182 @@ def test_gpu_evidence_when_present(results_dir, tmp_path):
     assert "No GPU evidence" not in text
     assert "| fused_fma_d64 | 41.5 | 77.2 |" in text
     assert "| fused_fma_d64 | 2 |" in text  # launches per kernel
-    assert "| float32 | 64 | no | 1024 | 3.00 | 1.50 | 2.00× | 100 |" in text
+    assert "| float32 | 2 | 8 | 64 | no | 1024 | 3.00 | 1.50 | 2.00× | 0.100 |" in text
+    assert "fattn vs PyTorch SDPA" not in text  # no bench_cuda_*.json
+    assert "Not evaluated: no bench_cuda_assignment.json." in text
+
+
+def fresh_gpu_dir(results_dir):
+    """An empty results/gpu/, whether or not GPU evidence is committed."""
+    gpu = results_dir / "gpu"
+    shutil.rmtree(gpu, ignore_errors=True)
+    gpu.mkdir()
+    return gpu
+
+
+def torch_row(impl, ms, *, dtype="float32", B=2, Hq=8, Sq=4096, D=64, causal=False, err=1e-6,
+              peak=None, skipped=None):
+    """A bench_cuda_*.json row (python -m fattn.bench_cuda); ms=None: skipped."""
+    row = {"impl": impl, "suite": "assignment", "dtype": dtype, "B": B, "Hq": Hq, "Hkv": Hq,
+           "Sq": Sq, "Sk": Sq, "D": D, "causal": causal, "skipped": skipped}
+    if ms is None:
+        row["skipped"] = skipped or "not available"
+        return row
+    flops = 4 * B * Hq * Sq * Sq * D / (2 if causal else 1)
+    return {**row, "ms_median": ms, "tflops": flops / (ms * 1e-3) / 1e12, "max_abs_err": err,
+            "peak_extra_bytes": peak if peak is not None else B * Hq * Sq * 256}
+
+
+def bench_row(impl, ms, *, dtype="float16", suite="flash", B=4, Hq=16, Sq=4096, D=128,
+              causal=False, gflops=None):
+    """A bench.json row (gpu/gpu_bench.cu)."""
+    flops = 4 * B * Hq * Sq * Sq * D / (2 if causal else 1)
+    return {"impl": impl, "kernel": impl, "dtype": dtype, "suite": suite, "B": B, "Hq": Hq,
+            "Hkv": Hq, "Sq": Sq, "Sk": Sq, "D": D, "causal": causal, "ms_median": ms,
+            "gflops": gflops if gflops is not None else flops / (ms * 1e-3) / 1e9,
+            "max_abs_err": 1e-5, "extra_bytes": 0}
+
+
+GPU_MACHINE = {"device": "NVIDIA H100", "driver": "580", "torch_version": "2.11.0",
+               "cuda": "13.0", "date": "2026-01-01T00:00:00Z"}
+
+
+def test_gpu_sdpa_table_with_a_skipped_backend(results_dir, tmp_path):
+    gpu = fresh_gpu_dir(results_dir)
+    shape = {"dtype": "float16", "Sq": 1024}
+    (gpu / "bench_cuda_flash.json").write_text(json.dumps({
+        "machine": {**GPU_MACHINE, "note": "merged from two runs"},
+        "results": [torch_row("fattn_naive", 4.0, peak=64 << 20, **shape),
+                    torch_row("fattn_fused", 1.0, peak=2 << 20, **shape),
+                    torch_row("fattn_fused_tf32", None, skipped="float32 only", **shape),
+                    torch_row("sdpa_flash", 1.5, **shape),
+                    torch_row("sdpa_efficient", 3.0, **shape),
+                    torch_row("sdpa_cudnn", None, skipped="out of memory", **shape),
+                    torch_row("sdpa_math", 8.0, **shape)]}))
+    text = document.write(sources.load(results_dir), tmp_path / "out").read_text()
+    assert "No GPU evidence" not in text
+    assert "fattn vs PyTorch SDPA on the GPU (`bench_cuda_flash.json`)" in text
+    assert ("`bench_cuda_flash.json`: NVIDIA H100, driver 580, torch 2.11.0, "
+            "2026-01-01T00:00:00Z. Note: merged from two runs") in text
+    # 4·2·8·1024²·64 FLOP in 1 ms = 4.29 TFLOP/s; flash is the best SDPA backend (1.5 ms);
+    # cuDNN skipped; no fused_tf32 column for float16
+    assert ("| 2 | 8 | 1024 | 64 | no | 4.29 | flash 2.86 | 1.50× | 3.00× | – | 64.0 | 2.00 |"
+            in text)
+    assert "Skipped (–): sdpa_cudnn at every shape (out of memory)." in text
+    # bench.json and bench_cuda_assignment.json absent: those bars are not evaluated
+    assert "Not evaluated: no bench.json." in text
+    assert "Not evaluated: no bench_cuda_assignment.json." in text
+
+
+def test_gpu_sdpa_table_float32_has_the_tf32_column():
+    from report import gpu_section
+    shape = {"Sq": 512}
+    results = [torch_row("fattn_fused", 2.0, **shape), torch_row("fattn_fused_tf32", 1.0, **shape),
+               torch_row("sdpa_flash", None, **shape), torch_row("sdpa_efficient", 3.0, **shape),
+               torch_row("sdpa_cudnn", None, **shape), torch_row("fattn_naive", None, **shape)]
+    text = gpu_section.sdpa_table(results, "assignment", "float32")
+    assert "| fused TFLOP/s | fused_tf32 TFLOP/s | best SDPA, TFLOP/s |" in text
+    # 4·2·8·512²·64 FLOP = 1.07 GFLOP: 0.537 TFLOP/s in 2 ms; naive skipped: '–'
+    assert ("| 2 | 8 | 512 | 64 | no | 0.537 | 1.07 | efficient 0.358 | – | 1.50× | – | – "
+            "| 2.00 |") in text
+
+
+def test_gpu_bar_fp32_met_and_not_met():
+    from report import gpu_section
+    results = []
+    for causal in (False, True):
+        results += [torch_row("fattn_fused", 1.0, causal=causal),
+                    torch_row("fattn_fused_tf32", 0.5, causal=causal, err=2e-3),
+                    torch_row("sdpa_efficient", 2.5, causal=causal),
+                    torch_row("fattn_fused", 9.0, Sq=1024, causal=causal)]  # another shape
+    text = "\n".join(gpu_section.bar_fp32({"machine": GPU_MACHINE, "results": results}))
+    # fused: 2.5× and error 1e-6, met; TF32: 5× but error 2e-3, not met
+    assert "| fattn_fused | 3xTF32, the default | no | 1.00 | 2.50 | 2.50× | 1.0e-06 | met |" \
+        in text
+    assert "| 5.00× | 2.0e-03 | not met |" in text
+    assert "Bar b: fattn_fused **met** (2 of 2); fattn_fused_tf32 **not met** (0 of 2)." in text
+    slow = [dict(r, ms_median=2.0) if r["impl"] == "fattn_fused" else r for r in results]
+    text = "\n".join(gpu_section.bar_fp32({"results": slow}))
+    assert "fattn_fused **not met** (0 of 2)" in text
+    assert "Not evaluated" in "\n".join(gpu_section.bar_fp32(None))
+
+
+def test_gpu_bar_tflops_met_and_not_met():
+    from report import gpu_section
+    rows = [bench_row("fused", 1.0, Sq=4096, gflops=310_000),
+            bench_row("fused", 1.0, Sq=8192, B=2, dtype="bfloat16", gflops=320_000),
+            bench_row("fused", 1.0, Sq=2048, gflops=100.0),                 # S below 4096
+            bench_row("fused", 1.0, causal=True, gflops=100.0),             # causal
+            bench_row("fused", 1.0, D=64, gflops=100.0),                    # D = 64
+            bench_row("fused", 1.0, dtype="float32", gflops=100.0),         # fp32
+            bench_row("fused", 1.0, suite="assignment", gflops=100.0)]      # not the sweep
+    text = "\n".join(gpu_section.bar_tflops({"results": rows}))
+    assert "| float16 | 4 | 16 | 4096 | 310 | met |" in text
+    assert "Bar a: **met** — 2 of 2 shapes reach 300 TFLOP/s; the best is 320 TFLOP/s" in text
+    rows.append(bench_row("fused", 1.0, Sq=16384, B=1, gflops=250_000))
+    text = "\n".join(gpu_section.bar_tflops({"results": rows}))
+    assert "| float16 | 1 | 16 | 16384 | 250 | not met |" in text
+    assert "Bar a: **not met** — 2 of 3 shapes" in text
+    assert "Not evaluated: no bench.json." in "\n".join(gpu_section.bar_tflops(None))
+
+
+def test_gpu_bar_fused_vs_naive():
+    from report import gpu_section
+    rows = [bench_row("naive", 4.0, Sq=512), bench_row("fused", 1.0, Sq=512),
+            bench_row("naive", 9.0, Sq=1024), bench_row("fused", 3.0, Sq=1024),
+            bench_row("naive", 0.1, Sq=128), bench_row("fused", 1.0, Sq=128)]  # below 512
+    torch_docs = {"bench_cuda_assignment.json": {"results": [
+        torch_row(impl, 1.0, Sq=s, peak=s * (256 if impl == "fattn_fused" else s * 4))
+        for s in (512, 1024, 4096) for impl in ("fattn_fused", "fattn_naive")]}}
+    text = "\n".join(gpu_section.bar_fused_vs_naive({"results": rows}, torch_docs))
+    assert ("Time (bench.json): **met** — fused is faster at 2 of the 2 shapes with S ≥ 512 "
+            "that both ran; the smallest naive / fused time ratio is 3.00×") in text
+    # fused grows as S (k = 1), naive as S² (k = 2)
+    assert "| 512–4096 | 4096 | 1.00 | 64.0 | 64.00× | 1.0 | 2.0 |" in text
+    assert "Memory (peak allocated during one call, bench_cuda_*.json): **met**" in text
+    rows.append(bench_row("naive", 1.0, Sq=2048))
+    rows.append(bench_row("fused", 2.0, Sq=2048))
+    quadratic = {"f.json": {"results": [torch_row(impl, 1.0, Sq=s, peak=s * s)
+                                        for s in (512, 4096)
+                                        for impl in ("fattn_fused", "fattn_naive")]}}
+    text = "\n".join(gpu_section.bar_fused_vs_naive({"results": rows}, quadratic))
+    assert "Time (bench.json): **not met** — fused is faster at 2 of the 3 shapes" in text
+    assert "ratio is 0.50× (float16, suite flash, B = 4, H = 16, D = 128, non-causal, " \
+        "S = 2048)" in text
+    assert "bench_cuda_*.json): **not met**" in text
+    text = "\n".join(gpu_section.bar_fused_vs_naive(None, {}))
+    assert "Time: not evaluated, no bench.json." in text
+    assert "Memory: not evaluated" in text
+
+
+def test_gpu_query_tile_table():
+    from report import gpu_section
+    rows = [bench_row("fused_br64", 2.0, Sq=4096), bench_row("fused_br128", 1.0, Sq=4096),
+            bench_row("fused", 1.0, Sq=4096),
+            bench_row("fused_br64", 1.0, Sq=512), bench_row("fused_br128", 2.0, Sq=512),
+            bench_row("fused_br64", 1.0, Sq=512, dtype="bfloat16"),
+            bench_row("fused_br128", 2.0, Sq=512, dtype="bfloat16")]
+    text = gpu_section.tile_table({"results": rows})
+    assert "| flash | 4 | 16 | 128 | no | 4096 | 275 | 550 | 2.00× | 550 |" in text
+    assert "| flash | 4 | 16 | 128 | no | 512 | 8.59 | 4.29 | 0.50× | – |" in text  # no fused
+    assert "float16: the 128-row tile is faster at 1 of 2 shapes, the 64-row tile at 1." in text
+
+
+def test_gpu_bench_cuda_without_results_is_a_clear_error(results_dir):
+    gpu = fresh_gpu_dir(results_dir)
+    (gpu / "bench_cuda_assignment.json").write_text(json.dumps(
+        {"machine": GPU_MACHINE, "results": [{"impl": "fattn_fused"}]}))
+    with pytest.raises(sources.ReportInputError, match=r"results\[0\] lacks 'suite'"):
+        sources.load(results_dir)
+
+
+@pytest.mark.skipif(not (COMMITTED / "gpu" / "bench.json").is_file(),
+                    reason="no GPU evidence committed")
+def test_gpu_section_from_the_committed_evidence(results_dir, tmp_path):
+    text = document.write(sources.load(results_dir), tmp_path / "out").read_text()
+    for said in ("Bar a: **", "Bar b: fattn_fused **", "Time (bench.json): **",
+                 "#### 128-row vs 64-row query tiles"):
+        assert said in text
 
 
 def test_missing_file_is_a_clear_error(results_dir):

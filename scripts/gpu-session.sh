@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# fattn — one device call that does a whole GPU session's measuring: scripts/gpu-check.sh
+# (build, CUDA tests, compute-sanitizer, fattn_gpu_bench, ncu) and then
+# scripts/gpu-torch-bench.sh (the PyTorch side by side), within one 10-minute call.
+# The device tool returns at most 8 files, so the two result folders come back as one
+# archive, session.tar.gz (unpack: tar xzf session.tar.gz -> check/ torch/), beside
+# the two summaries. The ncu report (.ncu-rep) stays out: it is over the size limit.
+#   run(command="scripts/gpu-session.sh [bench_cuda args]", carry=[".gpu-deps"])
+set -u
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-$PWD/gpu-session-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+WORK=/tmp/fattn-session
+rm -rf "$WORK" && mkdir -p "$WORK/check" "$WORK/torch"
+OUT=$WORK/check DEADLINE_S=${CHECK_DEADLINE_S:-360} scripts/gpu-check.sh >"$WORK/check.log" 2>&1
+echo "gpu-check exit $?"
+OUT=$WORK/torch timeout "${TORCH_TIMEOUT_S:-220}" scripts/gpu-torch-bench.sh --suite all \
+  --budget 0.15 "$@" >"$WORK/torch.log" 2>&1
+echo "gpu-torch-bench exit $?"
+rm -f "$WORK/check/fattn.ncu-rep"
+cp "$WORK/check/summary.txt" "$OUT/check_summary.txt" 2>/dev/null
+cp "$WORK/torch/summary.txt" "$OUT/torch_summary.txt" 2>/dev/null
+tar czf "$OUT/session.tar.gz" -C "$WORK" check torch check.log torch.log
+ls -la "$OUT"
+grep -E "tests exit|memcheck exit|racecheck exit|synccheck exit|build (OK|FAILED)|spill" \
+  "$WORK/check/summary.txt"
+tail -25 "$WORK/torch.log"
