@@ -43,6 +43,19 @@ struct MmaShape {
   static_assert(kM == 1 || kM == 2, "one or two 16-row slices per warp");
 };
 
+// acc[m][n] and acc[m][n + 1] += a[m]·b for every slice m: one ldmatrix_x4 of B (two
+// 16×8 blocks, b[0..1] and b[2..3]) feeding 2·kM MMAs.
+template <class T, int kM, int kN>
+__device__ __forceinline__ void mma_slices(float (&acc)[kM][kN][4], int n,
+                                           const std::uint32_t (&a)[kM][4],
+                                           const std::uint32_t (&b)[4]) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    mma_16816<T>(acc[m][n], a[m], b[0], b[1]);
+    mma_16816<T>(acc[m][n + 1], a[m], b[2], b[3]);
+  }
+}
+
 // S = Q·Kᵀ for the warp's kM slices and the tile's Bc keys: each K fragment
 // (ldmatrix) feeds kM·2 MMAs. q_frag: this lane's row address of slice 0 in the Q
 // tile; k_frag: its row address in the K tile (see the kernel).
@@ -65,11 +78,7 @@ __device__ __forceinline__ void qk_mma(float (&s)[kM][kBc / 8][4], const T* q_fr
     for (int nb = 0; nb < kBc / 16; ++nb) {
       std::uint32_t b[4];
       ldmatrix_x4(b, k_frag + nb * 16 * kPitch + kk * 16);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma_16816<T>(s[m][2 * nb], a[m], b[0], b[1]);
-        mma_16816<T>(s[m][2 * nb + 1], a[m], b[2], b[3]);
-      }
+      mma_slices<T>(s, 2 * nb, a, b);
     }
   }
 }
@@ -95,11 +104,7 @@ __device__ __forceinline__ void pv_mma(const float (&s)[kM][kBc / 8][4],
     for (int db = 0; db < kD / 16; ++db) {
       std::uint32_t b[4];
       ldmatrix_x4_trans(b, v_frag + kk * 16 * kPitch + db * 16);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma_16816<T>(o[m][2 * db], a[m], b[0], b[1]);
-        mma_16816<T>(o[m][2 * db + 1], a[m], b[2], b[3]);
-      }
+      mma_slices<T>(o, 2 * db, a, b);
     }
   }
 }
