@@ -152,16 +152,17 @@ struct Workspace {
   }
 
   // Work items of `group` consecutive query tiles of one head: how many, and the first
-  // tile of each. Items are listed heaviest first under causal masks (later tiles see
-  // more keys), which the dynamic schedule turns into balance.
+  // tile of each. Items run head by head, so a worker's consecutive items read the same
+  // K/V rows (kept in L2 when a head's K and V fit there); within a head the heaviest
+  // group comes first under causal masks (later tiles see more keys), so the lightest
+  // items are the last ones handed out and the dynamic schedule ends balanced.
   std::int64_t items(int group) const {
     return p.batch * p.q_heads * ((q_tiles + group - 1) / group);
   }
   QueryTile first_tile_of(std::int64_t item, int group) const {
-    const std::int64_t heads = p.batch * p.q_heads;
     const std::int64_t groups = (q_tiles + group - 1) / group;
-    return query_tile(item % heads / p.q_heads, item % p.q_heads,
-                      (groups - 1 - item / heads) * group);
+    const std::int64_t head = item / groups;
+    return query_tile(head / p.q_heads, head % p.q_heads, (groups - 1 - item % groups) * group);
   }
 };
 
