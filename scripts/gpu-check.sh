@@ -100,6 +100,7 @@ if timeout "$(cap 60 400)" cmake -S "$HARNESS" -B "$BUILD" "${GEN[@]}" -DCMAKE_B
   -DFATTN_BUILD_GPU_BENCH=ON -DFATTN_CUDA_PTXAS_VERBOSE=ON \
   "${PREFIX_ARGS[@]}" >>"$BUILD_LOG" 2>&1 &&
   timeout "$(cap 240 290)" cmake --build "$BUILD" -j"$JOBS" --target fattn_gpu_bench fattn_cuda_tests \
+    fattn_cuda_wgmma_probe_tests \
     >>"$BUILD_LOG" 2>&1; then
   BUILD_OK=1
   say "build OK in $(($(date +%s) - T0)) s"
@@ -125,12 +126,23 @@ BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
 } | tee -a "$SUMMARY"
 
 # ---- 2. tests ------------------------------------------------------------------------------
+# The wgmma probe first (seconds): which descriptor assignment matches, for the sm_90a
+# kernel still to be written (docs/cuda.md, "Next").
+PROBE=$BUILD/cuda_tests/fattn_cuda_wgmma_probe_tests
+if [ "$BUILD_OK" = 1 ] && [ -x "$PROBE" ]; then
+  say "wgmma probe"
+  # Its whole log is appended to tests.log below (the device returns at most 8 files).
+  timeout 60 "$PROBE" >/tmp/wgmma_probe.log 2>&1
+  say "wgmma probe exit $?"
+  grep -E '\[wgmma probe\]|FAILED|SKIPPED' /tmp/wgmma_probe.log | head -30 | tee -a "$SUMMARY"
+fi
 if [ "$BUILD_OK" = 1 ] && [ -x "$TESTS" ]; then
   say "tests"
   timeout "$(cap 150 230)" "$TESTS" --gtest_brief=1 >"$OUT/tests.log" 2>&1
   RC=$?
   say "tests exit $RC: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -25 | tee -a "$SUMMARY"
+  [ -f /tmp/wgmma_probe.log ] && { echo "== wgmma probe"; cat /tmp/wgmma_probe.log; } >>"$OUT/tests.log"
 fi
 
 # ---- 3. compute-sanitizer ------------------------------------------------------------------

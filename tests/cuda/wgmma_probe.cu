@@ -1,0 +1,126 @@
+// fattn CUDA tests — the wgmma probe kernel (see wgmma_probe.hpp). Compiled for sm_90a
+// only (tests/cuda/CMakeLists.txt); the test launches it on compute capability 9.0 only.
+#include "wgmma_probe.hpp"
+
+#include "cuda/async_copy.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace fattn_cuda_test::wgmma_probe {
+namespace {
+
+using namespace fattn::cuda;
+
+constexpr int kMaxK = 64;
+constexpr int kCoreBytes = 128;  // 8 rows × 16 bytes
+
+// Byte offset of core matrix (mn / 8, k / 8) of an operand with K columns: K-adjacent
+// core matrices 128 bytes apart, M/N-adjacent ones 16·K bytes apart. Equal for both
+// majors, so the same two offsets serve A, K-major B and N-major B.
+__device__ __forceinline__ int core_offset(int mn_core, int k_core, int K) {
+  return (mn_core * (K / 8) + k_core) * kCoreBytes;
+}
+
+// K is a template parameter: with a run-time trip count ptxas serializes the wgmma
+// (warning C7520, accumulator wait in a divergent path).
+template <int kTransB, int K>
+__global__ void __launch_bounds__(kThreads) probe_kernel(const __half* a, const __half* b,
+                                                         int a_variant, int b_variant,
+                                                         float* raw) {
+  static_assert(K % 16 == 0 && K <= kMaxK, "K is a multiple of 16, at most 64");
+  __shared__ __align__(1024) unsigned char smem_a[kM * kMaxK * 2];
+  __shared__ __align__(1024) unsigned char smem_b[kN * kMaxK * 2];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int k_chunks = K / 8;  // 16-byte chunks per row of K elements
+
+  // A (and K-major B): a 16-byte chunk of a global row, 8 consecutive k of one m, is one
+  // row of a core matrix.
+#pragma unroll
+  for (int c = tid; c < kM * k_chunks; c += kThreads) {
+    const int m = c / k_chunks, kc = c % k_chunks;
+    cp_async_16(smem_a + core_offset(m / 8, kc, K) + (m % 8) * 16, a + m * K + kc * 8, true);
+  }
+  if constexpr (kTransB == 0) {
+    for (int c = tid; c < kN * k_chunks; c += kThreads) {
+      const int n = c / k_chunks, kc = c % k_chunks;
+      cp_async_16(smem_b + core_offset(n / 8, kc, K) + (n % 8) * 16, b + n * K + kc * 8, true);
+    }
+  } else {
+    // N-major B (K×64, N contiguous): a chunk is 8 consecutive n of one k, again one row
+    // of a core matrix (whose 8 rows are 8 consecutive k).
+    constexpr int n_chunks = kN / 8;
+    for (int c = tid; c < K * n_chunks; c += kThreads) {
+      const int k = c / n_chunks, nc = c % n_chunks;
+      cp_async_16(smem_b + core_offset(nc, k / 8, K) + (k % 8) * 16, b + k * kN + nc * 8, true);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_shared();  // generic-proxy writes → async-proxy (wgmma) reads
+  __syncthreads();
+
+  const std::uint32_t k_step = kCoreBytes;                     // adjacent in K
+  const std::uint32_t mn_step = static_cast<std::uint32_t>(kCoreBytes * (K / 8));  // in M/N
+  std::uint64_t desc_a = a_variant == kLboK ? wgmma_desc(smem_a, k_step, mn_step)
+                                            : wgmma_desc(smem_a, mn_step, k_step);
+  std::uint64_t desc_b = b_variant == kLboK ? wgmma_desc(smem_b, k_step, mn_step)
+                                            : wgmma_desc(smem_b, mn_step, k_step);
+  // The next k16 slice starts two K-adjacent core matrices further: 256 bytes, i.e. 16
+  // in the descriptor's address field.
+  constexpr std::uint64_t kSliceAdvance = (2 * kCoreBytes) >> 4;
+
+  float d[kRegs];
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) d[i] = 0.0f;
+  wgmma_fence_operands(d);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    wgmma_m64n64k16_f32_f16_ss<0, kTransB>(d, desc_a, desc_b, ks > 0);
+    desc_a += kSliceAdvance;
+    desc_b += kSliceAdvance;
+  }
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+  wgmma_fence_operands(d);
+
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i];
+}
+
+}  // namespace
+
+cudaError_t run(const __half* a, const __half* b, int K, bool b_n_major, Variant a_variant,
+                Variant b_variant, float* raw) {
+  if (K != 16 && K != 64) return cudaErrorInvalidValue;
+  const std::size_t a_bytes = sizeof(__half) * kM * K, b_bytes = sizeof(__half) * kN * K;
+  const std::size_t raw_bytes = sizeof(float) * kThreads * kRegs;
+  void *da = nullptr, *db = nullptr, *draw = nullptr;
+  cudaError_t e = cudaMalloc(&da, a_bytes);
+  if (e == cudaSuccess) e = cudaMalloc(&db, b_bytes);
+  if (e == cudaSuccess) e = cudaMalloc(&draw, raw_bytes);
+  if (e == cudaSuccess) e = cudaMemcpy(da, a, a_bytes, cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaMemcpy(db, b, b_bytes, cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaMemset(draw, 0xFF, raw_bytes);  // NaN: unwritten shows
+  if (e == cudaSuccess) {
+    const auto* ha = static_cast<const __half*>(da);
+    const auto* hb = static_cast<const __half*>(db);
+    auto* out = static_cast<float*>(draw);
+    auto kernel = b_n_major ? (K == 16 ? probe_kernel<1, 16> : probe_kernel<1, 64>)
+                            : (K == 16 ? probe_kernel<0, 16> : probe_kernel<0, 64>);
+    kernel<<<1, kThreads>>>(ha, hb, a_variant, b_variant, out);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpy(raw, draw, raw_bytes, cudaMemcpyDeviceToHost);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(draw);
+  return e;
+}
+
+std::uint64_t encode_descriptor(std::uint32_t smem_addr, std::uint32_t lbo_bytes,
+                                std::uint32_t sbo_bytes) {
+  return fattn::cuda::wgmma_desc_encode(smem_addr, lbo_bytes, sbo_bytes);
+}
+
+}  // namespace fattn_cuda_test::wgmma_probe
