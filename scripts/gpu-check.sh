@@ -134,7 +134,13 @@ if [ "$BUILD_OK" = 1 ] && [ -x "$PROBE" ]; then
   # Its whole log is appended to tests.log below (the device returns at most 8 files).
   timeout 60 "$PROBE" >/tmp/wgmma_probe.log 2>&1
   say "wgmma probe exit $?"
-  grep -E '\[wgmma probe\]|FAILED|SKIPPED' /tmp/wgmma_probe.log | head -30 | tee -a "$SUMMARY"
+  grep -E '\[wgmma probe\]|FAILED|SKIPPED' /tmp/wgmma_probe.log | head -50 | tee -a "$SUMMARY"
+  # Whether ptxas kept the wgmma as tensor-core instructions (HGMMA) in the probe's SASS:
+  # the PTX has 15 wgmma (10 SS in the four probe_kernel, 5 RS in the two probe_rs_kernel).
+  if command -v cuobjdump >/dev/null 2>&1; then
+    echo "wgmma probe SASS: HGMMA instructions: $(cuobjdump --dump-sass "$PROBE" 2>/dev/null | grep -c HGMMA)" |
+      tee -a "$SUMMARY"
+  fi
 fi
 if [ "$BUILD_OK" = 1 ] && [ -x "$TESTS" ]; then
   say "tests"

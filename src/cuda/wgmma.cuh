@@ -1,7 +1,8 @@
 // fattn — Hopper warpgroup MMA (wgmma, sm_90a only) building blocks: the shared-memory
-// matrix descriptor, the wgmma fences and groups, and one m64n64k16 f16 MMA with both
-// operands in shared memory. Not used by the library yet: tests/cuda/wgmma_probe.cu
-// checks them on an H100 (docs/cuda.md, "Next: a wgmma kernel", step 1).
+// matrix descriptor, the wgmma fences and groups, and the m64n64k16 f16 MMA with both
+// operands in shared memory (SS) and with A in registers, B in shared memory (RS). Not
+// used by the library yet: tests/cuda/wgmma_probe.cu checks them on an H100
+// (docs/cuda.md, "Next: a wgmma kernel", step 1).
 //
 // wgmma is issued by a warpgroup (4 consecutive warps, the first at a warp index
 // divisible by 4); all 128 threads execute every wrapper below together. The tensor
@@ -144,6 +145,58 @@ __device__ __forceinline__ void wgmma_m64n64k16_f32_f16_ss(float (&d)[32], std::
 #else
   (void)d;
   (void)desc_a;
+  (void)desc_b;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
+// A-fragment register layout of the RS form, m64k16 f16 (4 × 32-bit registers per
+// thread, two f16 each, the lower-indexed element in the low 16 bits): warp w of the
+// warpgroup owns rows 16w..16w+15 and, within a warp, it is the A fragment of mma.sync
+// m16n8k16 (mma.cuh). Element v (0..7) of lane l, register v/2:
+//   row 16w + l/4 + 8·((v/2) % 2),  column 2·(l%4) + (v%2) + 8·(v/4),
+// i.e. a[0] = (row r, cols c, c+1), a[1] = (r+8, c..c+1), a[2] = (r, c+8..c+9),
+// a[3] = (r+8, c+8..c+9) with r = 16w + l/4, c = 2·(l%4). This is CUTLASS's
+// SM90::GMMA::ALayout_64x16 (cute/atom/mma_traits_sm90_gmma.hpp: thread (4,8,4) strides
+// (128,1,16), value (2,2,2) strides (64,8,512) over a column-major 64×16 tile), the same
+// as the m64nNk16 accumulator layout above with N = 16 (PTX ISA, "Register Fragments",
+// wgmma .m64nNk16 matrix A). Unverified on hardware: the probe checks it.
+__device__ __forceinline__ void wgmma_fence_operands(std::uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// d (64×64 f32) = a·b + (accumulate ? d : 0), a 64×16 f16 in registers (layout above),
+// b 16×64 f16 in shared memory. kTransB is imm-trans-b: 0 = K-major (B stored N×K),
+// 1 = N-major (B stored K×N with N contiguous, as V in P·V). The RS form has no
+// imm-trans-a. The registers of a must not be written until the group holding this MMA
+// is waited for, and a wgmma_fence must separate their last write from the MMA.
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_f32_f16_rs(float (&d)[32],
+                                                           const std::uint32_t (&a)[4],
+                                                           std::uint64_t desc_b, bool accumulate) {
+  static_assert(kTransB == 0 || kTransB == 1, "the transpose immediate is 0 or 1");
+#if FATTN_WGMMA_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
+        "r"(static_cast<int>(accumulate)), "n"(kTransB));
+#else
+  (void)d;
+  (void)a;
   (void)desc_b;
   (void)accumulate;
   __trap();

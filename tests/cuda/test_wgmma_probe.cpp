@@ -7,10 +7,13 @@
 // a float64 host product, and prints the matching pairs ("[wgmma probe] ..." lines, also
 // test properties in the XML report). When none matches it also says, for a few
 // registers, where in the product their values belong, which tells a wrong fragment
-// layout from wrong data. Skips without a device of compute capability 9.0 (the probe is
-// compiled for sm_90a only).
+// layout from wrong data. The RS form (A from registers, B N-major, as P·V) runs both B
+// assignments with the documented A-fragment layout; when neither matches it prints
+// diagnostics that tell an A-layout error from a descriptor error. Skips without a
+// device of compute capability 9.0 (the probe is compiled for sm_90a only).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -18,6 +21,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -59,16 +63,10 @@ struct Problem {
   std::vector<double> ref, abs_ref;    // 64×64: Σ a·b and Σ |a·b| (for the tolerance)
 };
 
-Problem make_problem(int K, bool b_n_major, std::uint64_t seed) {
-  Problem p;
-  p.K = K;
-  p.b_n_major = b_n_major;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  p.a.resize(static_cast<std::size_t>(wp::kM * K));
-  p.b.resize(static_cast<std::size_t>(wp::kN * K));
-  for (auto& x : p.a) x = __float2half_rn(dist(rng));
-  for (auto& x : p.b) x = __float2half_rn(dist(rng));
+// The float64 reference of a problem whose a and b are filled in.
+void compute_reference(Problem& p) {
+  const int K = p.K;
+  const bool b_n_major = p.b_n_major;
   auto A = [&](int m, int k) { return static_cast<double>(__half2float(p.a[m * K + k])); };
   auto B = [&](int k, int n) {
     return static_cast<double>(__half2float(b_n_major ? p.b[k * wp::kN + n] : p.b[n * K + k]));
@@ -81,6 +79,19 @@ Problem make_problem(int K, bool b_n_major, std::uint64_t seed) {
         p.ref[m * wp::kN + n] += A(m, k) * B(k, n);
         p.abs_ref[m * wp::kN + n] += std::fabs(A(m, k) * B(k, n));
       }
+}
+
+Problem make_problem(int K, bool b_n_major, std::uint64_t seed) {
+  Problem p;
+  p.K = K;
+  p.b_n_major = b_n_major;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  p.a.resize(static_cast<std::size_t>(wp::kM * K));
+  p.b.resize(static_cast<std::size_t>(wp::kN * K));
+  for (auto& x : p.a) x = __float2half_rn(dist(rng));
+  for (auto& x : p.b) x = __float2half_rn(dist(rng));
+  compute_reference(p);
   return p;
 }
 
@@ -164,6 +175,142 @@ void probe(int K, bool b_n_major) {
                   << (best_raw.empty() ? std::string(" (none)") : locate_registers(p, best_raw));
 }
 
+// ---- the RS form: A from registers, B N-major (O += P·V) -------------------------------
+
+// The 64×64 product as the raw registers hold it, by the accumulator layout.
+std::vector<double> assemble(const std::vector<float>& raw) {
+  std::vector<double> r(wp::kM * wp::kN, 0.0);
+  for (int t = 0; t < wp::kThreads; ++t)
+    for (int i = 0; i < wp::kRegs; ++i) {
+      int row = 0, col = 0;
+      fragment_position(t, i, row, col);
+      r[row * wp::kN + col] = raw[static_cast<std::size_t>(t * wp::kRegs + i)];
+    }
+  return r;
+}
+
+// Where element (m, k) of a 64×16 slice of A sits by the documented RS A-fragment layout
+// (src/cuda/wgmma.cuh): thread, register, half (0 = low 16 bits).
+std::string a_fragment_holder(int m, int k) {
+  const int warp = m / 16, r = m % 16, kk = k % 16;
+  const int lane = 4 * (r % 8) + (kk % 8) / 2;
+  const int reg = (r / 8) + 2 * (kk / 8);
+  std::ostringstream s;
+  s << "thread " << 32 * warp + lane << " reg " << reg << (kk % 2 ? " high" : " low")
+    << (k >= 16 ? " of slice " + std::to_string(k / 16) : std::string());
+  return s.str();
+}
+
+// Diagnostics for an RS run that matched nothing, to tell a wrong A-fragment layout from
+// a wrong B descriptor (K = 16, both B variants):
+//  - A all ones: every product row is Σ_k B(k, ·), whatever the A layout, so a match
+//    says that B variant is right up to a permutation of k (the N-major SS probe,
+//    NMajorB, checks the same B staging with A from shared memory);
+//  - A with a single 1 at (m0, k0): the product should be zero except row m0 = B(k0, ·);
+//    the lines say which rows are nonzero and which row of B each one equals. Row ≠ m0
+//    points at the A rows of the layout, B row ≠ k0 at its columns (or at B's k order).
+std::string rs_diagnostics() {
+  constexpr int K = 16;
+  std::ostringstream s;
+  const Problem base = make_problem(K, true, 0x5bd1e995ull);
+  auto b_at = [&](int k, int n) {
+    return static_cast<double>(__half2float(base.b[k * wp::kN + n]));
+  };
+  std::vector<float> raw(static_cast<std::size_t>(wp::kThreads * wp::kRegs));
+  for (int bv = 0; bv < 2; ++bv) {
+    Problem ones = base;
+    for (auto& x : ones.a) x = __float2half_rn(1.0f);
+    compute_reference(ones);
+    cudaError_t e = wp::run_rs(ones.a.data(), ones.b.data(), K, wp::Variant(bv), raw.data());
+    s << "\n[wgmma probe]   diag B variant " << bv << ", A all ones: ";
+    if (e != cudaSuccess) {
+      s << cudaGetErrorString(e);
+      continue;
+    }
+    const double ratio = worst_ratio(ones, raw);
+    s << "max err/Σ|ab| = " << ratio
+      << (ratio <= kRelTol ? " (match: B descriptor right up to k order)" : " (no match)");
+    constexpr std::pair<int, int> kPositions[] = {{0, 0}, {1, 0}, {0, 1}, {8, 0},
+                                                  {0, 8}, {21, 5}, {50, 14}};
+    for (const auto& [m0, k0] : kPositions) {
+      Problem one = base;
+      for (auto& x : one.a) x = __float2half_rn(0.0f);
+      one.a[m0 * K + k0] = __float2half_rn(1.0f);
+      e = wp::run_rs(one.a.data(), one.b.data(), K, wp::Variant(bv), raw.data());
+      s << "\n[wgmma probe]   diag B variant " << bv << ", A(" << m0 << "," << k0
+        << ") = 1 [" << a_fragment_holder(m0, k0) << "]: ";
+      if (e != cudaSuccess) {
+        s << cudaGetErrorString(e);
+        break;
+      }
+      const std::vector<double> r = assemble(raw);
+      int nonzero_rows = 0;
+      for (int row = 0; row < wp::kM; ++row) {
+        bool nonzero = false;
+        for (int c = 0; c < wp::kN; ++c) nonzero |= !(r[row * wp::kN + c] == 0.0);
+        if (!nonzero) continue;
+        if (++nonzero_rows > 4) continue;
+        s << " row " << row << " = ";
+        int same = -1;
+        for (int k = 0; k < K && same < 0; ++k) {
+          bool eq = true;
+          for (int c = 0; c < wp::kN && eq; ++c)
+            eq = std::fabs(r[row * wp::kN + c] - b_at(k, c)) <= 1e-6;
+          if (eq) same = k;
+        }
+        if (same >= 0)
+          s << "B row " << same << ";";
+        else
+          s << "no B row;";
+      }
+      if (nonzero_rows == 0) s << " all zero";
+      if (nonzero_rows > 4) s << " (" << nonzero_rows << " nonzero rows in all)";
+      s << "  [expected: row " << m0 << " = B row " << k0 << "]";
+    }
+  }
+  return s.str();
+}
+
+// O += P·V with P in registers (the RS form), V N-major in shared memory: both B
+// descriptor assignments; the A-fragment layout is the documented one (src/cuda/wgmma.cuh).
+void probe_rs(int K) {
+  const std::string name = "A_registers_B_N_major_K" + std::to_string(K);
+  SCOPED_TRACE(name);
+  const Problem p = make_problem(K, true, 0x2545f4914f6cdd1dull ^ K);
+  std::ostringstream summary, matches;
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<float> best_raw;
+  for (int bv = 0; bv < 2; ++bv) {
+    std::vector<float> raw(static_cast<std::size_t>(wp::kThreads * wp::kRegs));
+    const cudaError_t e = wp::run_rs(p.a.data(), p.b.data(), K, wp::Variant(bv), raw.data());
+    ASSERT_EQ(e, cudaSuccess) << "B " << variant_name(bv) << ": " << cudaGetErrorString(e);
+    const double ratio = worst_ratio(p, raw);
+    summary << " (B " << bv << "): max err/Σ|ab| = " << ratio << ";";
+    if (ratio <= kRelTol) matches << (matches.tellp() > 0 ? " " : "") << "B" << bv;
+    if (ratio < best) {
+      best = ratio;
+      best_raw = raw;
+    }
+  }
+  const std::string matched = matches.str().empty() ? "none" : matches.str();
+  // The diagnostics (K = 16 runs) once per test run, for the first K that matches nothing.
+  static bool diagnosed = false;
+  std::string diag;
+  if (matches.str().empty() && !diagnosed) {
+    diagnosed = true;
+    diag = rs_diagnostics();
+  }
+  std::cout << "[wgmma probe] " << name << " (RS form, documented A-fragment layout): "
+            << "matching B descriptor variants: " << matched
+            << "   (variant 0: LBO = core-matrix offset along K, SBO = along N; 1: swapped)"
+            << "\n[wgmma probe]   " << summary.str() << diag << std::endl;
+  ::testing::Test::RecordProperty("wgmma_" + name, matched);
+  if (matches.str().empty())
+    ADD_FAILURE() << "no B descriptor variant matches the host product with the documented "
+                     "A-fragment layout (diagnostics above); best run's registers:"
+                  << (best_raw.empty() ? std::string(" (none)") : locate_registers(p, best_raw));
+}
+
 TEST(WgmmaProbe, DescriptorEncoding) {
   // Fields: address >> 4 in bits 0-13, LBO >> 4 in 16-29, SBO >> 4 in 32-45, no swizzle.
   EXPECT_EQ(wp::encode_descriptor(0x0, 128, 256), (8ull << 16) | (16ull << 32));
@@ -190,6 +337,15 @@ TEST(WgmmaProbe, NMajorB) {
   if (!why.empty()) GTEST_SKIP() << why;
   probe(16, true);
   probe(64, true);
+}
+
+// O += P·V with P in registers: the RS form, B = V N-major (imm-trans-b = 1). K = 16,
+// then K = 64 (four k16 steps, four A fragments per thread).
+TEST(WgmmaProbe, ARegistersNMajorB) {
+  const std::string why = why_no_hopper();
+  if (!why.empty()) GTEST_SKIP() << why;
+  probe_rs(16);
+  probe_rs(64);
 }
 
 }  // namespace

@@ -20,6 +20,28 @@ __device__ __forceinline__ int core_offset(int mn_core, int k_core, int K) {
   return (mn_core * (K / 8) + k_core) * kCoreBytes;
 }
 
+// Issues the cp.async copies of B (64×K or K×64, see wgmma_probe.hpp) into the
+// no-swizzle core-matrix layout; the caller commits and waits.
+template <int kTransB, int K>
+__device__ __forceinline__ void stage_b(unsigned char* smem_b, const __half* b, int tid) {
+  constexpr int k_chunks = K / 8;
+  if constexpr (kTransB == 0) {
+    // K-major B (N×K): a 16-byte chunk, 8 consecutive k of one n, is one core-matrix row.
+    for (int c = tid; c < kN * k_chunks; c += kThreads) {
+      const int n = c / k_chunks, kc = c % k_chunks;
+      cp_async_16(smem_b + core_offset(n / 8, kc, K) + (n % 8) * 16, b + n * K + kc * 8, true);
+    }
+  } else {
+    // N-major B (K×64, N contiguous): a chunk is 8 consecutive n of one k, again one row
+    // of a core matrix (whose 8 rows are 8 consecutive k).
+    constexpr int n_chunks = kN / 8;
+    for (int c = tid; c < K * n_chunks; c += kThreads) {
+      const int k = c / n_chunks, nc = c % n_chunks;
+      cp_async_16(smem_b + core_offset(nc, k / 8, K) + (k % 8) * 16, b + k * kN + nc * 8, true);
+    }
+  }
+}
+
 // K is a template parameter: with a run-time trip count ptxas serializes the wgmma
 // (warning C7520, accumulator wait in a divergent path).
 template <int kTransB, int K>
@@ -39,20 +61,7 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(const __half* a, const 
     const int m = c / k_chunks, kc = c % k_chunks;
     cp_async_16(smem_a + core_offset(m / 8, kc, K) + (m % 8) * 16, a + m * K + kc * 8, true);
   }
-  if constexpr (kTransB == 0) {
-    for (int c = tid; c < kN * k_chunks; c += kThreads) {
-      const int n = c / k_chunks, kc = c % k_chunks;
-      cp_async_16(smem_b + core_offset(n / 8, kc, K) + (n % 8) * 16, b + n * K + kc * 8, true);
-    }
-  } else {
-    // N-major B (K×64, N contiguous): a chunk is 8 consecutive n of one k, again one row
-    // of a core matrix (whose 8 rows are 8 consecutive k).
-    constexpr int n_chunks = kN / 8;
-    for (int c = tid; c < K * n_chunks; c += kThreads) {
-      const int k = c / n_chunks, nc = c % n_chunks;
-      cp_async_16(smem_b + core_offset(nc, k / 8, K) + (k % 8) * 16, b + k * kN + nc * 8, true);
-    }
-  }
+  stage_b<kTransB, K>(smem_b, b, tid);
   cp_async_commit();
   cp_async_wait<0>();
   fence_proxy_async_shared();  // generic-proxy writes → async-proxy (wgmma) reads
@@ -87,11 +96,74 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(const __half* a, const 
   for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i];
 }
 
+// The RS form: A (row-major 64×K in global memory) goes straight into registers, each
+// thread loading its m64k16 A fragment per k16 slice by the layout documented in
+// src/cuda/wgmma.cuh (register j of slice s: row 16w + l/4 + 8·(j%2), columns
+// 16s + 2·(l%4) + 8·(j/2) + {0, 1}, the lower column in the low half); B N-major in
+// shared memory as in probe_kernel<1, K>.
+template <int K>
+__global__ void __launch_bounds__(kThreads) probe_rs_kernel(const __half* a, const __half* b,
+                                                            int b_variant, float* raw) {
+  static_assert(K % 16 == 0 && K <= kMaxK, "K is a multiple of 16, at most 64");
+  __shared__ __align__(1024) unsigned char smem_b[kN * kMaxK * 2];
+  const int tid = static_cast<int>(threadIdx.x);
+  stage_b<1, K>(smem_b, b, tid);
+  cp_async_commit();
+
+  const int warp = tid / 32, lane = tid % 32;
+  std::uint32_t frag[K / 16][4];
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = 16 * warp + lane / 4 + 8 * (j % 2);
+      const int col = 16 * s + 2 * (lane % 4) + 8 * (j / 2);
+      // Two consecutive f16 at an even column: one aligned 32-bit word, the lower column
+      // in the low half (little-endian), as mma.sync's fragments.
+      frag[s][j] = *reinterpret_cast<const std::uint32_t*>(a + row * K + col);
+    }
+
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  __syncthreads();
+
+  const std::uint32_t k_step = kCoreBytes;
+  const std::uint32_t mn_step = static_cast<std::uint32_t>(kCoreBytes * (K / 8));
+  std::uint64_t desc_b = b_variant == kLboK ? wgmma_desc(smem_b, k_step, mn_step)
+                                            : wgmma_desc(smem_b, mn_step, k_step);
+  constexpr std::uint64_t kSliceAdvance = (2 * kCoreBytes) >> 4;
+
+  float d[kRegs];
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) d[i] = 0.0f;
+  wgmma_fence_operands(d);
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s) {
+    wgmma_m64n64k16_f32_f16_rs<1>(d, frag[s], desc_b, s > 0);
+    desc_b += kSliceAdvance;
+  }
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+  wgmma_fence_operands(d);
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);
+
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i];
+}
+
 }  // namespace
 
-cudaError_t run(const __half* a, const __half* b, int K, bool b_n_major, Variant a_variant,
-                Variant b_variant, float* raw) {
-  if (K != 16 && K != 64) return cudaErrorInvalidValue;
+namespace {
+
+// Copies a (64×K) and b (64·K elements) to the device, calls launch(da, db, draw) and
+// copies the raw accumulators back.
+template <class Launch>
+cudaError_t with_device_buffers(const __half* a, const __half* b, int K, float* raw,
+                                Launch&& launch) {
   const std::size_t a_bytes = sizeof(__half) * kM * K, b_bytes = sizeof(__half) * kN * K;
   const std::size_t raw_bytes = sizeof(float) * kThreads * kRegs;
   void *da = nullptr, *db = nullptr, *draw = nullptr;
@@ -102,12 +174,8 @@ cudaError_t run(const __half* a, const __half* b, int K, bool b_n_major, Variant
   if (e == cudaSuccess) e = cudaMemcpy(db, b, b_bytes, cudaMemcpyHostToDevice);
   if (e == cudaSuccess) e = cudaMemset(draw, 0xFF, raw_bytes);  // NaN: unwritten shows
   if (e == cudaSuccess) {
-    const auto* ha = static_cast<const __half*>(da);
-    const auto* hb = static_cast<const __half*>(db);
-    auto* out = static_cast<float*>(draw);
-    auto kernel = b_n_major ? (K == 16 ? probe_kernel<1, 16> : probe_kernel<1, 64>)
-                            : (K == 16 ? probe_kernel<0, 16> : probe_kernel<0, 64>);
-    kernel<<<1, kThreads>>>(ha, hb, a_variant, b_variant, out);
+    launch(static_cast<const __half*>(da), static_cast<const __half*>(db),
+           static_cast<float*>(draw));
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
@@ -116,6 +184,26 @@ cudaError_t run(const __half* a, const __half* b, int K, bool b_n_major, Variant
   cudaFree(db);
   cudaFree(draw);
   return e;
+}
+
+}  // namespace
+
+cudaError_t run(const __half* a, const __half* b, int K, bool b_n_major, Variant a_variant,
+                Variant b_variant, float* raw) {
+  if (K != 16 && K != 64) return cudaErrorInvalidValue;
+  return with_device_buffers(a, b, K, raw, [&](const __half* da, const __half* db, float* out) {
+    auto kernel = b_n_major ? (K == 16 ? probe_kernel<1, 16> : probe_kernel<1, 64>)
+                            : (K == 16 ? probe_kernel<0, 16> : probe_kernel<0, 64>);
+    kernel<<<1, kThreads>>>(da, db, a_variant, b_variant, out);
+  });
+}
+
+cudaError_t run_rs(const __half* a, const __half* b, int K, Variant b_variant, float* raw) {
+  if (K != 16 && K != 64) return cudaErrorInvalidValue;
+  return with_device_buffers(a, b, K, raw, [&](const __half* da, const __half* db, float* out) {
+    auto kernel = K == 16 ? probe_rs_kernel<16> : probe_rs_kernel<64>;
+    kernel<<<1, kThreads>>>(da, db, b_variant, out);
+  });
 }
 
 std::uint64_t encode_descriptor(std::uint32_t smem_addr, std::uint32_t lbo_bytes,

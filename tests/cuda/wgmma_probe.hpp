@@ -32,6 +32,12 @@ enum Variant : int { kLboK = 0, kLboMN = 1 };
 cudaError_t run(const __half* a, const __half* b, int K, bool b_n_major, Variant a_variant,
                 Variant b_variant, float* raw);
 
+// The RS form (A from registers): each thread loads its A fragment of every k16 slice
+// straight from a (row-major 64×K) by the layout documented in src/cuda/wgmma.cuh; b is
+// N-major (K×64, N contiguous; imm-trans-b = 1), staged as in run(); b_variant picks
+// B's LBO/SBO assignment. K is 16 or 64; raw as in run().
+cudaError_t run_rs(const __half* a, const __half* b, int K, Variant b_variant, float* raw);
+
 // The descriptor encoding (src/cuda/wgmma.cuh), callable without a GPU.
 std::uint64_t encode_descriptor(std::uint32_t smem_addr, std::uint32_t lbo_bytes,
                                 std::uint32_t sbo_bytes);
