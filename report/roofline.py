@@ -104,11 +104,16 @@ def plot(path: Path, machine: dict, kernel_dots: list[Dot], title: str) -> None:
         x_ridge = ridge(in_use, bw)
         ax.plot([x_lo, x_ridge], [x_lo * bw, in_use], color="0.55", lw=1)
         ax.plot([x_ridge], [in_use], marker="o", color="0.2", ms=3)
-        x_text = max(x_lo * 1.1, y_lo * 1.5 / bw)  # on the line, inside the plot
+        # On the line, inside the plot; further up its line when the level above has
+        # nearly the same bandwidth (a guest's L3 and DRAM), so both labels stay legible.
+        levels = roof["bandwidth_levels"]
+        crowded = i > 0 and levels[i - 1]["bandwidth_gbs"] < 1.5 * bw
+        x_text = max(x_lo * 1.1, y_lo * 1.5 / bw) * (3.0 if crowded else 1.0)
         ax.text(x_text * 1.08, x_text * bw, f"{level['level']} {num(bw)} GB/s", fontsize=8,
                 color="0.3", va="top")
+        # Above the compute roof, one row per level: below it sit the kernels' dots.
         ax.annotate(f"ridge {level['level']} {num(x_ridge)}", (x_ridge, in_use),
-                    textcoords="offset points", xytext=(0, -14 - 10 * i), ha="left",
+                    textcoords="offset points", xytext=(0, 5 + 9 * i), ha="center",
                     fontsize=7, color="0.3")
     for kernel in KERNEL_ORDER:
         mine = [d for d in kernel_dots if d.kernel == kernel]
