@@ -61,12 +61,8 @@ struct TileOps {
         dims_done = D / L * L;
         const __m512 scale = _mm512_set1_ps(factor);
         for (std::int64_t i = 0; i < rows_done; i += L)
-          for (std::int64_t d = 0; d < dims_done; d += L) {
-            __m512 r[L];
-            for (int k = 0; k < L; ++k) r[k] = _mm512_loadu_ps(first + (i + k) * q.seq + d);
-            transpose16x16(r);
-            for (int k = 0; k < L; ++k) _mm512_storeu_ps(qt + (d + k) * Br + i, r[k] * scale);
-          }
+          for (std::int64_t d = 0; d < dims_done; d += L)
+            transpose_block16(first + i * q.seq + d, q.seq, qt + d * Br + i, Br, scale);
       }
     }
 #endif
@@ -275,13 +271,9 @@ struct TileOps {
         rows_done = rows / L * L;
         dims_done = D / L * L;
         for (std::int64_t i = 0; i < rows_done; i += L)
-          for (std::int64_t d = 0; d < dims_done; d += L) {
-            const __m512 scale = _mm512_load_ps(inv + i);
-            __m512 r[L];
-            for (int k = 0; k < L; ++k) r[k] = _mm512_load_ps(ot + (d + k) * Br + i) * scale;
-            transpose16x16(r);
-            for (int k = 0; k < L; ++k) _mm512_storeu_ps(p.out.row(b, h, i0 + i + k) + d, r[k]);
-          }
+          for (std::int64_t d = 0; d < dims_done; d += L)
+            transpose_block16(ot + d * Br + i, Br, p.out.row(b, h, i0 + i) + d, p.out.seq,
+                              _mm512_load_ps(inv + i));
       }
     }
 #endif

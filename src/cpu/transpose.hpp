@@ -4,6 +4,8 @@
 #pragma once
 
 #if defined(__AVX512F__)
+#include <cstdint>
+
 #include <immintrin.h>
 
 namespace fattn::cpu {
@@ -37,6 +39,17 @@ inline void transpose16x16(__m512 r[16]) {
     r[4 + c] = _mm512_shuffle_f32x4(s01_odd, s23_odd, kEven);     // column 4 + c  (lane 1)
     r[12 + c] = _mm512_shuffle_f32x4(s01_odd, s23_odd, kOdd);     // column 12 + c (lane 3)
   }
+}
+
+// One 16×16 block: dst row k (dst_stride floats apart) = column k of the 16 src rows
+// (src_stride floats apart), times column_scale[k]. Unaligned loads and stores: the
+// blocks sit at any row of the caller's tensors.
+inline void transpose_block16(const float* src, std::int64_t src_stride, float* dst,
+                              std::int64_t dst_stride, __m512 column_scale) {
+  __m512 r[16];
+  for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(src + k * src_stride) * column_scale;
+  transpose16x16(r);
+  for (int k = 0; k < 16; ++k) _mm512_storeu_ps(dst + k * dst_stride, r[k]);
 }
 
 }  // namespace fattn::cpu
