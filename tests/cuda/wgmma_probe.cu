@@ -20,6 +20,20 @@ __device__ __forceinline__ int core_offset(int mn_core, int k_core, int K) {
   return (mn_core * (K / 8) + k_core) * kCoreBytes;
 }
 
+// The no-swizzle descriptor of an operand with K columns staged by core_offset, with the
+// LBO/SBO assignment under test: kLboK puts the K-adjacent offset in LBO, the other
+// variant swaps the two.
+template <int K>
+__device__ __forceinline__ std::uint64_t probe_desc(const void* smem, int variant) {
+  constexpr std::uint32_t k_step = kCoreBytes;                 // adjacent in K
+  constexpr std::uint32_t mn_step = kCoreBytes * (K / 8);      // adjacent in M/N
+  return variant == kLboK ? wgmma_desc(smem, k_step, mn_step) : wgmma_desc(smem, mn_step, k_step);
+}
+
+// The next k16 slice starts two K-adjacent core matrices further: 256 bytes, i.e. 16 in
+// the descriptor's address field.
+constexpr std::uint64_t kSliceAdvance = (2 * kCoreBytes) >> 4;
+
 // Issues the cp.async copies of B (64×K or K×64, see wgmma_probe.hpp) into the
 // no-swizzle core-matrix layout; the caller commits and waits.
 template <int kTransB, int K>
@@ -67,15 +81,8 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(const __half* a, const 
   fence_proxy_async_shared();  // generic-proxy writes → async-proxy (wgmma) reads
   __syncthreads();
 
-  const std::uint32_t k_step = kCoreBytes;                     // adjacent in K
-  const std::uint32_t mn_step = static_cast<std::uint32_t>(kCoreBytes * (K / 8));  // in M/N
-  std::uint64_t desc_a = a_variant == kLboK ? wgmma_desc(smem_a, k_step, mn_step)
-                                            : wgmma_desc(smem_a, mn_step, k_step);
-  std::uint64_t desc_b = b_variant == kLboK ? wgmma_desc(smem_b, k_step, mn_step)
-                                            : wgmma_desc(smem_b, mn_step, k_step);
-  // The next k16 slice starts two K-adjacent core matrices further: 256 bytes, i.e. 16
-  // in the descriptor's address field.
-  constexpr std::uint64_t kSliceAdvance = (2 * kCoreBytes) >> 4;
+  std::uint64_t desc_a = probe_desc<K>(smem_a, a_variant);
+  std::uint64_t desc_b = probe_desc<K>(smem_b, b_variant);
 
   float d[kRegs];
 #pragma unroll
@@ -127,11 +134,7 @@ __global__ void __launch_bounds__(kThreads) probe_rs_kernel(const __half* a, con
   fence_proxy_async_shared();
   __syncthreads();
 
-  const std::uint32_t k_step = kCoreBytes;
-  const std::uint32_t mn_step = static_cast<std::uint32_t>(kCoreBytes * (K / 8));
-  std::uint64_t desc_b = b_variant == kLboK ? wgmma_desc(smem_b, k_step, mn_step)
-                                            : wgmma_desc(smem_b, mn_step, k_step);
-  constexpr std::uint64_t kSliceAdvance = (2 * kCoreBytes) >> 4;
+  std::uint64_t desc_b = probe_desc<K>(smem_b, b_variant);
 
   float d[kRegs];
 #pragma unroll
