@@ -27,6 +27,7 @@ constexpr double kGiga = 1e9;
 const StreamLoops& loops_for(fattn::Isa isa) {
   switch (isa) {
 #if defined(__x86_64__)
+    case fattn::Isa::amx:  // AVX-512 plus AMX tiles: its vector units are avx512's
     case fattn::Isa::avx512: return avx512_stream_loops;
     case fattn::Isa::avx2: return avx2_stream_loops;
 #endif

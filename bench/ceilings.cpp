@@ -45,6 +45,7 @@ double seconds_since(Clock::time_point start) {
 const FmaLoops& loops_for(fattn::Isa isa) {
   switch (isa) {
 #if defined(__x86_64__)
+    case fattn::Isa::amx:  // AVX-512 plus AMX tiles: its vector units are avx512's
     case fattn::Isa::avx512: return avx512_fma_loops;
     case fattn::Isa::avx2: return avx2_fma_loops;
 #endif

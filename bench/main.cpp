@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   app.add_option("--impls", impl_names, "implementations: naive,fused,reference")
       ->capture_default_str()
       ->delimiter(',');
-  app.add_option("--isa", isa_name, "auto|avx512|avx2|portable")->capture_default_str();
+  app.add_option("--isa", isa_name, "auto|amx|avx512|avx2|portable")->capture_default_str();
   app.add_option("--reps", config.reps, "timed runs per point (median, min, max)")
       ->capture_default_str()
       ->check(CLI::Range(kMinTimedRuns, kMaxTimedRuns));

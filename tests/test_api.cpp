@@ -20,7 +20,7 @@ std::int64_t extra_for(std::int64_t S, Options options) {
 
 TEST(ExtraBytes, FusedGrowsLinearlyNaiveQuadratically) {
   for (int threads : {1, 0}) {
-    for (Isa isa : {Isa::automatic, Isa::avx512, Isa::avx2, Isa::portable}) {
+    for (Isa isa : {Isa::automatic, Isa::amx, Isa::avx512, Isa::avx2, Isa::portable}) {
       if (!fattn::cpu_supports(isa)) continue;
       SCOPED_TRACE(::testing::Message() << "isa " << to_string(isa) << ", threads " << threads);
       Options o;
@@ -78,7 +78,8 @@ TEST(Names, ToStringAndParseRoundTrip) {
     EXPECT_EQ(fattn::parse_impl(fattn::to_string(impl)), impl);
   }
   const std::pair<Isa, const char*> isas[] = {
-      {Isa::automatic, "auto"}, {Isa::avx512, "avx512"}, {Isa::avx2, "avx2"}, {Isa::portable, "portable"}};
+      {Isa::automatic, "auto"}, {Isa::amx, "amx"},          {Isa::avx512, "avx512"},
+      {Isa::avx2, "avx2"},      {Isa::portable, "portable"}};
   for (auto [isa, name] : isas) {
     EXPECT_STREQ(fattn::to_string(isa), name);
     EXPECT_EQ(fattn::parse_isa(name), isa) << name;
@@ -176,8 +177,10 @@ TEST(Machine, ReportsItself) {
   const Isa best = fattn::best_cpu_isa();
   EXPECT_NE(best, Isa::automatic);
   EXPECT_TRUE(fattn::cpu_supports(best));
-  // best is the widest supported
-  if (fattn::cpu_supports(Isa::avx512))
+  // best is the fastest supported: amx, then the widest FMA kernels
+  if (fattn::cpu_supports(Isa::amx))
+    EXPECT_EQ(best, Isa::amx);
+  else if (fattn::cpu_supports(Isa::avx512))
     EXPECT_EQ(best, Isa::avx512);
   else if (fattn::cpu_supports(Isa::avx2))
     EXPECT_EQ(best, Isa::avx2);

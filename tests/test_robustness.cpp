@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <iterator>
+
 #include "test_util.hpp"
 
 namespace fattn_test {
@@ -283,6 +286,33 @@ TEST_P(RobustnessTest, SingleKey) {
   }
 }
 
+// Denormal and tiny inputs, and values on the bfloat16 rounding boundaries: the AMX
+// kernels split every float32 into three bfloat16 parts, exactly only for normal
+// numbers; a denormal's parts keep bits below 16 that must not leak into the
+// neighbouring key's half of a VNNI pair (found: one row off by 1e30 when the naive
+// path's normalised probabilities went denormal).
+TEST_P(RobustnessTest, DenormalAndBoundaryInputs) {
+  Rng rng;
+  const std::int64_t B = 1, H = 2, S = 77, D = 64;
+  Tensor q = make_input(L::bhsd, B, H, S, D, rng);
+  Tensor k = make_input(L::bhsd, B, H, S, D, rng);
+  Tensor v = make_input(L::bhsd, B, H, S, D, rng);
+  const float specials[] = {1e-39f, -3e-42f, 1.4e-45f, 1.17549435e-38f, 1.00390625f /* 1 + 2^-8 */,
+                            -1.0039063f, 3.0e-30f, 0.0f, -0.0f};
+  std::int64_t n = 0;
+  for (Tensor* t : {&q, &k, &v})
+    t->for_each([&](auto b, auto h, auto s, auto d) {
+      if ((s * 7 + d * 3 + h) % 5 == 0) t->at(b, h, s, d) = specials[n++ % std::size(specials)];
+    });
+  for (Causal causal : {kNone, kTL}) {
+    SCOPED_TRACE(to_string(causal));
+    const Result ref = run_reference(q, k, v, options(causal));
+    const Run got = run(q, k, v, options(causal));
+    EXPECT_TRUE(outputs_near(got.out, ref.out));
+    EXPECT_TRUE(lse_near(got.lse, ref.lse));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, RobustnessTest, ::testing::ValuesIn(kernel_variants()),
                          [](const auto& param_info) { return variant_name(param_info.param); });
 
@@ -325,6 +355,44 @@ TEST_P(LongSequenceTest, SampledRowsMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Fused, LongSequenceTest, ::testing::Values(kNone, kBR),
                          [](const auto& param_info) { return std::string(fattn::to_string(param_info.param)); });
+
+
+// The AMX kernels run on finite inputs (their float32 results differ in the last bits
+// from the FMA kernels', within the same bound of the reference) and hand inputs with a
+// NaN or Inf to the AVX-512 kernels (then the same bits).
+TEST(Amx, RunsOnFiniteInputsAndFallsBackOnNonFinite) {
+  FATTN_SKIP_IF_UNSUPPORTED(Isa::amx);
+  Rng rng;
+  const std::int64_t B = 1, H = 2, S = 130, D = 64;
+  const Tensor q = make_input(L::bhsd, B, H, S, D, rng);
+  const Tensor k = make_input(L::bhsd, B, H, S, D, rng);
+  Tensor v = make_input(L::bhsd, B, H, S, D, rng);
+  auto run_isa = [&](Isa isa, Impl impl) {
+    Tensor out = make_output(L::bhsd, B, H, S, D);
+    Options o;
+    o.isa = isa;
+    o.impl = impl;
+    fattn::attention_forward(q.view(), k.view(), v.view(), out.view(), nullptr, o);
+    return out;
+  };
+  auto bitwise_equal = [](const Tensor& a, const Tensor& b) {
+    bool same = true;
+    a.for_each([&](auto i, auto j, auto s, auto d) {
+      const float x = a.at(i, j, s, d), y = b.at(i, j, s, d);
+      same = same && std::memcmp(&x, &y, sizeof(float)) == 0;
+    });
+    return same;
+  };
+  for (Impl impl : {Impl::fused, Impl::naive}) {
+    SCOPED_TRACE(to_string(impl));
+    v.at(0, 1, 40, 7) = 0.5f;
+    const Tensor amx = run_isa(Isa::amx, impl), fma = run_isa(Isa::avx512, impl);
+    EXPECT_FALSE(bitwise_equal(amx, fma)) << "the amx kernel did not run";
+    EXPECT_TRUE(outputs_near(amx, run_reference(q, k, v, Options{}).out));
+    v.at(0, 1, 40, 7) = kInf;
+    EXPECT_TRUE(bitwise_equal(run_isa(Isa::amx, impl), run_isa(Isa::avx512, impl)));
+  }
+}
 
 }  // namespace
 }  // namespace fattn_test

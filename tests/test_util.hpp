@@ -500,11 +500,11 @@ inline std::string variant_name(const Variant& v) {
 // For gtest's parameter printing (and so ctest's test list).
 inline void PrintTo(const Variant& v, std::ostream* os) { *os << variant_name(v); }
 
-// naive and fused, each on avx512, avx2 and portable.
+// naive and fused, each on amx, avx512, avx2 and portable.
 inline std::vector<Variant> kernel_variants() {
   std::vector<Variant> vs;
   for (Impl impl : {Impl::naive, Impl::fused})
-    for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable}) vs.push_back({impl, isa});
+    for (Isa isa : {Isa::amx, Isa::avx512, Isa::avx2, Isa::portable}) vs.push_back({impl, isa});
   return vs;
 }
 

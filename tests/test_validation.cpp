@@ -374,7 +374,7 @@ TEST(Validation, CudaDevice) {
 
 TEST(Validation, UnsupportedIsa) {
   int tested = 0;
-  for (Isa isa : {Isa::avx512, Isa::avx2}) {
+  for (Isa isa : {Isa::amx, Isa::avx512, Isa::avx2}) {
     if (fattn::cpu_supports(isa)) continue;
     for (Impl impl : {Impl::naive, Impl::fused}) {
       Args s;
@@ -396,7 +396,7 @@ TEST(Validation, UnknownNames) {
                 HasSubstr(std::string("fattn: impl must be one of auto, reference, naive, fused; got '") + name + "'"));
   for (const char* name : {"", "sse", "AVX2", "avx512f", "neon"})
     EXPECT_THAT(error_of([&] { fattn::parse_isa(name); }),
-                HasSubstr(std::string("fattn: isa must be one of auto, avx512, avx2, portable; got '") + name + "'"));
+                HasSubstr(std::string("fattn: isa must be one of auto, amx, avx512, avx2, portable; got '") + name + "'"));
 }
 
 // ---- reference_row and extra_bytes validate too --------------------------------------------
@@ -492,7 +492,7 @@ TEST(Validation, WorkingMemoryAllocationFailure) {
 // wrapped value — attention_forward allocates that wrapped size and packs Sk keys
 // into it.
 TEST(Validation, FusedWorkspaceSizeDoesNotWrap) {
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable}) {
+  for (Isa isa : {Isa::amx, Isa::avx512, Isa::avx2, Isa::portable}) {
     if (!fattn::cpu_supports(isa)) continue;
     for (int log2_sk : {57, 58}) {
       Args s;

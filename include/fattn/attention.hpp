@@ -34,9 +34,14 @@ enum class Causal : std::uint8_t { none, top_left, bottom_right };
 //   automatic: the best for this device (fused)
 enum class Impl : std::uint8_t { automatic, reference, naive, fused };
 
-// CPU instruction set for the naive and fused kernels. automatic picks the widest
+// CPU instruction set for the naive and fused kernels. automatic picks the fastest
 // this CPU supports; asking for one it lacks is an Error.
-enum class Isa : std::uint8_t { automatic, avx512, avx2, portable };
+//   amx:      AVX-512 plus AMX bfloat16 tiles (Sapphire Rapids and later, Linux): Q·Kᵀ
+//             and P·V from six bfloat16 partial products of each float32 split in three
+//             parts, float32 accumulation — float32 accuracy (cpu/amx_ops.hpp). Inputs
+//             with NaN/Inf run the avx512 kernels; the backward is avx512's.
+//   avx512, avx2: float32 FMA micro-kernels.   portable: compiler-vectorised, any CPU.
+enum class Isa : std::uint8_t { automatic, amx, avx512, avx2, portable };
 
 const char* to_string(Causal causal);
 const char* to_string(Impl impl);

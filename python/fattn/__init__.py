@@ -49,7 +49,7 @@ def release_cached_memory() -> None:
 
 
 def best_cpu_isa() -> str:
-    """The instruction set fattn's CPU kernels use on this machine (avx512, avx2, portable)."""
+    """The instruction set fattn's CPU kernels use on this machine (amx, avx512, avx2, portable)."""
     return _C.best_cpu_isa()
 
 

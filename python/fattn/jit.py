@@ -16,12 +16,16 @@ loaded; a namespace that something else registered is an error.
 The CPU kernels are built once per instruction set, as CMake does with per-file -m flags:
 here a small generated file per ISA sets ``#pragma GCC target(...)`` and the macros
 FATTN_VECTOR_BYTES / FATTN_KERNELS / FATTN_ISA, then includes src/cpu/kernels_isa.cpp
-(torch's load() takes one set of flags for all sources).
+(torch's load() takes one set of flags for all sources). The AMX unit,
+src/cpu/kernels_amx.cpp, needs its -m flags on the command line (GCC's target pragma
+does not define the __AMX_TILE__ / __AVX512BW__ macros it checks): it is compiled here
+into an object that load() links, where the compiler knows AMX.
 """
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import threading
 import types
 from pathlib import Path
@@ -43,11 +47,40 @@ _X86_ISAS = (
 # found rather than listed, so that a file added to the library is not forgotten here.
 _LIBRARY_SOURCE_GLOBS = ("src/core/*.cpp", "src/cpu/*.cpp")
 _PER_ISA_SOURCE = "kernels_isa.cpp"
+_AMX_SOURCE = "kernels_amx.cpp"
+# The CMake build's flags for the AMX unit (fattn_isa_avx512_flags plus AMX and AVX-512BW).
+_AMX_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma",
+              "-mprefer-vector-width=512", "-mamx-tile", "-mamx-bf16")
 
 
 def _library_sources(src: Path) -> list:
     return sorted(str(f) for pattern in _LIBRARY_SOURCE_GLOBS for f in src.glob(pattern)
-                  if f.name != _PER_ISA_SOURCE)
+                  if f.name not in (_PER_ISA_SOURCE, _AMX_SOURCE))
+
+
+def _amx_object(src: Path, build_dir: Path, cflags: list, verbose: bool):
+    """Compiles the AMX kernel unit into build_dir/kernels_amx.o (again only when a source
+    is newer) and returns its path, or None where the CPU is not x86-64 or the compiler
+    lacks AMX (the build then has no amx kernels, as CMake's would)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    unit = src / "src/cpu" / _AMX_SOURCE
+    obj = build_dir / "kernels_amx.o"
+    inputs = [unit, *src.glob("src/**/*.hpp"), *src.glob("include/fattn/*.hpp")]
+    if obj.is_file() and obj.stat().st_mtime >= max(f.stat().st_mtime for f in inputs):
+        return str(obj)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = [os.environ.get("CXX", "c++"), *cflags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-fPIC",
+           *_AMX_FLAGS, "-I", str(src / "include"), "-I", str(src / "src"), "-c", str(unit),
+           "-o", str(obj)]
+    if verbose:
+        print("fattn.jit:", " ".join(cmd))
+    try:
+        subprocess.run(cmd, check=True, capture_output=not verbose)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"fattn.jit: building without the amx kernels ({_AMX_SOURCE} did not compile: {e})")
+        return None
+    return str(obj)
 
 
 def source_dir() -> Path:
@@ -147,16 +180,21 @@ def load(namespace: str = "fattn_jit", build_directory: str | os.PathLike | None
                    + [str(src / "python/csrc/ops.cpp")])
         from . import _C
 
+        common = ["-O3", "-std=c++20", "-ffp-contract=fast", "-fopenmp", "-fvisibility=hidden"]
+        amx = _amx_object(src, build_dir, common, verbose)
         torch_lib = Path(torch.__file__).parent / "lib"
         gomp = torch_lib / "libgomp.so.1"  # torch's OpenMP runtime: one runtime per process
         ext = cpp_extension.load(
             name=f"{namespace}_C",
             sources=sources,
-            extra_cflags=["-O3", "-std=c++20", "-ffp-contract=fast", "-fopenmp",
-                          "-fvisibility=hidden", f"-DFATTN_OP_NAMESPACE={namespace}",
-                          f'-DFATTN_VERSION=\\"{_C.version()}\\"'],
+            extra_cflags=[*common, f"-DFATTN_OP_NAMESPACE={namespace}",
+                          f'-DFATTN_VERSION=\\"{_C.version()}\\"',
+                          # The stamp changes the flags when the AMX object is rebuilt, so
+                          # that load() relinks (ninja does not track extra_ldflags).
+                          *(["-DFATTN_HAVE_AMX=1",
+                             f"-DFATTN_AMX_STAMP={Path(amx).stat().st_mtime_ns}"] if amx else [])],
             extra_include_paths=[str(src / "include"), str(src / "src")],
-            extra_ldflags=[str(gomp)] if gomp.is_file() else ["-fopenmp"],
+            extra_ldflags=([amx] if amx else []) + ([str(gomp)] if gomp.is_file() else ["-fopenmp"]),
             build_directory=str(build_dir),
             verbose=verbose,
             with_cuda=False,

@@ -56,6 +56,7 @@ const char* to_string(Impl impl) {
 const char* to_string(Isa isa) {
   switch (isa) {
     case Isa::automatic: return "auto";
+    case Isa::amx: return "amx";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";
     case Isa::portable: return "portable";
@@ -70,9 +71,9 @@ Impl parse_impl(const std::string& name) {
 }
 
 Isa parse_isa(const std::string& name) {
-  for (Isa i : {Isa::automatic, Isa::avx512, Isa::avx2, Isa::portable})
+  for (Isa i : {Isa::automatic, Isa::amx, Isa::avx512, Isa::avx2, Isa::portable})
     if (name == to_string(i)) return i;
-  throw Error("fattn: isa must be one of auto, avx512, avx2, portable; got '" + name + "'");
+  throw Error("fattn: isa must be one of auto, amx, avx512, avx2, portable; got '" + name + "'");
 }
 
 TensorView TensorView::bhsd(void* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,

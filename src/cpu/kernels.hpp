@@ -22,7 +22,9 @@ struct Kernels {
   void (*naive_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
 };
 
-// Built from kernels_isa.cpp, once per instruction set. avx512 and avx2 exist only on x86-64.
+// Built from kernels_isa.cpp, once per instruction set. avx512 and avx2 exist only on x86-64;
+// amx (kernels_amx.cpp) where the compiler has AMX intrinsics (FATTN_HAVE_AMX).
+extern const Kernels amx_kernels;
 extern const Kernels avx512_kernels;
 extern const Kernels avx2_kernels;
 extern const Kernels portable_kernels;

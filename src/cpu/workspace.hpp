@@ -49,6 +49,22 @@ inline QueryTile query_tile_of(const detail::Problem& p, int rows_per_tile, std:
           p.kv_end(i0 + rows)};
 }
 
+// Work items of `group` consecutive query tiles of one head: how many, and the first
+// tile of each. Items run head by head, so a worker's consecutive items read the same
+// K/V rows (kept in L2 when a head's K and V fit there); within a head the heaviest
+// group comes first under causal masks (later tiles see more keys), so the lightest
+// items are the last ones handed out and the dynamic schedule ends balanced.
+inline std::int64_t work_items(const detail::Problem& p, std::int64_t q_tiles, int group) {
+  return p.batch * p.q_heads * ((q_tiles + group - 1) / group);
+}
+inline QueryTile first_tile_of_item(const detail::Problem& p, int rows_per_tile,
+                                    std::int64_t q_tiles, std::int64_t item, int group) {
+  const std::int64_t groups = (q_tiles + group - 1) / group;
+  const std::int64_t head = item / groups;
+  return query_tile_of(p, rows_per_tile, q_tiles, head / p.q_heads, head % p.q_heads,
+                       (groups - 1 - item % groups) * group);
+}
+
 // Rows of one head with contiguous dims, for the operands read a row at a time (V in
 // P·V, K in the backward's dS·K): the tensor's own rows when its dims are contiguous
 // (copy == nullptr), else the copy that copy_head_rows made.
@@ -151,18 +167,9 @@ struct Workspace {
     return query_tile_of(p, Br, q_tiles, b, h, t);
   }
 
-  // Work items of `group` consecutive query tiles of one head: how many, and the first
-  // tile of each. Items run head by head, so a worker's consecutive items read the same
-  // K/V rows (kept in L2 when a head's K and V fit there); within a head the heaviest
-  // group comes first under causal masks (later tiles see more keys), so the lightest
-  // items are the last ones handed out and the dynamic schedule ends balanced.
-  std::int64_t items(int group) const {
-    return p.batch * p.q_heads * ((q_tiles + group - 1) / group);
-  }
+  std::int64_t items(int group) const { return work_items(p, q_tiles, group); }
   QueryTile first_tile_of(std::int64_t item, int group) const {
-    const std::int64_t groups = (q_tiles + group - 1) / group;
-    const std::int64_t head = item / groups;
-    return query_tile(head / p.q_heads, head % p.q_heads, (groups - 1 - item % groups) * group);
+    return first_tile_of_item(p, Br, q_tiles, item, group);
   }
 };
 

@@ -1,0 +1,225 @@
+// fattn — the AMX forward kernels: the fused kernel's loop and the naive baseline with
+// Q·Kᵀ and P·V on AMX tiles (amx_ops.hpp), the softmax on AVX-512 as in the FMA kernel.
+//
+// For one query tile:   Q parts ← split(Q·scale·log2(e))
+//   for each key tile:  st ← K·Qᵀ                 (scores_tile: six bf16 products)
+//                       mask, online softmax      (the FMA kernel's tile operations)
+//                       P parts ← split(st)
+//                       ot ← alpha·ot + Vᵀ·P       (rescale, pv_tile)
+//   out ← otᵀ / l, lse
+// K and Vᵀ are split once per call, per kv head. Inputs with a NaN, an Inf or a value
+// above 3e38 do not split exactly: the call then runs the AVX-512 FMA kernels, whose
+// NaN/Inf semantics the tests pin down (found while packing, before any output is written).
+#pragma once
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
+#include <algorithm>
+#include <atomic>
+
+#include "core/diagnostics.hpp"
+#include "cpu/amx_ops.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/workspace.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+struct AmxWorkspace {
+  using Ops = AmxOps<S>;
+  static constexpr int Br = Ops::Br, Bc = Ops::Bc;
+
+  struct Slot {
+    float *qt, *ot, *m, *l, *alpha, *ones, *st;
+    bf16 *q_parts, *p_parts;
+  };
+
+  const detail::Problem& p;
+  bool naive;
+  std::int64_t q_tiles, kv_pad, dim_pad, q_parts, p_parts, head_floats, scores_block,
+      slot_floats;
+  std::int64_t v_at, scores_at, slots_at, total;
+  float* base = nullptr;
+
+  AmxWorkspace(const detail::Problem& problem, bool is_naive, int workers)
+      : p(problem), naive(is_naive) {
+    Sizes n;
+    q_tiles = n.div_up(p.q_len, Br);
+    kv_pad = n.mul(n.div_up(p.kv_len, Bc), Bc);
+    dim_pad = Ops::round_up(p.head_dim);  // head_dim <= 256: small products below
+    q_parts = Ops::kParts * dim_pad * Br;  // bf16
+    p_parts = Ops::kParts * Bc * Br;
+    const std::int64_t kv_heads = p.batch * p.kv_heads;
+    // K or Vᵀ parts of one head: 3·kv_pad·Dp bf16, two a float (a multiple of 16 floats).
+    head_floats = n.mul(n.mul(Ops::kParts, kv_pad), dim_pad) / 2;
+    v_at = n.mul(kv_heads, head_floats);
+    scores_at = n.add(v_at, n.mul(kv_heads, head_floats));
+    scores_block = n.mul(kv_pad, Br);
+    const std::int64_t scores = naive ? n.mul(n.mul(p.batch * p.q_heads, q_tiles), scores_block) : 0;
+    slots_at = n.add(scores_at, scores);
+    slot_floats = align_floats(dim_pad * Br) * 2 + align_floats(Br) * 4 +
+                  align_floats(static_cast<std::int64_t>(Bc) * Br) +
+                  align_floats(q_parts / 2) + align_floats(p_parts / 2);
+    const std::int64_t slots = naive ? workers : workers * Ops::Fma::T::query_tiles_per_item;
+    total = n.add(slots_at, n.mul(slots, slot_floats));
+    if (n.overflow) total = -1;
+  }
+
+  const bf16* k_parts(std::int64_t b, std::int64_t hk) const {
+    return reinterpret_cast<const bf16*>(base + (b * p.kv_heads + hk) * head_floats);
+  }
+  const bf16* v_parts(std::int64_t b, std::int64_t hk) const {
+    return reinterpret_cast<const bf16*>(base + v_at + (b * p.kv_heads + hk) * head_floats);
+  }
+  float* scores(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    return base + scores_at + ((b * p.q_heads + h) * q_tiles + t) * scores_block;
+  }
+  Slot slot(int w) const {
+    float* s = base + slots_at + w * slot_floats;
+    const std::int64_t tile = align_floats(dim_pad * Br), vec = align_floats(Br);
+    float* st = s + 2 * tile + 4 * vec;
+    float* q_parts = st + align_floats(static_cast<std::int64_t>(Bc) * Br);
+    float* p_parts = q_parts + align_floats(this->q_parts / 2);
+    return {s,       s + tile, s + 2 * tile, s + 2 * tile + vec, s + 2 * tile + 2 * vec,
+            s + 2 * tile + 3 * vec, st, reinterpret_cast<bf16*>(q_parts),
+            reinterpret_cast<bf16*>(p_parts)};
+  }
+
+  // Splits every kv head's K and Vᵀ into parts and checks Q. False: some input value
+  // does not split exactly (NaN, Inf, |x| > 3e38), and the caller runs the FMA kernel.
+  bool prepare(const detail::Exec& exec) const {
+    std::atomic<bool> splittable{true};
+    detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
+      const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
+      auto* k = const_cast<bf16*>(k_parts(b, hk));
+      auto* v = const_cast<bf16*>(v_parts(b, hk));
+      bool ok = Ops::pack_k(p.k, b, hk, p.kv_len, p.head_dim, k);
+      ok &= Ops::pack_v_transposed(p.v, b, hk, p.kv_len, p.head_dim, v);
+      for (std::int64_t h = hk * p.group_size(); ok && h < (hk + 1) * p.group_size(); ++h)
+        ok &= Ops::splittable_rows(p.q, b, h, p.q_len, p.head_dim);
+      if (!ok) splittable.store(false, std::memory_order_relaxed);
+    });
+    return splittable.load();
+  }
+
+  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    return query_tile_of(p, Br, q_tiles, b, h, t);
+  }
+  std::int64_t items(int group) const { return work_items(p, q_tiles, group); }
+  QueryTile first_tile_of(std::int64_t item, int group) const {
+    return first_tile_of_item(p, Br, q_tiles, item, group);
+  }
+
+  // One query tile in: Q rows scaled and transposed (the FMA kernel's loader), then split.
+  void load_q(const QueryTile& x, float factor, const Slot& s) const {
+    Ops::Fma::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, p.head_dim, factor, s.qt);
+    Ops::split_pairs(s.qt, p.head_dim, dim_pad, s.q_parts);
+  }
+};
+
+template <class S>
+void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  using Ops = AmxOps<S>;
+  using Fma = typename Ops::Fma;
+  constexpr int kGroup = Fma::T::query_tiles_per_item;
+  AmxWorkspace<S> ws(p, /*is_naive=*/false, exec.workers);
+  ws.base = memory;
+  if (!ws.prepare(exec)) return avx512_kernels.fused(p, exec, memory);
+  const float q_factor = static_cast<float>(p.scale) * Fma::kLog2e;
+  const std::int64_t Dp = ws.dim_pad;
+
+  detail::parallel_items(exec, ws.items(kGroup), [&](std::int64_t item, int worker) {
+    const typename Ops::Scope tiles;
+    const auto first = ws.first_tile_of(item, kGroup);
+    const bf16* k = ws.k_parts(first.b, first.hk);
+    const bf16* v = ws.v_parts(first.b, first.hk);
+    QueryTile q[kGroup];
+    typename AmxWorkspace<S>::Slot tile[kGroup];
+    int n = 0;
+    std::int64_t kv_max = 0;
+    for (; n < kGroup && first.t + n < ws.q_tiles; ++n) {
+      q[n] = ws.query_tile(first.b, first.h, first.t + n);
+      tile[n] = ws.slot(worker * kGroup + n);
+      kv_max = std::max(kv_max, q[n].kv_end);
+      ws.load_q(q[n], q_factor, tile[n]);
+      Fma::start_rows(tile[n].m, tile[n].l, tile[n].ot, Dp);
+    }
+    for (std::int64_t j0 = 0; j0 < kv_max; j0 += Ops::Bc) {
+      for (int s = 0; s < n; ++s) {
+        if (j0 >= q[s].kv_end) continue;
+        const auto& t = tile[s];
+        const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
+        Ops::scores_tile(k, Dp, j0, nj, t.q_parts, t.st);
+        if (p.needs_mask(q[s].i0, j0 + nj))
+          Fma::mask_tile(t.st, nj, typename Fma::Diagonal{j0, q[s].i0, p.causal_offset});
+        Fma::softmax_update(t.st, nj, t.m, t.l, t.alpha);
+        Ops::split_pairs(t.st, nj, Ops::round_up(nj), t.p_parts);
+        Ops::rescale(t.ot, t.alpha, Dp);
+        Ops::pv_tile(v, j0, nj, t.p_parts, Dp, t.ot);
+      }
+    }
+    for (int s = 0; s < n; ++s) {
+      Fma::store_output(tile[s].ot, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
+      Fma::store_lse(tile[s].m, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
+    }
+  });
+}
+
+// The naive baseline on the same AMX products: scores to an Sq×Sk buffer, softmax,
+// P·V, as three parallel stages (cpu/naive.hpp is the FMA version).
+template <class S>
+void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  using Ops = AmxOps<S>;
+  using Fma = typename Ops::Fma;
+  AmxWorkspace<S> ws(p, /*is_naive=*/true, exec.workers);
+  ws.base = memory;
+  detail::StageClock clock;  // fattn::last_naive_stage_seconds()
+  NaiveStageSeconds seconds;
+  if (!ws.prepare(exec)) return avx512_kernels.naive(p, exec, memory);
+  seconds.prepare = clock.lap();
+  const float q_factor = static_cast<float>(p.scale) * Fma::kLog2e;
+  const std::int64_t Dp = ws.dim_pad;
+  // Stage 1: scores.
+  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
+    const typename Ops::Scope tiles;
+    const auto x = ws.first_tile_of(item, 1);
+    const auto t = ws.slot(worker);
+    ws.load_q(x, q_factor, t);
+    Ops::scores_tile(ws.k_parts(x.b, x.hk), Dp, 0, x.kv_end, t.q_parts, ws.scores(x.b, x.h, x.t));
+  });
+  seconds.scores = clock.lap();
+
+  // Stage 2: softmax of each query row, in place; logsumexp.
+  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
+    const auto x = ws.first_tile_of(item, 1);
+    const auto t = ws.slot(worker);
+    float* scores = ws.scores(x.b, x.h, x.t);
+    if (p.needs_mask(x.i0, x.kv_end))
+      Fma::mask_tile(scores, x.kv_end, typename Fma::Diagonal{0, x.i0, p.causal_offset});
+    Fma::start_rows(t.m, t.l, t.ot, 0);
+    Fma::softmax_update(scores, x.kv_end, t.m, t.l, t.alpha);
+    Fma::normalize_rows(scores, x.kv_end, t.l);
+    Fma::store_lse(t.m, t.l, p, x.b, x.h, x.i0, x.rows);
+  });
+  seconds.softmax = clock.lap();
+
+  // Stage 3: O = P·V, key tile by key tile.
+  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
+    const typename Ops::Scope tiles;
+    const auto x = ws.first_tile_of(item, 1);
+    const auto t = ws.slot(worker);
+    const float* probs = ws.scores(x.b, x.h, x.t);
+    Fma::start_rows(t.m, t.l, t.ot, Dp);
+    for (int i = 0; i < Ops::Br; ++i) t.ones[i] = 1.0f;
+    for (std::int64_t j0 = 0; j0 < x.kv_end; j0 += Ops::Bc) {
+      const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
+      Ops::split_pairs(probs + j0 * Ops::Br, nj, Ops::round_up(nj), t.p_parts);
+      Ops::pv_tile(ws.v_parts(x.b, x.hk), j0, nj, t.p_parts, Dp, t.ot);
+    }
+    Fma::store_output(t.ot, t.ones, p, x.b, x.h, x.i0, x.rows);
+  });
+  seconds.output = clock.lap();
+  detail::record_naive_stage_seconds(seconds);
+}
+
+}  // namespace fattn::cpu
+#endif

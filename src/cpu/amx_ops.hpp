@@ -1,0 +1,335 @@
+// fattn — the tile operations of the AMX kernels: float32 attention on bfloat16 tiles.
+//
+// Intel AMX (Sapphire Rapids and later) multiplies bfloat16 tiles into float32:
+// TDPBF16PS adds a 16×32 by 32×16 product to a 16×16 float32 tile in 16 cycles,
+// 512 multiply-adds a cycle against the two AVX-512 FMA ports' 32. It accumulates
+// like an FMA chain (float32, round to nearest even, denormals flushed).
+//
+// float32 accuracy from bfloat16 (8 significant bits): each operand is split exactly,
+//   x = hi + mid + lo     hi = x rounded to 8 bits, mid = the rest truncated to 8 bits,
+//                         lo = what remains (at most 8 bits, so a bfloat16 too; for
+//                         normal x — denormals lose bits below 2^-133, see pair())
+// and a·b is summed from the six partial products above float32's rounding,
+//   lo·hi + mid·mid + mid·hi + hi·lo + hi·mid + hi·hi      (smallest first)
+// The three left out (mid·lo, lo·mid, lo·lo) are below 2^-24·|a·b| together: one
+// float32 rounding. Six products at 16× the FMA rate: 2.7× the FMA peak for Q·Kᵀ and
+// P·V (the GPU's 3×TF32 is the same idea). Measured errors: tests/test_forward.cpp.
+//
+// Operands in memory (bf16 = the upper 16 bits of the float32 part, as uint16), the three
+// parts of a row side by side:
+//   K parts   [Sk_pad][3][Dp]               K rows: A tiles of 16 keys × 32 dims
+//   Vᵀ parts  [Sk_pad/Bc][Dp][3][Bc]        V transposed, per key tile: A tiles of 16 dims × 32 keys
+//   Q parts   [Dp/2][3][Br][2]              dims paired per query (VNNI): B tiles
+//   P parts   [Bc/2][3][Br][2]              keys paired per query (VNNI): B tiles
+// and the float32 tiles of the FMA kernel: st [Bc][Br] = K·Qᵀ (keys × queries, so the
+// softmax stays vertical) and ot [Dp][Br] = (P·V)ᵀ. Dp is a multiple of 32 (the reduction
+// step of one TDPBF16PS), Sk_pad of Bc; the padding is zeros.
+// Why parts side by side and Vᵀ per key tile: a tile load reads 16 rows; with the parts
+// a multiple of 4 KiB apart (whole matrices per part) or Vᵀ rows Sk_pad·2 bytes apart,
+// the rows of the six operand tiles of a product fell into the same few L1 sets and
+// evicted each other: D=128 products ran at 40-45 % of the AMX rate (an rdtsc split of
+// the tile loop, docs/perf-log.md "AMX kernels").
+#pragma once
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/tile_ops.hpp"
+#include "cpu/transpose.hpp"
+
+namespace fattn::cpu {
+
+using bf16 = std::uint16_t;
+
+template <class S>
+struct AmxOps {
+  using Fma = TileOps<S>;  // softmax, masks, Q and O transposes: shared with the FMA kernel
+  static constexpr int Br = Fma::Br;
+  static constexpr int Bc = Fma::Bc;
+  static constexpr int kParts = 3;
+  static constexpr int kTileRows = 16;  // rows of a tile register
+  static constexpr int kChunk = 32;     // bfloat16 per tile row: one TDPBF16PS's reduction
+  static constexpr int kBlock = 2 * kTileRows;  // a 2×2 block of 16×16 accumulators
+  static_assert(Br % kBlock == 0 && Bc % kBlock == 0, "tiles are whole 2×2 blocks");
+
+  static std::int64_t round_up(std::int64_t n) { return (n + kChunk - 1) / kChunk * kChunk; }
+
+  // Tile registers: 0-3 the 2×2 accumulator block, 4-5 two A tiles, 6-7 two B tiles,
+  // every one 16 rows × 64 bytes. The configuration is per thread: each work item loads
+  // it and releases the tiles at the end (Scope).
+  struct Scope {
+    Scope() {
+      struct alignas(64) {
+        std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+        std::uint16_t bytes_per_row[16] = {};
+        std::uint8_t rows[16] = {};
+      } config;
+      for (int t = 0; t < 8; ++t) {
+        config.bytes_per_row[t] = 64;
+        config.rows[t] = kTileRows;
+      }
+      _tile_loadconfig(&config);
+    }
+    ~Scope() { _tile_release(); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+  };
+
+  // --- splitting float32 into three bfloat16 parts ------------------------------------
+  struct Parts {
+    __m512i hi, mid, lo;  // float32 bit patterns whose low 16 bits are zero
+  };
+  static Parts split(__m512 x) {
+    const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    // Rounding: add half a bfloat16 ulp to the magnitude bits, then truncate.
+    const __m512i hi = _mm512_and_si512(
+        _mm512_add_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(0x8000)), top);
+    const __m512 rest = _mm512_sub_ps(x, _mm512_castsi512_ps(hi));  // exact: ≤ 16 bits
+    const __m512i mid = _mm512_and_si512(_mm512_castps_si512(rest), top);
+    const __m512 lo = _mm512_sub_ps(rest, _mm512_castsi512_ps(mid));  // exact: ≤ 8 bits
+    return {hi, mid, _mm512_castps_si512(lo)};
+  }
+  // 16 bfloat16 pairs (a_k, b_k), a in the low half of each 32-bit word (VNNI order).
+  // b's low 16 bits are masked off: a part of a denormal input is not a bfloat16 (no
+  // implicit bit, so the exactness argument above fails) and keeps bits down there;
+  // dropping them costs < 2^-133 absolute, and AMX reads denormal bfloat16 as zero anyway.
+  static __m512i pair(__m512i a, __m512i b) {
+    constexpr int kAOrBAndC = 0xF8;  // ternary-logic truth table of a | (b & c)
+    return _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 16), b,
+                                     _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)), kAOrBAndC);
+  }
+  // 16 bfloat16 from one part, for the row-major (A-tile) operands.
+  static void store16(bf16* dst, __m512i part) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(part, 16)));
+  }
+  // Whether some lane is NaN, ±Inf or so large that its rounded part would be: those
+  // would not split exactly, and the callers fall back to the FMA kernel.
+  static __mmask16 not_splittable(__m512 x) {
+    return _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(3.0e38f), _CMP_NLE_UQ);
+  }
+
+  // Elements of one VNNI row pair (2·Br bf16) and of the three parts of it.
+  static constexpr int kPairRow = 2 * Br;
+  static constexpr int kPairRows = kParts * kPairRow;
+
+  // rows [0, n) of src (float32, [rows][Br]) into VNNI parts,
+  // dst[(r/2)·kPairRows + part·kPairRow + 2·i + r%2]; rows [n, n_pad) read as zero.
+  // n_pad is even. For Q (rows = dims) and P (rows = keys).
+  static void split_pairs(const float* src, std::int64_t n, std::int64_t n_pad, bf16* dst) {
+    constexpr int part_stride = kPairRow;
+    for (std::int64_t r = 0; r < n_pad; r += 2) {
+      for (int u = 0; u < Br; u += 16) {
+        const __m512 a = r < n ? _mm512_load_ps(src + r * Br + u) : _mm512_setzero_ps();
+        const __m512 b = r + 1 < n ? _mm512_load_ps(src + (r + 1) * Br + u) : _mm512_setzero_ps();
+        const Parts pa = split(a), pb = split(b);
+        bf16* out = dst + r / 2 * kPairRows + 2 * u;
+        _mm512_store_si512(out, pair(pa.hi, pb.hi));
+        _mm512_store_si512(out + part_stride, pair(pa.mid, pb.mid));
+        _mm512_store_si512(out + 2 * part_stride, pair(pa.lo, pb.lo));
+      }
+    }
+  }
+
+  // A 16×16 block of a head's rows (16 rows from `row`, 16 dims from `dim`), zero
+  // outside [0, rows) × [0, dims); any strides.
+  static void load_block16(const detail::Strided<const float>& t, std::int64_t b, std::int64_t h,
+                           std::int64_t row, std::int64_t rows, std::int64_t dim,
+                           std::int64_t dims, __m512 r[16]) {
+    const std::int64_t nr = std::min<std::int64_t>(16, rows - row);
+    const std::int64_t nd = std::min<std::int64_t>(16, dims - dim);
+    const __mmask16 lanes = static_cast<__mmask16>(nd >= 16 ? 0xFFFF : (1u << nd) - 1);
+    for (int k = 0; k < 16; ++k) {
+      if (k >= nr || nd <= 0) {
+        r[k] = _mm512_setzero_ps();
+      } else if (t.dim == 1) {
+        r[k] = _mm512_maskz_loadu_ps(lanes, t.row(b, h, row + k) + dim);
+      } else {
+        alignas(64) float tmp[16] = {};
+        for (std::int64_t d = 0; d < nd; ++d) tmp[d] = t.row(b, h, row + k)[(dim + d) * t.dim];
+        r[k] = _mm512_load_ps(tmp);
+      }
+    }
+  }
+
+  // Keys padded to whole key tiles, dims to whole reduction chunks.
+  static std::int64_t padded_keys(std::int64_t n) { return (n + Bc - 1) / Bc * Bc; }
+
+  // K rows of one head into parts [n_pad][3][Dp]. Returns false if some value cannot be
+  // split (see not_splittable).
+  static bool pack_k(const detail::Strided<const float>& k, std::int64_t b, std::int64_t h,
+                     std::int64_t n, std::int64_t D, bf16* dst) {
+    const std::int64_t n_pad = padded_keys(n), Dp = round_up(D), part_stride = Dp;
+    __mmask16 bad = 0;
+    __m512 r[16];
+    for (std::int64_t j = 0; j < n_pad; j += 16)
+      for (std::int64_t d = 0; d < Dp; d += 16) {
+        load_block16(k, b, h, j, n, d, D, r);
+        for (int row = 0; row < 16; ++row) {
+          bad |= not_splittable(r[row]);
+          const Parts x = split(r[row]);
+          bf16* out = dst + (j + row) * kParts * Dp + d;
+          store16(out, x.hi);
+          store16(out + part_stride, x.mid);
+          store16(out + 2 * part_stride, x.lo);
+        }
+      }
+    return bad == 0;
+  }
+
+  // V rows of one head, transposed, into parts [n_pad/Bc][Dp][3][Bc]. Same return as pack_k.
+  static bool pack_v_transposed(const detail::Strided<const float>& v, std::int64_t b,
+                                std::int64_t h, std::int64_t n, std::int64_t D, bf16* dst) {
+    const std::int64_t n_pad = padded_keys(n), Dp = round_up(D), part_stride = Bc;
+    __mmask16 bad = 0;
+    __m512 r[16];
+    for (std::int64_t j = 0; j < n_pad; j += 16)
+      for (std::int64_t d = 0; d < Dp; d += 16) {
+        load_block16(v, b, h, j, n, d, D, r);
+        for (int row = 0; row < 16; ++row) bad |= not_splittable(r[row]);
+        transpose16x16(r);  // r[k] = dim d+k of keys j..j+15
+        for (int k = 0; k < 16; ++k) {
+          const Parts x = split(r[k]);
+          bf16* out = dst + j / Bc * Dp * kParts * Bc + (d + k) * kParts * Bc + j % Bc;
+          store16(out, x.hi);
+          store16(out + part_stride, x.mid);
+          store16(out + 2 * part_stride, x.lo);
+        }
+      }
+    return bad == 0;
+  }
+
+  // Whether every value of rows [0, n) of one head splits exactly (Q is read through
+  // load_q_transposed per tile; this only checks it).
+  static bool splittable_rows(const detail::Strided<const float>& t, std::int64_t b,
+                              std::int64_t h, std::int64_t n, std::int64_t D) {
+    __mmask16 bad = 0;
+    __m512 r[16];
+    for (std::int64_t j = 0; j < n; j += 16)
+      for (std::int64_t d = 0; d < D; d += 16) {
+        load_block16(t, b, h, j, n, d, D, r);
+        for (int row = 0; row < 16; ++row) bad |= not_splittable(r[row]);
+      }
+    return bad == 0;
+  }
+
+  // --- tile products --------------------------------------------------------------------
+  // An operand's two tiles of one part: base of part 0, parts part_stride elements apart,
+  // rows row_bytes apart, the second tile `second` elements after the first.
+  struct Operand {
+    const bf16* base;
+    std::int64_t part_stride, row_bytes, second;
+  };
+  // (GCC's tile intrinsics are macros that paste the register number: literals only.)
+  static void load_a(const Operand& x, int part) {
+    const bf16* p = x.base + part * x.part_stride;
+    _tile_loadd(4, p, x.row_bytes);
+    _tile_loadd(5, p + x.second, x.row_bytes);
+  }
+  static void load_b(const Operand& x, int part) {
+    const bf16* p = x.base + part * x.part_stride;
+    _tile_loadd(6, p, x.row_bytes);
+    _tile_loadd(7, p + x.second, x.row_bytes);
+  }
+  static void mma_2x2() {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  // Accumulators 0-3 += A·B over one 32-wide reduction chunk, from the six partial
+  // products (smallest first); accumulator 2·row + column pairs A tile `row` with B tile
+  // `column`.
+  static void mma_split(const Operand& a, const Operand& b) {
+    enum { hi = 0, mid = 1, lo = 2 };
+    load_a(a, lo);
+    load_b(b, hi);
+    mma_2x2();
+    load_a(a, mid);
+    mma_2x2();
+    load_b(b, mid);
+    mma_2x2();
+    load_a(a, hi);
+    load_b(b, lo);
+    mma_2x2();
+    load_b(b, mid);
+    mma_2x2();
+    load_b(b, hi);
+    mma_2x2();
+  }
+  static void store_2x2(float* c, std::int64_t row_floats) {
+    const std::int64_t bytes = row_floats * 4;
+    _tile_stored(0, c, bytes);
+    _tile_stored(1, c + 16, bytes);
+    _tile_stored(2, c + 16 * row_floats, bytes);
+    _tile_stored(3, c + 16 * row_floats + 16, bytes);
+  }
+  static void load_2x2(const float* c, std::int64_t row_floats) {
+    const std::int64_t bytes = row_floats * 4;
+    _tile_loadd(0, c, bytes);
+    _tile_loadd(1, c + 16, bytes);
+    _tile_loadd(2, c + 16 * row_floats, bytes);
+    _tile_loadd(3, c + 16 * row_floats + 16, bytes);
+  }
+
+  // st[j][i] = Σ_d K[j0+j][d]·qt[d][i] for the 32-key chunks that cover nj keys.
+  // k_parts: the head's K parts (pack_k).
+  static void scores_tile(const bf16* k_parts, std::int64_t Dp, std::int64_t j0, std::int64_t nj,
+                          const bf16* q_parts, float* st) {
+    const std::int64_t k_row = kParts * Dp;
+    for (int qb = 0; qb < Br; qb += kBlock)
+      for (std::int64_t kb = 0; kb < nj; kb += kBlock) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (std::int64_t c = 0; c < Dp; c += kChunk) {
+          const Operand keys{k_parts + (j0 + kb) * k_row + c, Dp, k_row * 2, kTileRows * k_row};
+          const Operand queries{q_parts + c / 2 * kPairRows + 2 * qb, kPairRow, kPairRows * 2,
+                                2 * kTileRows};
+          mma_split(keys, queries);
+        }
+        store_2x2(st + kb * Br + qb, Br);
+      }
+  }
+
+  // ot[d][i] += Σ_j V[j0+j][d]·P[j][i] for the 32-key chunks that cover nj keys (P's
+  // rows past nj are zero). v_parts: the head's Vᵀ parts (pack_v_transposed); j0 is a
+  // multiple of Bc.
+  static void pv_tile(const bf16* v_parts, std::int64_t j0, std::int64_t nj, const bf16* p_parts,
+                      std::int64_t Dp, float* ot) {
+    constexpr std::int64_t v_row = kParts * Bc;
+    const bf16* v_tile = v_parts + j0 / Bc * Dp * v_row;
+    for (int qb = 0; qb < Br; qb += kBlock)
+      for (std::int64_t db = 0; db < Dp; db += kBlock) {
+        load_2x2(ot + db * Br + qb, Br);
+        for (std::int64_t kc = 0; kc < nj; kc += kChunk) {
+          const Operand dims{v_tile + db * v_row + kc, Bc, v_row * 2, kTileRows * v_row};
+          const Operand probs{p_parts + kc / 2 * kPairRows + 2 * qb, kPairRow, kPairRows * 2,
+                              2 * kTileRows};
+          mma_split(dims, probs);
+        }
+        store_2x2(ot + db * Br + qb, Br);
+      }
+  }
+
+  // ot[d][·] *= alpha[·] for Dp rows, skipped when every alpha is 1 (the running max
+  // did not move: most key tiles after the first few).
+  static void rescale(float* ot, const float* alpha, std::int64_t Dp) {
+    __m512 a[Br / 16];
+    __mmask16 moved = 0;
+    for (int u = 0; u < Br / 16; ++u) {
+      a[u] = _mm512_load_ps(alpha + 16 * u);
+      moved |= _mm512_cmp_ps_mask(a[u], _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
+    }
+    if (moved == 0) return;
+    for (std::int64_t d = 0; d < Dp; ++d)
+      for (int u = 0; u < Br / 16; ++u)
+        _mm512_store_ps(ot + d * Br + 16 * u, _mm512_mul_ps(_mm512_load_ps(ot + d * Br + 16 * u), a[u]));
+  }
+};
+
+}  // namespace fattn::cpu
+#endif

@@ -1,0 +1,41 @@
+// fattn — the AMX kernel table: forward passes on AMX tiles (amx_forward.hpp); the
+// backward is the AVX-512 FMA one (no AMX backward yet).
+//
+// Built with AMX and AVX-512BW flags, and only called where cpu_supports(Isa::amx) has
+// asked Linux for the tile state. Its templates are instantiated on AmxSimd, a type of
+// this unit alone, so none of its AMX-flagged code can stand in for the AVX-512 unit's
+// copies of the same templates on a CPU without AMX.
+#include "cpu/amx_forward.hpp"
+#include "cpu/kernels.hpp"
+
+namespace fattn::cpu {
+namespace {
+
+struct AmxSimd : Simd<64> {};
+using S = AmxSimd;
+
+// The AMX kernels fall back to the AVX-512 ones on inputs that do not split into
+// bfloat16 parts, in the same working memory: room for either.
+std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
+  const std::int64_t own = AmxWorkspace<S>(p, naive, workers).total;
+  const std::int64_t fma = avx512_kernels.workspace_floats(p, naive, workers);
+  return own < 0 || fma < 0 ? -1 : std::max(own, fma);
+}
+
+std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
+  return avx512_kernels.backward_workspace_floats(p, naive, workers);
+}
+void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* workspace) {
+  avx512_kernels.fused_backward(p, exec, workspace);
+}
+void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* workspace) {
+  avx512_kernels.naive_backward(p, exec, workspace);
+}
+
+}  // namespace
+
+const Kernels amx_kernels = {Isa::amx,          AmxOps<S>::Br,       workspace_floats,
+                             amx_fused_forward<S>, amx_naive_forward<S>, backward_workspace_floats,
+                             fused_backward,    naive_backward};
+
+}  // namespace fattn::cpu
