@@ -151,7 +151,7 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
         Ops::scores_tile(k, Dp, j0, nj, t.q_parts, t.st);
         if (p.needs_mask(q[s].i0, j0 + nj))
           Fma::mask_tile(t.st, nj, typename Fma::Diagonal{j0, q[s].i0, p.causal_offset});
-        Fma::softmax_update(t.st, nj, t.m, t.l, t.alpha);
+        Ops::softmax_update(t.st, nj, t.m, t.l, t.alpha);
         Ops::split_pairs(t.st, nj, Ops::round_up(nj), t.p_parts);
         Ops::rescale(t.ot, t.alpha, Dp);
         Ops::pv_tile(v, j0, nj, t.p_parts, Dp, t.ot);

@@ -140,7 +140,8 @@ struct AmxOps {
                            std::int64_t dims, __m512 r[16]) {
     const std::int64_t nr = std::min<std::int64_t>(16, rows - row);
     const std::int64_t nd = std::min<std::int64_t>(16, dims - dim);
-    const __mmask16 lanes = static_cast<__mmask16>(nd >= 16 ? 0xFFFF : (1u << nd) - 1);
+    const __mmask16 lanes =
+        static_cast<__mmask16>(nd >= 16 ? 0xFFFFu : nd <= 0 ? 0u : (1u << nd) - 1);
     for (int k = 0; k < 16; ++k) {
       if (k >= nr || nd <= 0) {
         r[k] = _mm512_setzero_ps();
@@ -313,6 +314,42 @@ struct AmxOps {
         }
         store_2x2(ot + db * Br + qb, Br);
       }
+  }
+
+  // The online softmax with a lazy running max: a lane keeps its reference max while
+  // the new scores exceed it by at most kMaxGrowth (log2 units), so its alpha is exactly
+  // 1 and rescale() can skip the accumulator tile. Probabilities then reach 2^kMaxGrowth,
+  // exact in float32 and in the three-part split; out = ot/l and the lse are unchanged,
+  // since l and ot share the reference. Otherwise as TileOps::softmax_update.
+  static constexpr float kMaxGrowth = 8.0f;
+  static void softmax_update(float* st, std::int64_t nj, float* m, float* l, float* alpha) {
+    using vec = typename S::vec;
+    constexpr int NV = Fma::NV;
+    constexpr int L = Fma::L;
+    vec m_old[NV], m_new[NV], m_ref[NV], sum[NV];
+    for (int v = 0; v < NV; ++v) m_new[v] = m_old[v] = S::load(m + v * L);
+    for (std::int64_t j = 0; j < nj; ++j)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) m_new[v] = S::max(S::load(st + j * Br + v * L), m_new[v]);
+    for (int v = 0; v < NV; ++v) {
+      // From −inf (no key seen yet) the difference is +inf: the lane takes its new max.
+      m_new[v] = m_new[v] - m_old[v] > kMaxGrowth ? m_new[v] : m_old[v];
+      m_ref[v] = m_new[v] == Fma::kNegInf ? S::zero() : m_new[v];
+      sum[v] = S::zero();
+    }
+    for (std::int64_t j = 0; j < nj; ++j)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const vec p = exp2<S>(S::load(st + j * Br + v * L) - m_ref[v]);
+        S::store(st + j * Br + v * L, p);
+        sum[v] += p;
+      }
+    for (int v = 0; v < NV; ++v) {
+      const vec a = exp2<S>(m_old[v] - m_ref[v]);
+      S::store(alpha + v * L, a);
+      S::store(l + v * L, S::fma(S::load(l + v * L), a, sum[v]));
+      S::store(m + v * L, m_new[v]);
+    }
   }
 
   // ot[d][·] *= alpha[·] for Dp rows, skipped when every alpha is 1 (the running max
