@@ -144,12 +144,18 @@ int main(int argc, char** argv) {
     config.causal = parse_causal(causal_names);
     config.impls = parse_impls(impl_names);
     config.isa = resolve_isa(isa_name);
+    config.isa_automatic = fattn::parse_isa(isa_name) == fattn::Isa::automatic;
     if (config.threads == 0) config.threads = fattn::default_num_threads();
 
     fattn_bench::Machine machine;
     machine.cpu = fattn_bench::cpu_model_name();
     machine.date = fattn_bench::iso8601_now();
     machine.fattn_version = fattn::version();
+    machine.kernel_isa = fattn::to_string(config.isa);
+    if (config.isa_automatic && fattn::automatic_cpu_isa(1) != config.isa)
+      machine.kernel_isa_note = std::string(" (auto: short key sequences run ") +
+                                fattn::to_string(fattn::automatic_cpu_isa(1)) +
+                                "; each result's isa in the JSON/CSV)";
     machine.reps = config.reps;
     machine.warmup = config.warmup;
     const fattn_bench::CounterProbe counters = fattn_bench::probe_hardware_counters();

@@ -77,6 +77,7 @@ nlohmann::ordered_json result_json(const Result& r) {
   j["ms_min"] = r.ms_min;
   j["ms_max"] = r.ms_max;
   j["gflops"] = r.gflops;
+  j["isa"] = fattn::to_string(r.isa);
   j["max_abs_err"] = r.max_abs_err;  // NaN is written as null
   j["err_rows"] = r.err_all_rows ? "all" : "sampled";
   j["extra_bytes"] = r.extra_bytes;
@@ -140,8 +141,9 @@ std::string iso8601_now() {
 
 void print_machine(std::FILE* out, const Machine& m) {
   const Ceilings& c = m.ceilings;
-  std::fprintf(out, "fattn %s on %s (%s), isa %s, %d threads, %s\n", m.fattn_version.c_str(),
-               m.device.c_str(), m.cpu.c_str(), c.isa.c_str(), c.threads, m.date.c_str());
+  std::fprintf(out, "fattn %s on %s (%s), isa %s%s, %d threads, %s\n", m.fattn_version.c_str(),
+               m.device.c_str(), m.cpu.c_str(), m.kernel_isa.c_str(), m.kernel_isa_note.c_str(),
+               c.threads, m.date.c_str());
   std::fprintf(out, "ceilings (best of several runs, all %d threads):\n", c.threads);
   std::fprintf(out, "  fp32 FMA peak   %8.1f GFLOP/s  (%s vectors; scalar %.1f GFLOP/s)\n",
                c.fma_peak_gflops, c.isa.c_str(), c.scalar_fma_peak_gflops);
@@ -284,7 +286,8 @@ void write_json(const std::string& path, const Machine& m, const std::vector<Res
   doc["machine"] = {
       {"device", m.device},
       {"cpu", m.cpu},
-      {"isa", c.isa},
+      {"isa", m.kernel_isa},
+      {"fma_peak_isa", c.isa},
       {"threads", c.threads},
       {"fma_peak_gflops", c.fma_peak_gflops},
       {"bandwidth_gbs", c.bandwidth_gbs},
@@ -314,7 +317,7 @@ void write_csv(const std::string& path, const std::vector<Result>& results) {
   std::ofstream file(path);
   file << "impl,dtype,B,Hq,Hkv,Sq,Sk,D,causal,causal_alignment,ms_median,ms_min,ms_max,gflops,"
           "max_abs_err,err_rows,extra_bytes,ai_model,flops,model_bytes,pct_fma_peak,lse_written,"
-          "page_faults_per_run,sys_ms_per_run,other_processes_cores,fused_ai_kv_reread\n";
+          "page_faults_per_run,sys_ms_per_run,other_processes_cores,fused_ai_kv_reread,isa\n";
   file.precision(9);
   for (const Result& r : results) {
     const Shape& s = r.shape;
@@ -327,7 +330,7 @@ void write_csv(const std::string& path, const std::vector<Result>& results) {
          << ',' << (s.lse_written ? "true" : "false") << ',' << r.page_faults_per_run << ','
          << r.sys_ms_per_run << ',' << r.others_cores << ',';
     if (r.impl == fattn::Impl::fused) file << r.fused_ai_kv_reread;
-    file << '\n';
+    file << ',' << fattn::to_string(r.isa) << '\n';
   }
   if (!file) throw std::runtime_error("cannot write " + path);
 }

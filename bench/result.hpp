@@ -36,6 +36,7 @@ struct Result {
   double fused_ai_kv_reread = 0;  // fused only: the pessimistic K/V model
   double others_cores = 0;        // CPU other processes used meanwhile (contention.hpp)
   int query_tile_rows = 0;        // Br used by fused_ai_kv_reread
+  fattn::Isa isa = fattn::Isa::automatic;  // the kernels' ISA for this problem
   std::vector<StageResult> stages;  // naive only: its three stages
   double prepare_ms_median = 0;     // naive only: the K re-layout before stage 1
 };
@@ -45,7 +46,9 @@ struct Machine {
   std::string cpu;   // /proc/cpuinfo model name
   std::string date;  // ISO 8601, UTC
   std::string fattn_version;
-  Ceilings ceilings;  // isa, threads, FMA peaks, bandwidth
+  Ceilings ceilings;  // isa (of the FMA peak loops), threads, FMA peaks, bandwidth
+  std::string kernel_isa;  // the kernels' ISA (the best one when --isa auto)
+  std::string kernel_isa_note;  // e.g. which problems Isa::automatic runs on another ISA
   int reps = 0, warmup = 0;
   // CPU used by other processes (contention.hpp), in cores' worth, while the ceilings
   // and then the sweep were measured; and hypervisor steal over the whole run.

@@ -95,7 +95,7 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
   fattn::Options options;
   options.causal = s.causal;
   options.impl = impl;
-  options.isa = c.isa;
+  options.isa = c.isa_automatic ? fattn::Isa::automatic : c.isa;
   options.num_threads = c.threads;
 
   Outputs out = make_outputs(s);
@@ -130,7 +130,8 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
   r.max_abs_err = check.max_abs_err(out.out);
   r.err_all_rows = check.all_rows();
   r.extra_bytes = fattn::extra_bytes(in.q_view, in.k_view, in.v_view, options);
-  r.query_tile_rows = query_tile_rows(c.isa);
+  r.isa = c.isa_automatic ? fattn::automatic_cpu_isa(s.kv_len) : c.isa;
+  r.query_tile_rows = query_tile_rows(r.isa);
   r.fused_ai_kv_reread = fused_ai_kv_reread(s, r.query_tile_rows);
   // The reference is modelled like fused: it reads each input once and keeps no scores.
   const bool naive = impl == fattn::Impl::naive;

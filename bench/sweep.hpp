@@ -15,7 +15,8 @@ struct SweepConfig {
   std::vector<std::int64_t> kv_lens;  // empty: Sk = Sq; one value: for every Sq; else paired
   std::vector<fattn::Causal> causal{fattn::Causal::none, fattn::Causal::top_left};
   std::vector<fattn::Impl> impls{fattn::Impl::naive, fattn::Impl::fused};
-  fattn::Isa isa = fattn::Isa::automatic;  // resolved before the sweep
+  fattn::Isa isa = fattn::Isa::automatic;  // resolved before the sweep (the best, if auto)
+  bool isa_automatic = true;  // pass Isa::automatic: each problem runs automatic_cpu_isa(Sk)
   int threads = 0;                         // resolved before the sweep
   int reps = 5, warmup = 1;
   bool lse = false;  // also write the logsumexp

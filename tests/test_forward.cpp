@@ -448,21 +448,28 @@ TEST_P(KernelTest, SizeOneDimensionsMayHaveAnyStride) {
 INSTANTIATE_TEST_SUITE_P(Kernels, KernelTest, ::testing::ValuesIn(kernel_variants()),
                          [](const auto& param_info) { return variant_name(param_info.param); });
 
-// Impl::automatic with Isa::automatic is the fused kernel on the best ISA, bit for bit.
-TEST(Automatic, IsFusedOnBestIsa) {
-  Rng rng;
-  const Tensor q = make_input(L::bhsd, 1, 2, 100, 64, rng);
-  const Tensor k = make_input(L::bhsd, 1, 2, 100, 64, rng);
-  const Tensor v = make_input(L::bhsd, 1, 2, 100, 64, rng);
-  Options o;
-  o.causal = kTL;
-  Tensor a = make_output(L::bhsd, 1, 2, 100, 64), b = make_output(L::bhsd, 1, 2, 100, 64);
-  fattn::attention_forward(q.view(), k.view(), v.view(), a.view(), nullptr, o);
-  o.impl = Impl::fused;
-  o.isa = fattn::best_cpu_isa();
-  fattn::attention_forward(q.view(), k.view(), v.view(), b.view(), nullptr, o);
-  EXPECT_TRUE(bitwise_equal(a, b));
-  EXPECT_TRUE(outputs_near(a, run_reference(q, k, v, o).out));
+// Impl::automatic with Isa::automatic is the fused kernel on automatic_cpu_isa(Sk), bit
+// for bit: the best ISA for long key sequences, and avx512 for short ones where the best
+// is amx.
+TEST(Automatic, IsFusedOnTheIsaForTheProblem) {
+  EXPECT_EQ(fattn::automatic_cpu_isa(1 << 20), fattn::best_cpu_isa());
+  for (std::int64_t Sk : {100, 700}) {
+    SCOPED_TRACE(::testing::Message() << "Sk " << Sk);
+    Rng rng;
+    const Tensor q = make_input(L::bhsd, 1, 2, 100, 64, rng);
+    const Tensor k = make_input(L::bhsd, 1, 2, Sk, 64, rng);
+    const Tensor v = make_input(L::bhsd, 1, 2, Sk, 64, rng);
+    Options o;
+    o.causal = kBR;
+    Tensor a = make_output(L::bhsd, 1, 2, 100, 64), b = make_output(L::bhsd, 1, 2, 100, 64);
+    fattn::attention_forward(q.view(), k.view(), v.view(), a.view(), nullptr, o);
+    o.impl = Impl::fused;
+    o.isa = fattn::automatic_cpu_isa(Sk);
+    if (fattn::best_cpu_isa() == Isa::amx) EXPECT_EQ(o.isa, Sk < 512 ? Isa::avx512 : Isa::amx);
+    fattn::attention_forward(q.view(), k.view(), v.view(), b.view(), nullptr, o);
+    EXPECT_TRUE(bitwise_equal(a, b));
+    EXPECT_TRUE(outputs_near(a, run_reference(q, k, v, o).out));
+  }
 }
 
 }  // namespace

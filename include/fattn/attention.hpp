@@ -34,8 +34,8 @@ enum class Causal : std::uint8_t { none, top_left, bottom_right };
 //   automatic: the best for this device (fused)
 enum class Impl : std::uint8_t { automatic, reference, naive, fused };
 
-// CPU instruction set for the naive and fused kernels. automatic picks the fastest
-// this CPU supports; asking for one it lacks is an Error.
+// CPU instruction set for the naive and fused kernels. automatic picks the fastest this
+// CPU supports for the problem (automatic_cpu_isa); asking for one it lacks is an Error.
 //   amx:      AVX-512 plus AMX bfloat16 tiles (Sapphire Rapids and later, Linux): Q·Kᵀ
 //             and P·V from six bfloat16 partial products of each float32 split in three
 //             parts, float32 accumulation — float32 accuracy (cpu/amx_ops.hpp). Inputs
@@ -133,8 +133,11 @@ double reference_row(const TensorView& q, const TensorView& k, const TensorView&
                      const Options& options, std::int64_t b, std::int64_t h, std::int64_t i,
                      double* out_row);
 
-// What this machine offers.
+// What this machine offers. best_cpu_isa: the fastest ISA it supports for long
+// sequences; automatic_cpu_isa: what Isa::automatic runs for a problem with kv_len keys
+// (amx needs ~512 keys to repay its fixed costs per query tile; below, avx512).
 Isa best_cpu_isa();
+Isa automatic_cpu_isa(std::int64_t kv_len);
 bool cpu_supports(Isa isa);
 // Query rows per work item (Br) of the CPU kernels for an ISA (automatic: the best).
 int cpu_query_tile(Isa isa);

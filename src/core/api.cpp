@@ -20,11 +20,13 @@
 namespace fattn {
 namespace {
 
-const cpu::Kernels& cpu_kernels(const Options& options) {
+// The kernels of the requested ISA, or for Isa::automatic the fastest for this problem.
+const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p) {
   if (!cpu_supports(options.isa))
     throw Error(std::string("fattn: isa ") + to_string(options.isa) +
                 " is not supported by this CPU (best: " + to_string(best_cpu_isa()) + ")");
-  return cpu::kernels_for(options.isa);
+  return cpu::kernels_for(options.isa == Isa::automatic ? automatic_cpu_isa(p.kv_len)
+                                                         : options.isa);
 }
 
 void require_cpu(const TensorView& q) {
@@ -116,7 +118,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve(options.impl, q.dtype);
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
-  run(p, exec, forward_pass(cpu_kernels(options)), impl);
+  run(p, exec, forward_pass(cpu_kernels(options, p)), impl);
 }
 
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -133,7 +135,7 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
   const int workers = detail::make_exec(options).workers;
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
     return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
-  return workspace_floats(p, forward_pass(cpu_kernels(options)), impl, workers) *
+  return workspace_floats(p, forward_pass(cpu_kernels(options, p)), impl, workers) *
          static_cast<std::int64_t>(sizeof(float));
 }
 
@@ -147,7 +149,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve(options.impl, q.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
-  run(p, exec, backward_pass(cpu_kernels(options)), impl);
+  run(p, exec, backward_pass(cpu_kernels(options, p)), impl);
 }
 
 std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -159,7 +161,7 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
   if (impl == Impl::reference)  // per worker: dk, dv of one kv head and a few rows, float64
     return workers * (2 * p.kv_len * p.head_dim + p.kv_len + 2 * p.head_dim) *
            static_cast<std::int64_t>(sizeof(double));
-  return workspace_floats(p, backward_pass(cpu_kernels(options)), impl, workers) *
+  return workspace_floats(p, backward_pass(cpu_kernels(options, p)), impl, workers) *
          static_cast<std::int64_t>(sizeof(float));
 }
 

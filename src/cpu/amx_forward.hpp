@@ -18,6 +18,7 @@
 
 #include "core/diagnostics.hpp"
 #include "cpu/amx_ops.hpp"
+#include "cpu/amx_softmax.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/workspace.hpp"
 
@@ -143,18 +144,33 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
       ws.load_q(q[n], q_factor, tile[n]);
       Fma::start_rows(tile[n].m, tile[n].l, tile[n].ot, Dp);
     }
+    // Per key tile, the query tiles that see it in a pipeline: the softmax of tile s runs
+    // in slices among the score products of tile s+1, and the softmax of tile s+1 among
+    // the P·V products of tile s (amx_softmax.hpp).
+    SoftmaxTask<S> softmax[kGroup];
+    typename Fma::Diagonal diag[kGroup];
     for (std::int64_t j0 = 0; j0 < kv_max; j0 += Ops::Bc) {
-      for (int s = 0; s < n; ++s) {
-        if (j0 >= q[s].kv_end) continue;
+      int live[kGroup], n_live = 0;
+      for (int s = 0; s < n; ++s)
+        if (j0 < q[s].kv_end) live[n_live++] = s;
+      for (int x = 0; x < n_live; ++x) {
+        const int s = live[x];
         const auto& t = tile[s];
         const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
-        Ops::scores_tile(k, Dp, j0, nj, t.q_parts, t.st);
-        if (p.needs_mask(q[s].i0, j0 + nj))
-          Fma::mask_tile(t.st, nj, typename Fma::Diagonal{j0, q[s].i0, p.causal_offset});
-        Ops::softmax_update(t.st, nj, t.m, t.l, t.alpha);
-        Ops::split_pairs(t.st, nj, Ops::round_up(nj), t.p_parts);
-        Ops::rescale(t.ot, t.alpha, Dp);
-        Ops::pv_tile(v, j0, nj, t.p_parts, Dp, t.ot);
+        diag[s] = {j0, q[s].i0, p.causal_offset};
+        const auto* on_diagonal = p.needs_mask(q[s].i0, j0 + nj) ? &diag[s] : nullptr;
+        Ops::scores_tile(k, Dp, j0, nj, t.q_parts, t.st, on_diagonal,
+                         x > 0 ? &softmax[live[x - 1]] : nullptr);
+        softmax[s].start({t.st, t.m, t.l, t.alpha, t.ot, t.p_parts, nj, Dp, on_diagonal});
+      }
+      for (int x = 0; x < n_live; ++x) {
+        const int s = live[x];
+        while (softmax[s].step()) {
+        }
+        const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
+        const auto* on_diagonal = p.needs_mask(q[s].i0, j0 + nj) ? &diag[s] : nullptr;
+        Ops::pv_tile(v, j0, nj, tile[s].p_parts, Dp, tile[s].ot, on_diagonal,
+                     x + 1 < n_live ? &softmax[live[x + 1]] : nullptr);
       }
     }
     for (int s = 0; s < n; ++s) {

@@ -43,6 +43,11 @@ namespace fattn::cpu {
 
 using bf16 = std::uint16_t;
 
+// No vector work to interleave with the tile products (see AmxOps::mma_split).
+struct NoTask {
+  bool step() { return false; }
+};
+
 template <class S>
 struct AmxOps {
   using Fma = TileOps<S>;  // softmax, masks, Q and O transposes: shared with the FMA kernel
@@ -224,12 +229,18 @@ struct AmxOps {
     std::int64_t part_stride, row_bytes, second;
   };
   // (GCC's tile intrinsics are macros that paste the register number: literals only.)
+  // GCC 12's tile loads are asm statements without a memory clobber: nothing stops the
+  // compiler from moving the vector stores that wrote a tile's data (the split parts,
+  // the rescaled accumulator) after the load. This fence keeps them before it.
+  static void memory_fence() { __asm__ volatile("" ::: "memory"); }
   static void load_a(const Operand& x, int part) {
+    memory_fence();
     const bf16* p = x.base + part * x.part_stride;
     _tile_loadd(4, p, x.row_bytes);
     _tile_loadd(5, p + x.second, x.row_bytes);
   }
   static void load_b(const Operand& x, int part) {
+    memory_fence();
     const bf16* p = x.base + part * x.part_stride;
     _tile_loadd(6, p, x.row_bytes);
     _tile_loadd(7, p + x.second, x.row_bytes);
@@ -243,22 +254,29 @@ struct AmxOps {
   // Accumulators 0-3 += A·B over one 32-wide reduction chunk, from the six partial
   // products (smallest first); accumulator 2·row + column pairs A tile `row` with B tile
   // `column`.
-  static void mma_split(const Operand& a, const Operand& b) {
+  // `task` (may be null): vector work of another query tile, a slice after each group of
+  // four products, so that the core runs it while the tile unit multiplies (Task::step()).
+  template <class Task>
+  static void mma_split(const Operand& a, const Operand& b, Task* task) {
     enum { hi = 0, mid = 1, lo = 2 };
+    auto products = [task] {
+      mma_2x2();
+      if (task) task->step();
+    };
     load_a(a, lo);
     load_b(b, hi);
-    mma_2x2();
+    products();
     load_a(a, mid);
-    mma_2x2();
+    products();
     load_b(b, mid);
-    mma_2x2();
+    products();
     load_a(a, hi);
     load_b(b, lo);
-    mma_2x2();
+    products();
     load_b(b, mid);
-    mma_2x2();
+    products();
     load_b(b, hi);
-    mma_2x2();
+    products();
   }
   static void store_2x2(float* c, std::int64_t row_floats) {
     const std::int64_t bytes = row_floats * 4;
@@ -268,6 +286,7 @@ struct AmxOps {
     _tile_stored(3, c + 16 * row_floats + 16, bytes);
   }
   static void load_2x2(const float* c, std::int64_t row_floats) {
+    memory_fence();
     const std::int64_t bytes = row_floats * 4;
     _tile_loadd(0, c, bytes);
     _tile_loadd(1, c + 16, bytes);
@@ -277,11 +296,20 @@ struct AmxOps {
 
   // st[j][i] = Σ_d K[j0+j][d]·qt[d][i] for the 32-key chunks that cover nj keys.
   // k_parts: the head's K parts (pack_k).
+  // On a diagonal tile (diag not null), blocks of 32 keys × 32 queries that every query
+  // of the block is hidden from are skipped: mask_tile writes their scores.
+  static bool hidden_block(const typename Fma::Diagonal* diag, std::int64_t key, int query) {
+    return diag && diag->first_seeing(key) > query + kBlock - 1;
+  }
+  // task: as mma_split's; finished before returning.
+  template <class Task = NoTask>
   static void scores_tile(const bf16* k_parts, std::int64_t Dp, std::int64_t j0, std::int64_t nj,
-                          const bf16* q_parts, float* st) {
+                          const bf16* q_parts, float* st,
+                          const typename Fma::Diagonal* diag = nullptr, Task* task = nullptr) {
     const std::int64_t k_row = kParts * Dp;
     for (int qb = 0; qb < Br; qb += kBlock)
       for (std::int64_t kb = 0; kb < nj; kb += kBlock) {
+        if (hidden_block(diag, kb, qb)) continue;
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
@@ -290,81 +318,37 @@ struct AmxOps {
           const Operand keys{k_parts + (j0 + kb) * k_row + c, Dp, k_row * 2, kTileRows * k_row};
           const Operand queries{q_parts + c / 2 * kPairRows + 2 * qb, kPairRow, kPairRows * 2,
                                 2 * kTileRows};
-          mma_split(keys, queries);
+          mma_split(keys, queries, task);
         }
         store_2x2(st + kb * Br + qb, Br);
       }
+    while (task && task->step()) {
+    }
   }
 
   // ot[d][i] += Σ_j V[j0+j][d]·P[j][i] for the 32-key chunks that cover nj keys (P's
   // rows past nj are zero). v_parts: the head's Vᵀ parts (pack_v_transposed); j0 is a
   // multiple of Bc.
+  template <class Task = NoTask>
   static void pv_tile(const bf16* v_parts, std::int64_t j0, std::int64_t nj, const bf16* p_parts,
-                      std::int64_t Dp, float* ot) {
+                      std::int64_t Dp, float* ot, const typename Fma::Diagonal* diag = nullptr,
+                      Task* task = nullptr) {
     constexpr std::int64_t v_row = kParts * Bc;
     const bf16* v_tile = v_parts + j0 / Bc * Dp * v_row;
     for (int qb = 0; qb < Br; qb += kBlock)
       for (std::int64_t db = 0; db < Dp; db += kBlock) {
         load_2x2(ot + db * Br + qb, Br);
         for (std::int64_t kc = 0; kc < nj; kc += kChunk) {
+          if (hidden_block(diag, kc, qb)) continue;  // P is zero there
           const Operand dims{v_tile + db * v_row + kc, Bc, v_row * 2, kTileRows * v_row};
           const Operand probs{p_parts + kc / 2 * kPairRows + 2 * qb, kPairRow, kPairRows * 2,
                               2 * kTileRows};
-          mma_split(dims, probs);
+          mma_split(dims, probs, task);
         }
         store_2x2(ot + db * Br + qb, Br);
       }
-  }
-
-  // The online softmax with a lazy running max: a lane keeps its reference max while
-  // the new scores exceed it by at most kMaxGrowth (log2 units), so its alpha is exactly
-  // 1 and rescale() can skip the accumulator tile. Probabilities then reach 2^kMaxGrowth,
-  // exact in float32 and in the three-part split; out = ot/l and the lse are unchanged,
-  // since l and ot share the reference. Otherwise as TileOps::softmax_update.
-  static constexpr float kMaxGrowth = 8.0f;
-  static void softmax_update(float* st, std::int64_t nj, float* m, float* l, float* alpha) {
-    using vec = typename S::vec;
-    constexpr int NV = Fma::NV;
-    constexpr int L = Fma::L;
-    vec m_old[NV], m_new[NV], m_ref[NV], sum[NV];
-    for (int v = 0; v < NV; ++v) m_new[v] = m_old[v] = S::load(m + v * L);
-    for (std::int64_t j = 0; j < nj; ++j)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) m_new[v] = S::max(S::load(st + j * Br + v * L), m_new[v]);
-    for (int v = 0; v < NV; ++v) {
-      // From −inf (no key seen yet) the difference is +inf: the lane takes its new max.
-      m_new[v] = m_new[v] - m_old[v] > kMaxGrowth ? m_new[v] : m_old[v];
-      m_ref[v] = m_new[v] == Fma::kNegInf ? S::zero() : m_new[v];
-      sum[v] = S::zero();
+    while (task && task->step()) {
     }
-    for (std::int64_t j = 0; j < nj; ++j)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const vec p = exp2<S>(S::load(st + j * Br + v * L) - m_ref[v]);
-        S::store(st + j * Br + v * L, p);
-        sum[v] += p;
-      }
-    for (int v = 0; v < NV; ++v) {
-      const vec a = exp2<S>(m_old[v] - m_ref[v]);
-      S::store(alpha + v * L, a);
-      S::store(l + v * L, S::fma(S::load(l + v * L), a, sum[v]));
-      S::store(m + v * L, m_new[v]);
-    }
-  }
-
-  // ot[d][·] *= alpha[·] for Dp rows, skipped when every alpha is 1 (the running max
-  // did not move: most key tiles after the first few).
-  static void rescale(float* ot, const float* alpha, std::int64_t Dp) {
-    __m512 a[Br / 16];
-    __mmask16 moved = 0;
-    for (int u = 0; u < Br / 16; ++u) {
-      a[u] = _mm512_load_ps(alpha + 16 * u);
-      moved |= _mm512_cmp_ps_mask(a[u], _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
-    }
-    if (moved == 0) return;
-    for (std::int64_t d = 0; d < Dp; ++d)
-      for (int u = 0; u < Br / 16; ++u)
-        _mm512_store_ps(ot + d * Br + 16 * u, _mm512_mul_ps(_mm512_load_ps(ot + d * Br + 16 * u), a[u]));
   }
 };
 

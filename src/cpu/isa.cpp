@@ -59,6 +59,18 @@ Isa best_cpu_isa() {
   return Isa::portable;
 }
 
+// Below this many keys the avx512 kernels beat the AMX ones: a query tile's fixed costs
+// on AMX (splitting Q, the tile unit's pipeline filling at each key tile) are not repaid.
+// Fused amx/avx512 time, two threads, B=2 H=8, medians of 2 rounds (docs/perf-log.md,
+// "AMX kernels", small S): D=64 1.21 at 128 keys, 1.02 at 384, 0.93 at 512; D=128 1.32,
+// 1.12, 1.02, and 0.96 at 768.
+constexpr std::int64_t kAmxMinKeys = 512;
+
+Isa automatic_cpu_isa(std::int64_t kv_len) {
+  const Isa best = best_cpu_isa();
+  return best == Isa::amx && kv_len < kAmxMinKeys ? Isa::avx512 : best;
+}
+
 int cpu_query_tile(Isa isa) { return cpu::kernels_for(isa).query_tile; }
 
 namespace cpu {
