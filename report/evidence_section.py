@@ -40,13 +40,16 @@ def contention(machine: dict, results: list[dict]) -> str:
 def ceilings_tables(machine: dict) -> str:
     roof = machine["roofline"]
     in_use = roofline.peak(machine)
+    # The FMA loops' ISA: the kernels' own, or avx512's for the amx kernels (fattn-bench
+    # writes it as fma_peak_isa since the AMX kernels; older files have only "isa").
+    fma_isa = machine.get("fma_peak_isa", machine["isa"])
     peaks = table(["FMA peak", "GFLOP/s", "note"],
                   [[p["isa"], num(p["gflops"]),
-                    "the kernels' ISA" if p["isa"] == machine["isa"] else ""]
+                    "the kernels' ISA" if p["isa"] == fma_isa else ""]
                    for p in roof["fma_peaks"]])
     levels = table(
         ["level", "cache (one instance)", "shared by CPUs", "triad working set", "GB/s",
-         f"ridge point vs {machine['isa']} peak (FLOP/byte)"],
+         f"ridge point vs {fma_isa} peak (FLOP/byte)"],
         [[lv["level"], size(lv["cache_bytes"]) if lv["cache_bytes"] else "–",
           str(lv["shared_by_cpus"]), size(lv["working_set_bytes"]),
           num(lv["bandwidth_gbs"]) + ("" if lv["distinct"] else " (not beyond the level below)"),
@@ -55,7 +58,7 @@ def ceilings_tables(machine: dict) -> str:
             f"({machine['cpu']}, {machine['date']}): FMA peak = independent FMA chains in "
             "registers, per ISA; bandwidth = triad a = b + s·c counting the bytes read and "
             "written (no write-allocate): for the caches on floats in the kernels' "
-            f"{machine['isa']} vectors, each level's working set half the cache the OS reports "
+            f"{fma_isa} vectors, each level's working set half the cache the OS reports "
             "(sysfs; per thread for private caches); for DRAM the STREAM triad on doubles over "
             f"{size(roof['bandwidth_levels'][-1]['working_set_bytes'])}.\n\n"
             f"{peaks}\n\n{levels}")

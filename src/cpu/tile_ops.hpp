@@ -113,22 +113,12 @@ struct TileOps {
 
   // Hides key j0+j from query i0+i where j0+j > i0+i+offset (causal): the score
   // becomes `hidden` (−inf; the backward also zeroes its dS this way).
-  // A vector select per Br/L lanes of a row (an element-wise loop cost ~Br·Bc/2 scalar
-  // stores a diagonal tile, as much as the tile's products on AMX).
   static void mask_tile(float* st, std::int64_t nj, const Diagonal& diag,
                         float hidden = kNegInf) {
-    using ivec = typename S::ivec;
-    const vec hide = S::splat(hidden);
     for (std::int64_t j = 0; j < nj; ++j) {
-      const std::int64_t first = diag.first_seeing(j);
-      if (first <= 0) continue;  // every query of the tile sees key j
-      const auto seen_from = static_cast<std::int32_t>(first < Br ? first : Br);
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const ivec lane = __builtin_convertvector(S::iota(), ivec) + v * L;
-        float* row = st + j * Br + v * L;
-        S::store(row, lane < seen_from ? hide : S::load(row));
-      }
+      std::int64_t first = diag.first_seeing(j);
+      if (first > Br) first = Br;
+      for (std::int64_t i = 0; i < first; ++i) st[j * Br + i] = hidden;
     }
   }
 
