@@ -20,6 +20,7 @@
 #include "cpu/amx_ops.hpp"
 #include "cpu/amx_softmax.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/naive.hpp"
 #include "cpu/workspace.hpp"
 
 namespace fattn::cpu {
@@ -204,18 +205,8 @@ void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float
   });
   seconds.scores = clock.lap();
 
-  // Stage 2: softmax of each query row, in place; logsumexp.
-  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
-    const auto x = ws.first_tile_of(item, 1);
-    const auto t = ws.slot(worker);
-    float* scores = ws.scores(x.b, x.h, x.t);
-    if (p.needs_mask(x.i0, x.kv_end))
-      Fma::mask_tile(scores, x.kv_end, typename Fma::Diagonal{0, x.i0, p.causal_offset});
-    Fma::start_rows(t.m, t.l, t.ot, 0);
-    Fma::softmax_update(scores, x.kv_end, t.m, t.l, t.alpha);
-    Fma::normalize_rows(scores, x.kv_end, t.l);
-    Fma::store_lse(t.m, t.l, p, x.b, x.h, x.i0, x.rows);
-  });
+  // Stage 2: softmax of each query row, in place; logsumexp (the FMA naive path's).
+  naive_softmax_stage<Fma>(p, exec, ws, [&](int worker) { return ws.slot(worker); });
   seconds.softmax = clock.lap();
 
   // Stage 3: O = P·V, key tile by key tile.

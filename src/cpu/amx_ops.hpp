@@ -110,6 +110,13 @@ struct AmxOps {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(part, 16)));
   }
+  // The three parts of 16 values to dst, dst + part_stride, dst + 2·part_stride.
+  static void store_parts(bf16* dst, std::int64_t part_stride, __m512 x) {
+    const Parts parts = split(x);
+    store16(dst, parts.hi);
+    store16(dst + part_stride, parts.mid);
+    store16(dst + 2 * part_stride, parts.lo);
+  }
   // Whether some lane is NaN, ±Inf or so large that its rounded part would be: those
   // would not split exactly, and the callers fall back to the FMA kernel.
   static __mmask16 not_splittable(__m512 x) {
@@ -175,11 +182,7 @@ struct AmxOps {
         load_block16(k, b, h, j, n, d, D, r);
         for (int row = 0; row < 16; ++row) {
           bad |= not_splittable(r[row]);
-          const Parts x = split(r[row]);
-          bf16* out = dst + (j + row) * kParts * Dp + d;
-          store16(out, x.hi);
-          store16(out + part_stride, x.mid);
-          store16(out + 2 * part_stride, x.lo);
+          store_parts(dst + (j + row) * kParts * Dp + d, part_stride, r[row]);
         }
       }
     return bad == 0;
@@ -196,13 +199,9 @@ struct AmxOps {
         load_block16(v, b, h, j, n, d, D, r);
         for (int row = 0; row < 16; ++row) bad |= not_splittable(r[row]);
         transpose16x16(r);  // r[k] = dim d+k of keys j..j+15
-        for (int k = 0; k < 16; ++k) {
-          const Parts x = split(r[k]);
-          bf16* out = dst + j / Bc * Dp * kParts * Bc + (d + k) * kParts * Bc + j % Bc;
-          store16(out, x.hi);
-          store16(out + part_stride, x.mid);
-          store16(out + 2 * part_stride, x.lo);
-        }
+        for (int k = 0; k < 16; ++k)
+          store_parts(dst + j / Bc * Dp * kParts * Bc + (d + k) * kParts * Bc + j % Bc,
+                      part_stride, r[k]);
       }
     return bad == 0;
   }

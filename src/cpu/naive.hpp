@@ -17,6 +17,25 @@
 
 namespace fattn::cpu {
 
+// Stage 2: softmax of each query row of the score buffer, in place, and the logsumexp.
+// Shared by the FMA and AMX naive paths: ws gives the items and the score buffer,
+// scratch(worker) the per-worker m, l, alpha, ot.
+template <class Ops, class Ws, class Scratch>
+void naive_softmax_stage(const detail::Problem& p, const detail::Exec& exec, const Ws& ws,
+                         Scratch scratch) {
+  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
+    const auto x = ws.first_tile_of(item, 1);
+    const auto tile = scratch(worker);
+    float* scores = ws.scores(x.b, x.h, x.t);
+    if (p.needs_mask(x.i0, x.kv_end))
+      Ops::mask_tile(scores, x.kv_end, typename Ops::Diagonal{0, x.i0, p.causal_offset});
+    Ops::start_rows(tile.m, tile.l, tile.ot, 0);
+    Ops::softmax_update(scores, x.kv_end, tile.m, tile.l, tile.alpha);
+    Ops::normalize_rows(scores, x.kv_end, tile.l);
+    Ops::store_lse(tile.m, tile.l, p, x.b, x.h, x.i0, x.rows);
+  });
+}
+
 template <class S>
 void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = TileOps<S>;
@@ -38,17 +57,7 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
   seconds.scores = clock.lap();
 
   // Stage 2: softmax of each query row, in place; logsumexp.
-  detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
-    const auto x = ws.first_tile_of(item, 1);
-    const auto tile = ws.worker(worker);
-    float* scores = ws.scores(x.b, x.h, x.t);
-    if (p.needs_mask(x.i0, x.kv_end))
-      Ops::mask_tile(scores, x.kv_end, typename Ops::Diagonal{0, x.i0, p.causal_offset});
-    Ops::start_rows(tile.m, tile.l, tile.ot, 0);
-    Ops::softmax_update(scores, x.kv_end, tile.m, tile.l, tile.alpha);
-    Ops::normalize_rows(scores, x.kv_end, tile.l);
-    Ops::store_lse(tile.m, tile.l, p, x.b, x.h, x.i0, x.rows);
-  });
+  naive_softmax_stage<Ops>(p, exec, ws, [&](int worker) { return ws.worker(worker); });
   seconds.softmax = clock.lap();
 
   // Stage 3: O = P·V, key tile by key tile as in the fused kernel.
