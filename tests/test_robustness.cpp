@@ -359,38 +359,44 @@ INSTANTIATE_TEST_SUITE_P(Fused, LongSequenceTest, ::testing::Values(kNone, kBR),
 
 // The AMX kernels run on finite inputs (their float32 results differ in the last bits
 // from the FMA kernels', within the same bound of the reference) and hand inputs with a
-// NaN or Inf to the AVX-512 kernels (then the same bits).
+// NaN or Inf to the AVX-512 kernels (then the same bits). With 2 heads the fused kernel
+// splits every head's K and V first; with 8 (≥ 4 per worker) each worker splits its
+// head's own, and an Inf found there makes the whole call run again on avx512.
 TEST(Amx, RunsOnFiniteInputsAndFallsBackOnNonFinite) {
   FATTN_SKIP_IF_UNSUPPORTED(Isa::amx);
-  Rng rng;
-  const std::int64_t B = 1, H = 2, S = 130, D = 64;
-  const Tensor q = make_input(L::bhsd, B, H, S, D, rng);
-  const Tensor k = make_input(L::bhsd, B, H, S, D, rng);
-  Tensor v = make_input(L::bhsd, B, H, S, D, rng);
-  auto run_isa = [&](Isa isa, Impl impl) {
-    Tensor out = make_output(L::bhsd, B, H, S, D);
-    Options o;
-    o.isa = isa;
-    o.impl = impl;
-    fattn::attention_forward(q.view(), k.view(), v.view(), out.view(), nullptr, o);
-    return out;
-  };
-  auto bitwise_equal = [](const Tensor& a, const Tensor& b) {
-    bool same = true;
-    a.for_each([&](auto i, auto j, auto s, auto d) {
-      const float x = a.at(i, j, s, d), y = b.at(i, j, s, d);
-      same = same && std::memcmp(&x, &y, sizeof(float)) == 0;
-    });
-    return same;
-  };
-  for (Impl impl : {Impl::fused, Impl::naive}) {
-    SCOPED_TRACE(to_string(impl));
-    v.at(0, 1, 40, 7) = 0.5f;
-    const Tensor amx = run_isa(Isa::amx, impl), fma = run_isa(Isa::avx512, impl);
-    EXPECT_FALSE(bitwise_equal(amx, fma)) << "the amx kernel did not run";
-    EXPECT_TRUE(outputs_near(amx, run_reference(q, k, v, Options{}).out));
-    v.at(0, 1, 40, 7) = kInf;
-    EXPECT_TRUE(bitwise_equal(run_isa(Isa::amx, impl), run_isa(Isa::avx512, impl)));
+  for (std::int64_t H : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << 2 * H);
+    Rng rng;
+    const std::int64_t B = 2, S = 130, D = 64;
+    const Tensor q = make_input(L::bhsd, B, H, S, D, rng);
+    const Tensor k = make_input(L::bhsd, B, H, S, D, rng);
+    Tensor v = make_input(L::bhsd, B, H, S, D, rng);
+    auto run_isa = [&](Isa isa, Impl impl) {
+      Tensor out = make_output(L::bhsd, B, H, S, D);
+      Options o;
+      o.isa = isa;
+      o.impl = impl;
+      o.num_threads = 2;
+      fattn::attention_forward(q.view(), k.view(), v.view(), out.view(), nullptr, o);
+      return out;
+    };
+    auto bitwise_equal = [](const Tensor& a, const Tensor& b) {
+      bool same = true;
+      a.for_each([&](auto i, auto j, auto s, auto d) {
+        const float x = a.at(i, j, s, d), y = b.at(i, j, s, d);
+        same = same && std::memcmp(&x, &y, sizeof(float)) == 0;
+      });
+      return same;
+    };
+    for (Impl impl : {Impl::fused, Impl::naive}) {
+      SCOPED_TRACE(to_string(impl));
+      v.at(1, H - 1, 40, 7) = 0.5f;
+      const Tensor amx = run_isa(Isa::amx, impl), fma = run_isa(Isa::avx512, impl);
+      EXPECT_FALSE(bitwise_equal(amx, fma)) << "the amx kernel did not run";
+      EXPECT_TRUE(outputs_near(amx, run_reference(q, k, v, Options{}).out));
+      v.at(1, H - 1, 40, 7) = kInf;  // the last head: found after others were computed
+      EXPECT_TRUE(bitwise_equal(run_isa(Isa::amx, impl), run_isa(Isa::avx512, impl)));
+    }
   }
 }
 

@@ -35,8 +35,17 @@ struct AmxWorkspace {
     bf16 *q_parts, *p_parts;
   };
 
+  // Head-local split (fused only): with kv heads enough to keep every worker busy, a
+  // work item is one kv head with its query heads, and its worker splits that head's K
+  // and V into its own buffer (L2-resident up to ~1 MiB a head) right before using them.
+  // Otherwise the parts of every head are split first, in a pass of its own that writes
+  // them to memory and reads them back: 4-21 % of a call at S = 512-4096. Head-local was
+  // 7-27 % faster at S = 512-2048 and 3-14 % at S=2048-4096 with D=128, 4096 with D=64
+  // (heads of 3.2 MiB; docs/perf-log.md, "AMX kernels").
+  static constexpr int kLocalHeadsPerWorker = 4;  // items per worker for the dynamic schedule
+
   const detail::Problem& p;
-  bool naive;
+  bool naive, local = false;
   std::int64_t q_tiles, kv_pad, dim_pad, q_parts, p_parts, head_floats, scores_block,
       slot_floats;
   std::int64_t v_at, scores_at, slots_at, total;
@@ -53,8 +62,10 @@ struct AmxWorkspace {
     const std::int64_t kv_heads = p.batch * p.kv_heads;
     // K or Vᵀ parts of one head: 3·kv_pad·Dp bf16, two a float (a multiple of 16 floats).
     head_floats = n.mul(n.mul(Ops::kParts, kv_pad), dim_pad) / 2;
-    v_at = n.mul(kv_heads, head_floats);
-    scores_at = n.add(v_at, n.mul(kv_heads, head_floats));
+    local = !naive && kv_heads >= std::int64_t{kLocalHeadsPerWorker} * workers;
+    const std::int64_t held_heads = local ? workers : kv_heads;  // K/V part buffers
+    v_at = n.mul(held_heads, head_floats);
+    scores_at = n.add(v_at, n.mul(held_heads, head_floats));
     scores_block = n.mul(kv_pad, Br);
     const std::int64_t scores = naive ? n.mul(n.mul(p.batch * p.q_heads, q_tiles), scores_block) : 0;
     slots_at = n.add(scores_at, scores);
@@ -66,11 +77,25 @@ struct AmxWorkspace {
     if (n.overflow) total = -1;
   }
 
-  const bf16* k_parts(std::int64_t b, std::int64_t hk) const {
-    return reinterpret_cast<const bf16*>(base + (b * p.kv_heads + hk) * head_floats);
+  // K and Vᵀ parts: of kv head `held` (b·kv_heads + hk), or in local mode of worker `held`.
+  bf16* k_parts(std::int64_t held) const {
+    return reinterpret_cast<bf16*>(base + held * head_floats);
   }
-  const bf16* v_parts(std::int64_t b, std::int64_t hk) const {
-    return reinterpret_cast<const bf16*>(base + v_at + (b * p.kv_heads + hk) * head_floats);
+  bf16* v_parts(std::int64_t held) const {
+    return reinterpret_cast<bf16*>(base + v_at + held * head_floats);
+  }
+  const bf16* k_parts(std::int64_t b, std::int64_t hk) const { return k_parts(b * p.kv_heads + hk); }
+  const bf16* v_parts(std::int64_t b, std::int64_t hk) const { return v_parts(b * p.kv_heads + hk); }
+
+  // Splits kv head (b, hk) into buffer `held` and checks query head rows [h_begin, h_end)
+  // of Q. False: some value does not split exactly (NaN, Inf, |x| > 3e38).
+  bool split_head(std::int64_t b, std::int64_t hk, std::int64_t h_begin, std::int64_t h_end,
+                  std::int64_t held) const {
+    bool ok = Ops::pack_k(p.k, b, hk, p.kv_len, p.head_dim, k_parts(held));
+    ok &= Ops::pack_v_transposed(p.v, b, hk, p.kv_len, p.head_dim, v_parts(held));
+    for (std::int64_t h = h_begin; ok && h < h_end; ++h)
+      ok &= Ops::splittable_rows(p.q, b, h, p.q_len, p.head_dim);
+    return ok;
   }
   float* scores(std::int64_t b, std::int64_t h, std::int64_t t) const {
     return base + scores_at + ((b * p.q_heads + h) * q_tiles + t) * scores_block;
@@ -92,13 +117,8 @@ struct AmxWorkspace {
     std::atomic<bool> splittable{true};
     detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
       const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-      auto* k = const_cast<bf16*>(k_parts(b, hk));
-      auto* v = const_cast<bf16*>(v_parts(b, hk));
-      bool ok = Ops::pack_k(p.k, b, hk, p.kv_len, p.head_dim, k);
-      ok &= Ops::pack_v_transposed(p.v, b, hk, p.kv_len, p.head_dim, v);
-      for (std::int64_t h = hk * p.group_size(); ok && h < (hk + 1) * p.group_size(); ++h)
-        ok &= Ops::splittable_rows(p.q, b, h, p.q_len, p.head_dim);
-      if (!ok) splittable.store(false, std::memory_order_relaxed);
+      if (!split_head(b, hk, hk * p.group_size(), (hk + 1) * p.group_size(), item))
+        splittable.store(false, std::memory_order_relaxed);
     });
     return splittable.load();
   }
@@ -125,15 +145,12 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
   constexpr int kGroup = Fma::T::query_tiles_per_item;
   AmxWorkspace<S> ws(p, /*is_naive=*/false, exec.workers);
   ws.base = memory;
-  if (!ws.prepare(exec)) return avx512_kernels.fused(p, exec, memory);
+  if (!ws.local && !ws.prepare(exec)) return avx512_kernels.fused(p, exec, memory);
   const float q_factor = static_cast<float>(p.scale) * Fma::kLog2e;
   const std::int64_t Dp = ws.dim_pad;
 
-  detail::parallel_items(exec, ws.items(kGroup), [&](std::int64_t item, int worker) {
-    const typename Ops::Scope tiles;
-    const auto first = ws.first_tile_of(item, kGroup);
-    const bf16* k = ws.k_parts(first.b, first.hk);
-    const bf16* v = ws.v_parts(first.b, first.hk);
+  // The query tiles [first.t, first.t + kGroup) of one head against its K and Vᵀ parts.
+  auto run_group = [&](const QueryTile& first, int worker, const bf16* k, const bf16* v) {
     QueryTile q[kGroup];
     typename AmxWorkspace<S>::Slot tile[kGroup];
     int n = 0;
@@ -178,7 +195,35 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
       Fma::store_output(tile[s].ot, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
       Fma::store_lse(tile[s].m, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
     }
+  };
+
+  if (!ws.local) {
+    detail::parallel_items(exec, ws.items(kGroup), [&](std::int64_t item, int worker) {
+      const typename Ops::Scope tiles;
+      const auto first = ws.first_tile_of(item, kGroup);
+      run_group(first, worker, ws.k_parts(first.b, first.hk), ws.v_parts(first.b, first.hk));
+    });
+    return;
+  }
+  // Head-local: an item is a kv head and its query heads; a value that does not split
+  // stops its item, and the whole call is then computed again by the FMA kernel (every
+  // output rewritten).
+  std::atomic<bool> splittable{true};
+  const std::int64_t groups = ws.items(kGroup) / (p.batch * p.q_heads);
+  detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int worker) {
+    const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
+    const std::int64_t h_begin = hk * p.group_size(), h_end = h_begin + p.group_size();
+    if (!ws.split_head(b, hk, h_begin, h_end, worker)) {
+      splittable.store(false, std::memory_order_relaxed);
+      return;
+    }
+    const typename Ops::Scope tiles;
+    for (std::int64_t h = h_begin; h < h_end; ++h)
+      for (std::int64_t g = 0; g < groups; ++g)
+        run_group(ws.first_tile_of((b * p.q_heads + h) * groups + g, kGroup), worker,
+                  ws.k_parts(worker), ws.v_parts(worker));
   });
+  if (!splittable.load()) avx512_kernels.fused(p, exec, memory);
 }
 
 // The naive baseline on the same AMX products: scores to an Sq×Sk buffer, softmax,

@@ -75,6 +75,10 @@ struct AmxOps {
         config.bytes_per_row[t] = 64;
         config.rows[t] = kTileRows;
       }
+      // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the config, so
+      // the stores of the rest could be dropped as dead (seen: #GP on ldtilecfg once the
+      // surrounding code changed); the fence makes them happen first.
+      __asm__ volatile("" ::: "memory");
       _tile_loadconfig(&config);
     }
     ~Scope() { _tile_release(); }
