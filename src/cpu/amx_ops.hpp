@@ -174,54 +174,54 @@ struct AmxOps {
   // Keys padded to whole key tiles, dims to whole reduction chunks.
   static std::int64_t padded_keys(std::int64_t n) { return (n + Bc - 1) / Bc * Bc; }
 
-  // K rows of one head into parts [n_pad][3][Dp]. Returns false if some value cannot be
-  // split (see not_splittable).
-  static bool pack_k(const detail::Strided<const float>& k, std::int64_t b, std::int64_t h,
-                     std::int64_t n, std::int64_t D, bf16* dst) {
-    const std::int64_t n_pad = padded_keys(n), Dp = round_up(D), part_stride = Dp;
+  // Calls f(j, d, block) for each 16×16 block of rows [0, rows) × dims [0, dims) of a head
+  // (load_block16; rows_pad, dims_pad multiples of 16 past them read as zero). Returns
+  // false if some value cannot be split (see not_splittable).
+  template <class F>
+  static bool each_block16(const detail::Strided<const float>& t, std::int64_t b, std::int64_t h,
+                           std::int64_t rows, std::int64_t rows_pad, std::int64_t dims,
+                           std::int64_t dims_pad, F f) {
     __mmask16 bad = 0;
     __m512 r[16];
-    for (std::int64_t j = 0; j < n_pad; j += 16)
-      for (std::int64_t d = 0; d < Dp; d += 16) {
-        load_block16(k, b, h, j, n, d, D, r);
-        for (int row = 0; row < 16; ++row) {
-          bad |= not_splittable(r[row]);
-          store_parts(dst + (j + row) * kParts * Dp + d, part_stride, r[row]);
-        }
+    for (std::int64_t j = 0; j < rows_pad; j += 16)
+      for (std::int64_t d = 0; d < dims_pad; d += 16) {
+        load_block16(t, b, h, j, rows, d, dims, r);
+        for (int row = 0; row < 16; ++row) bad |= not_splittable(r[row]);
+        f(j, d, r);
       }
     return bad == 0;
   }
 
-  // V rows of one head, transposed, into parts [n_pad/Bc][Dp][3][Bc]. Same return as pack_k.
+  // K rows of one head into parts [n_pad][3][Dp]. Same return as each_block16.
+  static bool pack_k(const detail::Strided<const float>& k, std::int64_t b, std::int64_t h,
+                     std::int64_t n, std::int64_t D, bf16* dst) {
+    const std::int64_t Dp = round_up(D);
+    return each_block16(k, b, h, n, padded_keys(n), D, Dp,
+                        [&](std::int64_t j, std::int64_t d, __m512 r[16]) {
+                          for (int row = 0; row < 16; ++row)
+                            store_parts(dst + (j + row) * kParts * Dp + d, Dp, r[row]);
+                        });
+  }
+
+  // V rows of one head, transposed, into parts [n_pad/Bc][Dp][3][Bc]. Same return.
   static bool pack_v_transposed(const detail::Strided<const float>& v, std::int64_t b,
                                 std::int64_t h, std::int64_t n, std::int64_t D, bf16* dst) {
-    const std::int64_t n_pad = padded_keys(n), Dp = round_up(D), part_stride = Bc;
-    __mmask16 bad = 0;
-    __m512 r[16];
-    for (std::int64_t j = 0; j < n_pad; j += 16)
-      for (std::int64_t d = 0; d < Dp; d += 16) {
-        load_block16(v, b, h, j, n, d, D, r);
-        for (int row = 0; row < 16; ++row) bad |= not_splittable(r[row]);
-        transpose16x16(r);  // r[k] = dim d+k of keys j..j+15
-        for (int k = 0; k < 16; ++k)
-          store_parts(dst + j / Bc * Dp * kParts * Bc + (d + k) * kParts * Bc + j % Bc,
-                      part_stride, r[k]);
-      }
-    return bad == 0;
+    const std::int64_t Dp = round_up(D);
+    return each_block16(v, b, h, n, padded_keys(n), D, Dp,
+                        [&](std::int64_t j, std::int64_t d, __m512 r[16]) {
+                          transpose16x16(r);  // r[k] = dim d+k of keys j..j+15
+                          for (int k = 0; k < 16; ++k)
+                            store_parts(dst + j / Bc * Dp * kParts * Bc + (d + k) * kParts * Bc +
+                                            j % Bc,
+                                        Bc, r[k]);
+                        });
   }
 
   // Whether every value of rows [0, n) of one head splits exactly (Q is read through
   // load_q_transposed per tile; this only checks it).
   static bool splittable_rows(const detail::Strided<const float>& t, std::int64_t b,
                               std::int64_t h, std::int64_t n, std::int64_t D) {
-    __mmask16 bad = 0;
-    __m512 r[16];
-    for (std::int64_t j = 0; j < n; j += 16)
-      for (std::int64_t d = 0; d < D; d += 16) {
-        load_block16(t, b, h, j, n, d, D, r);
-        for (int row = 0; row < 16; ++row) bad |= not_splittable(r[row]);
-      }
-    return bad == 0;
+    return each_block16(t, b, h, n, n, D, D, [](std::int64_t, std::int64_t, __m512*) {});
   }
 
   // --- tile products --------------------------------------------------------------------
