@@ -49,7 +49,8 @@ def release_cached_memory() -> None:
 
 
 def best_cpu_isa() -> str:
-    """The instruction set fattn's CPU kernels use on this machine (amx, avx512, avx2, portable)."""
+    """The instruction set fattn's CPU kernels use on this machine for long sequences (amx,
+    avx512, avx2, portable); with amx, sequences under 512 keys run avx512."""
     return _C.best_cpu_isa()
 
 

@@ -3,13 +3,15 @@
 //
 // For one query tile:   Q parts ← split(Q·scale·log2(e))
 //   for each key tile:  st ← K·Qᵀ                 (scores_tile: six bf16 products)
-//                       mask, online softmax      (the FMA kernel's tile operations)
-//                       P parts ← split(st)
-//                       ot ← alpha·ot + Vᵀ·P       (rescale, pv_tile)
+//                       mask, online softmax, P parts ← split(P), alpha·ot
+//                                                 (SoftmaxTask, amx_softmax.hpp)
+//                       ot ← ot + Vᵀ·P             (pv_tile)
 //   out ← otᵀ / l, lse
-// K and Vᵀ are split once per call, per kv head. Inputs with a NaN, an Inf or a value
-// above 3e38 do not split exactly: the call then runs the AVX-512 FMA kernels, whose
-// NaN/Inf semantics the tests pin down (found while packing, before any output is written).
+// K and Vᵀ are split once per call and kv head: in a pass before the queries, or (fused,
+// with kv heads enough) by the work item of that head right before it uses them. Inputs
+// with a NaN, an Inf or a value above 3e38 do not split exactly: the call then runs the
+// AVX-512 FMA kernels, whose NaN/Inf semantics the tests pin down (found while splitting;
+// in the per-head mode after other heads' outputs were written, which the rerun replaces).
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
@@ -167,6 +169,8 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
     // the P·V products of tile s (amx_softmax.hpp).
     SoftmaxTask<S> softmax[kGroup];
     typename Fma::Diagonal diag[kGroup];
+    std::int64_t nj[kGroup];
+    const typename Fma::Diagonal* on_diagonal[kGroup];  // null off the diagonal
     for (std::int64_t j0 = 0; j0 < kv_max; j0 += Ops::Bc) {
       int live[kGroup], n_live = 0;
       for (int s = 0; s < n; ++s)
@@ -174,20 +178,18 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
       for (int x = 0; x < n_live; ++x) {
         const int s = live[x];
         const auto& t = tile[s];
-        const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
+        nj[s] = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
         diag[s] = {j0, q[s].i0, p.causal_offset};
-        const auto* on_diagonal = p.needs_mask(q[s].i0, j0 + nj) ? &diag[s] : nullptr;
-        Ops::scores_tile(k, Dp, j0, nj, t.q_parts, t.st, on_diagonal,
+        on_diagonal[s] = p.needs_mask(q[s].i0, j0 + nj[s]) ? &diag[s] : nullptr;
+        Ops::scores_tile(k, Dp, j0, nj[s], t.q_parts, t.st, on_diagonal[s],
                          x > 0 ? &softmax[live[x - 1]] : nullptr);
-        softmax[s].start({t.st, t.m, t.l, t.alpha, t.ot, t.p_parts, nj, Dp, on_diagonal});
+        softmax[s].start({t.st, t.m, t.l, t.ot, t.p_parts, nj[s], Dp, on_diagonal[s]});
       }
       for (int x = 0; x < n_live; ++x) {
         const int s = live[x];
         while (softmax[s].step()) {
         }
-        const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
-        const auto* on_diagonal = p.needs_mask(q[s].i0, j0 + nj) ? &diag[s] : nullptr;
-        Ops::pv_tile(v, j0, nj, tile[s].p_parts, Dp, tile[s].ot, on_diagonal,
+        Ops::pv_tile(v, j0, nj[s], tile[s].p_parts, Dp, tile[s].ot, on_diagonal[s],
                      x + 1 < n_live ? &softmax[live[x + 1]] : nullptr);
       }
     }

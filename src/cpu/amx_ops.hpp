@@ -50,7 +50,7 @@ struct NoTask {
 
 template <class S>
 struct AmxOps {
-  using Fma = TileOps<S>;  // softmax, masks, Q and O transposes: shared with the FMA kernel
+  using Fma = TileOps<S>;  // Q and O transposes, the naive path's softmax: the FMA kernel's
   static constexpr int Br = Fma::Br;
   static constexpr int Bc = Fma::Bc;
   static constexpr int kParts = 3;
@@ -131,22 +131,25 @@ struct AmxOps {
   static constexpr int kPairRow = 2 * Br;
   static constexpr int kPairRows = kParts * kPairRow;
 
+  // 16 lanes of two rows a, b split and paired into the three parts of a VNNI row pair:
+  // dst, dst + kPairRow, dst + 2·kPairRow (64-byte aligned).
+  static void store_pair_parts(bf16* dst, __m512 a, __m512 b) {
+    const Parts pa = split(a), pb = split(b);
+    _mm512_store_si512(dst, pair(pa.hi, pb.hi));
+    _mm512_store_si512(dst + kPairRow, pair(pa.mid, pb.mid));
+    _mm512_store_si512(dst + 2 * kPairRow, pair(pa.lo, pb.lo));
+  }
+
   // rows [0, n) of src (float32, [rows][Br]) into VNNI parts,
   // dst[(r/2)·kPairRows + part·kPairRow + 2·i + r%2]; rows [n, n_pad) read as zero.
   // n_pad is even. For Q (rows = dims) and P (rows = keys).
   static void split_pairs(const float* src, std::int64_t n, std::int64_t n_pad, bf16* dst) {
-    constexpr int part_stride = kPairRow;
-    for (std::int64_t r = 0; r < n_pad; r += 2) {
+    for (std::int64_t r = 0; r < n_pad; r += 2)
       for (int u = 0; u < Br; u += 16) {
         const __m512 a = r < n ? _mm512_load_ps(src + r * Br + u) : _mm512_setzero_ps();
         const __m512 b = r + 1 < n ? _mm512_load_ps(src + (r + 1) * Br + u) : _mm512_setzero_ps();
-        const Parts pa = split(a), pb = split(b);
-        bf16* out = dst + r / 2 * kPairRows + 2 * u;
-        _mm512_store_si512(out, pair(pa.hi, pb.hi));
-        _mm512_store_si512(out + part_stride, pair(pa.mid, pb.mid));
-        _mm512_store_si512(out + 2 * part_stride, pair(pa.lo, pb.lo));
+        store_pair_parts(dst + r / 2 * kPairRows + 2 * u, a, b);
       }
-    }
   }
 
   // A 16×16 block of a head's rows (16 rows from `row`, 16 dims from `dim`), zero
@@ -297,14 +300,14 @@ struct AmxOps {
     _tile_loadd(3, c + 16 * row_floats + 16, bytes);
   }
 
-  // st[j][i] = Σ_d K[j0+j][d]·qt[d][i] for the 32-key chunks that cover nj keys.
-  // k_parts: the head's K parts (pack_k).
-  // On a diagonal tile (diag not null), blocks of 32 keys × 32 queries that every query
-  // of the block is hidden from are skipped: mask_tile writes their scores.
+  // On a diagonal tile (diag not null), whether every query of the 32-query block at
+  // `query` is hidden from the keys of the block at `key`: such blocks are skipped (their
+  // scores are masked afterwards, their probabilities are zero).
   static bool hidden_block(const typename Fma::Diagonal* diag, std::int64_t key, int query) {
     return diag && diag->first_seeing(key) > query + kBlock - 1;
   }
-  // task: as mma_split's; finished before returning.
+  // st[j][i] = Σ_d K[j0+j][d]·qt[d][i] for the 32-key chunks that cover nj keys.
+  // k_parts: the head's K parts (pack_k). task: as mma_split's; finished before returning.
   template <class Task = NoTask>
   static void scores_tile(const bf16* k_parts, std::int64_t Dp, std::int64_t j0, std::int64_t nj,
                           const bf16* q_parts, float* st,

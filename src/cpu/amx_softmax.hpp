@@ -10,7 +10,7 @@
 // Work, in order (each step() does one slice and returns whether work is left):
 //   max      mask the diagonal tile's hidden scores (−inf), running max of 8 key rows
 //   exp      two key rows: p = 2^(s − m), row sums, p split into the VNNI P parts
-//   finish   alpha = 2^(m_old − m), l = alpha·l + Σp, m
+//   finish   alpha = 2^(m_old − m) (kept here for the rescale), l = alpha·l + Σp, m
 //   rescale  8 rows of the accumulator ot ← alpha·ot, only if some alpha is not 1
 // The running max is lazy: a query keeps its reference max while the new scores exceed
 // it by at most kMaxGrowth (log2 units), so its alpha is exactly 1 and, when that holds
@@ -42,7 +42,7 @@ class SoftmaxTask {
 
   struct Tile {
     float* st;       // [Bc][Br] scores, keys × queries
-    float *m, *l, *alpha, *ot;
+    float *m, *l, *ot;
     bf16* p_parts;   // out: P split (AmxOps::split_pairs layout)
     std::int64_t nj, dim_pad;
     const typename Fma::Diagonal* diag;  // null: no key of the tile is hidden
@@ -110,11 +110,7 @@ class SoftmaxTask {
       const vec b =
           j + 1 < t_.nj ? exp2<S>(S::load(t_.st + (j + 1) * Br + v * L) - m_ref_[v]) : S::zero();
       sum_[v] += a + b;
-      const typename Ops::Parts pa = Ops::split(a), pb = Ops::split(b);
-      bf16* o = out + 2 * v * L;
-      _mm512_store_si512(o, Ops::pair(pa.hi, pb.hi));
-      _mm512_store_si512(o + Ops::kPairRow, Ops::pair(pa.mid, pb.mid));
-      _mm512_store_si512(o + 2 * Ops::kPairRow, Ops::pair(pa.lo, pb.lo));
+      Ops::store_pair_parts(out + 2 * v * L, a, b);
     }
     row_ += 2;
     if (row_ >= Ops::round_up(t_.nj)) phase_ = Phase::finish;
@@ -127,7 +123,6 @@ class SoftmaxTask {
       const vec a = exp2<S>(m_old_[v] - m_ref_[v]);
       alpha_[v] = a;
       moved |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
-      S::store(t_.alpha + v * L, a);
       S::store(t_.l + v * L, S::fma(S::load(t_.l + v * L), a, sum_[v]));
       S::store(t_.m + v * L, m_new_[v]);
     }
