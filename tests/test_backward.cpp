@@ -155,14 +155,53 @@ TEST(BackwardDeterminism, FusedRepeatsBitForBit) {
                         Case{1, 4, 1, 300, 700, 64, kNone, Layout::bhsd, true, 3},
                         Case{2, 4, 2, 256, 256, 128, kNone, Layout::bshd, false, 0}}) {
     const Problem p(c);
-    const auto first = p.run(Impl::fused);
-    for (int run = 0; run < 3; ++run) {
-      const auto again = p.run(Impl::fused);
-      EXPECT_TRUE(bitwise_equal(again.dq, first.dq)) << case_name(c) << " run " << run;
-      EXPECT_TRUE(bitwise_equal(again.dk, first.dk)) << case_name(c) << " run " << run;
-      EXPECT_TRUE(bitwise_equal(again.dv, first.dv)) << case_name(c) << " run " << run;
+    for (Isa isa : {Isa::avx512, Isa::amx, Isa::portable}) {
+      if (!fattn::cpu_supports(isa)) continue;
+      const auto first = p.run(Impl::fused, isa);
+      for (int run = 0; run < 3; ++run) {
+        const auto again = p.run(Impl::fused, isa);
+        const std::string where = case_name(c) + " " + to_string(isa) + " run " + std::to_string(run);
+        EXPECT_TRUE(bitwise_equal(again.dq, first.dq)) << where;
+        EXPECT_TRUE(bitwise_equal(again.dk, first.dk)) << where;
+        EXPECT_TRUE(bitwise_equal(again.dv, first.dv)) << where;
+      }
     }
   }
+}
+
+// Isa::automatic runs the backward on the best ISA at every length (the forward switches
+// at automatic_cpu_isa): the same bits as asking for it.
+TEST(BackwardAutomatic, RunsTheBestIsa) {
+  const Problem p(Case{1, 2, 2, 100, 100, 64, kTL});
+  const auto automatic = p.run(Impl::fused, Isa::automatic);
+  const auto best = p.run(Impl::fused, fattn::best_cpu_isa());
+  EXPECT_TRUE(bitwise_equal(automatic.dq, best.dq));
+  EXPECT_TRUE(bitwise_equal(automatic.dk, best.dk));
+  EXPECT_TRUE(bitwise_equal(automatic.dv, best.dv));
+}
+
+// The AMX backward runs on finite inputs (its gradients differ in the last bits from the
+// FMA kernel's; the grid bounds both against the reference) and hands the call to the
+// AVX-512 backward, which then gives the same bits, when an input does not split into
+// bfloat16 parts (an Inf in dO) or a probability does not (a NaN logsumexp).
+TEST(AmxBackward, RunsOnFiniteInputsAndFallsBackOnNonFinite) {
+  FATTN_SKIP_IF_UNSUPPORTED(Isa::amx);
+  Problem p(Case{2, 4, 2, 150, 170, 64, kBR});
+  auto same_bits = [&] {
+    const auto amx = p.run(Impl::fused, Isa::amx), fma = p.run(Impl::fused, Isa::avx512);
+    return bitwise_equal(amx.dq, fma.dq) && bitwise_equal(amx.dk, fma.dk) &&
+           bitwise_equal(amx.dv, fma.dv);
+  };
+  const auto amx = p.run(Impl::fused, Isa::amx), fma = p.run(Impl::fused, Isa::avx512);
+  EXPECT_FALSE(bitwise_equal(amx.dq, fma.dq)) << "the amx kernel did not run";
+  EXPECT_FALSE(bitwise_equal(amx.dk, fma.dk)) << "the amx kernel did not run";
+  EXPECT_FALSE(bitwise_equal(amx.dv, fma.dv)) << "the amx kernel did not run";
+  const float dout = p.dout.at(1, 3, 20, 5);
+  p.dout.at(1, 3, 20, 5) = kInf;
+  EXPECT_TRUE(same_bits()) << "Inf in dout";
+  p.dout.at(1, 3, 20, 5) = dout;
+  p.lse.at(1, 2, 140) = kNaN;
+  EXPECT_TRUE(same_bits()) << "NaN in lse";
 }
 
 // A NaN in a value row reaches only the queries that see that key: under a causal

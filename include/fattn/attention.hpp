@@ -35,11 +35,13 @@ enum class Causal : std::uint8_t { none, top_left, bottom_right };
 enum class Impl : std::uint8_t { automatic, reference, naive, fused };
 
 // CPU instruction set for the naive and fused kernels. automatic picks the fastest this
-// CPU supports for the problem (automatic_cpu_isa); asking for one it lacks is an Error.
-//   amx:      AVX-512 plus AMX bfloat16 tiles (Sapphire Rapids and later, Linux): Q·Kᵀ
-//             and P·V from six bfloat16 partial products of each float32 split in three
-//             parts, float32 accumulation — float32 accuracy (cpu/amx_ops.hpp). Inputs
-//             with NaN/Inf run the avx512 kernels; the backward is avx512's.
+// CPU supports for the problem (the forward: automatic_cpu_isa; the backward: the best);
+// asking for one it lacks is an Error.
+//   amx:      AVX-512, AVX512-BF16 and AMX bfloat16 tiles (Sapphire Rapids and later,
+//             Linux): the products (Q·Kᵀ, P·V; in the fused backward all five) from six
+//             bfloat16 partial products of each float32 split in three parts, float32
+//             accumulation — float32 accuracy (cpu/amx_ops.hpp). Inputs with NaN/Inf run
+//             the avx512 kernels, as does the naive backward.
 //   avx512, avx2: float32 FMA micro-kernels.   portable: compiler-vectorised, any CPU.
 enum class Isa : std::uint8_t { automatic, amx, avx512, avx2, portable };
 
@@ -134,8 +136,9 @@ double reference_row(const TensorView& q, const TensorView& k, const TensorView&
                      double* out_row);
 
 // What this machine offers. best_cpu_isa: the fastest ISA it supports for long
-// sequences; automatic_cpu_isa: what Isa::automatic runs for a problem with kv_len keys
-// (amx needs ~512 keys to repay its fixed costs per query tile; below, avx512).
+// sequences (and what Isa::automatic runs for the backward); automatic_cpu_isa: what
+// Isa::automatic runs for a forward with kv_len keys (the amx forward needs ~512 keys to
+// repay its fixed costs per query tile; below, avx512).
 Isa best_cpu_isa();
 Isa automatic_cpu_isa(std::int64_t kv_len);
 bool cpu_supports(Isa isa);

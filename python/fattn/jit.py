@@ -48,9 +48,10 @@ _X86_ISAS = (
 _LIBRARY_SOURCE_GLOBS = ("src/core/*.cpp", "src/cpu/*.cpp")
 _PER_ISA_SOURCE = "kernels_isa.cpp"
 _AMX_SOURCE = "kernels_amx.cpp"
-# The CMake build's flags for the AMX unit (fattn_isa_avx512_flags plus AMX and AVX-512BW).
-_AMX_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma",
-              "-mprefer-vector-width=512", "-mamx-tile", "-mamx-bf16")
+# The CMake build's flags for the AMX unit (fattn_isa_avx512_flags plus AMX, AVX-512BW and
+# AVX512-BF16).
+_AMX_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx512bf16", "-mavx2",
+              "-mfma", "-mprefer-vector-width=512", "-mamx-tile", "-mamx-bf16")
 
 
 def _library_sources(src: Path) -> list:

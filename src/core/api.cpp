@@ -20,13 +20,18 @@
 namespace fattn {
 namespace {
 
-// The kernels of the requested ISA, or for Isa::automatic the fastest for this problem.
-const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p) {
+// The kernels for the options' ISA. automatic: the forward runs automatic_cpu_isa; the
+// backward the best ISA at every length (the AMX backward beat avx512's 1.25-1.47× from
+// 128 to 512 keys, B=2 H=8 D=64/128: docs/perf-log.md, "AMX backward").
+enum class Direction { forward, backward };
+const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p,
+                                Direction direction) {
   if (!cpu_supports(options.isa))
     throw Error(std::string("fattn: isa ") + to_string(options.isa) +
                 " is not supported by this CPU (best: " + to_string(best_cpu_isa()) + ")");
-  return cpu::kernels_for(options.isa == Isa::automatic ? automatic_cpu_isa(p.kv_len)
-                                                         : options.isa);
+  if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa);
+  return cpu::kernels_for(direction == Direction::forward ? automatic_cpu_isa(p.kv_len)
+                                                         : best_cpu_isa());
 }
 
 void require_cpu(const TensorView& q) {
@@ -118,7 +123,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve(options.impl, q.dtype);
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
-  run(p, exec, forward_pass(cpu_kernels(options, p)), impl);
+  run(p, exec, forward_pass(cpu_kernels(options, p, Direction::forward)), impl);
 }
 
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -135,7 +140,7 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
   const int workers = detail::make_exec(options).workers;
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
     return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
-  return workspace_floats(p, forward_pass(cpu_kernels(options, p)), impl, workers) *
+  return workspace_floats(p, forward_pass(cpu_kernels(options, p, Direction::forward)), impl, workers) *
          static_cast<std::int64_t>(sizeof(float));
 }
 
@@ -149,7 +154,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve(options.impl, q.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
-  run(p, exec, backward_pass(cpu_kernels(options, p)), impl);
+  run(p, exec, backward_pass(cpu_kernels(options, p, Direction::backward)), impl);
 }
 
 std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -161,7 +166,7 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
   if (impl == Impl::reference)  // per worker: dk, dv of one kv head and a few rows, float64
     return workers * (2 * p.kv_len * p.head_dim + p.kv_len + 2 * p.head_dim) *
            static_cast<std::int64_t>(sizeof(double));
-  return workspace_floats(p, backward_pass(cpu_kernels(options, p)), impl, workers) *
+  return workspace_floats(p, backward_pass(cpu_kernels(options, p, Direction::backward)), impl, workers) *
          static_cast<std::int64_t>(sizeof(float));
 }
 

@@ -10,7 +10,7 @@
 //                         lo = what remains (at most 8 bits, so a bfloat16 too; for
 //                         normal x — denormals lose bits below 2^-133, see pair())
 // and a·b is summed from the six partial products above float32's rounding,
-//   lo·hi + mid·mid + mid·hi + hi·lo + hi·mid + hi·hi      (smallest first)
+//   hi·lo + hi·mid + mid·mid + mid·hi + lo·hi + hi·hi      (the largest last)
 // The three left out (mid·lo, lo·mid, lo·lo) are below 2^-24·|a·b| together: one
 // float32 rounding. Six products at 16× the FMA rate: 2.7× the FMA peak for Q·Kᵀ and
 // P·V (the GPU's 3×TF32 is the same idea). Measured errors: tests/test_forward.cpp.
@@ -35,6 +35,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/tile_ops.hpp"
 #include "cpu/transpose.hpp"
@@ -132,24 +133,29 @@ struct AmxOps {
   static constexpr int kPairRows = kParts * kPairRow;
 
   // 16 lanes of two rows a, b split and paired into the three parts of a VNNI row pair:
-  // dst, dst + kPairRow, dst + 2·kPairRow (64-byte aligned).
-  static void store_pair_parts(bf16* dst, __m512 a, __m512 b) {
+  // dst, dst + part_stride, dst + 2·part_stride (64-byte aligned).
+  static void store_pair_parts(bf16* dst, __m512 a, __m512 b,
+                               std::int64_t part_stride = kPairRow) {
     const Parts pa = split(a), pb = split(b);
     _mm512_store_si512(dst, pair(pa.hi, pb.hi));
-    _mm512_store_si512(dst + kPairRow, pair(pa.mid, pb.mid));
-    _mm512_store_si512(dst + 2 * kPairRow, pair(pa.lo, pb.lo));
+    _mm512_store_si512(dst + part_stride, pair(pa.mid, pb.mid));
+    _mm512_store_si512(dst + 2 * part_stride, pair(pa.lo, pb.lo));
   }
 
   // rows [0, n) of src (float32, [rows][Br]) into VNNI parts,
   // dst[(r/2)·kPairRows + part·kPairRow + 2·i + r%2]; rows [n, n_pad) read as zero.
-  // n_pad is even. For Q (rows = dims) and P (rows = keys).
-  static void split_pairs(const float* src, std::int64_t n, std::int64_t n_pad, bf16* dst) {
+  // n_pad is even. For Q (rows = dims) and P (rows = keys). Returns false if some value
+  // cannot be split (not_splittable).
+  static bool split_pairs(const float* src, std::int64_t n, std::int64_t n_pad, bf16* dst) {
+    __mmask16 bad = 0;
     for (std::int64_t r = 0; r < n_pad; r += 2)
       for (int u = 0; u < Br; u += 16) {
         const __m512 a = r < n ? _mm512_load_ps(src + r * Br + u) : _mm512_setzero_ps();
         const __m512 b = r + 1 < n ? _mm512_load_ps(src + (r + 1) * Br + u) : _mm512_setzero_ps();
+        bad |= not_splittable(a) | not_splittable(b);
         store_pair_parts(dst + r / 2 * kPairRows + 2 * u, a, b);
       }
+    return bad == 0;
   }
 
   // A 16×16 block of a head's rows (16 rows from `row`, 16 dims from `dim`), zero
@@ -220,6 +226,27 @@ struct AmxOps {
                         });
   }
 
+  // Rows [i0, i0 + Br) of one head (a query tile; rows from `rows` on read as zero) with
+  // the rows paired, as the B operand of a product that reduces over them (dK += dS·Q,
+  // dV += P·dO): parts [Br/2][3][Dp][2], dst[(i/2)·3·2Dp + part·2Dp + 2·d + i%2].
+  // Same return as each_block16.
+  static bool pack_row_pairs(const detail::Strided<const float>& t, std::int64_t b,
+                             std::int64_t h, std::int64_t i0, std::int64_t rows, std::int64_t D,
+                             bf16* dst) {
+    const std::int64_t Dp = round_up(D), pair_row = kParts * 2 * Dp;
+    __mmask16 bad = 0;
+    __m512 r[16];
+    for (int rb = 0; rb < Br; rb += 16)
+      for (std::int64_t d = 0; d < Dp; d += 16) {
+        load_block16(t, b, h, i0 + rb, rows, d, D, r);
+        for (int k = 0; k < 16; k += 2) {
+          bad |= not_splittable(r[k]) | not_splittable(r[k + 1]);
+          store_pair_parts(dst + (rb + k) / 2 * pair_row + 2 * d, r[k], r[k + 1], 2 * Dp);
+        }
+      }
+    return bad == 0;
+  }
+
   // Whether every value of rows [0, n) of one head splits exactly (Q is read through
   // load_q_transposed per tile; this only checks it).
   static bool splittable_rows(const detail::Strided<const float>& t, std::int64_t b,
@@ -251,38 +278,53 @@ struct AmxOps {
     _tile_loadd(6, p, x.row_bytes);
     _tile_loadd(7, p + x.second, x.row_bytes);
   }
+  // The four products of a 2×2 block, in the order that frees the operand loaded next
+  // first: without tile register renaming, a load must wait until the products reading
+  // its register have run, and the next products wait for the load.
+  enum class Next { a, b };
+  template <Next next>
   static void mma_2x2() {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    if constexpr (next == Next::a) {  // A tile 4, then 5
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    } else {  // B tile 6, then 7
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
   // Accumulators 0-3 += A·B over one 32-wide reduction chunk, from the six partial
-  // products (smallest first); accumulator 2·row + column pairs A tile `row` with B tile
-  // `column`.
+  // products; accumulator 2·row + column pairs A tile `row` with B tile `column`.
+  // Order: hi·lo, hi·mid, mid·mid, mid·hi, lo·hi, hi·hi, each step changing one operand:
+  // 14 tile loads a chunk (the order before, smallest first, took 16; the product phases
+  // ran 0-7 % faster, within this VM's noise: docs/perf-log.md, "AMX backward").
   // `task` (may be null): vector work of another query tile, a slice after each group of
   // four products, so that the core runs it while the tile unit multiplies (Task::step()).
   template <class Task>
   static void mma_split(const Operand& a, const Operand& b, Task* task) {
     enum { hi = 0, mid = 1, lo = 2 };
-    auto products = [task] {
-      mma_2x2();
+    auto products = [task](auto next) {
+      mma_2x2<decltype(next)::value>();
       if (task) task->step();
     };
-    load_a(a, lo);
-    load_b(b, hi);
-    products();
-    load_a(a, mid);
-    products();
-    load_b(b, mid);
-    products();
+    using NextA = std::integral_constant<Next, Next::a>;
+    using NextB = std::integral_constant<Next, Next::b>;
     load_a(a, hi);
     load_b(b, lo);
-    products();
+    products(NextB{});
     load_b(b, mid);
-    products();
+    products(NextA{});
+    load_a(a, mid);
+    products(NextB{});
     load_b(b, hi);
-    products();
+    products(NextA{});
+    load_a(a, lo);
+    products(NextA{});
+    load_a(a, hi);
+    products(NextA{});  // the next chunk's first load is an A
   }
   static void store_2x2(float* c, std::int64_t row_floats) {
     const std::int64_t bytes = row_floats * 4;
@@ -290,6 +332,7 @@ struct AmxOps {
     _tile_stored(1, c + 16, bytes);
     _tile_stored(2, c + 16 * row_floats, bytes);
     _tile_stored(3, c + 16 * row_floats + 16, bytes);
+    memory_fence();  // tile stores have no memory clobber either: vector reads come after
   }
   static void load_2x2(const float* c, std::int64_t row_floats) {
     memory_fence();
@@ -298,6 +341,15 @@ struct AmxOps {
     _tile_loadd(1, c + 16, bytes);
     _tile_loadd(2, c + 16 * row_floats, bytes);
     _tile_loadd(3, c + 16 * row_floats + 16, bytes);
+  }
+
+  // Lanes of query vector v (queries 16v … 16v+15 of the tile) that see a key whose
+  // first seeing query is `first` (Diagonal::first_seeing).
+  static __mmask16 visible_lanes(std::int64_t first, int v) {
+    const std::int64_t hidden = first - 16 * v;  // leading lanes that do not see it
+    if (hidden <= 0) return 0xFFFF;
+    if (hidden >= 16) return 0;
+    return static_cast<__mmask16>(0xFFFFu << hidden);
   }
 
   // On a diagonal tile (diag not null), whether every query of the 32-query block at
@@ -352,6 +404,33 @@ struct AmxOps {
           mma_split(dims, probs, task);
         }
         store_2x2(ot + db * Br + qb, Br);
+      }
+    while (task && task->step()) {
+    }
+  }
+
+  // acc[j][d] += Σ_i A[j][i]·X[i][d] for the 32-key blocks that cover nj keys: the
+  // backward's products that reduce over the queries of a tile (dV += P·dO, dK += dS·Q).
+  // a_rows: A split by rows, [Bc][3][Br] (keys × queries, split_rows); x_pairs: X with
+  // the queries paired (pack_row_pairs); acc [Bc][Dp]. On a diagonal tile the 32×32
+  // blocks with every pair hidden are skipped (A is zero there).
+  template <class Task = NoTask>
+  static void rows_tile(const bf16* a_rows, std::int64_t nj, const bf16* x_pairs, std::int64_t Dp,
+                        float* acc, const typename Fma::Diagonal* diag = nullptr,
+                        Task* task = nullptr) {
+    constexpr std::int64_t a_row = kParts * Br;
+    const std::int64_t x_row = kParts * 2 * Dp;
+    for (std::int64_t kb = 0; kb < nj; kb += kBlock)
+      for (std::int64_t db = 0; db < Dp; db += kBlock) {
+        load_2x2(acc + kb * Dp + db, Dp);
+        for (int qc = 0; qc < Br; qc += kChunk) {
+          if (hidden_block(diag, kb, qc)) continue;
+          const Operand keys{a_rows + kb * a_row + qc, Br, a_row * 2, kTileRows * a_row};
+          const Operand dims{x_pairs + qc / 2 * x_row + 2 * db, 2 * Dp, x_row * 2,
+                             2 * kTileRows};
+          mma_split(keys, dims, task);
+        }
+        store_2x2(acc + kb * Dp + db, Dp);
       }
     while (task && task->step()) {
     }

@@ -30,29 +30,29 @@
 namespace fattn::cpu {
 namespace backward_detail {
 
-// dK·scale and dV rows [j0, j0 + nj) of one kv head from the accumulators.
+// dK·scale and dV rows [j0, j0 + nj) of one kv head from accumulators [Bc][row_floats].
+// (Templates on the unit's Simd type, as every kernel function: the units are built
+// with different instruction sets, and the linker keeps one copy of a shared name.)
 template <class S>
-void store_key_grads(const BackwardWorkspace<S>& ws, std::int64_t b, std::int64_t hk,
-                     std::int64_t j0, std::int64_t nj, const float* dk, const float* dv) {
-  const detail::Problem& p = ws.p;
+void store_key_grads(const detail::Problem& p, std::int64_t row_floats, std::int64_t b,
+                            std::int64_t hk, std::int64_t j0, std::int64_t nj, const float* dk,
+                            const float* dv) {
   const float scale = static_cast<float>(p.scale);
   for (std::int64_t r = 0; r < nj; ++r) {
     float* dk_out = p.dk.row(b, hk, j0 + r);
     float* dv_out = p.dv.row(b, hk, j0 + r);
     for (std::int64_t d = 0; d < p.head_dim; ++d) {
-      dk_out[d * p.dk.dim] = dk[r * ws.Dp + d] * scale;
-      dv_out[d * p.dv.dim] = dv[r * ws.Dp + d];
+      dk_out[d * p.dk.dim] = dk[r * row_floats + d] * scale;
+      dv_out[d * p.dv.dim] = dv[r * row_floats + d];
     }
   }
 }
 
-// dQ rows of one query tile: scale · Σ_{c < parts} part(c), transposed back to rows.
-template <class S, class Part>
-void store_query_grads(const BackwardWorkspace<S>& ws,
-                       const typename BackwardWorkspace<S>::QueryTile& x, std::int64_t parts,
+// dQ rows of one query tile: scale · Σ_{c < parts} part(c), each part [D][Br] (dims ×
+// queries), transposed back to rows.
+template <class S, int Br, class Part>
+void store_query_grads(const detail::Problem& p, const QueryTile& x, std::int64_t parts,
                        Part part) {
-  constexpr int Br = BackwardWorkspace<S>::Br;
-  const detail::Problem& p = ws.p;
   const float scale = static_cast<float>(p.scale);
   for (std::int64_t i = 0; i < x.rows; ++i) {
     float* dq = p.dq.row(x.b, x.h, x.i0 + i);
@@ -87,8 +87,7 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     const float* k_rows = ws.k_rows(b, hk, &k_stride);
     const float* k_panels = ws.k_panels(b, hk);
     const float* v_panels = ws.v_panels(b, hk);
-    const std::int64_t kt_end = (chunk + 1) * ws.key_tiles / ws.chunks;
-    for (std::int64_t kt = chunk * ws.key_tiles / ws.chunks; kt < kt_end; ++kt) {
+    for (std::int64_t kt = ws.chunk_begin(chunk); kt < ws.chunk_end(chunk); ++kt) {
       const auto key = ws.key_tile(kt);
       std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
       std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
@@ -107,12 +106,12 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
         Ops::pv_accumulate(k_rows + key.j0 * k_stride, k_stride, key.nj, tile.dst, tile.ones,
                            D, ws.dq_part(chunk, x.index), on_diagonal ? &diag : nullptr);
       });
-      backward_detail::store_key_grads(ws, b, hk, key.j0, key.nj, tile.dk, tile.dv);
+      backward_detail::store_key_grads<S>(p, Dp, b, hk, key.j0, key.nj, tile.dk, tile.dv);
     }
   });
 
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
-    backward_detail::store_query_grads(ws, ws.query_tile(index), ws.chunks,
+    backward_detail::store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
                                        [&](std::int64_t c) { return ws.dq_part(c, index); });
   });
 }
@@ -169,7 +168,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
       Bwd::rows_accumulate(tile.dk, key.nj, Dp, ws.dscores(x.index) + key.j0 * Ops::Br,
                            q.data, q.stride, x.rows);
     });
-    backward_detail::store_key_grads(ws, b, hk, key.j0, key.nj, tile.dk, tile.dv);
+    backward_detail::store_key_grads<S>(p, Dp, b, hk, key.j0, key.nj, tile.dk, tile.dv);
   });
 
   // Stage 4: dQ, one query tile per item.
@@ -187,7 +186,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
       Ops::pv_accumulate(k_rows + j0 * k_stride, k_stride, nj, dscores + j0 * Ops::Br,
                          tile.ones, D, tile.dqt, p.needs_mask(x.i0, j0 + nj) ? &diag : nullptr);
     }
-    backward_detail::store_query_grads(ws, x, 1, [&](std::int64_t) { return tile.dqt; });
+    backward_detail::store_query_grads<S, W::Br>(p, x, 1, [&](std::int64_t) { return tile.dqt; });
   });
 }
 

@@ -22,15 +22,106 @@
 
 namespace fattn::cpu {
 
+// Per query row of one tile of Br rows: lse2, the logsumexp in log2 units (+inf for a
+// row without keys and for the padding rows: P = 2^−inf = 0), and
+// Δ = rowsum(dO ∘ O) − dlse (0 for the padding rows).
 template <class S>
-struct BackwardWorkspace {
-  using Ops = TileOps<S>;
-  using Bwd = BackwardOps<S>;
-  static constexpr int Br = Ops::Br;
-  static constexpr int Bc = Ops::Bc;
+void query_row_stats(const detail::Problem& p, const QueryTile& x, int Br, float* lse2,
+                     float* delta) {
+  constexpr float kInf = -TileOps<S>::kNegInf;
+  for (std::int64_t i = 0; i < Br; ++i) {
+    if (i >= x.rows) {
+      lse2[i] = kInf;
+      delta[i] = 0.0f;
+      continue;
+    }
+    const float* di = p.dout.row(x.b, x.h, x.i0 + i);
+    const float* oi = p.out.row(x.b, x.h, x.i0 + i);
+    float rowsum = 0.0f;
+    for (std::int64_t d = 0; d < p.head_dim; ++d) rowsum += di[d * p.dout.dim] * oi[d * p.out.dim];
+    const float l = *p.lse.row(x.b, x.h, x.i0 + i);
+    lse2[i] = l == -kInf ? kInf : l * TileOps<S>::kLog2e;
+    delta[i] = rowsum - (p.dlse.data ? *p.dlse.row(x.b, x.h, x.i0 + i) : 0.0f);
+  }
+}
+
+// The tiles of the backward and which of them meet: query tiles of Br rows, key tiles of
+// Bc keys, split into `chunks` chunks per kv head (the fused kernels' work items are
+// chunk × kv head). Shared by the FMA and AMX backward.
+template <class S, int KeysPerTile = TileOps<S>::Bc>
+struct BackwardTiles {
+  static constexpr int Br = TileOps<S>::Br;
+  static constexpr int Bc = KeysPerTile;
+  static constexpr int MK = TileOps<S>::MK;
   // Key chunks per kv head are chosen so that there are at least this many work items
   // per worker: with 2 workers and 16 kv heads one chunk (no dQ partials to sum).
   static constexpr int kItemsPerWorker = 2;
+
+  const detail::Problem& p;
+  // tiles = B·Hq·ceil(Sq/Br) ≤ the elements of q: no overflow.
+  std::int64_t q_tiles, tiles, key_tiles, chunks;
+
+  BackwardTiles(const detail::Problem& problem, bool naive, int workers)
+      : p(problem),
+        q_tiles((p.q_len + Br - 1) / Br),
+        tiles(p.batch * p.q_heads * q_tiles),
+        key_tiles((p.kv_len + Bc - 1) / Bc),
+        chunks(naive ? 1
+                     : std::clamp<std::int64_t>(
+                           (kItemsPerWorker * std::int64_t{workers} + p.batch * p.kv_heads - 1) /
+                               (p.batch * p.kv_heads),
+                           1, key_tiles)) {}
+
+  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    return query_tile_of(p, Br, q_tiles, b, h, t);
+  }
+  QueryTile query_tile(std::int64_t index) const {
+    const std::int64_t t = index % q_tiles, bh = index / q_tiles;
+    return query_tile(bh / p.q_heads, bh % p.q_heads, t);
+  }
+
+  // The first query tile with a row that sees key j (causal masks hide key j from
+  // the rows before j − causal_offset); q_tiles when none does.
+  std::int64_t first_tile_seeing(std::int64_t j) const {
+    if (p.causal == Causal::none) return 0;
+    const std::int64_t first_row = std::max<std::int64_t>(0, j - p.causal_offset);
+    return std::min(q_tiles, first_row / Br);
+  }
+
+  // Key tile kt of a head: its first key, its keys, and those rounded up to whole FMA
+  // panels of MK keys (the rows the panel-wise operations touch).
+  struct KeyTile {
+    std::int64_t j0, nj, rows_padded;
+  };
+  KeyTile key_tile(std::int64_t kt) const {
+    const std::int64_t j0 = kt * Bc;
+    const std::int64_t nj = std::min<std::int64_t>(Bc, p.kv_len - j0);
+    return {j0, nj, (nj + MK - 1) / MK * MK};
+  }
+  // The key tiles [begin, end) of one chunk.
+  std::int64_t chunk_begin(std::int64_t chunk) const { return chunk * key_tiles / chunks; }
+  std::int64_t chunk_end(std::int64_t chunk) const { return chunk_begin(chunk + 1); }
+
+  // Calls f(query tile) for every query tile of the query heads sharing kv head hk that
+  // has a row seeing a key of the key tile, heads in order, then tiles in order.
+  template <class F>
+  void for_each_query_tile_seeing(std::int64_t b, std::int64_t hk, const KeyTile& key,
+                                  F&& f) const {
+    for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
+      for (std::int64_t t = first_tile_seeing(key.j0); t < q_tiles; ++t) {
+        const QueryTile x = query_tile(b, h, t);
+        if (x.kv_end > key.j0) f(x);  // else only padding rows of the tile reach j0
+      }
+  }
+};
+
+template <class S>
+struct BackwardWorkspace : BackwardTiles<S> {
+  using Ops = TileOps<S>;
+  using Bwd = BackwardOps<S>;
+  using Tiles = BackwardTiles<S>;
+  using Tiles::Br, Tiles::Bc, Tiles::p, Tiles::q_tiles, Tiles::tiles, Tiles::key_tiles,
+      Tiles::chunks, Tiles::query_tile;
 
   struct Worker {
     float *st, *dst, *dk, *dv, *dqt, *ones;
@@ -42,31 +133,23 @@ struct BackwardWorkspace {
   };
   using QueryTile = cpu::QueryTile;
 
-  const detail::Problem& p;
   bool naive;
   bool q_direct, do_direct;  // Q / dO rows read in place (no padded copy)
-  std::int64_t Dp, q_tiles, tiles, key_tiles, kv_padded, chunks;
+  std::int64_t Dp, kv_padded;
   std::int64_t panel_head, k_rows_head, tile_t, tile_rows, tile_vec, full_block, worker_floats;
   std::int64_t k_panels_at, v_panels_at, k_rows_at, qt_at, dot_at, q_rows_at, do_rows_at;
   std::int64_t lse2_at, delta_at, dq_parts_at, probs_at, dscores_at, workers_at, total;
   float* base = nullptr;
 
   BackwardWorkspace(const detail::Problem& problem, bool is_naive, int workers)
-      : p(problem), naive(is_naive) {
+      : Tiles(problem, is_naive, workers), naive(is_naive) {
     Sizes n;  // every product checked, as in Workspace
     Dp = Bwd::padded_dim(p.head_dim);
     q_direct = p.q.dim == 1 && Dp == p.head_dim;
     // backward_extra_bytes sees no dout: it assumes one laid out like q.
     do_direct = (p.dout.data ? p.dout.dim : p.q.dim) == 1 && Dp == p.head_dim;
-    q_tiles = n.div_up(p.q_len, Br);
-    tiles = n.mul(p.batch * p.q_heads, q_tiles);
-    key_tiles = n.div_up(p.kv_len, Bc);
     kv_padded = n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK);
     const std::int64_t kv_heads = p.batch * p.kv_heads;
-    chunks = naive ? 1
-                   : std::clamp<std::int64_t>(n.div_up(kItemsPerWorker * std::int64_t{workers},
-                                                       kv_heads),
-                                              1, key_tiles);
     panel_head = n.align(n.mul(kv_padded, p.head_dim));
     k_rows_head = p.k.dim == 1 ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
     tile_t = align_floats(p.head_dim * Br);  // head_dim <= 256: no overflow
@@ -128,13 +211,6 @@ struct BackwardWorkspace {
     return {st, dst, dk, dk + Bc * Dp, dk + 2 * Bc * Dp, dk + 2 * Bc * Dp + tile_t};
   }
 
-  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    return query_tile_of(p, Br, q_tiles, b, h, t);
-  }
-  QueryTile query_tile(std::int64_t index) const {
-    const std::int64_t t = index % q_tiles, bh = index / q_tiles;
-    return query_tile(bh / p.q_heads, bh % p.q_heads, t);
-  }
   Rows q_rows(const QueryTile& x) const {
     if (q_direct) return {p.q.row(x.b, x.h, x.i0), p.q.seq};
     return {q_copy(x.index), Dp};
@@ -142,36 +218,6 @@ struct BackwardWorkspace {
   Rows do_rows(const QueryTile& x) const {
     if (do_direct) return {p.dout.row(x.b, x.h, x.i0), p.dout.seq};
     return {do_copy(x.index), Dp};
-  }
-
-  // The first query tile with a row that sees key j (causal masks hide key j from
-  // the rows before j − causal_offset); q_tiles when none does.
-  std::int64_t first_tile_seeing(std::int64_t j) const {
-    if (p.causal == Causal::none) return 0;
-    const std::int64_t first_row = std::max<std::int64_t>(0, j - p.causal_offset);
-    return std::min(q_tiles, first_row / Br);
-  }
-
-  // Key tile kt of a head: its first key, its keys, and those rounded up to whole panels
-  // (the rows the panel-wise operations touch).
-  struct KeyTile {
-    std::int64_t j0, nj, rows_padded;
-  };
-  KeyTile key_tile(std::int64_t kt) const {
-    const std::int64_t j0 = kt * Bc;
-    const std::int64_t nj = std::min<std::int64_t>(Bc, p.kv_len - j0);
-    return {j0, nj, (nj + Ops::MK - 1) / Ops::MK * Ops::MK};
-  }
-  // Calls f(query tile) for every query tile of the query heads sharing kv head hk that
-  // has a row seeing a key of the key tile, heads in order, then tiles in order.
-  template <class F>
-  void for_each_query_tile_seeing(std::int64_t b, std::int64_t hk, const KeyTile& key,
-                                  F&& f) const {
-    for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
-      for (std::int64_t t = first_tile_seeing(key.j0); t < q_tiles; ++t) {
-        const QueryTile x = query_tile(b, h, t);
-        if (x.kv_end > key.j0) f(x);  // else only padding rows of the tile reach j0
-      }
   }
 
   // Pre-pass, one parallel loop: the kv heads' panels and rows, then every query tile's
@@ -201,30 +247,18 @@ struct BackwardWorkspace {
     Ops::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, D,
                            static_cast<float>(p.scale) * Ops::kLog2e, qt(x.index));
     Ops::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, dot(x.index));
+    query_row_stats<S>(p, x, Br, lse2(x.index), delta(x.index));
     float* q = q_direct ? nullptr : q_copy(x.index);
     float* dout = do_direct ? nullptr : do_copy(x.index);
-    float *lse = lse2(x.index), *dl = delta(x.index);
     if (q) std::fill_n(q, Br * Dp, 0.0f);  // padding rows and dims
     if (dout) std::fill_n(dout, Br * Dp, 0.0f);
-    for (std::int64_t i = 0; i < Br; ++i) {
-      if (i >= x.rows) {  // a padding row: P = 2^−inf = 0, Δ = 0
-        lse[i] = -Ops::kNegInf;
-        dl[i] = 0.0f;
-        continue;
-      }
+    for (std::int64_t i = 0; i < x.rows; ++i) {
       const float* qi = p.q.row(x.b, x.h, x.i0 + i);
       const float* di = p.dout.row(x.b, x.h, x.i0 + i);
-      const float* oi = p.out.row(x.b, x.h, x.i0 + i);
-      float rowsum = 0.0f;
-      for (std::int64_t d = 0; d < D; ++d) rowsum += di[d * p.dout.dim] * oi[d * p.out.dim];
       if (q)
         for (std::int64_t d = 0; d < D; ++d) q[i * Dp + d] = qi[d * p.q.dim];
       if (dout)
         for (std::int64_t d = 0; d < D; ++d) dout[i * Dp + d] = di[d * p.dout.dim];
-      // A row without keys (lse = −inf) gets +inf: P = 0.
-      const float l = *p.lse.row(x.b, x.h, x.i0 + i);
-      lse[i] = l == Ops::kNegInf ? -Ops::kNegInf : l * Ops::kLog2e;
-      dl[i] = rowsum - (p.dlse.data ? *p.dlse.row(x.b, x.h, x.i0 + i) : 0.0f);
     }
     for (std::int64_t c = 0; !naive && c < chunks; ++c)
       std::fill_n(dq_part(c, x.index), D * Br, 0.0f);

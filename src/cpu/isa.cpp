@@ -35,8 +35,8 @@ bool cpu_supports(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case Isa::amx:
       return cpu_supports(Isa::avx512) && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-             amx_granted();
+             __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-tile") &&
+             __builtin_cpu_supports("amx-bf16") && amx_granted();
     case Isa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     case Isa::avx2:

@@ -1,10 +1,11 @@
-// fattn — the AMX kernel table: forward passes on AMX tiles (amx_forward.hpp); the
-// backward is the AVX-512 FMA one (no AMX backward yet).
+// fattn — the AMX kernel table: the forward passes and the fused backward on AMX tiles
+// (amx_forward.hpp, amx_backward.hpp); the naive backward is the AVX-512 FMA one.
 //
 // Built with AMX and AVX-512BW flags, and only called where cpu_supports(Isa::amx) has
 // asked Linux for the tile state. Its templates are instantiated on AmxSimd, a type of
 // this unit alone, so none of its AMX-flagged code can stand in for the AVX-512 unit's
 // copies of the same templates on a CPU without AMX.
+#include "cpu/amx_backward.hpp"
 #include "cpu/amx_forward.hpp"
 #include "cpu/kernels.hpp"
 
@@ -23,10 +24,10 @@ std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers)
 }
 
 std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
-  return avx512_kernels.backward_workspace_floats(p, naive, workers);
-}
-void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* workspace) {
-  avx512_kernels.fused_backward(p, exec, workspace);
+  const std::int64_t fma = avx512_kernels.backward_workspace_floats(p, naive, workers);
+  if (naive) return fma;
+  const std::int64_t own = AmxBackwardWorkspace<S>(p, workers).total;
+  return own < 0 || fma < 0 ? -1 : std::max(own, fma);
 }
 void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* workspace) {
   avx512_kernels.naive_backward(p, exec, workspace);
@@ -36,6 +37,6 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* w
 
 const Kernels amx_kernels = {Isa::amx,          AmxOps<S>::Br,       workspace_floats,
                              amx_fused_forward<S>, amx_naive_forward<S>, backward_workspace_floats,
-                             fused_backward,    naive_backward};
+                             amx_fused_backward<S>, naive_backward};
 
 }  // namespace fattn::cpu

@@ -1,0 +1,275 @@
+// fattn — the AMX backward: FlashAttention-2's backward loop (cpu/backward.hpp) with its
+// five products on AMX tiles, each from three bfloat16 parts per operand (amx_ops.hpp),
+// so float32-accurate like the forward.
+//
+// A work item is one chunk of key tiles of one kv head (one chunk, the whole head, when
+// there are kv heads enough for every worker). It first splits what it reads into its
+// worker's buffers: its keys' K, V and Kᵀ parts, and the operands of every query tile
+// of its query heads that sees one of its keys. Then for each key tile:
+//   for each of those query tiles that sees it:
+//     st  ← K·Qᵀ                        scores_tile (Q pre-scaled, log2 units)
+//     P = 2^(st − lse2), split          split_probs (amx_backward_ops.hpp)
+//     dst ← V·dOᵀ                       scores_tile
+//     dS = P ∘ (dst − Δ), split twice   split_grads
+//     dV  += P·dO,  dK += dS·Q          rows_tile
+//     dQᵀ += Kᵀ·dSᵀ                     pv_tile, into the item's dQ accumulators
+//   dK·scale, dV → out
+// and at its end dQ·scale → out (one chunk), or its dQ partial → memory, summed over the
+// chunks in order by a last pass. Determinism as the FMA backward: an item owns its keys'
+// dK, dV and its chunk's dQ partial, every sum runs in loop order, and the tile products
+// are deterministic.
+//
+// Why the split per item: split for the whole call first, the operands (7 layouts of 3
+// bfloat16 parts: 42 MiB at B=2 H=8 S=1024 D=64) went to memory and came back, and that
+// pass alone took a fifth of the call; split per item they are used while in cache
+// (docs/perf-log.md, "AMX backward"). With several chunks per kv head each chunk splits
+// its query tiles again: the price of keeping every worker busy.
+//
+// Layouts:
+//   K, V parts by rows [keys][3][Dp] (A of the score products); Kᵀ parts
+//   [keys/96][Dp][3][96] (A of dQ; the forward's pack_v_transposed)
+//   per query tile: Q·scale·log2(e), dO with the dims paired [Dp/2][3][Br][2] (B of the
+//   score products); Q, dO with the queries paired [Br/2][3][Dp][2] (B of dK, dV);
+//   lse2, Δ [Br]; dQᵀ accumulator [Dp][Br]
+// An input that does not split (NaN, Inf, |x| > 3e38), or a P or dS that does not, sends
+// the call to the AVX-512 FMA backward, which rewrites every gradient.
+#pragma once
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#include <algorithm>
+#include <atomic>
+
+#include "cpu/amx_backward_ops.hpp"
+#include "cpu/amx_ops.hpp"
+#include "cpu/backward.hpp"
+#include "cpu/kernels.hpp"
+
+namespace fattn::cpu {
+
+// Keys per key tile: two of the forward's. Each visit of a query tile reads its four
+// operands (96 KiB at D=64) from beyond L1; the larger tile halves those reads per
+// product: S=2048 D=128 9 % faster, S=1024 D=64 the same (docs/perf-log.md, "AMX backward").
+template <class S>
+inline constexpr int kAmxBackwardKeyTile = 2 * AmxOps<S>::Bc;
+
+template <class S>
+struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
+  using Ops = AmxOps<S>;
+  using Tiles = BackwardTiles<S, kAmxBackwardKeyTile<S>>;
+  using Tiles::Br, Tiles::Bc, Tiles::p, Tiles::q_tiles, Tiles::tiles, Tiles::key_tiles,
+      Tiles::chunks, Tiles::query_tile;
+  static constexpr int kParts = Ops::kParts;
+
+  // The four bf16 operands of a query tile, side by side in this order.
+  enum Operand { q_dims, do_dims, q_rows, do_rows, kOperands };
+
+  // One worker's buffers. A query tile of the item's heads has slot
+  // (h − first head of the group)·q_tiles + t.
+  struct Worker {
+    bf16 *k, *v, *kt;  // the item's keys
+    bf16* operands;    // [slots][kOperands][operand_floats·2]
+    float *lse2, *delta, *dq;
+    float *st, *dst, *dk, *dv, *scratch;
+    bf16 *p_rows, *ds_rows, *ds_pairs;
+  };
+
+  std::int64_t Dp, chunk_keys, slots, key_floats, operand_floats, tile_t, tile_vec, rows_floats;
+  std::int64_t worker_floats, dq_parts_at, workers_at, total;
+  float* base = nullptr;
+
+  AmxBackwardWorkspace(const detail::Problem& problem, int workers)
+      : Tiles(problem, /*naive=*/false, workers) {
+    Sizes n;
+    Dp = Ops::round_up(p.head_dim);
+    chunk_keys = n.mul(n.div_up(key_tiles, chunks), Bc);  // the longest chunk, padded
+    slots = n.mul(p.group_size(), q_tiles);
+    key_floats = n.mul(n.mul(kParts, chunk_keys), Dp) / 2;  // bf16, two a float
+    operand_floats = kParts * Dp * Br / 2;                    // Dp <= 256: small
+    tile_t = Dp * Br;
+    tile_vec = align_floats(Br);
+    rows_floats = align_floats(kParts * Bc * Br / 2);
+    const std::int64_t per_slot = kOperands * operand_floats + 2 * tile_vec + tile_t;
+    worker_floats = n.add(n.mul(3, key_floats), n.mul(slots, per_slot));
+    worker_floats = n.add(worker_floats, 2 * Bc * Br + 2 * Bc * Dp + tile_t + 3 * rows_floats);
+    dq_parts_at = 0;
+    workers_at = chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0;
+    total = n.add(workers_at, n.mul(workers, worker_floats));
+    if (n.overflow) total = -1;
+  }
+
+  static bf16* as_parts(float* at) { return reinterpret_cast<bf16*>(at); }
+  Worker worker(int w) const {
+    float* at = base + workers_at + w * worker_floats;
+    auto take = [&](std::int64_t floats) {
+      float* start = at;
+      at += floats;
+      return start;
+    };
+    Worker r;
+    r.k = as_parts(take(key_floats));
+    r.v = as_parts(take(key_floats));
+    r.kt = as_parts(take(key_floats));
+    r.operands = as_parts(take(slots * kOperands * operand_floats));
+    r.lse2 = take(slots * tile_vec);
+    r.delta = take(slots * tile_vec);
+    r.dq = take(slots * tile_t);
+    r.st = take(Bc * Br);
+    r.dst = take(Bc * Br);
+    r.dk = take(Bc * Dp);
+    r.dv = take(Bc * Dp);
+    r.scratch = take(tile_t);
+    r.p_rows = as_parts(take(rows_floats));
+    r.ds_rows = as_parts(take(rows_floats));
+    r.ds_pairs = as_parts(take(rows_floats));
+    return r;
+  }
+  std::int64_t slot(const QueryTile& x) const { return x.h % p.group_size() * q_tiles + x.t; }
+  bf16* operand(const Worker& w, std::int64_t slot, Operand which) const {
+    return w.operands + (slot * kOperands + which) * operand_floats * 2;
+  }
+  float* lse2(const Worker& w, std::int64_t slot) const { return w.lse2 + slot * tile_vec; }
+  float* delta(const Worker& w, std::int64_t slot) const { return w.delta + slot * tile_vec; }
+  float* dq(const Worker& w, std::int64_t slot) const { return w.dq + slot * tile_t; }
+  float* dq_part(std::int64_t chunk, std::int64_t tile) const {
+    return base + dq_parts_at + (chunk * tiles + tile) * tile_t;
+  }
+
+  // The keys [first, first + n) of one kv head into the worker's K, V and Kᵀ parts.
+  // False: some value does not split.
+  bool split_keys(std::int64_t b, std::int64_t hk, std::int64_t first, std::int64_t n,
+                  const Worker& w) const {
+    auto from = [&](const detail::Strided<const float>& t) {
+      return detail::Strided<const float>{t.data + first * t.seq, t.batch, t.head, t.seq, t.dim};
+    };
+    bool ok = Ops::pack_k(from(p.k), b, hk, n, p.head_dim, w.k);
+    ok &= Ops::pack_k(from(p.v), b, hk, n, p.head_dim, w.v);
+    ok &= Ops::pack_v_transposed(from(p.k), b, hk, n, p.head_dim, w.kt);
+    return ok;
+  }
+
+  // One query tile's operands, lse2 and Δ into its slot; its dQ accumulator to zero.
+  bool split_query_tile(const QueryTile& x, const Worker& w) const {
+    using Fma = typename Ops::Fma;
+    const std::int64_t D = p.head_dim, rows_end = x.i0 + x.rows, s = slot(x);
+    Fma::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, D,
+                           static_cast<float>(p.scale) * Fma::kLog2e, w.scratch);
+    bool ok = Ops::split_pairs(w.scratch, D, Dp, operand(w, s, q_dims));
+    Fma::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, w.scratch);
+    ok &= Ops::split_pairs(w.scratch, D, Dp, operand(w, s, do_dims));
+    ok &= Ops::pack_row_pairs(p.q, x.b, x.h, x.i0, rows_end, D, operand(w, s, q_rows));
+    ok &= Ops::pack_row_pairs(p.dout, x.b, x.h, x.i0, rows_end, D, operand(w, s, do_rows));
+    query_row_stats<S>(p, x, Br, lse2(w, s), delta(w, s));
+    std::fill_n(dq(w, s), tile_t, 0.0f);
+    return ok;
+  }
+};
+
+template <class S>
+void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  using Ops = AmxOps<S>;
+  using Fma = typename Ops::Fma;
+  using W = AmxBackwardWorkspace<S>;
+  W ws(p, exec.workers);
+  ws.base = memory;
+  const std::int64_t kv_heads = p.batch * p.kv_heads, Dp = ws.Dp, group = p.group_size();
+
+  // Chunk-major item order, as the FMA backward: the heaviest causal items first.
+  std::atomic<bool> splittable{true};
+  detail::parallel_items(exec, ws.chunks * kv_heads, [&](std::int64_t item, int worker) {
+    const std::int64_t chunk = item / kv_heads;
+    const std::int64_t b = item % kv_heads / p.kv_heads, hk = item % p.kv_heads;
+    const auto w = ws.worker(worker);
+    const std::int64_t keys0 = ws.chunk_begin(chunk) * W::Bc;  // the chunk's first key
+    const std::int64_t keys = std::min(p.kv_len, ws.chunk_end(chunk) * W::Bc) - keys0;
+    const std::int64_t t_first = ws.first_tile_seeing(keys0);  // no earlier tile sees a key
+
+    bool ok = ws.split_keys(b, hk, keys0, keys, w);
+    for (std::int64_t h = hk * group; ok && h < (hk + 1) * group; ++h)
+      for (std::int64_t t = t_first; ok && t < ws.q_tiles; ++t)
+        ok = ws.split_query_tile(ws.query_tile(b, h, t), w);
+    if (!ok) {
+      splittable.store(false, std::memory_order_relaxed);
+      return;
+    }
+
+    const typename Ops::Scope tiles;
+    using Bwd = AmxBackwardOps<S>;
+    bool grads_split = true;
+    PrefetchTask prefetch;
+    // Query tile x against key tile `key` (j: its first key in the item's parts); `next`:
+    // the query tile visited after it, whose operands the products' steps prefetch.
+    auto visit = [&](const auto& key, std::int64_t j, const QueryTile& x, const QueryTile& next) {
+      const std::int64_t s = ws.slot(x), s_next = ws.slot(next);
+      prefetch.start();
+      prefetch.add(ws.operand(w, s_next, W::q_dims), W::kOperands * ws.operand_floats * 4);
+      prefetch.add(ws.dq(w, s_next), ws.tile_t * 4);
+      prefetch.add(ws.lse2(w, s_next), W::Br * 4);
+      prefetch.add(ws.delta(w, s_next), W::Br * 4);
+      const typename Fma::Diagonal diag{key.j0, x.i0, p.causal_offset};
+      const auto* on_diagonal = p.needs_mask(x.i0, key.j0 + key.nj) ? &diag : nullptr;
+      Ops::scores_tile(w.k, Dp, j, key.nj, ws.operand(w, s, W::q_dims), w.st, on_diagonal,
+                       &prefetch);
+      Bwd::split_probs(w.st, ws.lse2(w, s), key.nj, on_diagonal, w.p_rows);
+      Ops::scores_tile(w.v, Dp, j, key.nj, ws.operand(w, s, W::do_dims), w.dst, on_diagonal,
+                       &prefetch);
+      grads_split &= Bwd::split_grads(w.st, w.dst, ws.delta(w, s), key.nj, on_diagonal,
+                                      w.ds_rows, w.ds_pairs);
+      Ops::rows_tile(w.p_rows, key.nj, ws.operand(w, s, W::do_rows), Dp, w.dv, on_diagonal,
+                     &prefetch);
+      Ops::rows_tile(w.ds_rows, key.nj, ws.operand(w, s, W::q_rows), Dp, w.dk, on_diagonal,
+                     &prefetch);
+      // Kᵀ parts are laid out per forward key tile (pack_v_transposed): two halves.
+      for (std::int64_t h0 = 0; h0 < key.nj; h0 += Ops::Bc) {
+        const typename Fma::Diagonal half{key.j0 + h0, x.i0, p.causal_offset};
+        const std::int64_t nh = std::min<std::int64_t>(Ops::Bc, key.nj - h0);
+        Ops::pv_tile(w.kt, j + h0, nh, w.ds_pairs + h0 / 2 * Ops::kPairRows, Dp, ws.dq(w, s),
+                     p.needs_mask(x.i0, key.j0 + h0 + nh) ? &half : nullptr, &prefetch);
+      }
+    };
+    for (std::int64_t kt = ws.chunk_begin(chunk); kt < ws.chunk_end(chunk); ++kt) {
+      const auto key = ws.key_tile(kt);
+      std::fill_n(w.dk, W::Bc * Dp, 0.0f);
+      std::fill_n(w.dv, W::Bc * Dp, 0.0f);
+      // Visits run one tile behind the loop, so that each knows the next; the last one's
+      // next is the key tile's first (where the next key tile starts, or before).
+      QueryTile first{}, pending{};
+      bool any = false;
+      ws.for_each_query_tile_seeing(b, hk, key, [&](const QueryTile& x) {
+        if (any)
+          visit(key, key.j0 - keys0, pending, x);
+        else
+          first = x;
+        pending = x;
+        any = true;
+      });
+      if (any) visit(key, key.j0 - keys0, pending, first);
+      backward_detail::store_key_grads<S>(p, Dp, b, hk, key.j0, key.nj, w.dk, w.dv);
+    }
+
+    // dQ of the item's query tiles (zero for the tiles that see none of its keys): to
+    // the output, or this chunk's partial.
+    for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h)
+      for (std::int64_t t = 0; t < ws.q_tiles; ++t) {
+        const QueryTile x = ws.query_tile(b, h, t);
+        const float* acc = t >= t_first ? ws.dq(w, ws.slot(x)) : nullptr;
+        if (ws.chunks == 1)
+          backward_detail::store_query_grads<S, W::Br>(p, x, acc ? 1 : 0,
+                                                       [&](std::int64_t) { return acc; });
+        else if (acc)
+          std::copy_n(acc, ws.tile_t, ws.dq_part(chunk, x.index));
+        else
+          std::fill_n(ws.dq_part(chunk, x.index), ws.tile_t, 0.0f);
+      }
+    if (!grads_split) splittable.store(false, std::memory_order_relaxed);
+  });
+  if (!splittable.load()) return avx512_kernels.fused_backward(p, exec, memory);
+  if (ws.chunks == 1) return;
+
+  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+    backward_detail::store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
+                                                 [&](std::int64_t c) { return ws.dq_part(c, index); });
+  });
+}
+
+}  // namespace fattn::cpu
+#endif

@@ -1,0 +1,154 @@
+// fattn — the vector passes of the AMX backward for one key tile × query tile, and the
+// prefetch that runs among its tile products.
+//   split_probs   P = 2^(S − lse2), hidden pairs 0; split by rows
+//   split_grads   dS = P ∘ (dP − Δ), hidden pairs 0; split by rows and by key pairs
+// Layouts (AmxOps): st, dst [Bc][Br] (keys × queries); rows parts [Bc][3][Br] (A operands
+// of rows_tile); key-pair parts [Bc/2][3][Br][2] (the B operand of pv_tile). Rows from nj
+// to the next multiple of 32 (the products' reduction step) are written as zeros.
+//
+// The passes run between the products, not in slices among them as the forward's softmax
+// does: interleaved, each took longer than on its own (the tile unit and the vector units
+// did not overlap here), and the kernel was 2-3 % slower (docs/perf-log.md, "AMX backward").
+#pragma once
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#include <cstdint>
+
+#include "cpu/amx_ops.hpp"
+
+namespace fattn::cpu {
+
+// Brings the next query tile's operands into L2 a few lines per step, during the products
+// of the current one (AmxOps::mma_split calls step() after every four products). Without
+// it the tile loads of operands from beyond L2 stall the products: S=4096 D=64 5-10 %
+// slower (docs/perf-log.md, "AMX backward").
+class PrefetchTask {
+ public:
+  static constexpr int kLinesPerStep = 4;  // ~1800 lines a query tile over ~700 steps (D=64)
+  static constexpr int kMaxRanges = 4;
+
+  void start() {
+    n_ = 0;
+    range_ = 0;
+    at_ = 0;
+  }
+  void add(const void* data, std::int64_t bytes) {
+    if (n_ < kMaxRanges) ranges_[n_++] = {static_cast<const char*>(data), bytes};
+  }
+  // Returns false: nothing here has to be finished (the products' drain loop stops).
+  bool step() {
+    for (int line = 0; line < kLinesPerStep; ++line) {
+      while (range_ < n_ && at_ >= ranges_[range_].bytes) {
+        ++range_;
+        at_ = 0;
+      }
+      if (range_ == n_) return false;
+      _mm_prefetch(ranges_[range_].data + at_, _MM_HINT_T1);
+      at_ += 64;
+    }
+    return false;
+  }
+
+ private:
+  struct Range {
+    const char* data;
+    std::int64_t bytes;
+  };
+  Range ranges_[kMaxRanges] = {};
+  int n_ = 0, range_ = 0;
+  std::int64_t at_ = 0;
+};
+
+template <class S>
+struct AmxBackwardOps {
+  using Ops = AmxOps<S>;
+  using Fma = typename Ops::Fma;
+  using Parts = typename Ops::Parts;
+  using vec = typename S::vec;
+  static constexpr int NV = Fma::NV, L = Fma::L, Br = Fma::Br;
+  static constexpr std::int64_t kRowParts = Ops::kParts * Br;  // one key's row of parts
+  static_assert(NV % 2 == 0, "row parts are stored two vectors at a time");
+
+  // Lanes of query vector v that see key j of the tile (all, off the diagonal).
+  static __mmask16 visible(const typename Fma::Diagonal* diag, std::int64_t j, int v) {
+    return diag ? Ops::visible_lanes(diag->first_seeing(j), v) : __mmask16{0xFFFF};
+  }
+
+  // The parts of query vectors v, v+1 (x0, x1) of one key's row: per part one
+  // AVX512-BF16 conversion of both (exact: a part's low 16 bits are zero), 64 bytes.
+  // Against a shift and a 2-uop narrowing per part and vector: split_probs 16 → 12
+  // cycles a vector on its own (docs/perf-log.md, "AMX backward").
+  static void store_row_parts(bf16* row, int v, const Parts& x0, const Parts& x1) {
+    auto both = [](__m512i a, __m512i b) {
+      return (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(b), _mm512_castsi512_ps(a));
+    };
+    _mm512_storeu_si512(row + v * L, both(x0.hi, x1.hi));
+    _mm512_storeu_si512(row + Br + v * L, both(x0.mid, x1.mid));
+    _mm512_storeu_si512(row + 2 * Br + v * L, both(x0.lo, x1.lo));
+  }
+
+  // st[j] ← P = 2^(st[j] − lse2) for the keys j < nj, 0 where hidden; P split by rows
+  // into p_rows. P is finite (exp2 saturates at 2^127) unless a score or lse2 is NaN,
+  // which reaches dS, where split_grads checks.
+  static void split_probs(float* st, const float* lse2, std::int64_t nj,
+                          const typename Fma::Diagonal* diag, bf16* p_rows) {
+    vec lse[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) lse[v] = S::load(lse2 + v * L);
+    for (std::int64_t j = 0; j < Ops::round_up(nj); ++j) {
+      float* s = st + j * Br;
+      Parts parts[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        vec p = S::zero();
+        if (j < nj) {
+          p = _mm512_maskz_mov_ps(visible(diag, j, v), exp2<S>(S::load(s + v * L) - lse[v]));
+          S::store(s + v * L, p);
+        }
+        parts[v] = Ops::split(p);
+      }
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v += 2) store_row_parts(p_rows + j * kRowParts, v, parts[v], parts[v + 1]);
+    }
+  }
+
+  // dS = P ∘ (dst − delta) for the keys j < nj, 0 where hidden (there dP may be anything:
+  // the score products skip hidden blocks), split by rows into ds_rows and by key pairs
+  // into ds_pairs. Returns false if some dS does not split (an overflow, or a NaN).
+  static bool split_grads(const float* probs, const float* dst, const float* delta,
+                          std::int64_t nj, const typename Fma::Diagonal* diag, bf16* ds_rows,
+                          bf16* ds_pairs) {
+    vec dl[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) dl[v] = S::load(delta + v * L);
+    __mmask16 bad = 0;
+    auto grad = [&](std::int64_t j, int v) -> vec {
+      if (j >= nj) return S::zero();
+      const vec ds = S::load(probs + j * Br + v * L) * (S::load(dst + j * Br + v * L) - dl[v]);
+      const vec shown = _mm512_maskz_mov_ps(visible(diag, j, v), ds);
+      bad |= Ops::not_splittable(shown);
+      return shown;
+    };
+    for (std::int64_t j = 0; j < Ops::round_up(nj); j += 2) {  // a key pair: split once
+      bf16* pairs = ds_pairs + j / 2 * Ops::kPairRows;
+      Parts a[NV], b[NV];  // keys j and j+1
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        a[v] = Ops::split(grad(j, v));
+        b[v] = Ops::split(grad(j + 1, v));
+        _mm512_store_si512(pairs + 2 * v * L, Ops::pair(a[v].hi, b[v].hi));
+        _mm512_store_si512(pairs + Ops::kPairRow + 2 * v * L, Ops::pair(a[v].mid, b[v].mid));
+        _mm512_store_si512(pairs + 2 * Ops::kPairRow + 2 * v * L, Ops::pair(a[v].lo, b[v].lo));
+      }
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v += 2) {
+        store_row_parts(ds_rows + j * kRowParts, v, a[v], a[v + 1]);
+        store_row_parts(ds_rows + (j + 1) * kRowParts, v, b[v], b[v + 1]);
+      }
+    }
+    return bad == 0;
+  }
+};
+
+}  // namespace fattn::cpu
+#endif
