@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 
+#include "amx_loops.hpp"
 #include "fma_loops.hpp"
 
 namespace fattn_bench {
@@ -139,6 +140,11 @@ Ceilings measure_ceilings(fattn::Isa isa, int threads, bool roofline) {
   c.bandwidth_with_write_allocate_gbs =
       static_cast<double>(n) * kTriadWithAllocateBytes / seconds / kGiga;
   c.triad_array_mib = static_cast<double>(kTriadArrayBytes) / kMebibyte;
+  // cpu_supports(amx) also asks Linux for the tile state the loop needs.
+  if (amx_tile_loop.loop && fattn::cpu_supports(fattn::Isa::amx) &&
+      (roofline || isa == fattn::Isa::amx))
+    c.amx_bf16_peak_gflops =
+        peak_gflops(amx_tile_loop.loop, amx_tile_loop.bf16_flops_per_iteration, threads);
   if (roofline) {
     c.fma_peaks = all_isa_peaks(c, threads);
     c.bandwidth_levels = measure_cache_bandwidth(isa, threads, detect_data_caches());

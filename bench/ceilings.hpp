@@ -10,6 +10,8 @@
 //               (× 4/3) counts it.
 //   Roofline    the vector FMA peak of every ISA this CPU supports, and the triad
 //               bandwidth at L1, L2 and L3 (cache_bandwidth.hpp) besides DRAM.
+//   AMX peak    bfloat16 GFLOP/s of register-resident TDPBF16PS (amx_loops.cpp), where
+//               the CPU has AMX: the amx kernels' roof (a sixth of it, see below).
 // Each figure is the best of several repetitions.
 #pragma once
 
@@ -38,6 +40,13 @@ struct Ceilings {
   };
   std::vector<IsaPeak> fma_peaks;
   std::vector<LevelBandwidth> bandwidth_levels;
+  // The AMX tile unit, all threads (0 where the CPU or the build has none): TDPBF16PS
+  // with its operands in tile registers, bfloat16 GFLOP/s. The amx kernels' float32 roof
+  // is a sixth of it: each float32 product is six bfloat16 partial products
+  // (src/cpu/amx_ops.hpp), the vector work beside them not counted.
+  double amx_bf16_peak_gflops = 0;
+  double amx_fp32_roof_gflops() const { return amx_bf16_peak_gflops / kAmxPartialProducts; }
+  static constexpr int kAmxPartialProducts = 6;
 };
 
 // isa must be concrete (not automatic) and supported by this CPU. roofline: also the

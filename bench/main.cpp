@@ -25,7 +25,9 @@ const char* kCeilingsHelp =
     "Ceilings, measured at start-up on all threads, best of 5: fp32 FMA peak = independent\n"
     "FMA chains in registers (vector for the ISA in use, and scalar); bandwidth = STREAM\n"
     "triad a = b + s*c over 3 x 256 MiB of double, counting 24 B/element (read b, c; write\n"
-    "a; the write-allocate read of a is not counted: JSON gives both).";
+    "a; the write-allocate read of a is not counted: JSON gives both); on CPUs with AMX,\n"
+    "the tile unit's bfloat16 peak (TDPBF16PS in registers) and the amx kernels' float32\n"
+    "roof, a sixth of it (six partial products per float32 product).";
 
 const char* kJsonSchema =
     "--json FILE writes {\"machine\": {device, cpu, isa, threads, fma_peak_gflops,\n"
@@ -35,7 +37,8 @@ const char* kJsonSchema =
     "fused_ai_kv_reread (fused only), stages (naive only: qk_gemm, softmax, pv_gemm, each\n"
     "{ms_median, flops, model_bytes, ai_model, gflops}), ...}], \"model\": [the AI model at\n"
     "S = 128..4096, fp32 and 16-bit, per stage]}; machine.roofline: FMA peak per ISA and\n"
-    "triad bandwidth per cache level (not with --quick). --csv FILE writes the results flat.";
+    "triad bandwidth per cache level (not with --quick), amx {bf16_gflops,\n"
+    "fp32_split_gflops, partial_products} where measured. --csv FILE writes the results flat.";
 
 // "both" is none + top_left; the other names are fattn's.
 std::vector<fattn::Causal> parse_causal(const std::vector<std::string>& names) {

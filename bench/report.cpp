@@ -121,11 +121,16 @@ nlohmann::ordered_json roofline_json(const Machine& m) {
                       {"working_set_bytes", l.working_set_bytes},
                       {"bandwidth_gbs", l.bandwidth_gbs},
                       {"distinct", l.distinct}});
-  return {{"fma_peaks", peaks},
-          {"bandwidth_levels", levels},
-          {"bytes_counted", "triad: read b, read c, write a (no write-allocate)"},
-          {"hardware_counters", m.hardware_counters},
-          {"hardware_counters_detail", m.hardware_counters_detail}};
+  nlohmann::ordered_json roof = {{"fma_peaks", peaks}};
+  if (c.amx_bf16_peak_gflops > 0)
+    roof["amx"] = {{"bf16_gflops", c.amx_bf16_peak_gflops},
+                   {"fp32_split_gflops", c.amx_fp32_roof_gflops()},
+                   {"partial_products", Ceilings::kAmxPartialProducts}};
+  roof["bandwidth_levels"] = levels;
+  roof["bytes_counted"] = "triad: read b, read c, write a (no write-allocate)";
+  roof["hardware_counters"] = m.hardware_counters;
+  roof["hardware_counters_detail"] = m.hardware_counters_detail;
+  return roof;
 }
 
 }  // namespace
@@ -155,6 +160,11 @@ void print_machine(std::FILE* out, const Machine& m) {
   std::fprintf(out, "  ridge point     %8.1f FLOP/byte\n", c.fma_peak_gflops / c.bandwidth_gbs);
   for (const Ceilings::IsaPeak& p : c.fma_peaks)
     std::fprintf(out, "  peak %-10s %8.1f GFLOP/s\n", p.isa.c_str(), p.gflops);
+  if (c.amx_bf16_peak_gflops > 0)
+    std::fprintf(out,
+                 "  AMX tiles       %8.1f GFLOP/s  (bfloat16 TDPBF16PS in registers; the amx\n"
+                 "                                     kernels' float32 roof, 1/%d of it: %.1f)\n",
+                 c.amx_bf16_peak_gflops, Ceilings::kAmxPartialProducts, c.amx_fp32_roof_gflops());
   for (const LevelBandwidth& l : c.bandwidth_levels)
     std::fprintf(out, "  triad %-9s %8.1f GB/s     (working set %s%s)\n", l.level.c_str(),
                  l.bandwidth_gbs, bytes_label(l.working_set_bytes).c_str(),

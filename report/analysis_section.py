@@ -50,8 +50,8 @@ def bound_paragraphs(bench: dict, dots: list[roofline.Dot]) -> str:
              f"**{num(ridge)} FLOP/byte**. At S = {largest}:", ""]
     at_largest = [d for d in dots if d.seq == largest]
     for d in at_largest:
-        kind = roofline.bound(d.ai, machine)
-        share = 100 * d.gflops / roofline.attainable(d.ai, peak, bw)
+        kind = roofline.bound(d.ai, machine, d.isa)
+        share = 100 * d.gflops / roofline.attainable(d.ai, roofline.peak(machine, d.isa), bw)
         achieved_gbs = d.model_bytes / (d.ms * 1e-3) / 1e9
         if kind == "memory":
             detail = (f"it moves its modelled {size(d.model_bytes)} at {num(achieved_gbs)} GB/s, "
@@ -59,7 +59,8 @@ def bound_paragraphs(bench: dict, dots: list[roofline.Dot]) -> str:
             if achieved_gbs > bw and d.kernel == "naive softmax":
                 detail += softmax_above_dram(bench, d, achieved_gbs)
         else:
-            detail = f"it runs at {num(100 * d.gflops / peak)} % of the FMA peak"
+            detail = (f"it runs at {num(100 * d.gflops / roofline.peak(machine, d.isa))} % of "
+                      f"the {roofline.peak_name(machine, d.isa)}")
         lines.append(f"- **{d.kernel}**: AI {num(d.ai)} vs ridge {num(ridge)} → "
                      f"**{kind}-bound** by the model; measured {num(d.gflops)} GFLOP/s, "
                      f"{num(share)} % of the roof at its AI; {detail}.")
@@ -71,12 +72,22 @@ def bound_paragraphs(bench: dict, dots: list[roofline.Dot]) -> str:
                   f"the naive time at S = {largest} ({num(softmax.ms)} of {num(whole.ms)} ms): "
                   "it is the memory-bound part of unfused attention, the part fusion removes."]
     others = [d for d in at_largest if d.kernel != "naive softmax"]
-    if others and all(roofline.bound(d.ai, machine) == "compute" for d in others):
+    if others and all(roofline.bound(d.ai, machine, d.isa) == "compute" for d in others):
         lines += ["", "The GEMM stages and the fused kernel sit right of the ridge point: what "
-                  "separates them from the FMA peak is the micro-kernel's efficiency, not "
+                  f"separates them from the {roofline.peak_name(machine)} is the micro-kernel's efficiency, not "
                   "bandwidth."]
+    fused = by_kernel.get("fused")
+    if fused and fused.isa == "amx" and roofline.amx_roof(machine):
+        lines += ["", f"The AMX float32 roof counts the tile products alone "
+                  f"({num(roofline.peak(machine, 'amx'))} GFLOP/s, against the FMA peak's "
+                  f"{num(machine['fma_peak_gflops'])}). The amx kernels also split every operand "
+                  "into its bfloat16 parts and run the softmax on the AVX-512 units, and on this "
+                  "CPU that vector work did not overlap with the tile unit (docs/perf-log.md, "
+                  "\"AMX backward\"): it, not bandwidth, keeps the fused kernel at "
+                  f"{num(100 * fused.gflops / roofline.peak(machine, 'amx'))} % of that roof, "
+                  f"{num(100 * fused.gflops / machine['fma_peak_gflops'])} % of the FMA peak."]
     reread = by_kernel.get(roofline.FUSED_REREAD)
-    if reread and roofline.bound(reread.ai, machine) == "compute":
+    if reread and roofline.bound(reread.ai, machine, reread.isa) == "compute":
         lines += ["", f"Even if K and V came from DRAM once per query tile (the pessimistic "
                   f"model), the fused kernel's AI at S = {largest} would be {num(reread.ai)}, "
                   f"still right of the ridge point ({num(ridge)}): its cache assumption does "

@@ -43,20 +43,35 @@ def ceilings_tables(machine: dict) -> str:
     # The FMA loops' ISA: the kernels' own, or avx512's for the amx kernels (fattn-bench
     # writes it as fma_peak_isa since the AMX kernels; older files have only "isa").
     fma_isa = machine.get("fma_peak_isa", machine["isa"])
-    peaks = table(["FMA peak", "GFLOP/s", "note"],
-                  [[p["isa"], num(p["gflops"]),
-                    "the kernels' ISA" if p["isa"] == fma_isa else ""]
-                   for p in roof["fma_peaks"]])
+    amx = roofline.amx_roof(machine)
+    kernels_on_amx = machine["isa"] == "amx" and amx
+    rows = [[f"{p['isa']} FMA", num(p["gflops"]),
+             "the kernels' vector work" if kernels_on_amx and p["isa"] == fma_isa
+             else "the kernels' ISA" if p["isa"] == fma_isa else ""]
+            for p in roof["fma_peaks"]]
+    if amx:
+        rows += [["amx bfloat16 tiles", num(amx["bf16_gflops"]),
+                  "TDPBF16PS, operands in tile registers"],
+                 ["amx float32 (3-part split)", num(amx["fp32_split_gflops"]),
+                  f"1/{amx['partial_products']} of the above: "
+                  + ("the kernels' products" if kernels_on_amx else "the amx kernels' roof")]]
+    peaks = table(["compute peak", "GFLOP/s", "note"], rows)
+    roof_label = "the AMX float32 roof" if kernels_on_amx else f"{fma_isa} peak"
     levels = table(
         ["level", "cache (one instance)", "shared by CPUs", "triad working set", "GB/s",
-         f"ridge point vs {fma_isa} peak (FLOP/byte)"],
+         f"ridge point vs {roof_label} (FLOP/byte)"],
         [[lv["level"], size(lv["cache_bytes"]) if lv["cache_bytes"] else "–",
           str(lv["shared_by_cpus"]), size(lv["working_set_bytes"]),
           num(lv["bandwidth_gbs"]) + ("" if lv["distinct"] else " (not beyond the level below)"),
           num(roofline.ridge(in_use, lv["bandwidth_gbs"]))] for lv in roof["bandwidth_levels"]])
     return (f"Ceilings, measured by the same run on all {machine['threads']} threads "
             f"({machine['cpu']}, {machine['date']}): FMA peak = independent FMA chains in "
-            "registers, per ISA; bandwidth = triad a = b + s·c counting the bytes read and "
+            "registers, per ISA; "
+            + ("AMX = four independent TDPBF16PS on tiles loaded once, its float32 roof the "
+               f"bfloat16 rate / {amx['partial_products']} (each float32 product is "
+               f"{amx['partial_products']} bfloat16 partial products, src/cpu/amx_ops.hpp); "
+               if amx else "")
+            + "bandwidth = triad a = b + s·c counting the bytes read and "
             "written (no write-allocate): for the caches on floats in the kernels' "
             f"{fma_isa} vectors, each level's working set half the cache the OS reports "
             "(sysfs; per thread for private caches); for DRAM the STREAM triad on doubles over "
@@ -65,14 +80,16 @@ def ceilings_tables(machine: dict) -> str:
 
 
 def dots_table(machine: dict, dots: list[roofline.Dot]) -> str:
-    peak, bw = roofline.peak(machine), roofline.dram_bandwidth(machine)
+    bw = roofline.dram_bandwidth(machine)
     rows = []
     for d in dots:
-        roof_here = roofline.attainable(d.ai, peak, bw)
-        rows.append([d.kernel, str(d.seq), num(d.ms), num(d.ai), num(d.gflops), num(roof_here),
-                     f"{num(100 * d.gflops / roof_here)} %", roofline.bound(d.ai, machine)])
-    return table(["kernel", "S", "ms", "AI (model)", "GFLOP/s (measured)",
-                  "roof at this AI (DRAM)", "of the roof", "bound by the model"], rows)
+        roof_here = roofline.attainable(d.ai, roofline.peak(machine, d.isa), bw)
+        rows.append([d.kernel, str(d.seq), d.isa, num(d.ms), num(d.ai), num(d.gflops),
+                     num(roof_here), f"{num(100 * d.gflops / roof_here)} %",
+                     roofline.bound(d.ai, machine, d.isa)])
+    return table(["kernel", "S", "ISA", "ms", "AI (model)", "GFLOP/s (measured)",
+                  "roof at this AI (DRAM; the ISA's compute roof)", "of the roof",
+                  "bound by the model"], rows)
 
 
 def section(sources, figure_path: str) -> str:

@@ -29,11 +29,28 @@ class Dot:
     ms: float        # measured median
     model_bytes: int
     flops: int
+    isa: str = ""    # the kernels' ISA for this result (fattn-bench's per-row "isa")
 
 
-def peak(machine: dict) -> float:
-    """FMA peak of the ISA the kernels ran with."""
+def amx_roof(machine: dict) -> dict | None:
+    """fattn-bench's AMX ceilings (bf16_gflops, fp32_split_gflops), where measured."""
+    return machine.get("roofline", {}).get("amx")
+
+
+def peak(machine: dict, isa: str | None = None) -> float:
+    """The compute roof of an ISA's kernels (default: the run's): the AMX tile peak over
+    the partial products of the three-part split for the amx kernels, else the FMA peak."""
+    amx = amx_roof(machine)
+    if (isa or machine.get("isa")) == "amx" and amx:
+        return amx["fp32_split_gflops"]
     return machine["fma_peak_gflops"]
+
+
+def peak_name(machine: dict, isa: str | None = None) -> str:
+    amx = amx_roof(machine)
+    if (isa or machine.get("isa")) == "amx" and amx:
+        return f"AMX float32 roof (the bfloat16 tile peak / {amx['partial_products']})"
+    return "FMA peak"
 
 
 def dram_bandwidth(machine: dict) -> float:
@@ -49,28 +66,30 @@ def attainable(ai: float, peak_gflops: float, bandwidth_gbs: float) -> float:
     return min(peak_gflops, ai * bandwidth_gbs)
 
 
-def bound(ai: float, machine: dict) -> str:
+def bound(ai: float, machine: dict, isa: str | None = None) -> str:
     """'memory' or 'compute', against the DRAM roof (the model counts DRAM bytes)."""
-    return "memory" if ai < ridge(peak(machine), dram_bandwidth(machine)) else "compute"
+    return "memory" if ai < ridge(peak(machine, isa), dram_bandwidth(machine)) else "compute"
 
 
 def dots(bench: dict) -> list[Dot]:
     """Non-causal results: fused, naive as a whole and each naive stage; the fused kernel
     also at the AI of its pessimistic model (K and V re-read from DRAM per query tile)."""
     out = []
+    run_isa = bench["machine"].get("isa", "")
     for r in bench["results"]:
         if r["causal"] or r["Sq"] != r["Sk"] or r["impl"] not in ("naive", "fused"):
             continue
         kernel = "fused" if r["impl"] == "fused" else "naive (3 stages)"
+        isa = r.get("isa", run_isa)
         out.append(Dot(kernel, r["Sq"], r["ai_model"], r["gflops"], r["ms_median"],
-                       r["model_bytes"], r["flops"]))
+                       r["model_bytes"], r["flops"], isa))
         if r["impl"] == "fused" and r.get("fused_ai_kv_reread"):
             reread_bytes = round(r["flops"] / r["fused_ai_kv_reread"])
             out.append(Dot(FUSED_REREAD, r["Sq"], r["fused_ai_kv_reread"], r["gflops"],
-                           r["ms_median"], reread_bytes, r["flops"]))
+                           r["ms_median"], reread_bytes, r["flops"], isa))
         for s in r.get("stages", []):
             out.append(Dot(STAGE_LABELS[s["stage"]], r["Sq"], s["ai_model"], s["gflops"],
-                           s["ms_median"], s["model_bytes"], s["flops"]))
+                           s["ms_median"], s["model_bytes"], s["flops"], isa))
     return sorted(out, key=lambda d: (KERNEL_ORDER.index(d.kernel), d.seq))
 
 
@@ -88,15 +107,20 @@ def _peak_labels(peaks: list[dict]) -> list[tuple[float, str]]:
 
 def plot(path: Path, machine: dict, kernel_dots: list[Dot], title: str) -> None:
     roof = machine["roofline"]
-    top = max(p["gflops"] for p in roof["fma_peaks"])
+    # The roofs drawn: every FMA peak, and the AMX kernels' float32 roof where measured.
+    peaks = list(roof["fma_peaks"])
+    if amx_roof(machine):
+        peaks.append({"isa": f"amx float32 (bf16 tiles / {amx_roof(machine)['partial_products']})",
+                      "gflops": amx_roof(machine)["fp32_split_gflops"]})
+    top = max(p["gflops"] for p in peaks)
     ai_values = [d.ai for d in kernel_dots] or [1.0]
     x_lo = min(0.05, min(ai_values) / 2)
     x_hi = max(2e3, max(ai_values) * 2)
     y_lo = min([d.gflops for d in kernel_dots] + [top]) / 4
     fig, ax = plt.subplots(figsize=(9, 6))
-    for p in roof["fma_peaks"]:
+    for p in peaks:
         ax.axhline(p["gflops"], color="0.35", lw=1, ls="--")
-    for gflops, text in _peak_labels(roof["fma_peaks"]):
+    for gflops, text in _peak_labels(peaks):
         ax.text(x_hi / 1.2, gflops * 1.04, f"{text} GFLOP/s", ha="right", va="bottom", fontsize=8)
     in_use = peak(machine)
     for i, level in enumerate(roof["bandwidth_levels"]):

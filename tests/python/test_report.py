@@ -81,10 +81,30 @@ def test_numbers_come_from_the_data(results_dir, tmp_path):
     bench_path = results_dir / "fattn-bench.json"
     bench = json.loads(bench_path.read_text())
     bench["machine"]["fma_peak_gflops"] = 1000.0
+    bench["machine"]["roofline"].pop("amx", None)  # the FMA peak is then the kernels' roof
     bench["machine"]["bandwidth_gbs"] = 8.0
     bench_path.write_text(json.dumps(bench))
     text = document.write(sources.load(results_dir), tmp_path / "out").read_text()
     assert "1000 GFLOP/s / 8.00 GB/s = **125 FLOP/byte**" in text
+
+
+def test_amx_kernels_take_the_amx_roof(results_dir, tmp_path):
+    bench_path = results_dir / "fattn-bench.json"
+    bench = json.loads(bench_path.read_text())
+    machine = bench["machine"]
+    machine["isa"], machine["bandwidth_gbs"] = "amx", 10.0
+    machine["roofline"]["amx"] = {"bf16_gflops": 6000.0, "fp32_split_gflops": 1000.0,
+                                  "partial_products": 6}
+    assert roofline.peak(machine) == 1000.0
+    assert roofline.bound(90.0, machine) == "memory"  # ridge 100, not the FMA peak's
+    bench_path.write_text(json.dumps(bench))
+    text = document.write(sources.load(results_dir), tmp_path / "out").read_text()
+    assert "1000 GFLOP/s / 10.0 GB/s = **100 FLOP/byte**" in text
+    assert "| amx float32 (3-part split) | 1000 |" in text
+    assert "| amx bfloat16 tiles | 6000 |" in text
+    # The FMA kernels keep the FMA peak even where the AMX one was measured.
+    machine["isa"] = "avx512"
+    assert roofline.peak(machine) == machine["fma_peak_gflops"]
 
 
 def test_gpu_evidence_when_present(results_dir, tmp_path):
