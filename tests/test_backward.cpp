@@ -180,28 +180,31 @@ TEST(BackwardAutomatic, RunsTheBestIsa) {
   EXPECT_TRUE(bitwise_equal(automatic.dv, best.dv));
 }
 
-// The AMX backward runs on finite inputs (its gradients differ in the last bits from the
-// FMA kernel's; the grid bounds both against the reference) and hands the call to the
-// AVX-512 backward, which then gives the same bits, when an input does not split into
-// bfloat16 parts (an Inf in dO) or a probability does not (a NaN logsumexp).
+// The AMX backward, fused and naive, runs on finite inputs (its gradients differ in the
+// last bits from the FMA kernels'; the grid bounds both against the reference) and hands
+// the call to the AVX-512 backward, which then gives the same bits, when an input does not
+// split into bfloat16 parts (an Inf in dO) or a probability does not (a NaN logsumexp).
 TEST(AmxBackward, RunsOnFiniteInputsAndFallsBackOnNonFinite) {
   FATTN_SKIP_IF_UNSUPPORTED(Isa::amx);
-  Problem p(Case{2, 4, 2, 150, 170, 64, kBR});
-  auto same_bits = [&] {
-    const auto amx = p.run(Impl::fused, Isa::amx), fma = p.run(Impl::fused, Isa::avx512);
-    return bitwise_equal(amx.dq, fma.dq) && bitwise_equal(amx.dk, fma.dk) &&
-           bitwise_equal(amx.dv, fma.dv);
-  };
-  const auto amx = p.run(Impl::fused, Isa::amx), fma = p.run(Impl::fused, Isa::avx512);
-  EXPECT_FALSE(bitwise_equal(amx.dq, fma.dq)) << "the amx kernel did not run";
-  EXPECT_FALSE(bitwise_equal(amx.dk, fma.dk)) << "the amx kernel did not run";
-  EXPECT_FALSE(bitwise_equal(amx.dv, fma.dv)) << "the amx kernel did not run";
-  const float dout = p.dout.at(1, 3, 20, 5);
-  p.dout.at(1, 3, 20, 5) = kInf;
-  EXPECT_TRUE(same_bits()) << "Inf in dout";
-  p.dout.at(1, 3, 20, 5) = dout;
-  p.lse.at(1, 2, 140) = kNaN;
-  EXPECT_TRUE(same_bits()) << "NaN in lse";
+  for (Impl impl : {Impl::fused, Impl::naive}) {
+    SCOPED_TRACE(to_string(impl));
+    Problem p(Case{2, 4, 2, 150, 170, 64, kBR});
+    auto same_bits = [&] {
+      const auto amx = p.run(impl, Isa::amx), fma = p.run(impl, Isa::avx512);
+      return bitwise_equal(amx.dq, fma.dq) && bitwise_equal(amx.dk, fma.dk) &&
+             bitwise_equal(amx.dv, fma.dv);
+    };
+    const auto amx = p.run(impl, Isa::amx), fma = p.run(impl, Isa::avx512);
+    EXPECT_FALSE(bitwise_equal(amx.dq, fma.dq)) << "the amx kernel did not run";
+    EXPECT_FALSE(bitwise_equal(amx.dk, fma.dk)) << "the amx kernel did not run";
+    EXPECT_FALSE(bitwise_equal(amx.dv, fma.dv)) << "the amx kernel did not run";
+    const float dout = p.dout.at(1, 3, 20, 5);
+    p.dout.at(1, 3, 20, 5) = kInf;
+    EXPECT_TRUE(same_bits()) << "Inf in dout";
+    p.dout.at(1, 3, 20, 5) = dout;
+    p.lse.at(1, 2, 140) = kNaN;
+    EXPECT_TRUE(same_bits()) << "NaN in lse";
+  }
 }
 
 // A NaN in a value row reaches only the queries that see that key: under a causal

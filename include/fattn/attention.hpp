@@ -38,10 +38,10 @@ enum class Impl : std::uint8_t { automatic, reference, naive, fused };
 // CPU supports for the problem (the forward: automatic_cpu_isa; the backward: the best);
 // asking for one it lacks is an Error.
 //   amx:      AVX-512, AVX512-BF16 and AMX bfloat16 tiles (Sapphire Rapids and later,
-//             Linux): the products (Q·Kᵀ, P·V; in the fused backward all five) from six
-//             bfloat16 partial products of each float32 split in three parts, float32
-//             accumulation — float32 accuracy (cpu/amx_ops.hpp). Inputs with NaN/Inf run
-//             the avx512 kernels, as does the naive backward.
+//             Linux): the products (Q·Kᵀ, P·V; in the backward all five) from six bfloat16
+//             partial products of each float32 split in three parts, float32 accumulation
+//             — float32 accuracy (cpu/amx_ops.hpp). Inputs with NaN/Inf run the avx512
+//             kernels.
 //   avx512, avx2: float32 FMA micro-kernels.   portable: compiler-vectorised, any CPU.
 enum class Isa : std::uint8_t { automatic, amx, avx512, avx2, portable };
 

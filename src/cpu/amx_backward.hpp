@@ -84,7 +84,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     chunk_keys = n.mul(n.div_up(key_tiles, chunks), Bc);  // the longest chunk, padded
     slots = n.mul(p.group_size(), q_tiles);
     key_floats = n.mul(n.mul(kParts, chunk_keys), Dp) / 2;  // bf16, two a float
-    operand_floats = kParts * Dp * Br / 2;                    // Dp <= 256: small
+    operand_floats = AmxBackwardOps<S>::query_operand_floats(Dp);  // Dp <= 256: small
     tile_t = Dp * Br;
     tile_vec = align_floats(Br);
     rows_floats = align_floats(kParts * Bc * Br / 2);
@@ -135,32 +135,19 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   }
 
   // The keys [first, first + n) of one kv head into the worker's K, V and Kᵀ parts.
-  // False: some value does not split.
   bool split_keys(std::int64_t b, std::int64_t hk, std::int64_t first, std::int64_t n,
                   const Worker& w) const {
-    auto from = [&](const detail::Strided<const float>& t) {
-      return detail::Strided<const float>{t.data + first * t.seq, t.batch, t.head, t.seq, t.dim};
-    };
-    bool ok = Ops::pack_k(from(p.k), b, hk, n, p.head_dim, w.k);
-    ok &= Ops::pack_k(from(p.v), b, hk, n, p.head_dim, w.v);
-    ok &= Ops::pack_v_transposed(from(p.k), b, hk, n, p.head_dim, w.kt);
-    return ok;
+    return AmxBackwardOps<S>::split_keys(p, b, hk, first, n, w.k, w.v, w.kt);
   }
 
   // One query tile's operands, lse2 and Δ into its slot; its dQ accumulator to zero.
   bool split_query_tile(const QueryTile& x, const Worker& w) const {
-    using Fma = typename Ops::Fma;
-    const std::int64_t D = p.head_dim, rows_end = x.i0 + x.rows, s = slot(x);
-    Fma::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, D,
-                           static_cast<float>(p.scale) * Fma::kLog2e, w.scratch);
-    bool ok = Ops::split_pairs(w.scratch, D, Dp, operand(w, s, q_dims));
-    Fma::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, w.scratch);
-    ok &= Ops::split_pairs(w.scratch, D, Dp, operand(w, s, do_dims));
-    ok &= Ops::pack_row_pairs(p.q, x.b, x.h, x.i0, rows_end, D, operand(w, s, q_rows));
-    ok &= Ops::pack_row_pairs(p.dout, x.b, x.h, x.i0, rows_end, D, operand(w, s, do_rows));
-    query_row_stats<S>(p, x, Br, lse2(w, s), delta(w, s));
+    const std::int64_t s = slot(x);
     std::fill_n(dq(w, s), tile_t, 0.0f);
-    return ok;
+    return AmxBackwardOps<S>::split_query_tile(
+        p, x, w.scratch,
+        {operand(w, s, q_dims), operand(w, s, do_dims), operand(w, s, q_rows),
+         operand(w, s, do_rows), lse2(w, s), delta(w, s)});
   }
 };
 

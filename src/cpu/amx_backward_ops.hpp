@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cpu/amx_ops.hpp"
+#include "cpu/backward_workspace.hpp"
 
 namespace fattn::cpu {
 
@@ -69,6 +70,44 @@ struct AmxBackwardOps {
   static constexpr std::int64_t kRowParts = Ops::kParts * Br;  // one key's row of parts
   static_assert(NV % 2 == 0, "row parts are stored two vectors at a time");
 
+  // --- the operands, split once per call (naive) or per work item (fused) ----------------
+  // Keys [first, first + n) of kv head (b, hk): K and V by rows [n_pad][3][Dp] (A of the
+  // score products), Kᵀ per 96 keys [n_pad/96][Dp][3][96] (A of dQ). False: some value
+  // does not split.
+  static bool split_keys(const detail::Problem& p, std::int64_t b, std::int64_t hk,
+                         std::int64_t first, std::int64_t n, bf16* k, bf16* v, bf16* kt) {
+    auto from = [&](const detail::Strided<const float>& t) {
+      return detail::Strided<const float>{t.data + first * t.seq, t.batch, t.head, t.seq, t.dim};
+    };
+    bool ok = Ops::pack_k(from(p.k), b, hk, n, p.head_dim, k);
+    ok &= Ops::pack_k(from(p.v), b, hk, n, p.head_dim, v);
+    ok &= Ops::pack_v_transposed(from(p.k), b, hk, n, p.head_dim, kt);
+    return ok;
+  }
+
+  // A query tile's operands: Q·scale·log2(e) and dO with the dims paired [Dp/2][3][Br][2]
+  // (B of the score products), Q and dO with the queries paired [Br/2][3][Dp][2] (B of dK
+  // and dV; each 3·Dp·Br bf16), and its rows' lse2 and Δ. scratch: Dp·Br floats.
+  struct QueryOperands {
+    bf16 *q_dims, *do_dims, *q_rows, *do_rows;
+    float *lse2, *delta;
+  };
+  static std::int64_t query_operand_floats(std::int64_t Dp) { return Ops::kParts * Dp * Br / 2; }
+  static bool split_query_tile(const detail::Problem& p, const QueryTile& x, float* scratch,
+                               const QueryOperands& to) {
+    const std::int64_t D = p.head_dim, Dp = Ops::round_up(D), rows_end = x.i0 + x.rows;
+    Fma::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, D,
+                           static_cast<float>(p.scale) * Fma::kLog2e, scratch);
+    bool ok = Ops::split_pairs(scratch, D, Dp, to.q_dims);
+    Fma::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, scratch);
+    ok &= Ops::split_pairs(scratch, D, Dp, to.do_dims);
+    ok &= Ops::pack_row_pairs(p.q, x.b, x.h, x.i0, rows_end, D, to.q_rows);
+    ok &= Ops::pack_row_pairs(p.dout, x.b, x.h, x.i0, rows_end, D, to.do_rows);
+    query_row_stats<S>(p, x, Br, to.lse2, to.delta);
+    return ok;
+  }
+
+  // --- the vector passes ------------------------------------------------------------------
   // Lanes of query vector v that see key j of the tile (all, off the diagonal).
   static __mmask16 visible(const typename Fma::Diagonal* diag, std::int64_t j, int v) {
     return diag ? Ops::visible_lanes(diag->first_seeing(j), v) : __mmask16{0xFFFF};
@@ -109,6 +148,18 @@ struct AmxBackwardOps {
       }
 #pragma GCC unroll 8
       for (int v = 0; v < NV; v += 2) store_row_parts(p_rows + j * kRowParts, v, parts[v], parts[v + 1]);
+    }
+  }
+
+  // Rows [0, nj) of src ([keys][Br] float32: the naive backward's stored P or dS) split
+  // by rows into rows parts; the rows from nj to the next multiple of 32 are zeros.
+  static void split_rows(const float* src, std::int64_t nj, bf16* rows) {
+    for (std::int64_t j = 0; j < Ops::round_up(nj); ++j) {
+      Parts parts[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) parts[v] = Ops::split(j < nj ? S::load(src + j * Br + v * L) : S::zero());
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v += 2) store_row_parts(rows + j * kRowParts, v, parts[v], parts[v + 1]);
     }
   }
 

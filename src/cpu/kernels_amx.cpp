@@ -1,5 +1,5 @@
-// fattn — the AMX kernel table: the forward passes and the fused backward on AMX tiles
-// (amx_forward.hpp, amx_backward.hpp); the naive backward is the AVX-512 FMA one.
+// fattn — the AMX kernel table: forward and backward, naive and fused, on AMX tiles
+// (amx_forward.hpp, amx_backward.hpp, amx_naive_backward.hpp).
 //
 // Built with AMX and AVX-512BW flags, and only called where cpu_supports(Isa::amx) has
 // asked Linux for the tile state. Its templates are instantiated on AmxSimd, a type of
@@ -7,6 +7,7 @@
 // copies of the same templates on a CPU without AMX.
 #include "cpu/amx_backward.hpp"
 #include "cpu/amx_forward.hpp"
+#include "cpu/amx_naive_backward.hpp"
 #include "cpu/kernels.hpp"
 
 namespace fattn::cpu {
@@ -25,18 +26,15 @@ std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers)
 
 std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
   const std::int64_t fma = avx512_kernels.backward_workspace_floats(p, naive, workers);
-  if (naive) return fma;
-  const std::int64_t own = AmxBackwardWorkspace<S>(p, workers).total;
+  const std::int64_t own = naive ? AmxNaiveBackwardWorkspace<S>(p, workers).total
+                                 : AmxBackwardWorkspace<S>(p, workers).total;
   return own < 0 || fma < 0 ? -1 : std::max(own, fma);
-}
-void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* workspace) {
-  avx512_kernels.naive_backward(p, exec, workspace);
 }
 
 }  // namespace
 
 const Kernels amx_kernels = {Isa::amx,          AmxOps<S>::Br,       workspace_floats,
                              amx_fused_forward<S>, amx_naive_forward<S>, backward_workspace_floats,
-                             amx_fused_backward<S>, naive_backward};
+                             amx_fused_backward<S>, amx_naive_backward<S>};
 
 }  // namespace fattn::cpu
