@@ -120,32 +120,29 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
   auto keys_covered = [&](const QueryTile& x) {
     return std::min(p.kv_len, (x.kv_end + W::Bc - 1) / W::Bc * W::Bc);
   };
-  auto diagonal = [&](const QueryTile& x, std::int64_t n, typename Fma::Diagonal* d) {
-    *d = {0, x.i0, p.causal_offset};
-    return p.needs_mask(x.i0, n) ? d : nullptr;
+  // Stages 1 and 2: a parallel loop over the query tiles, each with its covered keys n and
+  // its diagonal (null when no pair of its n keys is hidden).
+  auto each_query_tile = [&](auto stage) {
+    detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+      const typename Ops::Scope tiles;
+      const auto x = ws.query_tile(index);
+      const std::int64_t n = keys_covered(x);
+      const typename Fma::Diagonal diag{0, x.i0, p.causal_offset};
+      stage(index, x, ws.operands(index), n, p.needs_mask(x.i0, n) ? &diag : nullptr);
+    });
   };
 
   // Stage 1: P.
-  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
-    const typename Ops::Scope tiles;
-    const auto x = ws.query_tile(index);
-    const auto in = ws.operands(index);
-    const std::int64_t n = keys_covered(x);
-    typename Fma::Diagonal d;
-    const auto* diag = diagonal(x, n, &d);
+  each_query_tile([&](std::int64_t index, const QueryTile& x, const auto& in, std::int64_t n,
+                      const typename Fma::Diagonal* diag) {
     Ops::scores_tile(ws.keys(x.b, x.hk, 0), Dp, 0, n, in.q_dims, ws.probs(index), diag);
     if (diag) Fma::mask_tile(ws.probs(index), n, *diag);
     BackwardOps<S>::probs_from_lse(ws.probs(index), n, in.lse2);
   });
 
   // Stage 2: dS.
-  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
-    const typename Ops::Scope tiles;
-    const auto x = ws.query_tile(index);
-    const auto in = ws.operands(index);
-    const std::int64_t n = keys_covered(x);
-    typename Fma::Diagonal d;
-    const auto* diag = diagonal(x, n, &d);
+  each_query_tile([&](std::int64_t index, const QueryTile& x, const auto& in, std::int64_t n,
+                      const typename Fma::Diagonal* diag) {
     Ops::scores_tile(ws.keys(x.b, x.hk, 1), Dp, 0, n, in.do_dims, ws.dscores(index), diag);
     BackwardOps<S>::grad_scores(ws.probs(index), ws.dscores(index), n, in.delta);
     if (diag) Fma::mask_tile(ws.dscores(index), n, *diag, 0.0f);
