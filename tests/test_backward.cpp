@@ -67,6 +67,9 @@ std::vector<Case> grid() {
   // A logsumexp gradient.
   g.push_back(Case{1, 2, 2, 90, 90, 64, kNone, Layout::bhsd, true});
   g.push_back(Case{1, 4, 2, 60, 130, 48, kBR, Layout::strided, true});
+  // MQA with many query tiles at D = 16: the AMX backward holds the 320 query tiles of its
+  // item in two batches (16 MiB of operands a worker, ~56 KiB a tile at D = 16).
+  g.push_back(Case{1, 8, 1, 2560, 200, 16, kTL});
   // Threads: 1, 3 (MQA with B = 1: the fused kernel splits keys into chunks).
   g.push_back(Case{1, 1, 1, 400, 400, 64, kNone, Layout::bhsd, false, 3});
   g.push_back(Case{1, 4, 1, 300, 300, 64, kTL, Layout::bhsd, false, 3});

@@ -3,21 +3,21 @@
 // so float32-accurate like the forward.
 //
 // A work item is one chunk of key tiles of one kv head (one chunk, the whole head, when
-// there are kv heads enough for every worker). It first splits what it reads into its
-// worker's buffers: its keys' K, V and Kᵀ parts, and the operands of every query tile
-// of its query heads that sees one of its keys. Then for each key tile:
-//   for each of those query tiles that sees it:
+// there are kv heads enough for every worker). It splits what it reads into its worker's
+// buffers right before use: its keys' K, V and Kᵀ parts first, then the operands of the
+// query tiles of its query heads, a batch of tiles at a time (one batch for most shapes;
+// see kQueryBytesPerWorker). For each batch, for each key tile:
+//   for each query tile of the batch that sees it:
 //     st  ← K·Qᵀ                        scores_tile (Q pre-scaled, log2 units)
 //     P = 2^(st − lse2), split          split_probs (amx_backward_ops.hpp)
 //     dst ← V·dOᵀ                       scores_tile
 //     dS = P ∘ (dst − Δ), split twice   split_grads
 //     dV  += P·dO,  dK += dS·Q          rows_tile
 //     dQᵀ += Kᵀ·dSᵀ                     pv_tile, into the item's dQ accumulators
-//   dK·scale, dV → out
-// and at its end dQ·scale → out (one chunk), or its dQ partial → memory, summed over the
-// chunks in order by a last pass. Determinism as the FMA backward: an item owns its keys'
-// dK, dV and its chunk's dQ partial, every sum runs in loop order, and the tile products
-// are deterministic.
+// then the batch's dQ·scale → out (one chunk), or its dQ partial → memory, summed over
+// the chunks in order by a last pass; at the item's end dK·scale, dV → out. Determinism
+// as the FMA backward: an item owns its keys' dK, dV and its chunk's dQ partial, every
+// sum runs in loop order, and the tile products are deterministic.
 //
 // Why the split per item: split for the whole call first, the operands (7 layouts of 3
 // bfloat16 parts: 42 MiB at B=2 H=8 S=1024 D=64) went to memory and came back, and that
@@ -63,17 +63,26 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   // The four bf16 operands of a query tile, side by side in this order.
   enum Operand { q_dims, do_dims, q_rows, do_rows, kOperands };
 
+  // A worker holds the query tiles of its item's heads a batch at a time: at most this
+  // many bytes of their operands (4 splits, lse2, Δ, the dQ accumulator: ~113 KiB a tile
+  // at D=64, ~225 KiB at D=128), so that its memory does not grow with the heads sharing
+  // a kv head times the workers sharing one (more chunks than 1). One batch at B=2 H=8 up
+  // to S=4096 D=128 (the measured shapes); more batches re-read the item's K/V parts.
+  static constexpr std::int64_t kQueryBytesPerWorker = std::int64_t{16} << 20;
+
   // One worker's buffers. A query tile of the item's heads has slot
-  // (h − first head of the group)·q_tiles + t.
+  // (h − first head of the group)·q_tiles + t; a batch holds `batch` consecutive slots.
   struct Worker {
     bf16 *k, *v, *kt;  // the item's keys
-    bf16* operands;    // [slots][kOperands][operand_floats·2]
+    bf16* operands;    // [batch][kOperands][operand_floats·2]
     float *lse2, *delta, *dq;
-    float *st, *dst, *dk, *dv, *scratch;
+    float *dk, *dv;    // [chunk_keys][Dp]: the item's keys
+    float *st, *dst, *scratch;
     bf16 *p_rows, *ds_rows, *ds_pairs;
   };
 
-  std::int64_t Dp, chunk_keys, slots, key_floats, operand_floats, tile_t, tile_vec, rows_floats;
+  std::int64_t Dp, chunk_keys, slots, batch, key_floats, operand_floats, tile_t, tile_vec,
+      rows_floats;
   std::int64_t worker_floats, dq_parts_at, workers_at, total;
   float* base = nullptr;
 
@@ -89,8 +98,10 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     tile_vec = align_floats(Br);
     rows_floats = align_floats(kParts * Bc * Br / 2);
     const std::int64_t per_slot = kOperands * operand_floats + 2 * tile_vec + tile_t;
-    worker_floats = n.add(n.mul(3, key_floats), n.mul(slots, per_slot));
-    worker_floats = n.add(worker_floats, 2 * Bc * Br + 2 * Bc * Dp + tile_t + 3 * rows_floats);
+    batch = std::clamp<std::int64_t>(kQueryBytesPerWorker / (per_slot * 4), 1, slots);
+    worker_floats = n.add(n.mul(3, key_floats), n.mul(batch, per_slot));
+    worker_floats = n.add(worker_floats, n.mul(2, n.mul(chunk_keys, Dp)));
+    worker_floats = n.add(worker_floats, 2 * Bc * Br + tile_t + 3 * rows_floats);
     dq_parts_at = 0;
     workers_at = chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0;
     total = n.add(workers_at, n.mul(workers, worker_floats));
@@ -109,21 +120,28 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     r.k = as_parts(take(key_floats));
     r.v = as_parts(take(key_floats));
     r.kt = as_parts(take(key_floats));
-    r.operands = as_parts(take(slots * kOperands * operand_floats));
-    r.lse2 = take(slots * tile_vec);
-    r.delta = take(slots * tile_vec);
-    r.dq = take(slots * tile_t);
+    r.operands = as_parts(take(batch * kOperands * operand_floats));
+    r.lse2 = take(batch * tile_vec);
+    r.delta = take(batch * tile_vec);
+    r.dq = take(batch * tile_t);
+    r.dk = take(chunk_keys * Dp);
+    r.dv = take(chunk_keys * Dp);
     r.st = take(Bc * Br);
     r.dst = take(Bc * Br);
-    r.dk = take(Bc * Dp);
-    r.dv = take(Bc * Dp);
     r.scratch = take(tile_t);
     r.p_rows = as_parts(take(rows_floats));
     r.ds_rows = as_parts(take(rows_floats));
     r.ds_pairs = as_parts(take(rows_floats));
     return r;
   }
-  std::int64_t slot(const QueryTile& x) const { return x.h % p.group_size() * q_tiles + x.t; }
+  // The query tile of slot s of kv head (b, hk), and a tile's slot in the batch from slot
+  // `first` on.
+  QueryTile slot_tile(std::int64_t b, std::int64_t hk, std::int64_t s) const {
+    return query_tile(b, hk * p.group_size() + s / q_tiles, s % q_tiles);
+  }
+  std::int64_t slot(const QueryTile& x, std::int64_t first) const {
+    return x.h % p.group_size() * q_tiles + x.t - first;
+  }
   bf16* operand(const Worker& w, std::int64_t slot, Operand which) const {
     return w.operands + (slot * kOperands + which) * operand_floats * 2;
   }
@@ -140,9 +158,8 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     return AmxBackwardOps<S>::split_keys(p, b, hk, first, n, w.k, w.v, w.kt);
   }
 
-  // One query tile's operands, lse2 and Δ into its slot; its dQ accumulator to zero.
-  bool split_query_tile(const QueryTile& x, const Worker& w) const {
-    const std::int64_t s = slot(x);
+  // One query tile's operands, lse2 and Δ into its batch slot s; its dQ accumulator to zero.
+  bool split_query_tile(const QueryTile& x, std::int64_t s, const Worker& w) const {
     std::fill_n(dq(w, s), tile_t, 0.0f);
     return AmxBackwardOps<S>::split_query_tile(
         p, x, w.scratch,
@@ -158,7 +175,7 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
   using W = AmxBackwardWorkspace<S>;
   W ws(p, exec.workers);
   ws.base = memory;
-  const std::int64_t kv_heads = p.batch * p.kv_heads, Dp = ws.Dp, group = p.group_size();
+  const std::int64_t kv_heads = p.batch * p.kv_heads, Dp = ws.Dp;
 
   // Chunk-major item order, as the FMA backward: the heaviest causal items first.
   std::atomic<bool> splittable{true};
@@ -170,28 +187,28 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
     const std::int64_t keys = std::min(p.kv_len, ws.chunk_end(chunk) * W::Bc) - keys0;
     const std::int64_t t_first = ws.first_tile_seeing(keys0);  // no earlier tile sees a key
 
-    bool ok = ws.split_keys(b, hk, keys0, keys, w);
-    for (std::int64_t h = hk * group; ok && h < (hk + 1) * group; ++h)
-      for (std::int64_t t = t_first; ok && t < ws.q_tiles; ++t)
-        ok = ws.split_query_tile(ws.query_tile(b, h, t), w);
-    if (!ok) {
+    if (!ws.split_keys(b, hk, keys0, keys, w)) {
       splittable.store(false, std::memory_order_relaxed);
       return;
     }
+    std::fill_n(w.dk, keys * Dp, 0.0f);
+    std::fill_n(w.dv, keys * Dp, 0.0f);
 
     const typename Ops::Scope tiles;
     using Bwd = AmxBackwardOps<S>;
     bool grads_split = true;
     PrefetchTask prefetch;
-    // Query tile x against key tile `key` (j: its first key in the item's parts); `next`:
-    // the query tile visited after it, whose operands the products' steps prefetch.
-    auto visit = [&](const auto& key, std::int64_t j, const QueryTile& x, const QueryTile& next) {
-      const std::int64_t s = ws.slot(x), s_next = ws.slot(next);
+    // Query tile x (batch slot s) against key tile `key` (j: its first key in the item's
+    // parts); s_next: the slot visited after it, whose operands the products prefetch.
+    auto visit = [&](const auto& key, std::int64_t j, const QueryTile& x, std::int64_t s,
+                     std::int64_t s_next) {
       prefetch.start();
       prefetch.add(ws.operand(w, s_next, W::q_dims), W::kOperands * ws.operand_floats * 4);
       prefetch.add(ws.dq(w, s_next), ws.tile_t * 4);
       prefetch.add(ws.lse2(w, s_next), W::Br * 4);
       prefetch.add(ws.delta(w, s_next), W::Br * 4);
+      float* dk = w.dk + j * Dp;
+      float* dv = w.dv + j * Dp;
       const typename Fma::Diagonal diag{key.j0, x.i0, p.causal_offset};
       const auto* on_diagonal = p.needs_mask(x.i0, key.j0 + key.nj) ? &diag : nullptr;
       Ops::scores_tile(w.k, Dp, j, key.nj, ws.operand(w, s, W::q_dims), w.st, on_diagonal,
@@ -201,9 +218,9 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
                        &prefetch);
       grads_split &= Bwd::split_grads(w.st, w.dst, ws.delta(w, s), key.nj, on_diagonal,
                                       w.ds_rows, w.ds_pairs);
-      Ops::rows_tile(w.p_rows, key.nj, ws.operand(w, s, W::do_rows), Dp, w.dv, on_diagonal,
+      Ops::rows_tile(w.p_rows, key.nj, ws.operand(w, s, W::do_rows), Dp, dv, on_diagonal,
                      &prefetch);
-      Ops::rows_tile(w.ds_rows, key.nj, ws.operand(w, s, W::q_rows), Dp, w.dk, on_diagonal,
+      Ops::rows_tile(w.ds_rows, key.nj, ws.operand(w, s, W::q_rows), Dp, dk, on_diagonal,
                      &prefetch);
       // Kᵀ parts are laid out per forward key tile (pack_v_transposed): two halves.
       for (std::int64_t h0 = 0; h0 < key.nj; h0 += Ops::Bc) {
@@ -213,32 +230,42 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
                      p.needs_mask(x.i0, key.j0 + h0 + nh) ? &half : nullptr, &prefetch);
       }
     };
-    for (std::int64_t kt = ws.chunk_begin(chunk); kt < ws.chunk_end(chunk); ++kt) {
-      const auto key = ws.key_tile(kt);
-      std::fill_n(w.dk, W::Bc * Dp, 0.0f);
-      std::fill_n(w.dv, W::Bc * Dp, 0.0f);
-      // Visits run one tile behind the loop, so that each knows the next; the last one's
-      // next is the key tile's first (where the next key tile starts, or before).
-      QueryTile first{}, pending{};
-      bool any = false;
-      ws.for_each_query_tile_seeing(b, hk, key, [&](const QueryTile& x) {
-        if (any)
-          visit(key, key.j0 - keys0, pending, x);
-        else
-          first = x;
-        pending = x;
-        any = true;
-      });
-      if (any) visit(key, key.j0 - keys0, pending, first);
-      backward_detail::store_key_grads<S>(p, Dp, b, hk, key.j0, key.nj, w.dk, w.dv);
-    }
 
-    // dQ of the item's query tiles (zero for the tiles that see none of its keys): to
-    // the output, or this chunk's partial.
-    for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h)
-      for (std::int64_t t = 0; t < ws.q_tiles; ++t) {
-        const QueryTile x = ws.query_tile(b, h, t);
-        const float* acc = t >= t_first ? ws.dq(w, ws.slot(x)) : nullptr;
+    // The heads' query tiles a batch at a time: split the batch, run every key tile of
+    // the chunk against it, then its dQ out (zero for the tiles that see none of the
+    // chunk's keys) — to the output, or this chunk's partial.
+    for (std::int64_t first = 0; first < ws.slots; first += ws.batch) {
+      const std::int64_t last = std::min(ws.slots, first + ws.batch);
+      bool ok = true;
+      for (std::int64_t s = first; ok && s < last; ++s) {
+        const QueryTile x = ws.slot_tile(b, hk, s);
+        if (x.t >= t_first) ok = ws.split_query_tile(x, s - first, w);
+      }
+      if (!ok) {
+        splittable.store(false, std::memory_order_relaxed);
+        return;
+      }
+      for (std::int64_t kt = ws.chunk_begin(chunk); kt < ws.chunk_end(chunk); ++kt) {
+        const auto key = ws.key_tile(kt);
+        const std::int64_t j = key.j0 - keys0, t_seeing = ws.first_tile_seeing(key.j0);
+        // Visits run one tile behind the loop, so that each knows the next; the last
+        // one's next is the key tile's first.
+        std::int64_t first_seen = -1, pending = -1;
+        for (std::int64_t s = first; s < last; ++s) {
+          const QueryTile x = ws.slot_tile(b, hk, s);
+          if (x.t < t_seeing || x.kv_end <= key.j0) continue;  // sees none of its keys
+          if (pending >= 0)
+            visit(key, j, ws.slot_tile(b, hk, pending), pending - first, s - first);
+          else
+            first_seen = s;
+          pending = s;
+        }
+        if (pending >= 0)
+          visit(key, j, ws.slot_tile(b, hk, pending), pending - first, first_seen - first);
+      }
+      for (std::int64_t s = first; s < last; ++s) {
+        const QueryTile x = ws.slot_tile(b, hk, s);
+        const float* acc = x.t >= t_first ? ws.dq(w, s - first) : nullptr;
         if (ws.chunks == 1)
           backward_detail::store_query_grads<S, W::Br>(p, x, acc ? 1 : 0,
                                                        [&](std::int64_t) { return acc; });
@@ -247,6 +274,8 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
         else
           std::fill_n(ws.dq_part(chunk, x.index), ws.tile_t, 0.0f);
       }
+    }
+    backward_detail::store_key_grads<S>(p, Dp, b, hk, keys0, keys, w.dk, w.dv);
     if (!grads_split) splittable.store(false, std::memory_order_relaxed);
   });
   if (!splittable.load()) return avx512_kernels.fused_backward(p, exec, memory);
