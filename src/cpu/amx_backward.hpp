@@ -2,11 +2,11 @@
 // five products on AMX tiles, each from three bfloat16 parts per operand (amx_ops.hpp),
 // so float32-accurate like the forward.
 //
-// A work item is one chunk of key tiles of one kv head (one chunk, the whole head, when
-// there are kv heads enough for every worker). It splits what it reads into its worker's
-// buffers right before use: its keys' K, V and Kᵀ parts first, then the operands of the
-// query tiles of its query heads, a batch of tiles at a time (one batch for most shapes;
-// see kQueryBytesPerWorker). For each batch, for each key tile:
+// A work item is one chunk of key tiles of one kv head and one subgroup of its query
+// heads (BackwardTiles; the whole head when there are kv heads enough for every worker).
+// It splits what it reads into its worker's buffers right before use: its keys' K, V and
+// Kᵀ parts first, then the operands of its query heads' tiles, a batch of tiles at a time
+// (one batch for most shapes; see kQueryBytesPerWorker). For each batch, for each key tile:
 //   for each query tile of the batch that sees it:
 //     st  ← K·Qᵀ                        scores_tile (Q pre-scaled, log2 units)
 //     P = 2^(st − lse2), split          split_probs (amx_backward_ops.hpp)
@@ -15,15 +15,17 @@
 //     dV  += P·dO,  dK += dS·Q          rows_tile
 //     dQᵀ += Kᵀ·dSᵀ                     pv_tile, into the item's dQ accumulators
 // then the batch's dQ·scale → out (one chunk), or its dQ partial → memory, summed over
-// the chunks in order by a last pass; at the item's end dK·scale, dV → out. Determinism
-// as the FMA backward: an item owns its keys' dK, dV and its chunk's dQ partial, every
+// the chunks in order by a last pass; at the item's end dK·scale, dV → out, or → its
+// subgroup's partials, summed in order by a last pass. Determinism as the FMA backward:
+// an item owns its keys' dK, dV (or their partial) and its chunk's dQ partial, every
 // sum runs in loop order, and the tile products are deterministic.
 //
 // Why the split per item: split for the whole call first, the operands (7 layouts of 3
 // bfloat16 parts: 42 MiB at B=2 H=8 S=1024 D=64) went to memory and came back, and that
 // pass alone took a fifth of the call; split per item they are used while in cache
-// (docs/perf-log.md, "AMX backward"). With several chunks per kv head each chunk splits
-// its query tiles again: the price of keeping every worker busy.
+// (docs/perf-log.md, "AMX backward"). With several items per kv head each splits again
+// the keys or query tiles it shares with the others: the price of keeping every worker
+// busy.
 //
 // Layouts:
 //   K, V parts by rows [keys][3][Dp] (A of the score products); Kᵀ parts
@@ -57,7 +59,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   using Ops = AmxOps<S>;
   using Tiles = BackwardTiles<S, kAmxBackwardKeyTile<S>>;
   using Tiles::Br, Tiles::Bc, Tiles::p, Tiles::q_tiles, Tiles::tiles, Tiles::key_tiles,
-      Tiles::chunks, Tiles::query_tile;
+      Tiles::chunks, Tiles::subgroups, Tiles::subgroup_heads, Tiles::kv_heads, Tiles::query_tile;
   static constexpr int kParts = Ops::kParts;
 
   // The four bf16 operands of a query tile, side by side in this order.
@@ -71,7 +73,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   static constexpr std::int64_t kQueryBytesPerWorker = std::int64_t{16} << 20;
 
   // One worker's buffers. A query tile of the item's heads has slot
-  // (h − first head of the group)·q_tiles + t; a batch holds `batch` consecutive slots.
+  // (h − the item's first head)·q_tiles + t; a batch holds `batch` consecutive slots.
   struct Worker {
     bf16 *k, *v, *kt;  // the item's keys
     bf16* operands;    // [batch][kOperands][operand_floats·2]
@@ -83,7 +85,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
 
   std::int64_t Dp, chunk_keys, slots, batch, key_floats, operand_floats, tile_t, tile_vec,
       rows_floats;
-  std::int64_t worker_floats, dq_parts_at, workers_at, total;
+  std::int64_t worker_floats, dq_parts_at, kv_part, dkv_parts_at, workers_at, total;
   float* base = nullptr;
 
   AmxBackwardWorkspace(const detail::Problem& problem, int workers)
@@ -91,7 +93,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     Sizes n;
     Dp = Ops::round_up(p.head_dim);
     chunk_keys = n.mul(n.div_up(key_tiles, chunks), Bc);  // the longest chunk, padded
-    slots = n.mul(p.group_size(), q_tiles);
+    slots = n.mul(subgroup_heads, q_tiles);  // of an item (the last subgroup may have fewer)
     key_floats = n.mul(n.mul(kParts, chunk_keys), Dp) / 2;  // bf16, two a float
     operand_floats = AmxBackwardOps<S>::query_operand_floats(Dp);  // Dp <= 256: small
     tile_t = Dp * Br;
@@ -103,7 +105,9 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     worker_floats = n.add(worker_floats, n.mul(2, n.mul(chunk_keys, Dp)));
     worker_floats = n.add(worker_floats, 2 * Bc * Br + tile_t + 3 * rows_floats);
     dq_parts_at = 0;
-    workers_at = chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0;
+    kv_part = n.mul(n.mul(key_tiles, Bc), Dp);  // one kv head's dK (or dV) rows
+    dkv_parts_at = chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0;
+    workers_at = n.add(dkv_parts_at, subgroups > 1 ? n.mul(2 * subgroups * kv_heads, kv_part) : 0);
     total = n.add(workers_at, n.mul(workers, worker_floats));
     if (n.overflow) total = -1;
   }
@@ -134,13 +138,9 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     r.ds_pairs = as_parts(take(rows_floats));
     return r;
   }
-  // The query tile of slot s of kv head (b, hk), and a tile's slot in the batch from slot
-  // `first` on.
-  QueryTile slot_tile(std::int64_t b, std::int64_t hk, std::int64_t s) const {
-    return query_tile(b, hk * p.group_size() + s / q_tiles, s % q_tiles);
-  }
-  std::int64_t slot(const QueryTile& x, std::int64_t first) const {
-    return x.h % p.group_size() * q_tiles + x.t - first;
+  // The query tile of slot s of an item whose first query head is (b, h_begin).
+  QueryTile slot_tile(std::int64_t b, std::int64_t h_begin, std::int64_t s) const {
+    return query_tile(b, h_begin + s / q_tiles, s % q_tiles);
   }
   bf16* operand(const Worker& w, std::int64_t slot, Operand which) const {
     return w.operands + (slot * kOperands + which) * operand_floats * 2;
@@ -150,6 +150,10 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   float* dq(const Worker& w, std::int64_t slot) const { return w.dq + slot * tile_t; }
   float* dq_part(std::int64_t chunk, std::int64_t tile) const {
     return base + dq_parts_at + (chunk * tiles + tile) * tile_t;
+  }
+  // Subgroup sub's dK (which 0) or dV (1) rows of kv head (b, hk), [Sk padded][Dp].
+  float* dkv_part(std::int64_t sub, std::int64_t b, std::int64_t hk, int which) const {
+    return base + dkv_parts_at + ((sub * kv_heads + b * p.kv_heads + hk) * 2 + which) * kv_part;
   }
 
   // The keys [first, first + n) of one kv head into the worker's K, V and Kᵀ parts.
@@ -175,13 +179,14 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
   using W = AmxBackwardWorkspace<S>;
   W ws(p, exec.workers);
   ws.base = memory;
-  const std::int64_t kv_heads = p.batch * p.kv_heads, Dp = ws.Dp;
+  const std::int64_t Dp = ws.Dp;
 
   // Chunk-major item order, as the FMA backward: the heaviest causal items first.
   std::atomic<bool> splittable{true};
-  detail::parallel_items(exec, ws.chunks * kv_heads, [&](std::int64_t item, int worker) {
-    const std::int64_t chunk = item / kv_heads;
-    const std::int64_t b = item % kv_heads / p.kv_heads, hk = item % p.kv_heads;
+  detail::parallel_items(exec, ws.items(), [&](std::int64_t index, int worker) {
+    const auto item = ws.item(index);
+    const std::int64_t chunk = item.chunk, b = item.b, hk = item.hk;
+    const std::int64_t slots = (item.h_end - item.h_begin) * ws.q_tiles;
     const auto w = ws.worker(worker);
     const std::int64_t keys0 = ws.chunk_begin(chunk) * W::Bc;  // the chunk's first key
     const std::int64_t keys = std::min(p.kv_len, ws.chunk_end(chunk) * W::Bc) - keys0;
@@ -234,11 +239,11 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
     // The heads' query tiles a batch at a time: split the batch, run every key tile of
     // the chunk against it, then its dQ out (zero for the tiles that see none of the
     // chunk's keys) — to the output, or this chunk's partial.
-    for (std::int64_t first = 0; first < ws.slots; first += ws.batch) {
-      const std::int64_t last = std::min(ws.slots, first + ws.batch);
+    for (std::int64_t first = 0; first < slots; first += ws.batch) {
+      const std::int64_t last = std::min(slots, first + ws.batch);
       bool ok = true;
       for (std::int64_t s = first; ok && s < last; ++s) {
-        const QueryTile x = ws.slot_tile(b, hk, s);
+        const QueryTile x = ws.slot_tile(b, item.h_begin, s);
         if (x.t >= t_first) ok = ws.split_query_tile(x, s - first, w);
       }
       if (!ok) {
@@ -252,19 +257,19 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
         // one's next is the key tile's first.
         std::int64_t first_seen = -1, pending = -1;
         for (std::int64_t s = first; s < last; ++s) {
-          const QueryTile x = ws.slot_tile(b, hk, s);
+          const QueryTile x = ws.slot_tile(b, item.h_begin, s);
           if (x.t < t_seeing || x.kv_end <= key.j0) continue;  // sees none of its keys
           if (pending >= 0)
-            visit(key, j, ws.slot_tile(b, hk, pending), pending - first, s - first);
+            visit(key, j, ws.slot_tile(b, item.h_begin, pending), pending - first, s - first);
           else
             first_seen = s;
           pending = s;
         }
         if (pending >= 0)
-          visit(key, j, ws.slot_tile(b, hk, pending), pending - first, first_seen - first);
+          visit(key, j, ws.slot_tile(b, item.h_begin, pending), pending - first, first_seen - first);
       }
       for (std::int64_t s = first; s < last; ++s) {
-        const QueryTile x = ws.slot_tile(b, hk, s);
+        const QueryTile x = ws.slot_tile(b, item.h_begin, s);
         const float* acc = x.t >= t_first ? ws.dq(w, s - first) : nullptr;
         if (ws.chunks == 1)
           backward_detail::store_query_grads<S, W::Br>(p, x, acc ? 1 : 0,
@@ -275,12 +280,24 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
           std::fill_n(ws.dq_part(chunk, x.index), ws.tile_t, 0.0f);
       }
     }
-    backward_detail::store_key_grads<S>(p, Dp, b, hk, keys0, keys, w.dk, w.dv);
+    backward_detail::put_key_grads<S>(p, Dp, ws.subgroups, b, hk, keys0, keys, w.dk, w.dv,
+                                      [&](int which) { return ws.dkv_part(item.sub, b, hk, which); });
     if (!grads_split) splittable.store(false, std::memory_order_relaxed);
   });
   if (!splittable.load()) return avx512_kernels.fused_backward(p, exec, memory);
-  if (ws.chunks == 1) return;
 
+  if (ws.subgroups > 1)
+    detail::parallel_items(exec, ws.kv_heads * ws.key_tiles, [&](std::int64_t index, int worker) {
+      const std::int64_t head = index / ws.key_tiles;
+      const std::int64_t b = head / p.kv_heads, hk = head % p.kv_heads;
+      const auto key = ws.key_tile(index % ws.key_tiles);
+      const auto w = ws.worker(worker);
+      backward_detail::store_key_grad_parts<S>(
+          p, Dp, b, hk, key.j0, key.nj, ws.subgroups,
+          [&](std::int64_t sub, int which) { return ws.dkv_part(sub, b, hk, which); }, w.dk,
+          w.dv);
+    });
+  if (ws.chunks == 1) return;
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
     backward_detail::store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
                                                  [&](std::int64_t c) { return ws.dq_part(c, index); });

@@ -1,19 +1,22 @@
 // fattn — the CPU backward: FlashAttention-2's backward loop on a CPU core, and the
 // naive baseline that materialises P and dS.
 //
-// Fused. A work item is one chunk of key tiles of one kv head. For each key tile:
-//   for each query head sharing the kv head, each query tile that sees the key tile:
+// Fused. A work item is one chunk of key tiles of one kv head and one subgroup of the
+// query heads sharing it (BackwardTiles: usually one chunk and one subgroup, the whole
+// head). For each key tile:
+//   for each query head of the subgroup, each query tile that sees the key tile:
 //     st  ← K·qtᵀ, masked on the diagonal       scores in log2 units (scores_tile)
 //     st  ← 2^(st − lse2)                        P, from the saved logsumexp
 //     dst ← V·dOᵀ;  dst ← P ∘ (dst − Δ)           dS
 //     dV  += P·dO;  dK += dS·Q                   the key tile's accumulators (rows_accumulate)
 //     dQ[chunk] += dS·K                          this chunk's dQ partial (pv_accumulate)
-//   dK·scale, dV → out
-// then every query tile's dQ = scale · Σ_chunk dQ[chunk], chunks in order.
-// Determinism: an item owns its keys' dK and dV and its chunk's dQ partial; the
-// order of every sum is fixed by the loops, not by the thread that runs them; the
-// chunk count depends only on the problem and the worker count. So a given thread
-// count gives the same bits on every run. No Sq×Sk matrix is stored.
+//   dK·scale, dV → out (one subgroup), else → the subgroup's dK/dV partials
+// then dK, dV = Σ_subgroup partials and every query tile's dQ = scale · Σ_chunk dQ[chunk],
+// in order.
+// Determinism: an item owns its keys' dK and dV (or their partials) and its chunk's dQ
+// partial; the order of every sum is fixed by the loops, not by the thread that runs
+// them; the chunk and subgroup counts depend only on the problem and the worker count.
+// So a given thread count gives the same bits on every run. No Sq×Sk matrix is stored.
 //
 // Naive, four stages, each a parallel loop finishing before the next:
 //   1  P = 2^(Q·Kᵀ·scale·log2e − lse2)      B·Hq·Sq·Sk floats
@@ -64,6 +67,35 @@ void store_query_grads(const detail::Problem& p, const QueryTile& x, std::int64_
   }
 }
 
+// dK·scale and dV rows [j0, j0 + nj) of one kv head from `parts` partials summed in
+// order: part(i, which) gives partial i's dK (which 0) or dV (1) rows of the head,
+// row_floats apart. dk, dv: scratch of nj·row_floats floats each.
+template <class S, class Part>
+void store_key_grad_parts(const detail::Problem& p, std::int64_t row_floats, std::int64_t b,
+                          std::int64_t hk, std::int64_t j0, std::int64_t nj, std::int64_t parts,
+                          Part part, float* dk, float* dv) {
+  for (int which = 0; which < 2; ++which) {
+    float* acc = which == 0 ? dk : dv;
+    std::fill_n(acc, nj * row_floats, 0.0f);
+    for (std::int64_t i = 0; i < parts; ++i) {
+      const float* rows = part(i, which) + j0 * row_floats;
+      for (std::int64_t e = 0; e < nj * row_floats; ++e) acc[e] += rows[e];
+    }
+  }
+  store_key_grads<S>(p, row_floats, b, hk, j0, nj, dk, dv);
+}
+
+// A work item's dK and dV of key rows [j0, j0 + nj): to the output, or with several
+// subgroups into its subgroup's partials (part(which) gives them for the item's head).
+template <class S, class Part>
+void put_key_grads(const detail::Problem& p, std::int64_t row_floats, std::int64_t subgroups,
+                   std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nj,
+                   const float* dk, const float* dv, Part part) {
+  if (subgroups == 1) return store_key_grads<S>(p, row_floats, b, hk, j0, nj, dk, dv);
+  std::copy_n(dk, nj * row_floats, part(0) + j0 * row_floats);
+  std::copy_n(dv, nj * row_floats, part(1) + j0 * row_floats);
+}
+
 }  // namespace backward_detail
 
 template <class S>
@@ -74,24 +106,22 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   W ws(p, /*is_naive=*/false, exec.workers);
   ws.base = memory;
   ws.prepare(exec);
-  const std::int64_t kv_heads = p.batch * p.kv_heads, D = p.head_dim, Dp = ws.Dp;
+  const std::int64_t D = p.head_dim, Dp = ws.Dp;
 
-  // Chunk-major item order: under a causal mask the first keys are seen by the most
-  // queries, so the heaviest items come first and the dynamic schedule balances them.
-  detail::parallel_items(exec, ws.chunks * kv_heads, [&](std::int64_t item, int worker) {
-    const std::int64_t chunk = item / kv_heads;
-    const std::int64_t b = item % kv_heads / p.kv_heads, hk = item % p.kv_heads;
+  detail::parallel_items(exec, ws.items(), [&](std::int64_t index, int worker) {
+    const auto item = ws.item(index);
+    const std::int64_t b = item.b, hk = item.hk;
     const auto tile = ws.worker(worker);
     for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
     std::int64_t k_stride;
     const float* k_rows = ws.k_rows(b, hk, &k_stride);
     const float* k_panels = ws.k_panels(b, hk);
     const float* v_panels = ws.v_panels(b, hk);
-    for (std::int64_t kt = ws.chunk_begin(chunk); kt < ws.chunk_end(chunk); ++kt) {
+    for (std::int64_t kt = ws.chunk_begin(item.chunk); kt < ws.chunk_end(item.chunk); ++kt) {
       const auto key = ws.key_tile(kt);
       std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
       std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
-      ws.for_each_query_tile_seeing(b, hk, key, [&](const typename W::QueryTile& x) {
+      ws.for_each_query_tile_seeing(b, item.h_begin, item.h_end, key, [&](const QueryTile& x) {
         const typename Ops::Diagonal diag{key.j0, x.i0, p.causal_offset};
         const bool on_diagonal = p.needs_mask(x.i0, key.j0 + key.nj);
         Ops::scores_tile(k_panels, key.j0, key.nj, ws.qt(x.index), D, tile.st);
@@ -104,12 +134,25 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
         Bwd::rows_accumulate(tile.dv, key.nj, Dp, tile.st, dout.data, dout.stride, x.rows);
         Bwd::rows_accumulate(tile.dk, key.nj, Dp, tile.dst, q.data, q.stride, x.rows);
         Ops::pv_accumulate(k_rows + key.j0 * k_stride, k_stride, key.nj, tile.dst, tile.ones,
-                           D, ws.dq_part(chunk, x.index), on_diagonal ? &diag : nullptr);
+                           D, ws.dq_part(item.chunk, x.index), on_diagonal ? &diag : nullptr);
       });
-      backward_detail::store_key_grads<S>(p, Dp, b, hk, key.j0, key.nj, tile.dk, tile.dv);
+      backward_detail::put_key_grads<S>(p, Dp, ws.subgroups, b, hk, key.j0, key.nj, tile.dk,
+                                        tile.dv, [&](int which) {
+                                          return ws.dkv_part(item.sub, b, hk, which);
+                                        });
     }
   });
 
+  if (ws.subgroups > 1)
+    detail::parallel_items(exec, ws.kv_heads * ws.key_tiles, [&](std::int64_t index, int worker) {
+      const std::int64_t b = index / ws.key_tiles / p.kv_heads, hk = index / ws.key_tiles % p.kv_heads;
+      const auto key = ws.key_tile(index % ws.key_tiles);
+      const auto tile = ws.worker(worker);
+      backward_detail::store_key_grad_parts<S>(
+          p, Dp, b, hk, key.j0, key.nj, ws.subgroups,
+          [&](std::int64_t sub, int which) { return ws.dkv_part(sub, b, hk, which); }, tile.dk,
+          tile.dv);
+    });
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
     backward_detail::store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
                                        [&](std::int64_t c) { return ws.dq_part(c, index); });

@@ -10,6 +10,8 @@
 //                        (D = 64, 128 …): its own rows are read
 //   lse2, delta [Br]     logsumexp in log2 units (+inf for a row without keys), Δ
 //   dq parts [C][D][Br]  fused: one dQ partial per key chunk, summed in chunk order
+//   dK, dV parts         fused with several query-head subgroups: one per subgroup and kv
+//                        head [Sk padded][Dp], summed in subgroup order
 // Naive only (O(Sq·Sk)):  P and dS of every query tile, [Sk padded][Br]
 // Per worker (O(1) in S): st, dst [Bc][Br], dK and dV accumulators [Bc][Dp], dqt, ones.
 #pragma once
@@ -46,31 +48,57 @@ void query_row_stats(const detail::Problem& p, const QueryTile& x, int Br, float
 }
 
 // The tiles of the backward and which of them meet: query tiles of Br rows, key tiles of
-// Bc keys, split into `chunks` chunks per kv head (the fused kernels' work items are
-// chunk × kv head). Shared by the FMA and AMX backward.
+// Bc keys. Shared by the FMA and AMX backward.
+//
+// The fused kernels' work items: (key chunk, kv head, subgroup of its query heads). An
+// item owns its keys' dK/dV for its subgroup and its subgroup's dQ for its keys; with
+// several subgroups the dK/dV are partials summed in order afterwards, with several
+// chunks the dQ. There are at least kItemsPerWorker items per worker where the problem
+// allows: subgroups first (an extra subgroup costs two key-sized partials, an extra chunk
+// a query-sized one: group × as much), then chunks. With 2 workers and 16 kv heads: one
+// of each (no partials); MQA with 32 query heads on 64 workers: 32 subgroups × 4 chunks,
+// partials 4·|Q| + 2·|Q| instead of the 128·|Q| of chunks alone.
 template <class S, int KeysPerTile = TileOps<S>::Bc>
 struct BackwardTiles {
   static constexpr int Br = TileOps<S>::Br;
   static constexpr int Bc = KeysPerTile;
   static constexpr int MK = TileOps<S>::MK;
-  // Key chunks per kv head are chosen so that there are at least this many work items
-  // per worker: with 2 workers and 16 kv heads one chunk (no dQ partials to sum).
   static constexpr int kItemsPerWorker = 2;
 
   const detail::Problem& p;
   // tiles = B·Hq·ceil(Sq/Br) ≤ the elements of q: no overflow.
-  std::int64_t q_tiles, tiles, key_tiles, chunks;
+  std::int64_t q_tiles, tiles, key_tiles, kv_heads, subgroups, subgroup_heads, chunks;
 
   BackwardTiles(const detail::Problem& problem, bool naive, int workers)
       : p(problem),
         q_tiles((p.q_len + Br - 1) / Br),
         tiles(p.batch * p.q_heads * q_tiles),
         key_tiles((p.kv_len + Bc - 1) / Bc),
-        chunks(naive ? 1
-                     : std::clamp<std::int64_t>(
-                           (kItemsPerWorker * std::int64_t{workers} + p.batch * p.kv_heads - 1) /
-                               (p.batch * p.kv_heads),
-                           1, key_tiles)) {}
+        kv_heads(p.batch * p.kv_heads) {
+    const std::int64_t target = naive ? 1 : kItemsPerWorker * std::int64_t{workers};
+    const std::int64_t group = p.group_size();
+    subgroups = std::clamp<std::int64_t>((target + kv_heads - 1) / kv_heads, 1, group);
+    subgroup_heads = (group + subgroups - 1) / subgroups;
+    subgroups = (group + subgroup_heads - 1) / subgroup_heads;  // none empty
+    const std::int64_t per_chunk = kv_heads * subgroups;
+    chunks = std::clamp<std::int64_t>((target + per_chunk - 1) / per_chunk, 1, key_tiles);
+  }
+
+  // Work item i, chunk-major (under a causal mask the first keys are seen by the most
+  // queries: the heaviest items come first and the dynamic schedule balances them), then
+  // kv head, then subgroup; its query heads [h_begin, h_end).
+  struct Item {
+    std::int64_t chunk, b, hk, sub, h_begin, h_end;
+  };
+  std::int64_t items() const { return chunks * kv_heads * subgroups; }
+  Item item(std::int64_t i) const {
+    const std::int64_t chunk = i / (kv_heads * subgroups), rest = i % (kv_heads * subgroups);
+    const std::int64_t head = rest / subgroups, sub = rest % subgroups;
+    const std::int64_t b = head / p.kv_heads, hk = head % p.kv_heads;
+    const std::int64_t h_begin = hk * p.group_size() + sub * subgroup_heads;
+    return {chunk, b, hk, sub, h_begin,
+            std::min(h_begin + subgroup_heads, (hk + 1) * p.group_size())};
+  }
 
   QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
     return query_tile_of(p, Br, q_tiles, b, h, t);
@@ -102,16 +130,22 @@ struct BackwardTiles {
   std::int64_t chunk_begin(std::int64_t chunk) const { return chunk * key_tiles / chunks; }
   std::int64_t chunk_end(std::int64_t chunk) const { return chunk_begin(chunk + 1); }
 
-  // Calls f(query tile) for every query tile of the query heads sharing kv head hk that
-  // has a row seeing a key of the key tile, heads in order, then tiles in order.
+  // Calls f(query tile) for every query tile of query heads [h_begin, h_end) of batch b
+  // that has a row seeing a key of the key tile, heads in order, then tiles in order.
   template <class F>
-  void for_each_query_tile_seeing(std::int64_t b, std::int64_t hk, const KeyTile& key,
-                                  F&& f) const {
-    for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
+  void for_each_query_tile_seeing(std::int64_t b, std::int64_t h_begin, std::int64_t h_end,
+                                  const KeyTile& key, F&& f) const {
+    for (std::int64_t h = h_begin; h < h_end; ++h)
       for (std::int64_t t = first_tile_seeing(key.j0); t < q_tiles; ++t) {
         const QueryTile x = query_tile(b, h, t);
         if (x.kv_end > key.j0) f(x);  // else only padding rows of the tile reach j0
       }
+  }
+  // The same for every query head sharing kv head hk.
+  template <class F>
+  void for_each_query_tile_seeing(std::int64_t b, std::int64_t hk, const KeyTile& key,
+                                  F&& f) const {
+    for_each_query_tile_seeing(b, hk * p.group_size(), (hk + 1) * p.group_size(), key, f);
   }
 };
 
@@ -121,7 +155,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
   using Bwd = BackwardOps<S>;
   using Tiles = BackwardTiles<S>;
   using Tiles::Br, Tiles::Bc, Tiles::p, Tiles::q_tiles, Tiles::tiles, Tiles::key_tiles,
-      Tiles::chunks, Tiles::query_tile;
+      Tiles::chunks, Tiles::subgroups, Tiles::kv_heads, Tiles::query_tile;
 
   struct Worker {
     float *st, *dst, *dk, *dv, *dqt, *ones;
@@ -138,7 +172,8 @@ struct BackwardWorkspace : BackwardTiles<S> {
   std::int64_t Dp, kv_padded;
   std::int64_t panel_head, k_rows_head, tile_t, tile_rows, tile_vec, full_block, worker_floats;
   std::int64_t k_panels_at, v_panels_at, k_rows_at, qt_at, dot_at, q_rows_at, do_rows_at;
-  std::int64_t lse2_at, delta_at, dq_parts_at, probs_at, dscores_at, workers_at, total;
+  std::int64_t lse2_at, delta_at, dq_parts_at, dkv_parts_at, kv_part, probs_at, dscores_at,
+      workers_at, total;
   float* base = nullptr;
 
   BackwardWorkspace(const detail::Problem& problem, bool is_naive, int workers)
@@ -174,6 +209,8 @@ struct BackwardWorkspace : BackwardTiles<S> {
     lse2_at = take(n.mul(tiles, tile_vec));
     delta_at = take(n.mul(tiles, tile_vec));
     dq_parts_at = take(naive ? 0 : n.mul(chunks, n.mul(tiles, tile_t)));
+    kv_part = n.mul(n.mul(key_tiles, Bc), Dp);  // one kv head's dK (or dV) rows
+    dkv_parts_at = take(subgroups > 1 ? n.mul(2 * subgroups * kv_heads, kv_part) : 0);
     probs_at = take(n.mul(tiles, full_block));
     dscores_at = take(n.mul(tiles, full_block));
     workers_at = take(n.mul(workers, worker_floats));
@@ -200,6 +237,10 @@ struct BackwardWorkspace : BackwardTiles<S> {
   float* delta(std::int64_t tile) const { return base + delta_at + tile * tile_vec; }
   float* dq_part(std::int64_t chunk, std::int64_t tile) const {
     return base + dq_parts_at + (chunk * tiles + tile) * tile_t;
+  }
+  // Subgroup sub's dK (which 0) or dV (1) rows of kv head (b, hk), [Sk padded][Dp].
+  float* dkv_part(std::int64_t sub, std::int64_t b, std::int64_t hk, int which) const {
+    return base + dkv_parts_at + ((sub * kv_heads + b * p.kv_heads + hk) * 2 + which) * kv_part;
   }
   float* probs(std::int64_t tile) const { return base + probs_at + tile * full_block; }
   float* dscores(std::int64_t tile) const { return base + dscores_at + tile * full_block; }
