@@ -286,22 +286,7 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
   });
   if (!splittable.load()) return avx512_kernels.fused_backward(p, exec, memory);
 
-  if (ws.subgroups > 1)
-    detail::parallel_items(exec, ws.kv_heads * ws.key_tiles, [&](std::int64_t index, int worker) {
-      const std::int64_t head = index / ws.key_tiles;
-      const std::int64_t b = head / p.kv_heads, hk = head % p.kv_heads;
-      const auto key = ws.key_tile(index % ws.key_tiles);
-      const auto w = ws.worker(worker);
-      backward_detail::store_key_grad_parts<S>(
-          p, Dp, b, hk, key.j0, key.nj, ws.subgroups,
-          [&](std::int64_t sub, int which) { return ws.dkv_part(sub, b, hk, which); }, w.dk,
-          w.dv);
-    });
-  if (ws.chunks == 1) return;
-  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
-    backward_detail::store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
-                                                 [&](std::int64_t c) { return ws.dq_part(c, index); });
-  });
+  backward_detail::sum_partials<S>(p, exec, ws, /*dq_in_parts=*/ws.chunks > 1);
 }
 
 }  // namespace fattn::cpu

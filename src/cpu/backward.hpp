@@ -96,6 +96,30 @@ void put_key_grads(const detail::Problem& p, std::int64_t row_floats, std::int64
   std::copy_n(dv, nj * row_floats, part(1) + j0 * row_floats);
 }
 
+// The fused backward's last passes, over a workspace W of either ISA: dK·scale and dV
+// from the subgroups' partials (when there are several), then dQ·scale from the chunks'
+// partials (when the items left dQ there).
+template <class S, class W>
+void sum_partials(const detail::Problem& p, const detail::Exec& exec, const W& ws,
+                  bool dq_in_parts) {
+  if (ws.subgroups > 1)
+    detail::parallel_items(exec, ws.kv_heads * ws.key_tiles, [&](std::int64_t index, int worker) {
+      const std::int64_t head = index / ws.key_tiles;
+      const std::int64_t b = head / p.kv_heads, hk = head % p.kv_heads;
+      const auto key = ws.key_tile(index % ws.key_tiles);
+      const auto scratch = ws.worker(worker);
+      store_key_grad_parts<S>(
+          p, ws.Dp, b, hk, key.j0, key.nj, ws.subgroups,
+          [&](std::int64_t sub, int which) { return ws.dkv_part(sub, b, hk, which); },
+          scratch.dk, scratch.dv);
+    });
+  if (dq_in_parts)
+    detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+      store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
+                                  [&](std::int64_t c) { return ws.dq_part(c, index); });
+    });
+}
+
 }  // namespace backward_detail
 
 template <class S>
@@ -143,20 +167,7 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     }
   });
 
-  if (ws.subgroups > 1)
-    detail::parallel_items(exec, ws.kv_heads * ws.key_tiles, [&](std::int64_t index, int worker) {
-      const std::int64_t b = index / ws.key_tiles / p.kv_heads, hk = index / ws.key_tiles % p.kv_heads;
-      const auto key = ws.key_tile(index % ws.key_tiles);
-      const auto tile = ws.worker(worker);
-      backward_detail::store_key_grad_parts<S>(
-          p, Dp, b, hk, key.j0, key.nj, ws.subgroups,
-          [&](std::int64_t sub, int which) { return ws.dkv_part(sub, b, hk, which); }, tile.dk,
-          tile.dv);
-    });
-  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
-    backward_detail::store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
-                                       [&](std::int64_t c) { return ws.dq_part(c, index); });
-  });
+  backward_detail::sum_partials<S>(p, exec, ws, /*dq_in_parts=*/true);
 }
 
 template <class S>
