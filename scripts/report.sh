@@ -6,7 +6,8 @@
 #                                       fattn-bench.json; python -m fattn.bench (fattn vs
 #                                       torch SDPA vs standard) -> results/report/torch/;
 #                                       python -m fattn.launches -> results/report/
-#                                       launches.json; then REPORT.md here. Takes ~10 min.
+#                                       launches.json; then REPORT.md here. Takes minutes
+#                                       (2 on the 2-core dev-spr VM).
 #   scripts/report.sh --from DIR        only regenerate, from DIR's JSON (what CI does)
 #   --out DIR                           where REPORT.md and figures/ go (default: .)
 #   FATTN_VENV                          the Python environment (scripts/python_env.sh)
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --from) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; results=$2; measure=0; shift 2 ;;
     --out) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; out=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
