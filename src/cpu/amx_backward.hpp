@@ -67,9 +67,9 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
 
   // A worker holds the query tiles of its item's heads a batch at a time: at most this
   // many bytes of their operands (4 splits, lse2, Δ, the dQ accumulator: ~113 KiB a tile
-  // at D=64, ~225 KiB at D=128), so that its memory does not grow with the heads sharing
-  // a kv head times the workers sharing one (more chunks than 1). One batch at B=2 H=8 up
-  // to S=4096 D=128 (the measured shapes); more batches re-read the item's K/V parts.
+  // at D=64, ~225 KiB at D=128), so that its memory stays bounded however many heads and
+  // tiles the item has (× every worker). One batch at B=2 H=8 up to S=4096 D=128 (the
+  // measured shapes); more batches re-read the item's K/V parts.
   static constexpr std::int64_t kQueryBytesPerWorker = std::int64_t{16} << 20;
 
   // One worker's buffers. A query tile of the item's heads has slot
@@ -104,12 +104,17 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     worker_floats = n.add(n.mul(3, key_floats), n.mul(batch, per_slot));
     worker_floats = n.add(worker_floats, n.mul(2, n.mul(chunk_keys, Dp)));
     worker_floats = n.add(worker_floats, 2 * Bc * Br + tile_t + 3 * rows_floats);
-    dq_parts_at = 0;
     kv_part = n.mul(n.mul(key_tiles, Bc), Dp);  // one kv head's dK (or dV) rows
-    dkv_parts_at = chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0;
-    workers_at = n.add(dkv_parts_at, subgroups > 1 ? n.mul(2 * subgroups * kv_heads, kv_part) : 0);
-    total = n.add(workers_at, n.mul(workers, worker_floats));
-    if (n.overflow) total = -1;
+    std::int64_t at = 0;
+    auto take = [&](std::int64_t floats) {
+      const std::int64_t start = at;
+      at = n.add(at, floats);
+      return start;
+    };
+    dq_parts_at = take(chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0);
+    dkv_parts_at = take(subgroups > 1 ? n.mul(2 * subgroups * kv_heads, kv_part) : 0);
+    workers_at = take(n.mul(workers, worker_floats));
+    total = n.overflow ? -1 : at;
   }
 
   static bf16* as_parts(float* at) { return reinterpret_cast<bf16*>(at); }
