@@ -149,7 +149,7 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
   });
 
   // Stage 3: dV and dK, one key tile of one kv head per item.
-  const std::int64_t kv_heads = p.batch * p.kv_heads;
+  const std::int64_t kv_heads = ws.kv_heads;
   detail::parallel_items(exec, kv_heads * ws.key_tiles, [&](std::int64_t item, int worker) {
     const typename Ops::Scope tiles;
     const std::int64_t b = item % kv_heads / p.kv_heads, hk = item % p.kv_heads;

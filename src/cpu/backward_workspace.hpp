@@ -184,7 +184,6 @@ struct BackwardWorkspace : BackwardTiles<S> {
     // backward_extra_bytes sees no dout: it assumes one laid out like q.
     do_direct = (p.dout.data ? p.dout.dim : p.q.dim) == 1 && Dp == p.head_dim;
     kv_padded = n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK);
-    const std::int64_t kv_heads = p.batch * p.kv_heads;
     panel_head = n.align(n.mul(kv_padded, p.head_dim));
     k_rows_head = p.k.dim == 1 ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
     tile_t = align_floats(p.head_dim * Br);  // head_dim <= 256: no overflow
