@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cpu/amx_tiles.hpp"
 #include "cpu/tile_ops.hpp"
 #include "cpu/transpose.hpp"
 
@@ -55,7 +56,7 @@ struct AmxOps {
   static constexpr int Br = Fma::Br;
   static constexpr int Bc = Fma::Bc;
   static constexpr int kParts = 3;
-  static constexpr int kTileRows = 16;  // rows of a tile register
+  static constexpr int kTileRows = ::fattn::cpu::kTileRows;  // rows of a tile register
   static constexpr int kChunk = 32;     // bfloat16 per tile row: one TDPBF16PS's reduction
   static constexpr int kBlock = 2 * kTileRows;  // a 2×2 block of 16×16 accumulators
   static_assert(Br % kBlock == 0 && Bc % kBlock == 0, "tiles are whole 2×2 blocks");
@@ -66,22 +67,7 @@ struct AmxOps {
   // every one 16 rows × 64 bytes. The configuration is per thread: each work item loads
   // it and releases the tiles at the end (Scope).
   struct Scope {
-    Scope() {
-      struct alignas(64) {
-        std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
-        std::uint16_t bytes_per_row[16] = {};
-        std::uint8_t rows[16] = {};
-      } config;
-      for (int t = 0; t < 8; ++t) {
-        config.bytes_per_row[t] = 64;
-        config.rows[t] = kTileRows;
-      }
-      // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the config, so
-      // the stores of the rest could be dropped as dead (seen: #GP on ldtilecfg once the
-      // surrounding code changed); the fence makes them happen first.
-      __asm__ volatile("" ::: "memory");
-      _tile_loadconfig(&config);
-    }
+    Scope() { load_tile_config(); }
     ~Scope() { _tile_release(); }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
