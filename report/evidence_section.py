@@ -44,7 +44,7 @@ def ceilings_tables(machine: dict) -> str:
     # writes it as fma_peak_isa since the AMX kernels; older files have only "isa").
     fma_isa = machine.get("fma_peak_isa", machine["isa"])
     amx = roofline.amx_roof(machine)
-    kernels_on_amx = machine["isa"] == "amx" and amx
+    kernels_on_amx = roofline.on_amx_roof(machine)
     rows = [[f"{p['isa']} FMA", num(p["gflops"]),
              "the kernels' vector work" if kernels_on_amx and p["isa"] == fma_isa
              else "the kernels' ISA" if p["isa"] == fma_isa else ""]

@@ -37,19 +37,24 @@ def amx_roof(machine: dict) -> dict | None:
     return machine.get("roofline", {}).get("amx")
 
 
+def on_amx_roof(machine: dict, isa: str | None = None) -> bool:
+    """Whether an ISA's kernels (default: the run's) take the AMX roof: amx kernels on a
+    machine whose AMX ceilings were measured."""
+    return (isa or machine.get("isa")) == "amx" and amx_roof(machine) is not None
+
+
 def peak(machine: dict, isa: str | None = None) -> float:
     """The compute roof of an ISA's kernels (default: the run's): the AMX tile peak over
     the partial products of the three-part split for the amx kernels, else the FMA peak."""
-    amx = amx_roof(machine)
-    if (isa or machine.get("isa")) == "amx" and amx:
-        return amx["fp32_split_gflops"]
+    if on_amx_roof(machine, isa):
+        return amx_roof(machine)["fp32_split_gflops"]
     return machine["fma_peak_gflops"]
 
 
 def peak_name(machine: dict, isa: str | None = None) -> str:
-    amx = amx_roof(machine)
-    if (isa or machine.get("isa")) == "amx" and amx:
-        return f"AMX float32 roof (the bfloat16 tile peak / {amx['partial_products']})"
+    if on_amx_roof(machine, isa):
+        return (f"AMX float32 roof (the bfloat16 tile peak / "
+                f"{amx_roof(machine)['partial_products']})")
     return "FMA peak"
 
 
@@ -109,9 +114,10 @@ def plot(path: Path, machine: dict, kernel_dots: list[Dot], title: str) -> None:
     roof = machine["roofline"]
     # The roofs drawn: every FMA peak, and the AMX kernels' float32 roof where measured.
     peaks = list(roof["fma_peaks"])
-    if amx_roof(machine):
-        peaks.append({"isa": f"amx float32 (bf16 tiles / {amx_roof(machine)['partial_products']})",
-                      "gflops": amx_roof(machine)["fp32_split_gflops"]})
+    amx = amx_roof(machine)
+    if amx:
+        peaks.append({"isa": f"amx float32 (bf16 tiles / {amx['partial_products']})",
+                      "gflops": amx["fp32_split_gflops"]})
     top = max(p["gflops"] for p in peaks)
     ai_values = [d.ai for d in kernel_dots] or [1.0]
     x_lo = min(0.05, min(ai_values) / 2)
