@@ -140,8 +140,8 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
   const int workers = detail::make_exec(options).workers;
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
     return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
-  return workspace_floats(p, forward_pass(cpu_kernels(options, p, Direction::forward)), impl, workers) *
-         static_cast<std::int64_t>(sizeof(float));
+  const Pass pass = forward_pass(cpu_kernels(options, p, Direction::forward));
+  return workspace_floats(p, pass, impl, workers) * static_cast<std::int64_t>(sizeof(float));
 }
 
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -166,8 +166,8 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
   if (impl == Impl::reference)  // per worker: dk, dv of one kv head and a few rows, float64
     return workers * (2 * p.kv_len * p.head_dim + p.kv_len + 2 * p.head_dim) *
            static_cast<std::int64_t>(sizeof(double));
-  return workspace_floats(p, backward_pass(cpu_kernels(options, p, Direction::backward)), impl, workers) *
-         static_cast<std::int64_t>(sizeof(float));
+  const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
+  return workspace_floats(p, pass, impl, workers) * static_cast<std::int64_t>(sizeof(float));
 }
 
 double reference_row(const TensorView& q, const TensorView& k, const TensorView& v,

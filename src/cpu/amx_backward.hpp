@@ -112,7 +112,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
       return start;
     };
     dq_parts_at = take(chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0);
-    dkv_parts_at = take(subgroups > 1 ? n.mul(2 * subgroups * kv_heads, kv_part) : 0);
+    dkv_parts_at = take(n.mul(this->dkv_blocks(), kv_part));
     workers_at = take(n.mul(workers, worker_floats));
     total = n.overflow ? -1 : at;
   }
@@ -158,7 +158,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   }
   // Subgroup sub's dK (which 0) or dV (1) rows of kv head (b, hk), [Sk padded][Dp].
   float* dkv_part(std::int64_t sub, std::int64_t b, std::int64_t hk, int which) const {
-    return base + dkv_parts_at + ((sub * kv_heads + b * p.kv_heads + hk) * 2 + which) * kv_part;
+    return base + dkv_parts_at + this->dkv_block(sub, b, hk, which) * kv_part;
   }
 
   // The keys [first, first + n) of one kv head into the worker's K, V and Kᵀ parts.

@@ -115,18 +115,13 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
   ws.base = memory;
   if (!ws.prepare(exec)) return avx512_kernels.naive_backward(p, exec, memory);
   const std::int64_t Dp = ws.Dp;
-  // Keys a query tile's P and dS rows cover: its visible keys rounded up to whole key
-  // tiles (stage 3 reads whole key tiles), every hidden pair masked.
-  auto keys_covered = [&](const QueryTile& x) {
-    return std::min(p.kv_len, (x.kv_end + W::Bc - 1) / W::Bc * W::Bc);
-  };
   // Stages 1 and 2: a parallel loop over the query tiles, each with its covered keys n and
   // its diagonal (null when no pair of its n keys is hidden).
   auto each_query_tile = [&](auto stage) {
     detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
       const typename Ops::Scope tiles;
       const auto x = ws.query_tile(index);
-      const std::int64_t n = keys_covered(x);
+      const std::int64_t n = ws.keys_covered(x);
       const typename Fma::Diagonal diag{0, x.i0, p.causal_offset};
       stage(index, x, ws.operands(index), n, p.needs_mask(x.i0, n) ? &diag : nullptr);
     });
@@ -149,11 +144,9 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
   });
 
   // Stage 3: dV and dK, one key tile of one kv head per item.
-  const std::int64_t kv_heads = ws.kv_heads;
-  detail::parallel_items(exec, kv_heads * ws.key_tiles, [&](std::int64_t item, int worker) {
+  detail::parallel_items(exec, ws.key_items(), [&](std::int64_t item, int worker) {
     const typename Ops::Scope tiles;
-    const std::int64_t b = item % kv_heads / p.kv_heads, hk = item % p.kv_heads;
-    const auto key = ws.key_tile(item / kv_heads);
+    const auto [b, hk, key] = ws.key_item(item);
     const auto w = ws.worker(worker);
     std::fill_n(w.dk, W::Bc * Dp, 0.0f);
     std::fill_n(w.dv, W::Bc * Dp, 0.0f);

@@ -38,8 +38,8 @@ namespace backward_detail {
 // with different instruction sets, and the linker keeps one copy of a shared name.)
 template <class S>
 void store_key_grads(const detail::Problem& p, std::int64_t row_floats, std::int64_t b,
-                            std::int64_t hk, std::int64_t j0, std::int64_t nj, const float* dk,
-                            const float* dv) {
+                     std::int64_t hk, std::int64_t j0, std::int64_t nj, const float* dk,
+                     const float* dv) {
   const float scale = static_cast<float>(p.scale);
   for (std::int64_t r = 0; r < nj; ++r) {
     float* dk_out = p.dk.row(b, hk, j0 + r);
@@ -103,10 +103,8 @@ template <class S, class W>
 void sum_partials(const detail::Problem& p, const detail::Exec& exec, const W& ws,
                   bool dq_in_parts) {
   if (ws.subgroups > 1)
-    detail::parallel_items(exec, ws.kv_heads * ws.key_tiles, [&](std::int64_t index, int worker) {
-      const std::int64_t head = index / ws.key_tiles;
-      const std::int64_t b = head / p.kv_heads, hk = head % p.kv_heads;
-      const auto key = ws.key_tile(index % ws.key_tiles);
+    detail::parallel_items(exec, ws.key_items(), [&](std::int64_t index, int worker) {
+      const auto [b, hk, key] = ws.key_item(index);
       const auto scratch = ws.worker(worker);
       store_key_grad_parts<S>(
           p, ws.Dp, b, hk, key.j0, key.nj, ws.subgroups,
@@ -179,16 +177,11 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   ws.base = memory;
   ws.prepare(exec);
   const std::int64_t D = p.head_dim, Dp = ws.Dp;
-  // Keys a query tile's P and dS rows cover: its visible keys rounded up to whole key
-  // tiles (stage 3 reads whole key tiles), every hidden pair masked.
-  auto keys_covered = [&](const typename W::QueryTile& x) {
-    return std::min(p.kv_len, (x.kv_end + Ops::Bc - 1) / Ops::Bc * Ops::Bc);
-  };
 
   // Stage 1: P.
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
     const auto x = ws.query_tile(index);
-    const std::int64_t n = keys_covered(x);
+    const std::int64_t n = ws.keys_covered(x);
     float* probs = ws.probs(index);
     Ops::scores_tile(ws.k_panels(x.b, x.hk), 0, n, ws.qt(index), D, probs);
     if (p.needs_mask(x.i0, n))
@@ -199,7 +192,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   // Stage 2: dS.
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
     const auto x = ws.query_tile(index);
-    const std::int64_t n = keys_covered(x);
+    const std::int64_t n = ws.keys_covered(x);
     float* dscores = ws.dscores(index);
     Ops::scores_tile(ws.v_panels(x.b, x.hk), 0, n, ws.dot(index), D, dscores);
     Bwd::grad_scores(ws.probs(index), dscores, n, ws.delta(index));
@@ -208,10 +201,8 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   });
 
   // Stage 3: dV and dK, one key tile of one kv head per item.
-  detail::parallel_items(exec, p.batch * p.kv_heads * ws.key_tiles, [&](std::int64_t item,
-                                                                         int worker) {
-    const std::int64_t b = item % (p.batch * p.kv_heads) / p.kv_heads, hk = item % p.kv_heads;
-    const auto key = ws.key_tile(item / (p.batch * p.kv_heads));
+  detail::parallel_items(exec, ws.key_items(), [&](std::int64_t item, int worker) {
+    const auto [b, hk, key] = ws.key_item(item);
     const auto tile = ws.worker(worker);
     std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
     std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);

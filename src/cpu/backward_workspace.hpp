@@ -126,9 +126,35 @@ struct BackwardTiles {
     const std::int64_t nj = std::min<std::int64_t>(Bc, p.kv_len - j0);
     return {j0, nj, (nj + MK - 1) / MK * MK};
   }
+  // Items of one key tile of one kv head (the naive backward's dK/dV stage, the sum of
+  // dK/dV partials), key tile major.
+  struct KeyItem {
+    std::int64_t b, hk;
+    KeyTile key;
+  };
+  std::int64_t key_items() const { return kv_heads * key_tiles; }
+  KeyItem key_item(std::int64_t i) const {
+    const std::int64_t head = i % kv_heads;
+    return {head / p.kv_heads, head % p.kv_heads, key_tile(i / kv_heads)};
+  }
   // The key tiles [begin, end) of one chunk.
   std::int64_t chunk_begin(std::int64_t chunk) const { return chunk * key_tiles / chunks; }
   std::int64_t chunk_end(std::int64_t chunk) const { return chunk_begin(chunk + 1); }
+
+  // The dK/dV partials of several subgroups: subgroup sub's dK (which 0) or dV (1) rows of
+  // kv head (b, hk), [key_tiles·Bc][row_floats] each; with one subgroup there are none.
+  // How many such blocks, and the index of one.
+  std::int64_t dkv_blocks() const { return subgroups > 1 ? 2 * subgroups * kv_heads : 0; }
+  std::int64_t dkv_block(std::int64_t sub, std::int64_t b, std::int64_t hk, int which) const {
+    return (sub * kv_heads + b * p.kv_heads + hk) * 2 + which;
+  }
+
+  // Keys the naive backward's P and dS rows of query tile x cover: its visible keys
+  // rounded up to whole key tiles (its stage 3 reads whole key tiles), every hidden pair
+  // masked.
+  std::int64_t keys_covered(const QueryTile& x) const {
+    return std::min(p.kv_len, (x.kv_end + Bc - 1) / Bc * Bc);
+  }
 
   // Calls f(query tile) for every query tile of query heads [h_begin, h_end) of batch b
   // that has a row seeing a key of the key tile, heads in order, then tiles in order.
@@ -209,7 +235,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
     delta_at = take(n.mul(tiles, tile_vec));
     dq_parts_at = take(naive ? 0 : n.mul(chunks, n.mul(tiles, tile_t)));
     kv_part = n.mul(n.mul(key_tiles, Bc), Dp);  // one kv head's dK (or dV) rows
-    dkv_parts_at = take(subgroups > 1 ? n.mul(2 * subgroups * kv_heads, kv_part) : 0);
+    dkv_parts_at = take(n.mul(this->dkv_blocks(), kv_part));
     probs_at = take(n.mul(tiles, full_block));
     dscores_at = take(n.mul(tiles, full_block));
     workers_at = take(n.mul(workers, worker_floats));
@@ -239,7 +265,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
   }
   // Subgroup sub's dK (which 0) or dV (1) rows of kv head (b, hk), [Sk padded][Dp].
   float* dkv_part(std::int64_t sub, std::int64_t b, std::int64_t hk, int which) const {
-    return base + dkv_parts_at + ((sub * kv_heads + b * p.kv_heads + hk) * 2 + which) * kv_part;
+    return base + dkv_parts_at + this->dkv_block(sub, b, hk, which) * kv_part;
   }
   float* probs(std::int64_t tile) const { return base + probs_at + tile * full_block; }
   float* dscores(std::int64_t tile) const { return base + dscores_at + tile * full_block; }

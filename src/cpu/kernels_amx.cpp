@@ -17,18 +17,20 @@ struct AmxSimd : Simd<64> {};
 using S = AmxSimd;
 
 // The AMX kernels fall back to the AVX-512 ones on inputs that do not split into
-// bfloat16 parts, in the same working memory: room for either.
-std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
-  const std::int64_t own = AmxWorkspace<S>(p, naive, workers).total;
-  const std::int64_t fma = avx512_kernels.workspace_floats(p, naive, workers);
+// bfloat16 parts, in the same working memory: room for either (-1: a size overflowed).
+std::int64_t room_for_both(std::int64_t own, std::int64_t fma) {
   return own < 0 || fma < 0 ? -1 : std::max(own, fma);
 }
 
+std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
+  return room_for_both(AmxWorkspace<S>(p, naive, workers).total,
+                       avx512_kernels.workspace_floats(p, naive, workers));
+}
+
 std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
-  const std::int64_t fma = avx512_kernels.backward_workspace_floats(p, naive, workers);
-  const std::int64_t own = naive ? AmxNaiveBackwardWorkspace<S>(p, workers).total
-                                 : AmxBackwardWorkspace<S>(p, workers).total;
-  return own < 0 || fma < 0 ? -1 : std::max(own, fma);
+  return room_for_both(naive ? AmxNaiveBackwardWorkspace<S>(p, workers).total
+                             : AmxBackwardWorkspace<S>(p, workers).total,
+                       avx512_kernels.backward_workspace_floats(p, naive, workers));
 }
 
 }  // namespace
