@@ -6,7 +6,9 @@
 #   FATTN_CUDA_HEAD_DIMS      head dims the fused kernels are compiled for: the ONE list
 #                             the per-dim instantiation files and the dispatcher's
 #                             table (cuda/head_dims.hpp) are generated from
-#   CMAKE_CUDA_ARCHITECTURES  default 80;90 (no sm_90a-only instructions are used)
+#   CMAKE_CUDA_ARCHITECTURES  default 80;90
+#   FATTN_CUDA_WGMMA          AUTO (default): the Hopper wgmma kernel (sm_90a) is built when
+#                             CMAKE_CUDA_ARCHITECTURES has a 90 entry; ON / OFF force it
 #   FATTN_CUDA_WERROR         nvcc warnings are errors (host code: -Wall -Wextra too)
 #   FATTN_CUDA_PTXAS_VERBOSE  ptxas prints registers, spills and shared memory per kernel
 #   FATTN_BUILD_GPU_BENCH     gpu/fattn_gpu_bench (default: FATTN_BUILD_BENCH)
@@ -17,6 +19,8 @@ set(FATTN_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO (when nvcc is fou
 set_property(CACHE FATTN_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(FATTN_CUDA_HEAD_DIMS "64;128;32;96;256" CACHE STRING
     "Head dims the fused CUDA kernels are compiled for (multiples of 16 in [16, 256])")
+set(FATTN_CUDA_WGMMA AUTO CACHE STRING
+    "Build the Hopper wgmma kernel for sm_90a: AUTO (when CMAKE_CUDA_ARCHITECTURES has 90), ON, OFF")
 option(FATTN_CUDA_WERROR "Treat nvcc warnings as errors" OFF)
 option(FATTN_CUDA_PTXAS_VERBOSE "Print ptxas resource usage of every CUDA kernel" OFF)
 
@@ -39,20 +43,38 @@ if(NOT FATTN_WITH_CUDA)
   return()
 endif()
 
-# sm_80 and sm_90 machine code (+ PTX). Hopper-only instructions (wgmma, TMA) would
-# need 90a; the kernels use none yet.
+# sm_80 and sm_90 machine code (+ PTX). The Hopper-only wgmma kernel is built apart, for
+# sm_90a (below).
 set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures to build for")
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 message(STATUS "fattn: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                "architectures ${CMAKE_CUDA_ARCHITECTURES}, head dims ${FATTN_CUDA_HEAD_DIMS})")
+set(_fattn_cuda_targets)
 
 # --- generated instantiations: one translation unit per (fused kernel, head dim) -------
 set(_fattn_gen ${PROJECT_BINARY_DIR}/fattn_cuda_generated)
 set(_fattn_dims ${FATTN_CUDA_HEAD_DIMS})
 list(REMOVE_DUPLICATES _fattn_dims)
 set(_fattn_gen_sources)
+set(_fattn_wgmma_sources)
 set(FATTN_GEN_HEAD_DIM_ITEMS "")
+set(FATTN_GEN_WGMMA_HEAD_DIM_ITEMS "")
+string(TOUPPER "${FATTN_CUDA_WGMMA}" _fattn_wgmma_mode)
+if(_fattn_wgmma_mode STREQUAL "AUTO")
+  set(_fattn_with_wgmma OFF)
+  foreach(arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
+    if(arch MATCHES "^90")
+      set(_fattn_with_wgmma ON)
+    endif()
+  endforeach()
+elseif(_fattn_wgmma_mode MATCHES "^(ON|TRUE|YES|Y|1)$")
+  set(_fattn_with_wgmma ON)
+elseif(_fattn_wgmma_mode MATCHES "^(OFF|FALSE|NO|N|0)$")
+  set(_fattn_with_wgmma OFF)
+else()
+  message(FATAL_ERROR "FATTN_CUDA_WGMMA must be AUTO, ON or OFF, got '${FATTN_CUDA_WGMMA}'")
+endif()
 foreach(d IN LISTS _fattn_dims)
   if(NOT d MATCHES "^[0-9]+$")
     message(FATAL_ERROR "FATTN_CUDA_HEAD_DIMS: '${d}' is not a number")
@@ -84,6 +106,19 @@ foreach(d IN LISTS _fattn_dims)
     configure_file(${PROJECT_SOURCE_DIR}/src/cuda/instantiate.cu.in ${_file} @ONLY)
     list(APPEND _fattn_gen_sources ${_file})
   endforeach()
+  # The wgmma kernel exists for the dims of its instructions (tile_config.hpp,
+  # wgmma_head_dim): 64 and 128.
+  if(_fattn_with_wgmma AND (d EQUAL 64 OR d EQUAL 128))
+    string(APPEND FATTN_GEN_WGMMA_HEAD_DIM_ITEMS " X(${d})")
+    set(FATTN_GEN_HEADER fused_wgmma.cuh)
+    set(FATTN_GEN_ARGS "const Params&, cudaStream_t")
+    foreach(type IN ITEMS __half __nv_bfloat16)
+      set(FATTN_GEN_LAUNCHER "launch_fused_wgmma<${type}, ${d}>")
+      set(_file ${_fattn_gen}/fused_wgmma${type}_d${d}.cu)
+      configure_file(${PROJECT_SOURCE_DIR}/src/cuda/instantiate.cu.in ${_file} @ONLY)
+      list(APPEND _fattn_wgmma_sources ${_file})
+    endforeach()
+  endif()
 endforeach()
 configure_file(${PROJECT_SOURCE_DIR}/src/cuda/head_dims.hpp.in ${_fattn_gen}/cuda/head_dims.hpp
                @ONLY)
@@ -102,14 +137,33 @@ target_include_directories(fattn_cuda PRIVATE include src ${_fattn_gen})
 set_target_properties(fattn_cuda PROPERTIES
   CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(fattn_cuda PUBLIC CUDA::cudart)
+
+# The wgmma instantiations: sm_90a machine code only ("a": no other GPU runs it; the
+# dispatcher launches it on compute capability 9.0 only). Their own static library,
+# because CMake 3.25 has no "90a" architecture value: architectures OFF and the -gencode
+# flag by hand.
+if(_fattn_wgmma_sources)
+  add_library(fattn_cuda_sm90a STATIC ${_fattn_wgmma_sources})
+  target_include_directories(fattn_cuda_sm90a PRIVATE include src ${_fattn_gen})
+  set_target_properties(fattn_cuda_sm90a PROPERTIES
+    CUDA_ARCHITECTURES OFF CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+    POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(fattn_cuda_sm90a PRIVATE -gencode=arch=compute_90a,code=sm_90a -lineinfo)
+  target_link_libraries(fattn_cuda_sm90a PUBLIC CUDA::cudart)
+  target_link_libraries(fattn_cuda PRIVATE fattn_cuda_sm90a)
+  install(TARGETS fattn_cuda_sm90a EXPORT fattnTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  list(APPEND _fattn_cuda_targets fattn_cuda_sm90a)
+endif()
 # -lineinfo: source lines in ncu and compute-sanitizer reports; no effect on the code.
 target_compile_options(fattn_cuda PRIVATE -lineinfo)
-if(FATTN_CUDA_WERROR)
-  target_compile_options(fattn_cuda PRIVATE --Werror all-warnings -Xcompiler=-Wall,-Wextra)
-endif()
-if(FATTN_CUDA_PTXAS_VERBOSE)
-  target_compile_options(fattn_cuda PRIVATE -Xptxas=-v)
-endif()
+foreach(target IN ITEMS fattn_cuda ${_fattn_cuda_targets})
+  if(FATTN_CUDA_WERROR)
+    target_compile_options(${target} PRIVATE --Werror all-warnings -Xcompiler=-Wall,-Wextra)
+  endif()
+  if(FATTN_CUDA_PTXAS_VERBOSE)
+    target_compile_options(${target} PRIVATE -Xptxas=-v)
+  endif()
+endforeach()
 install(TARGETS fattn_cuda EXPORT fattnTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 
 target_link_libraries(fattn PRIVATE fattn_cuda)

@@ -10,7 +10,8 @@
 // Variants: naive and fused for float32 (fused = 3xTF32), float16 and bfloat16; the
 // TF32 mode ("fused_tf32", what Options::allow_tf32 runs); for 16-bit types at D <= 128 the
 // fused kernel forced to 64- and to 128-row query tiles ("fused_br64", "fused_br128"),
-// whose ratio sets the automatic choice; in the assignment suite the exact-FMA float32
+// whose ratio sets the automatic choice; on compute capability 9.0 the Hopper wgmma
+// kernel ("fused_wgmma", 16-bit, D <= 128); in the assignment suite the exact-FMA float32
 // kernel ("fused_fma"). naive is skipped in the flash suite
 // above S = 4096 (its score buffer alone is 2·16384·H·S bytes there).
 //
@@ -25,7 +26,8 @@
 // stream-ordered score buffer is not re-mapped on every call.
 //
 // --profile: for ncu. Runs each naive and fused variant once at the assignment shape
-// (B=2, H=8, D=64) with S = 1024 and 4096, not causal, nothing else.
+// (B=2, H=8, D=64) with S = 1024 and 4096, not causal, and the float16 fused kernels
+// (fused_mma, fused_wgmma) at B=4, H=16, S=4096, D=128; nothing else.
 //
 // TODO(pytorch binding): time torch.nn.functional.scaled_dot_product_attention side by
 // side on the same shapes (that belongs with the PyTorch binding, not here).
@@ -149,6 +151,13 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
       if (suite == "assignment")
         out.push_back({"fused_fma", Kernel::fused_fma, t, B, H, S, D, causal, suite});
     }
+    if (t != DType::float32 && fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) {
+      // the Hopper wgmma kernel beside fused_mma (docs/cuda.md): it becomes the default on
+      // compute capability 9.0 once these numbers say it should
+      const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
+      if (!dims.empty() && D <= dims.back())
+        out.push_back({"fused_wgmma", Kernel::fused_wgmma, t, B, H, S, D, causal, suite});
+    }
     if (D <= fattn::cuda::max_tall_head_dim()) {
       // both query-tile heights of the default fused kernel, side by side: they set
       // dispatch.cu's choice (tall_tiles_pay)
@@ -168,6 +177,9 @@ std::vector<Config> make_configs(const std::string& suite, bool profile) {
     for (DType t : {DType::float32})
       for (int S : {1024, 4096})
         configs.push_back({"fused_fma", Kernel::fused_fma, t, 2, 8, S, 64, false, "profile"});
+    // issue 4's 300 TFLOP/s shape (D = 128, S = 4096, B·H = 64): the 16-bit kernels
+    for (Config c : variants(4, 16, 4096, 128, false, "profile", false))
+      if (c.dtype == DType::float16 && c.tile_rows == 0) configs.push_back(c);
     return configs;
   }
   if (suite == "assignment" || suite == "all")

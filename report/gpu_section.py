@@ -150,6 +150,31 @@ def tile_table(bench: dict, dtype: str = "float16") -> str:
     ])
 
 
+def wgmma_table(bench: dict) -> str:
+    """The Hopper wgmma kernel against the dispatched fused kernel (fused_mma), per shape."""
+    rows, faster, shapes = [], 0, 0
+    for (suite, dt, d, causal, s, b, h), impls in by_shape(bench.get("results", [])).items():
+        wgmma, fused = impls.get("fused_wgmma"), impls.get("fused")
+        if not ran(wgmma):
+            continue
+        shapes += 1
+        faster += ran(fused) and wgmma["ms_median"] < fused["ms_median"]
+        rows.append([str(suite), str(dt), str(b), str(h), str(d), _yes(causal), str(s),
+                     num(_tflops(fused.get("gflops"))) if ran(fused) else "–",
+                     num(_tflops(wgmma.get("gflops"))), _time_ratio(fused, wgmma),
+                     f"{wgmma['max_abs_err']:.1e}" if wgmma.get("max_abs_err") is not None
+                     else "–"])
+    if not rows:
+        return ("(no shape was run by fused_wgmma: it runs on compute capability 9.0 only, "
+                "and this bench.json has none of its rows)")
+    return "\n".join([
+        table(["suite", "dtype", "B", "H", "D", "causal", "S", "fused TFLOP/s",
+               "fused_wgmma TFLOP/s", "fused ms / wgmma ms", "wgmma max_err"], rows),
+        "",
+        f"fused_wgmma is faster than the dispatched kernel at {faster} of {shapes} shapes.",
+    ])
+
+
 # --- bench_cuda_*.json (python -m fattn.bench_cuda) ------------------------------------------
 
 def machine_line(name: str, machine: dict) -> str:
@@ -431,7 +456,11 @@ def section(sources) -> str:
                   "#### 128-row vs 64-row query tiles", "",
                   "Dispatch picks the query-tile height per shape; bench.json times both "
                   "(fused_br64, fused_br128) and what dispatch chose (fused), float16:", "",
-                  tile_table(bench), ""]
+                  tile_table(bench), "",
+                  "#### The Hopper wgmma kernel", "",
+                  "fused_wgmma (sm_90a, `src/cuda/fused_wgmma.cuh`) beside the dispatched "
+                  "fused kernel; dispatch takes it once it wins here (docs/cuda.md):", "",
+                  wgmma_table(bench), ""]
     for name, doc in torch_docs.items():
         parts += [f"#### fattn vs PyTorch SDPA on the GPU (`{name}`)", "",
                   sdpa_section(name, doc), ""]

@@ -117,17 +117,21 @@ BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
   grep -B2 -E "[1-9][0-9]* bytes spill (stores|loads)|[1-9][0-9]* bytes stack frame" "$BUILD_LOG" |
     grep -E "Compiling entry|spill" | sed 's/ptxas info    : //' | head -20
   echo "== SASS (sm_90): tensor-core (HMMA) and local-memory (LDL/STL) instructions per kernel"
-  if [ -f "$BUILD/fattn/libfattn_cuda.a" ]; then
-    cuobjdump --dump-sass "$BUILD/fattn/libfattn_cuda.a" 2>/dev/null |
-      awk '/Function :/ {f=$3; seen[f]=1} /HMMA/ {n[f]++} /LDL|STL/ {l[f]++}
-           END {for (k in seen) printf "  %-80s HMMA %d, local ld/st %d\n", k, n[k], l[k]}' |
-      sort | head -30
-  fi
+  # HGMMA: wgmma (the sm_90a library; 16 per tile at D = 128 and 12 at D = 64 expected:
+  # D/16 for S = Q·Kᵀ plus Bc/16 for P·V). HMMA also matches HGMMA's mnemonic, so the
+  # sm_90a kernels show both counts equal.
+  for lib in "$BUILD/fattn/libfattn_cuda.a" "$BUILD/fattn/libfattn_cuda_sm90a.a"; do
+    [ -f "$lib" ] || continue
+    cuobjdump --dump-sass "$lib" 2>/dev/null |
+      awk '/Function :/ {f=$3; seen[f]=1} /HMMA/ {n[f]++} /HGMMA/ {g[f]++} /LDL|STL/ {l[f]++}
+           END {for (k in seen) printf "  %-80s HMMA %d, HGMMA %d, local ld/st %d\n", k, n[k], g[k], l[k]}' |
+      sort | head -40
+  done
 } | tee -a "$SUMMARY"
 
 # ---- 2. tests ------------------------------------------------------------------------------
-# The wgmma probe first (seconds): which descriptor assignment matches, for the sm_90a
-# kernel still to be written (docs/cuda.md, "Next").
+# The wgmma probe first (seconds): which descriptor assignment matches; the fused_wgmma
+# kernel (src/cuda/core_tile.cuh) uses the LBO = K-adjacent one (variant 0: "A0B0").
 PROBE=$BUILD/cuda_tests/fattn_cuda_wgmma_probe_tests
 if [ "$BUILD_OK" = 1 ] && [ -x "$PROBE" ]; then
   say "wgmma probe"
@@ -193,6 +197,8 @@ if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ] && command -v ncu >/dev/null; then
     sm__sass_thread_inst_executed_op_ffma_pred_on.sum sm__sass_thread_inst_executed_op_fadd_pred_on.sum \
     sm__sass_thread_inst_executed_op_fmul_pred_on.sum sm__inst_executed_pipe_tensor_op_hmma.sum \
     sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+    sm__inst_executed_pipe_tensor_op_gmma.sum \
+    sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
     l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum \
     l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
     sm__warps_active.avg.pct_of_peak_sustained_active; do

@@ -10,7 +10,10 @@
 //   Impl::naive      3 launches: scores = Q·Kᵀ·scale·log2(e) to a B·Hq·Sq·Sk float32
 //                    buffer, row softmax in place (+ logsumexp), O = P·V
 //   Impl::fused      float16/bfloat16: FlashAttention-2 on mma.sync (Kernel::fused_mma,
-//                    which picks 64- or 128-row query tiles per problem)
+//                    which picks 64- or 128-row query tiles per problem). The Hopper
+//                    wgmma kernel (Kernel::fused_wgmma, compute capability 9.0, head dims
+//                    up to 128) is reached through forward_with only until it has been
+//                    measured against fused_mma on an H100 (docs/cuda.md).
 //   Impl::automatic  float32: 3xTF32 on mma.sync m16n8k8 (Kernel::fused_tf32x3), which
 //                    keeps float32 accuracy, or the TF32 mode (Kernel::fused_tf32) when
 //                    Options::allow_tf32 is set; Kernel::fused_fma (plain FMA, exact
@@ -30,6 +33,7 @@ enum class Kernel : std::uint8_t {
   reference,     // float64, any dtype
   naive,         // 3 kernels, any dtype
   fused_mma,        // float16 / bfloat16 only
+  fused_wgmma,      // float16 / bfloat16, head dim <= 128, compute capability 9.0 (sm_90a)
   fused_tf32x3,     // float32 only
   fused_tf32,       // float32 only, TF32 mode: Q·Kᵀ plain TF32, P·V with V split (fused_tf32.cuh)
   fused_fma,        // float32 only
@@ -71,5 +75,13 @@ int naive_launch_count();
 // run on the next larger one with zero padding; above the largest is an Error.
 std::vector<int> supported_head_dims();
 std::string supported_head_dims_text();  // e.g. "32, 64, 96, 128, 256"
+
+// Head dims the fused_wgmma kernel is compiled for (64 and 128 where they are in
+// FATTN_CUDA_HEAD_DIMS; empty when it is not built). Smaller dims run on the next one.
+std::vector<int> wgmma_head_dims();
+
+// Whether `kernel` can run on the current CUDA device: compute capability 8.0 or newer,
+// and for fused_wgmma exactly 9.0 and a build that has it. False without a device.
+bool runs_on_current_device(Kernel kernel);
 
 }  // namespace fattn::cuda

@@ -33,6 +33,11 @@ namespace fattn::cuda {
   extern template void launch_fused_fma<d>(const Params&, cudaStream_t);
 FATTN_CUDA_HEAD_DIMS(FATTN_EXTERN_FUSED)
 #undef FATTN_EXTERN_FUSED
+#define FATTN_EXTERN_WGMMA(d)                                                            \
+  extern template void launch_fused_wgmma<__half, d>(const Params&, cudaStream_t);       \
+  extern template void launch_fused_wgmma<__nv_bfloat16, d>(const Params&, cudaStream_t);
+FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_EXTERN_WGMMA)
+#undef FATTN_EXTERN_WGMMA
 #define FATTN_EXTERN_TYPED(T)                                                            \
   extern template void launch_naive<T>(const Params&, float*, cudaStream_t);             \
   extern template void launch_reference<T>(const Params&, cudaStream_t);                 \
@@ -82,6 +87,24 @@ void with_head_dim(int dim, F&& f) {
   fail("internal error: no fused CUDA kernel for head dim " + std::to_string(dim));
 }
 
+template <class F>
+void with_wgmma_head_dim(int dim, F&& f) {
+  switch (dim) {
+#define FATTN_CASE(d) \
+  case d: f(std::integral_constant<int, d>{}); return;
+    FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_CASE)
+#undef FATTN_CASE
+    default: break;
+  }
+  fail("internal error: no wgmma CUDA kernel for head dim " + std::to_string(dim));
+}
+
+std::string join(const std::vector<int>& values) {
+  std::string text;
+  for (int v : values) text += (text.empty() ? "" : ", ") + std::to_string(v);
+  return text;
+}
+
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
 std::int64_t checked_product(std::initializer_list<std::int64_t> factors, const char* what) {
@@ -122,6 +145,21 @@ int usable_device() {
          "mma.sync); CUDA device " + std::to_string(device) + " is " + std::to_string(major) +
          "." + std::to_string(minor));
   return device;
+}
+
+// sm_90a machine code runs on compute capability 9.0 only (the "a" targets have no
+// forward compatibility).
+constexpr int kWgmmaMajor = 9, kWgmmaMinor = 0;
+
+void expect_wgmma_device(int device) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major != kWgmmaMajor || minor != kWgmmaMinor)
+    fail("the fused_wgmma CUDA kernel is built for sm_90a and runs on compute capability " +
+         std::to_string(kWgmmaMajor) + "." + std::to_string(kWgmmaMinor) +
+         " (Hopper) only; CUDA device " + std::to_string(device) + " is " +
+         std::to_string(major) + "." + std::to_string(minor));
 }
 
 void expect_device_memory(const char* name, const void* data, int device) {
@@ -193,8 +231,12 @@ bool tall_allowed(Kernel kernel, int dim) {
   return (is_tf32(kernel) ? tf32_tiles(dim).max_slices : mma_tiles(dim).max_slices) >= 2;
 }
 
+// Query rows per block of the wgmma kernel (one 64-row warpgroup each).
+int wgmma_rows(int dim) { return 64 * wgmma_tiles(dim).warpgroups; }
+
 // The fewest query rows per block the kernel may use (the largest grid).
 int rows_per_block(Kernel kernel, int dim) {
+  if (kernel == Kernel::fused_wgmma) return wgmma_rows(dim);
   if (is_tensor_core(kernel)) return short_rows(kernel, dim);
   if (kernel == Kernel::fused_fma) return fma_tiles(dim).br;
   return 1;
@@ -234,7 +276,7 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
   Plan plan;
   plan.kernel = kernel == Kernel::automatic ? kernel_for(Impl::automatic, dtype) : kernel;
   const bool fp32 = dtype == DType::float32;
-  if (plan.kernel == Kernel::fused_mma && fp32)
+  if ((plan.kernel == Kernel::fused_mma || plan.kernel == Kernel::fused_wgmma) && fp32)
     fail(std::string("the ") + to_string(plan.kernel) +
          " CUDA kernel takes float16 or bfloat16, got float32");
   if ((is_tf32(plan.kernel) || plan.kernel == Kernel::fused_fma) && !fp32)
@@ -254,8 +296,16 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
     expect_int("batch · heads · query sequence / 8 (reference grid)",
                checked_product({bh, p.q_len}, "the reference grid") / 8);
   } else {
-    const std::vector<int> dims = supported_head_dims();
+    const bool wgmma = plan.kernel == Kernel::fused_wgmma;
+    const std::vector<int> dims = wgmma ? wgmma_head_dims() : supported_head_dims();
     const auto it = std::lower_bound(dims.begin(), dims.end(), static_cast<int>(p.head_dim));
+    if (wgmma && it == dims.end())
+      fail("head dim " + std::to_string(p.head_dim) +
+           (dims.empty() ? std::string(": this build has no fused_wgmma CUDA kernel (it is built "
+                                       "when CMAKE_CUDA_ARCHITECTURES has 90 and "
+                                       "FATTN_CUDA_WGMMA is not OFF)")
+                         : " is larger than every head dim the fused_wgmma CUDA kernel is "
+                           "built for (" + join(dims) + "); use the fused_mma kernel"));
     if (it == dims.end())
       fail("head dim " + std::to_string(p.head_dim) +
            " is larger than every head dim the fused CUDA kernels are built for (" +
@@ -401,6 +451,13 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
       const std::int64_t seq = plan.row, head = seq * t.size(2), batch = head * t.size(1);
       *strides[i] = {batch, head, seq};
     }
+    if (plan.kernel == Kernel::fused_wgmma) {
+      if constexpr (!std::is_same_v<T, float>)
+        with_wgmma_head_dim(plan.kernel_dim, [&](auto dim) {
+          launch_fused_wgmma<T, decltype(dim)::value>(params, stream);
+        });
+      return;
+    }
     with_head_dim(plan.kernel_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       if constexpr (std::is_same_v<T, float>) {
@@ -438,6 +495,7 @@ const char* to_string(Kernel kernel) {
     case Kernel::reference: return "reference";
     case Kernel::naive: return "naive";
     case Kernel::fused_mma: return "fused_mma";
+    case Kernel::fused_wgmma: return "fused_wgmma";
     case Kernel::fused_tf32x3: return "fused_tf32x3";
     case Kernel::fused_tf32: return "fused_tf32";
     case Kernel::fused_fma: return "fused_fma";
@@ -473,10 +531,30 @@ std::vector<int> supported_head_dims() {
   return dims;
 }
 
-std::string supported_head_dims_text() {
-  std::string text;
-  for (int d : supported_head_dims()) text += (text.empty() ? "" : ", ") + std::to_string(d);
-  return text;
+std::string supported_head_dims_text() { return join(supported_head_dims()); }
+
+std::vector<int> wgmma_head_dims() {
+  std::vector<int> dims{
+#define FATTN_ITEM(d) d,
+      FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_ITEM)
+#undef FATTN_ITEM
+  };
+  std::sort(dims.begin(), dims.end());
+  return dims;
+}
+
+bool runs_on_current_device(Kernel kernel) {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (kernel == Kernel::fused_wgmma)
+    return !wgmma_head_dims().empty() && major == kWgmmaMajor && minor == kWgmmaMinor;
+  return major >= 8;
 }
 
 void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -485,7 +563,11 @@ void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
   if (kernel == Kernel::automatic) kernel = kernel_for(options.impl, q.dtype, options.allow_tf32);
   const detail::Problem problem = validate(q, k, v, &out, lse, options);
   Plan plan = make_plan(problem, q, k, v, kernel);
-  if (tile_rows != 0) {
+  if (tile_rows != 0 && plan.kernel == Kernel::fused_wgmma) {
+    if (tile_rows != wgmma_rows(plan.kernel_dim))
+      fail("tile_rows = " + std::to_string(tile_rows) + " is not a tile height of the " +
+           "fused_wgmma CUDA kernel (0, or " + std::to_string(wgmma_rows(plan.kernel_dim)) + ")");
+  } else if (tile_rows != 0) {
     const int rows = short_rows(plan.kernel, plan.kernel_dim);
     if (!is_tensor_core(plan.kernel) || (tile_rows != rows && tile_rows != 2 * rows))
       fail("tile_rows = " + std::to_string(tile_rows) + " is not a tile height of the " +
@@ -497,6 +579,7 @@ void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
     plan.tile_rows = tile_rows;
   }
   const int device = usable_device();
+  if (plan.kernel == Kernel::fused_wgmma) expect_wgmma_device(device);
   expect_device_memory("q", q.data, device);
   expect_device_memory("k", k.data, device);
   expect_device_memory("v", v.data, device);

@@ -53,6 +53,10 @@ struct Params {
 // T = __half or __nv_bfloat16; rows_per_block 64, or 128 where mma_tiles(D) allows it.
 template <class T, int D>
 void launch_fused_mma(const Params& p, int rows_per_block, cudaStream_t stream);
+// wgmma (sm_90a; compiled in their own library for that target, cmake/cuda.cmake): T as
+// above, D = 64 or 128 (wgmma_head_dim); run only on compute capability 9.0.
+template <class T, int D>
+void launch_fused_wgmma(const Params& p, cudaStream_t stream);
 template <int D>
 void launch_fused_tf32x3(const Params& p, bool exact, int rows_per_block,
                          cudaStream_t stream);  // exact = false: the TF32 mode

@@ -39,6 +39,24 @@ constexpr MmaTiles mma_tiles(int d) {
   return d <= 64 ? MmaTiles{4, 64, 2, 64} : d <= 128 ? MmaTiles{4, 64, 2, 32} : MmaTiles{4, 32, 1, 32};
 }
 
+// FlashAttention on Hopper's wgmma (sm_90a, float16 / bfloat16; fused_wgmma.cuh).
+// One warpgroup (4 warps) owns 64 query rows, the M of wgmma m64nNk16; the row softmax
+// stays inside each warp (its 16 rows of the accumulator). Per thread: s = Bc/2 and
+// o = D/2 float registers, P = Bc/4 32-bit registers while P·V is in flight.
+//   2 warpgroups (Br = 128) and Bc = 128 for D = 64 and 128: the 128-row tile of
+//   FlashAttention-3's D = 128 forward (two consumer warpgroups of 64 rows), here without
+//   its producer warp: every thread issues cp.async. Shared memory
+//   (Br + 2 stages · 2 · Bc) · D · 2 B = 160 KB at D = 128 (1 block/SM), 80 KB at D = 64.
+//   Registers at D = 128: s 64 + o 64 + P 32. First choice, not yet measured on a GPU
+//   (docs/cuda.md "wgmma"); the benchmark runs it beside fused_mma.
+// Compiled for head dims 64 and 128 only (the m64n64 / m64n128 instructions of wgmma.cuh);
+// other dims run fused_mma.
+struct WgmmaTiles {
+  int warpgroups, bc;
+};
+constexpr bool wgmma_head_dim(int d) { return d == 64 || d == 128; }
+constexpr WgmmaTiles wgmma_tiles(int) { return WgmmaTiles{2, 128}; }
+
 // 3xTF32 / TF32 on mma.sync m16n8k8 (float32). Same warp layout as the 16-bit kernel
 // (kM = 1 or 2 slices of 16 rows per warp, 4 warps, Br = 64 or 128; the 128-row tiles
 // share each K/V fragment load and split between two slices). K and V each have one shared stage, with the

@@ -96,13 +96,14 @@ __device__ __forceinline__ void softmax_update(float (&s)[kN][4], float (&o)[kDB
 // O += P·V for one key tile where each row sums only the keys it sees: the slow path
 // for a masked tile whose V holds a NaN or an infinity (a tensor-core P·V would add
 // 0·NaN = NaN into rows that do not see that key). Row g of the thread's quad gets
-// the probabilities of the other quad lanes by shuffles; V is read from the shared
-// tile (key-major, row pitch `pitch`): the output fragment (rows g, g+8; columns
-// d·8 + 2t, +1) accumulates p·v over the visible keys only.
-template <class TV, int kN, int kDB>
+// the probabilities of the other quad lanes by shuffles; v_at(key, col) reads the
+// tile's value of `key` (0-based in the tile) at head-dim column col, as a float: the
+// output fragment (rows g, g+8; columns d·8 + 2t, +1) accumulates p·v over the
+// visible keys only.
+template <int kN, int kDB, class VAt>
 __device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (&o)[kDB][4],
-                                                const TV* v_tile, int pitch, const Params& p,
-                                                int row0, int k0, int lane) {
+                                                VAt&& v_at, const Params& p, int row0, int k0,
+                                                int lane) {
   const int t = lane % 4, quad = lane & ~3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -118,15 +119,24 @@ __device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (
           const int key = n * 8 + 2 * src + e, col = k0 + key;
           if (col >= p.kv_len || (p.causal && col > row + p.causal_offset)) continue;
           const float pe = e ? p1 : p0;
-          const TV* const vrow = v_tile + key * pitch + 2 * t;
 #pragma unroll
           for (int d = 0; d < kDB; ++d) {
-            o[d][2 * half] = fmaf(pe, to_float(vrow[d * 8]), o[d][2 * half]);
-            o[d][2 * half + 1] = fmaf(pe, to_float(vrow[d * 8 + 1]), o[d][2 * half + 1]);
+            o[d][2 * half] = fmaf(pe, v_at(key, d * 8 + 2 * t), o[d][2 * half]);
+            o[d][2 * half + 1] = fmaf(pe, v_at(key, d * 8 + 2 * t + 1), o[d][2 * half + 1]);
           }
         }
       }
   }
+}
+
+// The same for a key-major tile with row pitch `pitch` (the mma.sync kernels' layout).
+template <class TV, int kN, int kDB>
+__device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (&o)[kDB][4],
+                                                const TV* v_tile, int pitch, const Params& p,
+                                                int row0, int k0, int lane) {
+  pv_visible_keys(
+      s, o, [&](int key, int col) { return to_float(v_tile[key * pitch + col]); }, p, row0, k0,
+      lane);
 }
 
 // Epilogue: out = o / l for the warp's rows inside the sequence (columns < head_dim),

@@ -1,8 +1,8 @@
 // fattn — Hopper warpgroup MMA (wgmma, sm_90a only) building blocks: the shared-memory
-// matrix descriptor, the wgmma fences and groups, and the m64n64k16 f16 MMA with both
-// operands in shared memory (SS) and with A in registers, B in shared memory (RS). Not
-// used by the library yet: tests/cuda/wgmma_probe.cu checks them on an H100
-// (docs/cuda.md, "Next: a wgmma kernel", step 1).
+// matrix descriptor, the wgmma fences and groups, and the m64nNk16 (N = 64, 128) MMA on
+// float16 / bfloat16 with both operands in shared memory (SS) and with A in registers,
+// B in shared memory (RS). Used by fused_wgmma.cuh; tests/cuda/wgmma_probe.cu checks
+// the descriptor and fragment layouts on their own on an H100 (docs/cuda.md).
 //
 // wgmma is issued by a warpgroup (4 consecutive warps, the first at a warp index
 // divisible by 4); all 128 threads execute every wrapper below together. The tensor
@@ -28,7 +28,11 @@
 // i.e. each 8-column chunk is the m16n8 C layout of mma.sync (mma.cuh).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 // wgmma exists only on the sm_90a target ("a": architecture-specific, no forward
 // compatibility); nvcc defines __CUDA_ARCH_FEAT_SM90_ALL when compiling for
@@ -110,38 +114,99 @@ __device__ __forceinline__ void wgmma_wait_group() {
 // The compiler does not know that wgmma reads and writes the accumulators after the
 // instruction issues: this empty asm pins each register, so no read or write of it is
 // moved across the fence / wait it is placed next to (CUTLASS's warpgroup_fence_operand).
-template <int kN>
-__device__ __forceinline__ void wgmma_fence_operands(float (&d)[kN]) {
+template <int kBlocks>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[kBlocks][4]) {
 #pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int n = 0; n < kBlocks; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+__device__ __forceinline__ void wgmma_fence_operands(std::uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 // ---- the MMA ------------------------------------------------------------------------------
-// d (64×64 f32, 32 registers per thread, layout above) = a·b + (accumulate ? d : 0), with
-// a 64×16 and b 16×64 f16 in shared memory. kTransA / kTransB are the immediates
-// imm-trans-a / imm-trans-b: 0 = K-major (A row-major M×K, B stored N×K, as K in Q·Kᵀ),
-// 1 = MN-major (B stored K×N with N contiguous, as V in P·V).
-template <int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_m64n64k16_f32_f16_ss(float (&d)[32], std::uint64_t desc_a,
-                                                           std::uint64_t desc_b, bool accumulate) {
+// d (64×N f32) = a·b + (accumulate ? d : 0) for 16-bit T (__half or __nv_bfloat16), N = 64
+// or 128. The accumulator is d[N/8][4]: block n holds columns 8n..8n+7 in the m16n8 C
+// layout of the thread's warp (header comment), so the warp-level softmax and epilogue
+// helpers (warp_softmax.cuh) take it as they take mma.sync's score blocks.
+//
+// Two forms:
+//   wgmma_ss: a (64×16) and b (16×N) both from shared memory, through descriptors;
+//             kTransA / kTransB are imm-trans-a / imm-trans-b: 0 = K-major (A row-major
+//             M×K; B stored N×K, as K in Q·Kᵀ), 1 = MN-major (B stored K×N with N
+//             contiguous, as V in P·V).
+//   wgmma_rs: a from 4 registers per thread (layout below), b from shared memory; the RS
+//             form has no imm-trans-a. The registers of a must not be written until the
+//             group holding this MMA is waited for, and a wgmma_fence must separate their
+//             last write from the MMA.
+//
+// A-fragment register layout of the RS form, m64k16 (4 × 32-bit registers per thread,
+// two 16-bit values each, the lower-indexed element in the low half): warp w of the
+// warpgroup owns rows 16w..16w+15 and, within a warp, it is the A fragment of mma.sync
+// m16n8k16 (mma.cuh). Element v (0..7) of lane l, register v/2:
+//   row 16w + l/4 + 8·((v/2) % 2),  column 2·(l%4) + (v%2) + 8·(v/4),
+// i.e. a[0] = (row r, cols c, c+1), a[1] = (r+8, c..c+1), a[2] = (r, c+8..c+9),
+// a[3] = (r+8, c+8..c+9) with r = 16w + l/4, c = 2·(l%4). This is CUTLASS's
+// SM90::GMMA::ALayout_64x16 (cute/atom/mma_traits_sm90_gmma.hpp: thread (4,8,4) strides
+// (128,1,16), value (2,2,2) strides (64,8,512) over a column-major 64×16 tile), the same
+// as the m64nNk16 accumulator layout above with N = 16 (PTX ISA, "Register Fragments",
+// wgmma .m64nNk16 matrix A). So the accumulator blocks 2k and 2k+1 of a score tile,
+// rounded to 16 bits pairwise, are the A fragment of its k-th 16-column slice.
+//
+// The instruction text and operand lists are spelled by the macros below: inline asm
+// takes only string literals, and each (N, type) pair is its own instruction.
+#define FATTN_WGMMA_ACC8(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define FATTN_WGMMA_ACC64(d, b)                                                          \
+  FATTN_WGMMA_ACC8(d, b + 0), FATTN_WGMMA_ACC8(d, b + 1), FATTN_WGMMA_ACC8(d, b + 2),   \
+      FATTN_WGMMA_ACC8(d, b + 3), FATTN_WGMMA_ACC8(d, b + 4), FATTN_WGMMA_ACC8(d, b + 5), \
+      FATTN_WGMMA_ACC8(d, b + 6), FATTN_WGMMA_ACC8(d, b + 7)
+#define FATTN_WGMMA_REGS32                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FATTN_WGMMA_REGS64                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "   \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "   \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+// SS: operands after the accumulators are desc_a, desc_b, accumulate, trans-a, trans-b.
+#define FATTN_WGMMA_SS_TEXT(N, TYPE, REGS, A, B, ACC, TA, TB)                     \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS ", " A \
+  ", " B ", p, 1, 1, " TA ", " TB ";\n}\n"
+// RS: operands after the accumulators are a[0..3], desc_b, accumulate, trans-b.
+#define FATTN_WGMMA_RS_TEXT(N, TYPE, REGS, A0, A1, A2, A3, B, ACC, TB)                   \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                       \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS ", {" A0 ", " \
+  A1 ", " A2 ", " A3 "}, " B ", p, 1, 1, " TB ";\n}\n"
+
+template <class T, int kN, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[kN / 8][4], std::uint64_t desc_a,
+                                         std::uint64_t desc_b, bool accumulate) {
+  static_assert(kN == 64 || kN == 128, "m64n64k16 or m64n128k16");
   static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1),
                 "transpose immediates are 0 or 1");
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit inputs");
 #if FATTN_WGMMA_ENABLED
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, %35, %36;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransA), "n"(kTransB));
+  const int acc = accumulate ? 1 : 0;
+  if constexpr (kN == 64 && std::is_same_v<T, __half>) {
+    asm volatile(FATTN_WGMMA_SS_TEXT(64, "f16", FATTN_WGMMA_REGS32, "%32", "%33", "%34", "%35", "%36")
+                 : FATTN_WGMMA_ACC64(d, 0)
+                 : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransA), "n"(kTransB));
+  } else if constexpr (kN == 64) {
+    asm volatile(FATTN_WGMMA_SS_TEXT(64, "bf16", FATTN_WGMMA_REGS32, "%32", "%33", "%34", "%35", "%36")
+                 : FATTN_WGMMA_ACC64(d, 0)
+                 : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransA), "n"(kTransB));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(FATTN_WGMMA_SS_TEXT(128, "f16", FATTN_WGMMA_REGS64, "%64", "%65", "%66", "%67", "%68")
+                 : FATTN_WGMMA_ACC64(d, 0), FATTN_WGMMA_ACC64(d, 8)
+                 : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransA), "n"(kTransB));
+  } else {
+    asm volatile(FATTN_WGMMA_SS_TEXT(128, "bf16", FATTN_WGMMA_REGS64, "%64", "%65", "%66", "%67", "%68")
+                 : FATTN_WGMMA_ACC64(d, 0), FATTN_WGMMA_ACC64(d, 8)
+                 : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransA), "n"(kTransB));
+  }
 #else
   (void)d;
   (void)desc_a;
@@ -151,49 +216,35 @@ __device__ __forceinline__ void wgmma_m64n64k16_f32_f16_ss(float (&d)[32], std::
 #endif
 }
 
-// A-fragment register layout of the RS form, m64k16 f16 (4 × 32-bit registers per
-// thread, two f16 each, the lower-indexed element in the low 16 bits): warp w of the
-// warpgroup owns rows 16w..16w+15 and, within a warp, it is the A fragment of mma.sync
-// m16n8k16 (mma.cuh). Element v (0..7) of lane l, register v/2:
-//   row 16w + l/4 + 8·((v/2) % 2),  column 2·(l%4) + (v%2) + 8·(v/4),
-// i.e. a[0] = (row r, cols c, c+1), a[1] = (r+8, c..c+1), a[2] = (r, c+8..c+9),
-// a[3] = (r+8, c+8..c+9) with r = 16w + l/4, c = 2·(l%4). This is CUTLASS's
-// SM90::GMMA::ALayout_64x16 (cute/atom/mma_traits_sm90_gmma.hpp: thread (4,8,4) strides
-// (128,1,16), value (2,2,2) strides (64,8,512) over a column-major 64×16 tile), the same
-// as the m64nNk16 accumulator layout above with N = 16 (PTX ISA, "Register Fragments",
-// wgmma .m64nNk16 matrix A). Unverified on hardware: the probe checks it.
-__device__ __forceinline__ void wgmma_fence_operands(std::uint32_t (&a)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
-}
-
-// d (64×64 f32) = a·b + (accumulate ? d : 0), a 64×16 f16 in registers (layout above),
-// b 16×64 f16 in shared memory. kTransB is imm-trans-b: 0 = K-major (B stored N×K),
-// 1 = N-major (B stored K×N with N contiguous, as V in P·V). The RS form has no
-// imm-trans-a. The registers of a must not be written until the group holding this MMA
-// is waited for, and a wgmma_fence must separate their last write from the MMA.
-template <int kTransB>
-__device__ __forceinline__ void wgmma_m64n64k16_f32_f16_rs(float (&d)[32],
-                                                           const std::uint32_t (&a)[4],
-                                                           std::uint64_t desc_b, bool accumulate) {
+template <class T, int kN, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kN / 8][4], const std::uint32_t (&a)[4],
+                                         std::uint64_t desc_b, bool accumulate) {
+  static_assert(kN == 64 || kN == 128, "m64n64k16 or m64n128k16");
   static_assert(kTransB == 0 || kTransB == 1, "the transpose immediate is 0 or 1");
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit inputs");
 #if FATTN_WGMMA_ENABLED
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-        "r"(static_cast<int>(accumulate)), "n"(kTransB));
+  const int acc = accumulate ? 1 : 0;
+  if constexpr (kN == 64 && std::is_same_v<T, __half>) {
+    asm volatile(FATTN_WGMMA_RS_TEXT(64, "f16", FATTN_WGMMA_REGS32, "%32", "%33", "%34", "%35",
+                                     "%36", "%37", "%38")
+                 : FATTN_WGMMA_ACC64(d, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else if constexpr (kN == 64) {
+    asm volatile(FATTN_WGMMA_RS_TEXT(64, "bf16", FATTN_WGMMA_REGS32, "%32", "%33", "%34", "%35",
+                                     "%36", "%37", "%38")
+                 : FATTN_WGMMA_ACC64(d, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(FATTN_WGMMA_RS_TEXT(128, "f16", FATTN_WGMMA_REGS64, "%64", "%65", "%66", "%67",
+                                     "%68", "%69", "%70")
+                 : FATTN_WGMMA_ACC64(d, 0), FATTN_WGMMA_ACC64(d, 8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else {
+    asm volatile(FATTN_WGMMA_RS_TEXT(128, "bf16", FATTN_WGMMA_REGS64, "%64", "%65", "%66", "%67",
+                                     "%68", "%69", "%70")
+                 : FATTN_WGMMA_ACC64(d, 0), FATTN_WGMMA_ACC64(d, 8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+  }
 #else
   (void)d;
   (void)a;
@@ -202,5 +253,12 @@ __device__ __forceinline__ void wgmma_m64n64k16_f32_f16_rs(float (&d)[32],
   __trap();
 #endif
 }
+
+#undef FATTN_WGMMA_ACC8
+#undef FATTN_WGMMA_ACC64
+#undef FATTN_WGMMA_REGS32
+#undef FATTN_WGMMA_REGS64
+#undef FATTN_WGMMA_SS_TEXT
+#undef FATTN_WGMMA_RS_TEXT
 
 }  // namespace fattn::cuda

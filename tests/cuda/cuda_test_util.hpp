@@ -545,6 +545,10 @@ inline Outcome run_case(const Case& c) {
 // take any head dim).
 inline bool compiled_for(const Case& c) {
   if (c.kernel == Kernel::reference || c.kernel == Kernel::naive) return true;
+  if (c.kernel == Kernel::fused_wgmma) {
+    const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
+    return !dims.empty() && c.D <= dims.back();
+  }
   const std::vector<int> dims = fattn::cuda::supported_head_dims();
   return !dims.empty() && c.D <= dims.back() &&
          (c.tile_rows != 128 || c.D <= fattn::cuda::max_tall_head_dim());
@@ -565,7 +569,26 @@ inline std::vector<KernelCase> all_kernels() {
           {DType::float16, Kernel::naive, 0},        {DType::float16, Kernel::fused_mma, 64},
           {DType::float16, Kernel::fused_mma, 128},  {DType::bfloat16, Kernel::reference, 0},
           {DType::bfloat16, Kernel::naive, 0},       {DType::bfloat16, Kernel::fused_mma, 64},
-          {DType::bfloat16, Kernel::fused_mma, 128}};
+          {DType::bfloat16, Kernel::fused_mma, 128}, {DType::float16, Kernel::fused_wgmma, 0},
+          {DType::bfloat16, Kernel::fused_wgmma, 0}};
+}
+
+// Why the current device cannot run c's kernel ("" when it can): fused_wgmma is sm_90a
+// code and runs on compute capability 9.0 only.
+inline std::string why_not_here(const Case& c) {
+  if (fattn::cuda::runs_on_current_device(c.kernel)) return "";
+  return std::string("the ") + fattn::cuda::to_string(c.kernel) +
+         " kernel does not run on this device (fused_wgmma: compute capability 9.0 and a "
+         "build with it)";
+}
+
+// all_kernels() less the ones the current device cannot run, for tests that loop over
+// kernels (call it inside a test: it asks the CUDA runtime).
+inline std::vector<KernelCase> kernels_here() {
+  std::vector<KernelCase> here;
+  for (const KernelCase& k : all_kernels())
+    if (fattn::cuda::runs_on_current_device(k.kernel)) here.push_back(k);
+  return here;
 }
 
 }  // namespace fattn_cuda_test

@@ -60,7 +60,7 @@ struct Bound {
 // bottom_right with Sq > Sk: the first Sq - Sk queries see no key: exactly 0 and -inf.
 TEST(CudaBehaviour, FullyMaskedRowsAreZeroWithLseMinusInf) {
   FATTN_REQUIRE_GPU();
-  for (auto [dtype, kernel, tile_rows] : all_kernels()) {
+  for (auto [dtype, kernel, tile_rows] : kernels_here()) {
     Case c;
     c.dtype = dtype;
     c.kernel = kernel;
@@ -94,7 +94,7 @@ TEST(CudaBehaviour, NaNPropagates) {
   FATTN_REQUIRE_GPU();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  for (auto [dtype, kernel, tile_rows] : all_kernels()) {
+  for (auto [dtype, kernel, tile_rows] : kernels_here()) {
     Case c;
     c.dtype = dtype;
     c.kernel = kernel;
@@ -122,7 +122,7 @@ TEST(CudaBehaviour, NaNPropagates) {
 // logits in float32 from the same inputs) plus the CPU suite's 64·2^-24·max|logit|.
 TEST(CudaBehaviour, HugeLogits) {
   FATTN_REQUIRE_GPU();
-  for (auto [dtype, kernel, tile_rows] : all_kernels())
+  for (auto [dtype, kernel, tile_rows] : kernels_here())
     for (Causal causal : {Causal::none, Causal::bottom_right}) {
       Case c;
       c.dtype = dtype;
@@ -152,7 +152,7 @@ TEST(CudaBehaviour, HugeLogits) {
 // Running twice gives the same bits (no atomics, no order-dependent reductions).
 TEST(CudaBehaviour, Deterministic) {
   FATTN_REQUIRE_GPU();
-  for (auto [dtype, kernel, tile_rows] : all_kernels()) {
+  for (auto [dtype, kernel, tile_rows] : kernels_here()) {
     Case c;
     c.dtype = dtype;
     c.kernel = kernel;
@@ -200,7 +200,10 @@ TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
                           Expect{DType::float32, Kernel::fused_tf32x3, Layout::padded, 1},
                           Expect{DType::float32, Kernel::fused_tf32, Layout::bhsd, 1, 128},
                           Expect{DType::float32, Kernel::fused_fma, Layout::bshd, 1},
-                          Expect{DType::float32, Kernel::reference, Layout::bhsd, 1}}) {
+                          Expect{DType::float32, Kernel::reference, Layout::bhsd, 1},
+                          Expect{DType::bfloat16, Kernel::fused_wgmma, Layout::bshd, 1},
+                          Expect{DType::float16, Kernel::fused_wgmma, Layout::misaligned, 4}}) {
+    if (!fattn::cuda::runs_on_current_device(e.kernel)) continue;
     Case c;
     c.dtype = e.dtype;
     c.kernel = e.kernel;
@@ -309,6 +312,44 @@ TEST(CudaBehaviour, KernelMustMatchDtype) {
               HasSubstr("the fused_fma CUDA kernel takes float32, got float16"));
   EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h, h, h, {}, Kernel::fused_tf32); }),
               HasSubstr("the fused_tf32 CUDA kernel takes float32, got float16"));
+  EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(q, k, v, {}, Kernel::fused_wgmma); }),
+              HasSubstr("the fused_wgmma CUDA kernel takes float16 or bfloat16, got float32"));
+}
+
+// fused_wgmma: head dims up to its largest compiled one (64 and 128; smaller ones padded),
+// 128-row tiles only, compute capability 9.0 only. Checked before any launch.
+TEST(CudaBehaviour, WgmmaLimitsAreChecked) {
+  constexpr std::uintptr_t base = std::uintptr_t{1} << 32;
+  const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
+  const auto h256 = fake(DType::float16, 1, 1, 16, 256, base);
+  if (dims.empty()) {
+    EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h256, h256, h256, {}, Kernel::fused_wgmma); }),
+                HasSubstr("this build has no fused_wgmma CUDA kernel"));
+    return;
+  }
+  std::string listed;
+  for (int d : dims) {
+    EXPECT_TRUE(d == 64 || d == 128) << d;  // the dims of its instructions
+    listed += (listed.empty() ? "" : ", ") + std::to_string(d);
+  }
+  EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h256, h256, h256, {}, Kernel::fused_wgmma); }),
+              HasSubstr("head dim 256 is larger than every head dim the fused_wgmma CUDA kernel is "
+                        "built for (" + listed + "); use the fused_mma kernel"));
+  const auto h40 = fake(DType::float16, 1, 1, 16, 40, base);
+  EXPECT_EQ(fattn::cuda::extra_bytes_with(h40, h40, h40, {}, Kernel::fused_wgmma), 0);  // padded to 64
+  const auto h = fake(DType::bfloat16, 1, 1, 16, 64, base);
+  const auto out = fake(DType::bfloat16, 1, 1, 16, 64, base + (3u << 28));
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_wgmma, 64); }),
+              HasSubstr("tile_rows = 64 is not a tile height of the fused_wgmma CUDA kernel (0, or 128)"));
+  if (!why_no_gpu().empty() || fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) return;
+  // A GPU other than compute capability 9.0: a clear error, no launch.
+  Case c;
+  c.dtype = DType::float16;
+  c.kernel = Kernel::fused_wgmma;
+  Bound t(c);
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, nullptr, {}, Kernel::fused_wgmma); }),
+              HasSubstr("the fused_wgmma CUDA kernel is built for sm_90a and runs on compute "
+                        "capability 9.0 (Hopper) only"));
 }
 
 // forward_with's tile_rows: 0, 64 or 128 for the tensor-core kernels; 128 only up to

@@ -14,6 +14,7 @@ class CudaGrid : public ::testing::TestWithParam<Case> {
 TEST_P(CudaGrid, MatchesFloat64Reference) {
   if (!compiled_for(GetParam()))
     GTEST_SKIP() << "no kernel for this head dim (FATTN_CUDA_HEAD_DIMS, cuda::max_tall_head_dim)";
+  if (const std::string why = why_not_here(GetParam()); !why.empty()) GTEST_SKIP() << why;
   run_case(GetParam());
 }
 
@@ -170,6 +171,7 @@ class CudaSanitize : public CudaGrid {};
 TEST_P(CudaSanitize, MatchesFloat64Reference) {
   if (!compiled_for(GetParam()))
     GTEST_SKIP() << "no kernel for this head dim (FATTN_CUDA_HEAD_DIMS, cuda::max_tall_head_dim)";
+  if (const std::string why = why_not_here(GetParam()); !why.empty()) GTEST_SKIP() << why;
   run_case(GetParam());
 }
 

@@ -84,14 +84,14 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(const __half* a, const 
   std::uint64_t desc_a = probe_desc<K>(smem_a, a_variant);
   std::uint64_t desc_b = probe_desc<K>(smem_b, b_variant);
 
-  float d[kRegs];
+  float d[kRegs / 4][4];  // 8-column blocks (src/cuda/wgmma.cuh)
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) d[i] = 0.0f;
+  for (int i = 0; i < kRegs; ++i) d[i / 4][i % 4] = 0.0f;
   wgmma_fence_operands(d);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
-    wgmma_m64n64k16_f32_f16_ss<0, kTransB>(d, desc_a, desc_b, ks > 0);
+    wgmma_ss<__half, kN, 0, kTransB>(d, desc_a, desc_b, ks > 0);
     desc_a += kSliceAdvance;
     desc_b += kSliceAdvance;
   }
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(const __half* a, const 
   wgmma_fence_operands(d);
 
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i];
+  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i / 4][i % 4];
 }
 
 // The RS form: A (row-major 64×K in global memory) goes straight into registers, each
@@ -136,16 +136,16 @@ __global__ void __launch_bounds__(kThreads) probe_rs_kernel(const __half* a, con
 
   std::uint64_t desc_b = probe_desc<K>(smem_b, b_variant);
 
-  float d[kRegs];
+  float d[kRegs / 4][4];  // 8-column blocks (src/cuda/wgmma.cuh)
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) d[i] = 0.0f;
+  for (int i = 0; i < kRegs; ++i) d[i / 4][i % 4] = 0.0f;
   wgmma_fence_operands(d);
 #pragma unroll
   for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);
   wgmma_fence();
 #pragma unroll
   for (int s = 0; s < K / 16; ++s) {
-    wgmma_m64n64k16_f32_f16_rs<1>(d, frag[s], desc_b, s > 0);
+    wgmma_rs<__half, kN, 1>(d, frag[s], desc_b, s > 0);
     desc_b += kSliceAdvance;
   }
   wgmma_commit_group();
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) probe_rs_kernel(const __half* a, con
   for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);
 
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i];
+  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i / 4][i % 4];
 }
 
 }  // namespace

@@ -284,6 +284,19 @@ def test_gpu_query_tile_table():
     assert "float16: the 128-row tile is faster at 1 of 2 shapes, the 64-row tile at 1." in text
 
 
+def test_gpu_wgmma_table():
+    from report import gpu_section
+    rows = [bench_row("fused", 2.0, Sq=4096), bench_row("fused_wgmma", 1.0, Sq=4096),
+            bench_row("fused", 1.0, Sq=512), bench_row("fused_wgmma", 2.0, Sq=512),
+            bench_row("fused_wgmma", 1.0, Sq=1024)]  # no fused row
+    text = gpu_section.wgmma_table({"results": rows})
+    assert "| flash | float16 | 4 | 16 | 128 | no | 4096 | 275 | 550 | 2.00× | 1.0e-05 |" in text
+    assert "| flash | float16 | 4 | 16 | 128 | no | 1024 | – | 34.4 | – | 1.0e-05 |" in text
+    assert "fused_wgmma is faster than the dispatched kernel at 1 of 3 shapes." in text
+    assert "no shape was run by fused_wgmma" in gpu_section.wgmma_table(
+        {"results": rows[:1] + rows[2:3]})
+
+
 def test_gpu_bench_cuda_without_results_is_a_clear_error(results_dir):
     gpu = fresh_gpu_dir(results_dir)
     (gpu / "bench_cuda_assignment.json").write_text(json.dumps(
