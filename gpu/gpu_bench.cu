@@ -1,7 +1,7 @@
 // fattn-gpu-bench — times the CUDA kernels with CUDA events and writes JSON.
 //
 //   fattn_gpu_bench [--out results.json] [--driver STRING] [--suite assignment|flash|all]
-//                   [--budget-s SECONDS] [--profile]
+//                   [--budget-s SECONDS] [--profile] [--impls NAME,NAME,...]
 //
 // Suites (Sq = Sk = S, Hq = Hkv = H, contiguous (B, H, S, D) tensors):
 //   assignment  B=2, H=8, D=64, S in {128, 512, 1024, 4096}, causal and not
@@ -11,8 +11,8 @@
 // TF32 mode ("fused_tf32", what Options::allow_tf32 runs); for 16-bit types at D <= 128 the
 // fused kernel forced to 64- and to 128-row query tiles ("fused_br64", "fused_br128"),
 // whose ratio sets the automatic choice; on compute capability 9.0 the Hopper wgmma
-// kernel ("fused_wgmma", 16-bit, D <= 128); in the assignment suite the exact-FMA float32
-// kernel ("fused_fma"). naive is skipped in the flash suite
+// kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; 16-bit, D <= 128); in
+// the assignment suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in the flash suite
 // above S = 4096 (its score buffer alone is 2·16384·H·S bytes there).
 //
 // Method: inputs are random (never zeros); each timed call uses the next of several
@@ -25,9 +25,11 @@
 // The memory pool keeps freed blocks (release threshold = max), so the naive path's
 // stream-ordered score buffer is not re-mapped on every call.
 //
+// --impls: run only the variants with these names (e.g. fused,fused_wgmma), in the
+// usual order; an unknown name is an error.
 // --profile: for ncu. Runs each naive and fused variant once at the assignment shape
 // (B=2, H=8, D=64) with S = 1024 and 4096, not causal, and the float16 fused kernels
-// (fused_mma, fused_wgmma) at B=4, H=16, S=4096, D=128; nothing else.
+// (fused_mma, both fused_wgmma schedules) at B=4, H=16, S=4096, D=128; nothing else.
 //
 // TODO(pytorch binding): time torch.nn.functional.scaled_dot_product_attention side by
 // side on the same shapes (that belongs with the PyTorch binding, not here).
@@ -155,8 +157,11 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
       // the Hopper wgmma kernel beside fused_mma (docs/cuda.md): it becomes the default on
       // compute capability 9.0 once these numbers say it should
       const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
-      if (!dims.empty() && D <= dims.back())
+      if (!dims.empty() && D <= dims.back()) {
         out.push_back({"fused_wgmma", Kernel::fused_wgmma, t, B, H, S, D, causal, suite});
+        out.push_back({"fused_wgmma_pipelined", Kernel::fused_wgmma_pipelined, t, B, H, S, D,
+                       causal, suite});
+      }
     }
     if (D <= fattn::cuda::max_tall_head_dim()) {
       // both query-tile heights of the default fused kernel, side by side: they set
@@ -381,6 +386,7 @@ int main(int argc, char** argv) {
   std::string out_path = "gpu_bench.json", driver = "unknown", suite = "all";
   double budget_s = 240.0;
   bool profile = false;
+  std::vector<std::string> impls;  // empty: every variant
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -395,11 +401,24 @@ int main(int argc, char** argv) {
     else if (a == "--suite") suite = next();
     else if (a == "--budget-s") budget_s = std::atof(next().c_str());
     else if (a == "--profile") profile = true;
-    else {
-      std::fprintf(stderr, "usage: fattn_gpu_bench [--out FILE] [--driver STR] [--suite assignment|flash|all] [--budget-s S] [--profile]\n");
+    else if (a == "--impls") {
+      std::stringstream list(next());
+      for (std::string name; std::getline(list, name, ',');)
+        if (!name.empty()) impls.push_back(name);
+    } else {
+      std::fprintf(stderr, "usage: fattn_gpu_bench [--out FILE] [--driver STR] [--suite assignment|flash|all] [--budget-s S] [--profile] [--impls A,B,...]\n");
       return 2;
     }
   }
+  for (const std::string& name : impls)
+    if (name != "naive" && name != "fused" && name != "fused_tf32" && name != "fused_fma" &&
+        name != "fused_br64" && name != "fused_br128" && name != "fused_wgmma" &&
+        name != "fused_wgmma_pipelined") {
+      std::fprintf(stderr, "fattn_gpu_bench: --impls: unknown variant '%s' (naive, fused, "
+                           "fused_tf32, fused_fma, fused_br64, fused_br128, fused_wgmma, "
+                           "fused_wgmma_pipelined)\n", name.c_str());
+      return 2;
+    }
 
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
@@ -418,7 +437,10 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Result> results;
   std::vector<std::string> skipped;
-  const std::vector<Config> configs = make_configs(suite, profile);
+  std::vector<Config> configs;
+  for (const Config& c : make_configs(suite, profile))
+    if (impls.empty() || std::find(impls.begin(), impls.end(), c.impl) != impls.end())
+      configs.push_back(c);
   if (!profile)
     std::printf("%-10s %-9s %3s %3s %6s %4s %-6s %10s %10s %12s\n", "impl", "dtype", "B", "H", "S",
                 "D", "causal", "ms_median", "TFLOP/s", "max_abs_err");

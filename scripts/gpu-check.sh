@@ -18,6 +18,10 @@
 #                compute sections + DRAM bytes, flop and tensor-pipe counters, bank
 #                conflicts, of every naive and fused kernel at S = 1024 and 4096
 #                                                  -> ncu_raw.csv, ncu_details.csv, fattn.ncu-rep
+# FOCUS=wgmma: the Hopper wgmma kernels only (docs/cuda.md): tests *wgmma* and
+# CudaBehaviour.*, compute-sanitizer on their Small cases, the benchmark of fused (and its
+# 128-row tiles) against fused_wgmma and fused_wgmma_pipelined, ncu as usual. Minutes less
+# than the whole check, for the first device call after a change to those kernels.
 # summary.txt (also printed last) holds the machine, step results, spills and the bench
 # table. Files in $OUT: summary.txt build.log tests.log sanitizer.log bench.json
 # ncu_raw.csv ncu_details.csv fattn.ncu-rep (8).
@@ -28,6 +32,22 @@ OUT=${OUT:-$ROOT/gpu-check-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-/tmp/fattn-gpu-build}
 DEADLINE_S=${DEADLINE_S:-530}
+FOCUS=${FOCUS:-}
+case "$FOCUS" in
+  "")
+    TEST_FILTER="*"
+    MEM_FILTER="Small/CudaSanitize.*"
+    RACE_FILTER="Small/CudaSanitize.*_D64_*"
+    SYNC_FILTER="Small/CudaSanitize.*fused*_D64_*"
+    BENCH_IMPLS=() ;;
+  wgmma)
+    TEST_FILTER="*wgmma*:CudaBehaviour.*"
+    MEM_FILTER="Small/CudaSanitize.*wgmma*"
+    RACE_FILTER="Small/CudaSanitize.*wgmma*_D64_*"
+    SYNC_FILTER="$RACE_FILTER"
+    BENCH_IMPLS=(--impls fused,fused_br128,fused_wgmma,fused_wgmma_pipelined) ;;
+  *) echo "FOCUS must be empty or wgmma, got '$FOCUS'" >&2; exit 2 ;;
+esac
 JOBS=${JOBS:-$(nproc)}
 START=$(date +%s)
 SUMMARY=$OUT/summary.txt
@@ -148,7 +168,7 @@ if [ "$BUILD_OK" = 1 ] && [ -x "$PROBE" ]; then
 fi
 if [ "$BUILD_OK" = 1 ] && [ -x "$TESTS" ]; then
   say "tests"
-  timeout "$(cap 150 230)" "$TESTS" --gtest_brief=1 >"$OUT/tests.log" 2>&1
+  timeout "$(cap 150 230)" "$TESTS" --gtest_brief=1 --gtest_filter="$TEST_FILTER" >"$OUT/tests.log" 2>&1
   RC=$?
   say "tests exit $RC: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -25 | tee -a "$SUMMARY"
@@ -160,8 +180,8 @@ if [ "$BUILD_OK" = 1 ] && [ -x "$TESTS" ]; then
   SAN=$OUT/sanitizer.log
   : >"$SAN"
   # memcheck: the whole Small subset; racecheck: the D=64 cases; synccheck: the fused D=64 ones.
-  for spec in "memcheck 60 Small/CudaSanitize.*:CudaBehaviour.FullyMasked*" \
-    "racecheck 60 Small/CudaSanitize.*_D64_*" "synccheck 30 Small/CudaSanitize.*fused*_D64_*"; do
+  for spec in "memcheck 60 $MEM_FILTER:CudaBehaviour.FullyMasked*" \
+    "racecheck 60 $RACE_FILTER" "synccheck 30 $SYNC_FILTER"; do
     read -r tool limit filter <<<"$spec"
     extra=()
     case $tool in
@@ -182,7 +202,7 @@ if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ]; then
   T=$(cap 160 80)
   say "benchmark (time budget $((T - 35)) s)"
   echo "== bench" >>"$SUMMARY"
-  timeout "$T" "$BENCH" --suite all --budget-s $((T - 35)) --driver "${DRIVER:-unknown}" \
+  timeout "$T" "$BENCH" --suite all --budget-s $((T - 35)) --driver "${DRIVER:-unknown}" "${BENCH_IMPLS[@]}" \
     --out "$OUT/bench.json" 2>&1 | tee -a "$SUMMARY" | tail -3
 fi
 

@@ -11,9 +11,10 @@
 //                    buffer, row softmax in place (+ logsumexp), O = P·V
 //   Impl::fused      float16/bfloat16: FlashAttention-2 on mma.sync (Kernel::fused_mma,
 //                    which picks 64- or 128-row query tiles per problem). The Hopper
-//                    wgmma kernel (Kernel::fused_wgmma, compute capability 9.0, head dims
-//                    up to 128) is reached through forward_with only until it has been
-//                    measured against fused_mma on an H100 (docs/cuda.md).
+//                    wgmma kernels (Kernel::fused_wgmma and fused_wgmma_pipelined, compute
+//                    capability 9.0, head dims up to 128) are reached through forward_with
+//                    only until they have been measured against fused_mma on an H100
+//                    (docs/cuda.md).
 //   Impl::automatic  float32: 3xTF32 on mma.sync m16n8k8 (Kernel::fused_tf32x3), which
 //                    keeps float32 accuracy, or the TF32 mode (Kernel::fused_tf32) when
 //                    Options::allow_tf32 is set; Kernel::fused_fma (plain FMA, exact
@@ -34,6 +35,7 @@ enum class Kernel : std::uint8_t {
   naive,         // 3 kernels, any dtype
   fused_mma,        // float16 / bfloat16 only
   fused_wgmma,      // float16 / bfloat16, head dim <= 128, compute capability 9.0 (sm_90a)
+  fused_wgmma_pipelined,  // the same with FlashAttention-3's overlapped schedule
   fused_tf32x3,     // float32 only
   fused_tf32,       // float32 only, TF32 mode: Q·Kᵀ plain TF32, P·V with V split (fused_tf32.cuh)
   fused_fma,        // float32 only

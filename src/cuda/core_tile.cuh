@@ -45,6 +45,11 @@ constexpr bool loader_matches_layout(int rows) {
 }
 static_assert(loader_matches_layout<64>(16) && loader_matches_layout<128>(16),
               "core-matrix loader and layout agree");
+// Column c + 8d of a row is 64·d elements after column c (c % 8 fixed): the next core
+// matrix of the row block.
+static_assert(core_index<128>(9, 2 + 8 * 5) == core_index<128>(9, 2) + 64 * 5 &&
+                  core_index<64>(17, 7 + 8 * 3) == core_index<64>(17, 7) + 64 * 3,
+              "row-adjacent core matrices are 64 elements apart");
 
 // Copies rows [0, kRows) of a global tile (row r at base + r·row_stride) into a core-matrix
 // tile with cp.async; rows >= rows_valid and columns >= head_dim are zero-filled without
@@ -57,7 +62,9 @@ __device__ __forceinline__ void load_core_tile_async(T* smem, const T* base,
   static_assert(kRows % 8 == 0 && kD % 8 == 0, "whole core matrices");
   constexpr int kChunks = kRows * kD / 8;
   static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
+  // Not unrolled: unrolled, ptxas kept every chunk's address in registers, and the
+  // pipelined wgmma kernel spilled 208 bytes at D = 128 (0 with this loop, sm_90a).
+#pragma unroll 1
   for (int it = 0; it < kChunks / kThreads; ++it) {
     const int i = tid + it * kThreads;
     const int r = (i / kD) * 8 + i % 8;

@@ -34,8 +34,8 @@ namespace fattn::cuda {
 FATTN_CUDA_HEAD_DIMS(FATTN_EXTERN_FUSED)
 #undef FATTN_EXTERN_FUSED
 #define FATTN_EXTERN_WGMMA(d)                                                            \
-  extern template void launch_fused_wgmma<__half, d>(const Params&, cudaStream_t);       \
-  extern template void launch_fused_wgmma<__nv_bfloat16, d>(const Params&, cudaStream_t);
+  extern template void launch_fused_wgmma<__half, d>(const Params&, bool, cudaStream_t); \
+  extern template void launch_fused_wgmma<__nv_bfloat16, d>(const Params&, bool, cudaStream_t);
 FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_EXTERN_WGMMA)
 #undef FATTN_EXTERN_WGMMA
 #define FATTN_EXTERN_TYPED(T)                                                            \
@@ -151,12 +151,13 @@ int usable_device() {
 // forward compatibility).
 constexpr int kWgmmaMajor = 9, kWgmmaMinor = 0;
 
-void expect_wgmma_device(int device) {
+void expect_wgmma_device(Kernel kernel, int device) {
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (major != kWgmmaMajor || minor != kWgmmaMinor)
-    fail("the fused_wgmma CUDA kernel is built for sm_90a and runs on compute capability " +
+    fail(std::string("the ") + to_string(kernel) +
+         " CUDA kernel is built for sm_90a and runs on compute capability " +
          std::to_string(kWgmmaMajor) + "." + std::to_string(kWgmmaMinor) +
          " (Hopper) only; CUDA device " + std::to_string(device) + " is " +
          std::to_string(major) + "." + std::to_string(minor));
@@ -221,6 +222,10 @@ bool is_tf32(Kernel kernel) {
   return kernel == Kernel::fused_tf32x3 || kernel == Kernel::fused_tf32;
 }
 
+bool is_wgmma(Kernel kernel) {
+  return kernel == Kernel::fused_wgmma || kernel == Kernel::fused_wgmma_pipelined;
+}
+
 bool is_tensor_core(Kernel kernel) { return kernel == Kernel::fused_mma || is_tf32(kernel); }
 
 // Query rows per block with one (short) or two (tall) 16-row slices per warp.
@@ -236,7 +241,7 @@ int wgmma_rows(int dim) { return 64 * wgmma_tiles(dim).warpgroups; }
 
 // The fewest query rows per block the kernel may use (the largest grid).
 int rows_per_block(Kernel kernel, int dim) {
-  if (kernel == Kernel::fused_wgmma) return wgmma_rows(dim);
+  if (is_wgmma(kernel)) return wgmma_rows(dim);
   if (is_tensor_core(kernel)) return short_rows(kernel, dim);
   if (kernel == Kernel::fused_fma) return fma_tiles(dim).br;
   return 1;
@@ -276,7 +281,7 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
   Plan plan;
   plan.kernel = kernel == Kernel::automatic ? kernel_for(Impl::automatic, dtype) : kernel;
   const bool fp32 = dtype == DType::float32;
-  if ((plan.kernel == Kernel::fused_mma || plan.kernel == Kernel::fused_wgmma) && fp32)
+  if ((plan.kernel == Kernel::fused_mma || is_wgmma(plan.kernel)) && fp32)
     fail(std::string("the ") + to_string(plan.kernel) +
          " CUDA kernel takes float16 or bfloat16, got float32");
   if ((is_tf32(plan.kernel) || plan.kernel == Kernel::fused_fma) && !fp32)
@@ -296,16 +301,17 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
     expect_int("batch · heads · query sequence / 8 (reference grid)",
                checked_product({bh, p.q_len}, "the reference grid") / 8);
   } else {
-    const bool wgmma = plan.kernel == Kernel::fused_wgmma;
+    const bool wgmma = is_wgmma(plan.kernel);
     const std::vector<int> dims = wgmma ? wgmma_head_dims() : supported_head_dims();
     const auto it = std::lower_bound(dims.begin(), dims.end(), static_cast<int>(p.head_dim));
     if (wgmma && it == dims.end())
       fail("head dim " + std::to_string(p.head_dim) +
-           (dims.empty() ? std::string(": this build has no fused_wgmma CUDA kernel (it is built "
-                                       "when CMAKE_CUDA_ARCHITECTURES has 90 and "
-                                       "FATTN_CUDA_WGMMA is not OFF)")
-                         : " is larger than every head dim the fused_wgmma CUDA kernel is "
-                           "built for (" + join(dims) + "); use the fused_mma kernel"));
+           (dims.empty() ? ": this build has no " + std::string(to_string(plan.kernel)) +
+                               " CUDA kernel (the wgmma kernels are built when "
+                               "CMAKE_CUDA_ARCHITECTURES has 90 and FATTN_CUDA_WGMMA is not OFF)"
+                         : " is larger than every head dim the " + std::string(to_string(plan.kernel)) +
+                               " CUDA kernel is built for (" + join(dims) +
+                               "); use the fused_mma kernel"));
     if (it == dims.end())
       fail("head dim " + std::to_string(p.head_dim) +
            " is larger than every head dim the fused CUDA kernels are built for (" +
@@ -451,10 +457,11 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
       const std::int64_t seq = plan.row, head = seq * t.size(2), batch = head * t.size(1);
       *strides[i] = {batch, head, seq};
     }
-    if (plan.kernel == Kernel::fused_wgmma) {
+    if (is_wgmma(plan.kernel)) {
       if constexpr (!std::is_same_v<T, float>)
         with_wgmma_head_dim(plan.kernel_dim, [&](auto dim) {
-          launch_fused_wgmma<T, decltype(dim)::value>(params, stream);
+          launch_fused_wgmma<T, decltype(dim)::value>(
+              params, plan.kernel == Kernel::fused_wgmma_pipelined, stream);
         });
       return;
     }
@@ -496,6 +503,7 @@ const char* to_string(Kernel kernel) {
     case Kernel::naive: return "naive";
     case Kernel::fused_mma: return "fused_mma";
     case Kernel::fused_wgmma: return "fused_wgmma";
+    case Kernel::fused_wgmma_pipelined: return "fused_wgmma_pipelined";
     case Kernel::fused_tf32x3: return "fused_tf32x3";
     case Kernel::fused_tf32: return "fused_tf32";
     case Kernel::fused_fma: return "fused_fma";
@@ -552,7 +560,7 @@ bool runs_on_current_device(Kernel kernel) {
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (kernel == Kernel::fused_wgmma)
+  if (is_wgmma(kernel))
     return !wgmma_head_dims().empty() && major == kWgmmaMajor && minor == kWgmmaMinor;
   return major >= 8;
 }
@@ -563,10 +571,11 @@ void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
   if (kernel == Kernel::automatic) kernel = kernel_for(options.impl, q.dtype, options.allow_tf32);
   const detail::Problem problem = validate(q, k, v, &out, lse, options);
   Plan plan = make_plan(problem, q, k, v, kernel);
-  if (tile_rows != 0 && plan.kernel == Kernel::fused_wgmma) {
+  if (tile_rows != 0 && is_wgmma(plan.kernel)) {
     if (tile_rows != wgmma_rows(plan.kernel_dim))
       fail("tile_rows = " + std::to_string(tile_rows) + " is not a tile height of the " +
-           "fused_wgmma CUDA kernel (0, or " + std::to_string(wgmma_rows(plan.kernel_dim)) + ")");
+           to_string(plan.kernel) + " CUDA kernel (0, or " +
+           std::to_string(wgmma_rows(plan.kernel_dim)) + ")");
   } else if (tile_rows != 0) {
     const int rows = short_rows(plan.kernel, plan.kernel_dim);
     if (!is_tensor_core(plan.kernel) || (tile_rows != rows && tile_rows != 2 * rows))
@@ -579,7 +588,7 @@ void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
     plan.tile_rows = tile_rows;
   }
   const int device = usable_device();
-  if (plan.kernel == Kernel::fused_wgmma) expect_wgmma_device(device);
+  if (is_wgmma(plan.kernel)) expect_wgmma_device(plan.kernel, device);
   expect_device_memory("q", q.data, device);
   expect_device_memory("k", k.data, device);
   expect_device_memory("v", v.data, device);

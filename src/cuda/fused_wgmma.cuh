@@ -5,7 +5,7 @@
 // g owns rows 64g..64g+63 (the M of wgmma m64nNk16), warp w of it 16 of them, so the
 // row softmax stays inside a warp as in fused_mma.cuh. Q, K and V tiles sit in shared
 // memory in the no-swizzle core-matrix layout (core_tile.cuh), K/V in two stages: the
-// next key tile loads by cp.async while this one computes. For each key tile of Bc keys:
+// next tiles load by cp.async while this one computes. For each key tile of Bc keys:
 //   S  = Q·Kᵀ                 wgmma SS m64n{Bc}k16, D/16 of them, Q and K from shared
 //   S ← S·scale·log2(e), masked     (warp_softmax.cuh, on the accumulator registers:
 //   m, l, S ← online softmax         each warp's 16 rows are in the m16n8 C layout)
@@ -15,16 +15,22 @@
 // then out = O / l and lse = ln 2 · (m + log2 l), as the mma.sync kernel. Key tiles past
 // the causal limit of the tile's last row are never loaded.
 //
-// Both MMAs are waited for before the registers they write are read (wgmma_wait_group<0>):
-// the simple schedule, with the tensor cores idle during the softmax unless the other
-// warpgroup is in its MMAs. FlashAttention-3 overlaps them (the next tile's Q·Kᵀ is
-// issued before this tile's softmax; producer warps, TMA); that is the next step once
-// this one is measured (docs/cuda.md).
+// Two schedules (Kernel::fused_wgmma and Kernel::fused_wgmma_pipelined):
+//   serial     each MMA group is waited for before the registers it writes are read: the
+//              tensor cores idle during a warpgroup's softmax unless the other
+//              warpgroup is in its MMAs.
+//   pipelined  FlashAttention-3's intra-warpgroup overlap: iteration j issues S_j = Q·K_jᵀ
+//              and then O += P_{j-1}·V_{j-1}, waits for S_j only, and computes P_j while
+//              the tensor cores run P_{j-1}·V_{j-1}; O is rescaled by alpha_j after that
+//              MMA is waited for. The price: P_{j-1} (Bc/4 registers) is held across the
+//              softmax, and V runs one tile behind K in the loads.
+// Which one is faster on an H100 is for the benchmark to say (docs/cuda.md); FlashAttention-3
+// adds producer warps with TMA loads and ping-pong between warpgroups on top.
 //
 // Hidden keys' values: as in fused_mma.cuh, tiles crossing the causal diagonal are
 // scanned for NaN/Inf values; if one is found the whole block (wgmma is issued by whole
 // warpgroups, so the choice must be uniform) sums each row's visible keys only
-// (pv_visible_keys on the shared tile).
+// (pv_visible_keys on the shared tile) for that tile.
 #pragma once
 
 #include "cuda/async_copy.cuh"
@@ -45,66 +51,113 @@ struct WgmmaShape {
   static constexpr int kBc = wgmma_tiles(kD).bc;  // keys per tile: the N of S = Q·Kᵀ
   static constexpr int kNS = kBc / 8;             // 8-column score blocks per warp
   static constexpr int kDB = kD / 8;              // 8-column output blocks per warp
+  static constexpr int kKS = kBc / 16;            // 16-key slices: P's A fragments
   static constexpr int kTileElems = kBc * kD;
   // Q, then 2 stages of K, then 2 stages of V.
   static constexpr int kSmemBytes = (kBr + 4 * kBc) * kD * static_cast<int>(sizeof(T));
   static_assert(kBc == 64 || kBc == 128, "m64n64 or m64n128 for S");
 };
 
-// S = Q·Kᵀ for the warpgroup's 64 rows and the tile's Bc keys: D/16 SS MMAs, K-major A
-// (Q) and B (K). Returns once S is in the registers.
+// ---- tile operations (issued by the whole warpgroup) -------------------------------------
+
+// Issues S = Q·Kᵀ for the warpgroup's 64 rows and the tile's Bc keys as one group: D/16
+// SS MMAs, K-major A (Q) and B (K). s is valid after the group is waited for.
 template <class T, int kD, int kBc>
-__device__ __forceinline__ void qk_wgmma(float (&s)[kBc / 8][4], std::uint64_t q_desc,
+__device__ __forceinline__ void issue_qk(float (&s)[kBc / 8][4], std::uint64_t q_desc,
                                          std::uint64_t k_desc) {
+  wgmma_fence_operands(s);
   wgmma_fence();  // s was read by the last tile's softmax
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
     wgmma_ss<T, kBc, 0, 0>(s, q_desc + kk * k_major_slice_step(),
                            k_desc + kk * k_major_slice_step(), kk > 0);
   wgmma_commit_group();
-  wgmma_wait_group<0>();
-  wgmma_fence_operands(s);
 }
 
-// O += P·V: P (probabilities in s, rounded to T) as the register A operand, V N-major
-// from shared memory; Bc/16 RS MMAs. Returns once O is in the registers.
-template <class T, int kD, int kBc>
-__device__ __forceinline__ void pv_wgmma(const float (&s)[kBc / 8][4], float (&o)[kD / 8][4],
-                                         std::uint64_t v_desc) {
-  std::uint32_t a[kBc / 16][4];
+// The probabilities in s rounded to T as the A fragments of P·V: slice k is score
+// blocks 2k and 2k+1 (wgmma.cuh).
+template <class T, int kNS>
+__device__ __forceinline__ void pack_probs(const float (&s)[kNS][4],
+                                           std::uint32_t (&a)[kNS / 2][4]) {
 #pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) {
+  for (int kk = 0; kk < kNS / 2; ++kk) {
     a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
     a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
     a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    wgmma_fence_operands(a[kk]);
   }
+}
+
+// Issues O += P·V as one group: Bc/16 RS MMAs, P from registers, V N-major from shared.
+// Neither o nor a may be touched until the group is waited for.
+template <class T, int kD, int kKS>
+__device__ __forceinline__ void issue_pv(std::uint32_t (&a)[kKS][4], float (&o)[kD / 8][4],
+                                         std::uint64_t v_desc) {
+#pragma unroll
+  for (int kk = 0; kk < kKS; ++kk) wgmma_fence_operands(a[kk]);
   wgmma_fence_operands(o);
   wgmma_fence();  // o was rescaled and a written by ordinary instructions
 #pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk)
+  for (int kk = 0; kk < kKS; ++kk)
     wgmma_rs<T, kD, 1>(o, a[kk], v_desc + kk * n_major_slice_step<kD>(), true);
   wgmma_commit_group();
-  wgmma_wait_group<0>();
+}
+
+// After the P·V group is waited for: the registers are o's and a's again.
+template <int kD, int kKS>
+__device__ __forceinline__ void pv_done(std::uint32_t (&a)[kKS][4], float (&o)[kD / 8][4]) {
   wgmma_fence_operands(o);
 #pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) wgmma_fence_operands(a[kk]);
+  for (int kk = 0; kk < kKS; ++kk) wgmma_fence_operands(a[kk]);
 }
 
-// The slow path out of line: inlined, its shuffles and loads raise the kernel's register
-// count for every tile (ptxas: 255 registers and a spill at D = 128, 184 without it at
-// D = 64 against 232); called, it passes s and o through the stack only when it runs.
-template <class T, int kD, int kNS>
-__device__ __noinline__ void pv_visible_keys_core(const float (&s)[kNS][4], float (&o)[kD / 8][4],
-                                                  const T* v_tile, const Params& p, int row0,
-                                                  int k0, int lane) {
-  pv_visible_keys(
-      s, o, [&](int key, int col) { return to_float(v_tile[core_index<kD>(key, col)]); }, p, row0,
-      k0, lane);
+// The slow path (header comment): O += P·V summing each row's visible keys only, with
+// FMAs. Block-wide (every thread calls it; the caller's choice is block-uniform). P (the
+// packed fragments a, the values the tensor-core path multiplies) goes through `scratch`,
+// a K stage no MMA reads any more (kBr × Bc 16-bit values, row-major), so that the loop
+// below holds only o: ptxas gave the kernels 40-90 more registers for a register-resident
+// version, inlined or called (and spilled the pipelined one at D = 128).
+template <class T, int kD, int kKS>
+__device__ __forceinline__ void pv_visible_keys_shared(const std::uint32_t (&a)[kKS][4],
+                                                       float (&o)[kD / 8][4], const T* v_tile,
+                                                       T* scratch, const Params& p, int warp,
+                                                       int lane, int row0, int k0) {
+  constexpr int kBc = 16 * kKS;
+  const int g = lane / 4, t = lane % 4;
+  __syncthreads();  // every warpgroup's MMAs on the scratch's K tile are done
+  std::uint32_t* const pairs = reinterpret_cast<std::uint32_t*>(scratch);
+#pragma unroll
+  for (int kk = 0; kk < kKS; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // fragment register r: row g + 8·(r%2), column pair t + 4·(r/2)
+      const int row_in_block = warp * 16 + g + 8 * (r % 2);
+      pairs[row_in_block * (kBc / 2) + kk * 8 + t + 4 * (r / 2)] = a[kk][r];
+    }
+  __syncwarp();  // a warp reads back only its own 16 rows
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    const T* const prow = scratch + (warp * 16 + g + 8 * half) * kBc;
+#pragma unroll 1
+    for (int key = 0; key < kBc; ++key) {
+      const int col = k0 + key;
+      if (col >= p.kv_len || (p.causal && col > row + p.causal_offset)) continue;
+      const float pe = to_float(prow[key]);
+      // Columns 8d + 2t, +1 of this key's row: one pair per core matrix, 64 elements
+      // apart (core_index), so the offsets are immediates and hold no registers.
+      const T* const vrow = v_tile + core_index<kD>(key, 2 * t);
+#pragma unroll
+      for (int d = 0; d < kD / 8; ++d) {
+        o[d][2 * half] = fmaf(pe, to_float(vrow[64 * d]), o[d][2 * half]);
+        o[d][2 * half + 1] = fmaf(pe, to_float(vrow[64 * d + 1]), o[d][2 * half + 1]);
+      }
+    }
+  }
 }
 
-template <class T, int kD>
+// ---- the kernel ------------------------------------------------------------------------------
+
+template <class T, int kD, bool kPipelined>
 __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
     fused_wgmma_kernel(const Params p) {
   using S = WgmmaShape<T, kD>;
@@ -122,14 +175,63 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
   const int q_rows = min(S::kBr, p.q_len - c.q0);
   const int kv_end = p.kv_end(c.q0 + q_rows);
   const int tiles = (kv_end + S::kBc - 1) / S::kBc;
+  if (tiles == 0) {  // no key visible to any row of the tile: 0 and lse = -inf
+    WarpRows rows;
+    rows.start();
+    float o[S::kDB][4] = {};
+    store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h),
+                  p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr,
+                  c.q0 + warp * 16 + lane / 4, lane);
+    return;
+  }
 
-  auto load_kv = [&](int j, int stage) {
+  auto load_k = [&](int j) {
     const int k0 = j * S::kBc;
-    const int rows = min(S::kBc, p.kv_len - k0);
-    load_core_tile_async<T, S::kBc, kD, S::kThreads>(
-        sk + stage * S::kTileElems, k + k0 * p.k_stride.seq, p.k_stride.seq, rows, p.head_dim, tid);
-    load_core_tile_async<T, S::kBc, kD, S::kThreads>(
-        sv + stage * S::kTileElems, v + k0 * p.v_stride.seq, p.v_stride.seq, rows, p.head_dim, tid);
+    load_core_tile_async<T, S::kBc, kD, S::kThreads>(sk + (j & 1) * S::kTileElems,
+                                                     k + k0 * p.k_stride.seq, p.k_stride.seq,
+                                                     min(S::kBc, p.kv_len - k0), p.head_dim, tid);
+  };
+  auto load_v = [&](int j) {
+    const int k0 = j * S::kBc;
+    load_core_tile_async<T, S::kBc, kD, S::kThreads>(sv + (j & 1) * S::kTileElems,
+                                                     v + k0 * p.v_stride.seq, p.v_stride.seq,
+                                                     min(S::kBc, p.kv_len - k0), p.head_dim, tid);
+  };
+  auto k_desc = [&](int j) { return k_major_desc<kD>(sk + (j & 1) * S::kTileElems); };
+  auto v_tile = [&](int j) -> const T* { return sv + (j & 1) * S::kTileElems; };
+  auto k_tile = [&](int j) -> T* { return sk + (j & 1) * S::kTileElems; };
+  // Shared data written by every thread's cp.async is visible to the whole block, and to
+  // wgmma (the async proxy), after this.
+  auto tiles_landed = [&]() {
+    fence_proxy_async_shared();
+    __syncthreads();
+  };
+  // Whether tile j's V must skip the tensor cores (header comment). Block-uniform: every
+  // thread enters the block-wide scan or none; the zero-filled rows past kv_len are finite.
+  auto needs_visible_keys_only = [&](int j) {
+    const int k0 = j * S::kBc;
+    if (!(p.causal && k0 + S::kBc - 1 > c.q0 + p.causal_offset)) return false;
+    return tile_has_nonfinite<T, S::kBc, kD, kD, S::kThreads>(v_tile(j), S::kBc, tid);
+  };
+
+  const int warp_row0 = c.q0 + warp * 16;  // sequence index of the warp's first row
+  const int row0 = warp_row0 + lane / 4;   // ... of this thread's row g
+  // The warpgroup's 64 rows of Q: 8 row blocks of the core-matrix tile per 64 rows.
+  const std::uint64_t q_desc = k_major_desc<kD>(sq + warpgroup * 64 * kD);
+  // Whether any row of the block must hide keys of tile j (sequence end or causal
+  // limit). Block-uniform, for the pipelined schedule's choice below.
+  auto block_masks = [&](int j) {
+    const int k0 = j * S::kBc;
+    return k0 + S::kBc > p.kv_len || (p.causal && k0 + S::kBc - 1 > c.q0 + p.causal_offset);
+  };
+  // mask = false: scale only (the tile hides no key from any row of the block).
+  auto scale_mask_softmax = [&](float (&s)[S::kNS][4], int j, bool may_mask, WarpRows& rows,
+                                float (&alphas)[2]) {
+    const int k0 = j * S::kBc;
+    const bool mask = may_mask && (k0 + S::kBc > p.kv_len ||
+                                   (p.causal && k0 + S::kBc - 1 > warp_row0 + p.causal_offset));
+    scale_and_mask(s, p, mask, row0, k0 + 2 * (lane % 4));
+    softmax_scores(s, rows, alphas);
   };
 
   float o[S::kDB][4];
@@ -137,50 +239,106 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
   for (int d = 0; d < S::kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
   WarpRows rows;
   rows.start();
+  float s[S::kNS][4];
+  std::uint32_t a[S::kKS][4];
+  float alphas[2];
 
-  if (tiles > 0) {
-    load_core_tile_async<T, S::kBr, kD, S::kThreads>(sq, q, p.q_stride.seq, q_rows, p.head_dim,
-                                                     tid);
-    load_kv(0, 0);
+  load_core_tile_async<T, S::kBr, kD, S::kThreads>(sq, q, p.q_stride.seq, q_rows, p.head_dim, tid);
+  load_k(0);
+  if constexpr (!kPipelined) {
+    // Group j holds K_j and V_j; tile j+1 loads while tile j computes.
+    load_v(0);
     cp_async_commit();
-  }
-
-  const int warp_row0 = c.q0 + warp * 16;  // sequence index of the warp's first row
-  const int row0 = warp_row0 + lane / 4;   // ... of this thread's row g
-  // The warpgroup's 64 rows of Q: 8 row blocks of the core-matrix tile per 64 rows.
-  const std::uint64_t q_desc = k_major_desc<kD>(sq + warpgroup * 64 * kD);
-
-  for (int j = 0; j < tiles; ++j) {
-    const int stage = j & 1;
-    if (j + 1 < tiles) load_kv(j + 1, stage ^ 1);
-    cp_async_commit();   // possibly empty: keeps one group per iteration
-    cp_async_wait<1>();  // everything but tile j+1 has landed
-    fence_proxy_async_shared();  // this thread's cp.async writes → wgmma's reads
-    __syncthreads();
-    const T* const skj = sk + stage * S::kTileElems;
-    const T* const svj = sv + stage * S::kTileElems;
-
-    float s[S::kNS][4];
-    qk_wgmma<T, kD, S::kBc>(s, q_desc, k_major_desc<kD>(skj));
-
-    const int k0 = j * S::kBc;
-    // A tile crossing the causal diagonal: some rows must not see some keys' values.
-    // Block-uniform test, so the block-wide scan is entered by all threads; the zero-
-    // filled rows past kv_len are finite, so the whole tile is scanned.
-    bool v_nonfinite = false;
-    if (p.causal && k0 + S::kBc - 1 > c.q0 + p.causal_offset)
-      v_nonfinite = tile_has_nonfinite<T, S::kBc, kD, kD, S::kThreads>(svj, S::kBc, tid);
-    const bool mask = k0 + S::kBc > p.kv_len ||
-                      (p.causal && k0 + S::kBc - 1 > warp_row0 + p.causal_offset);
-    scale_and_mask(s, p, mask, row0, k0 + 2 * (lane % 4));
-    softmax_update(s, o, rows);
-
-    if (v_nonfinite) {  // rare: a NaN/Inf value at a key some rows do not see
-      pv_visible_keys_core<T, kD, S::kNS>(s, o, svj, p, row0, k0, lane);
-    } else {
-      pv_wgmma<T, kD, S::kBc>(s, o, n_major_desc<kD>(svj));
+    for (int j = 0; j < tiles; ++j) {
+      if (j + 1 < tiles) {
+        load_k(j + 1);
+        load_v(j + 1);
+      }
+      cp_async_commit();   // possibly empty: keeps one group per iteration
+      cp_async_wait<1>();  // everything but tile j+1 has landed
+      tiles_landed();
+      issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
+      wgmma_wait_group<0>();
+      wgmma_fence_operands(s);
+      const bool slow = needs_visible_keys_only(j);
+      scale_mask_softmax(s, j, true, rows, alphas);
+      rescale_rows(o, alphas);
+      pack_probs<T>(s, a);
+      if (slow) {  // rare: a NaN/Inf value at a key some rows do not see
+        pv_visible_keys_shared<T, kD, S::kKS>(a, o, v_tile(j), k_tile(j), p, warp, lane, row0,
+                                              j * S::kBc);
+      } else {
+        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j)));
+        wgmma_wait_group<0>();
+        pv_done<kD, S::kKS>(a, o);
+      }
+      __syncthreads();  // this stage is reloaded by the next iteration's prefetch
     }
-    __syncthreads();  // this stage is reloaded by the next iteration's prefetch
+  } else {
+    // Group j holds K_j and V_{j-1}: V runs one tile behind, as its use does. Tile 0 is
+    // peeled off, so that inside the loop every branch issues and waits for its own wgmma
+    // groups (ptxas serializes wgmma whose waits it finds in divergent paths, C7518).
+    cp_async_commit();
+    if (tiles > 1) load_k(1);
+    load_v(0);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and K_0
+    tiles_landed();
+    issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(0));
+    wgmma_wait_group<0>();
+    wgmma_fence_operands(s);
+    scale_mask_softmax(s, 0, true, rows, alphas);
+    pack_probs<T>(s, a);
+    __syncthreads();  // K_0's stage is reloaded next
+    for (int j = 1; j < tiles; ++j) {
+      if (j + 1 < tiles) load_k(j + 1);
+      load_v(j);
+      cp_async_commit();
+      cp_async_wait<1>();  // K_j and V_{j-1} have landed
+      tiles_landed();
+      if (needs_visible_keys_only(j - 1)) {  // rare: a NaN/Inf value at a key some rows do not see
+        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
+        wgmma_wait_group<0>();
+        wgmma_fence_operands(s);
+        scale_mask_softmax(s, j, true, rows, alphas);
+        // scratch: K_j's stage, whose Q·Kᵀ is done
+        pv_visible_keys_shared<T, kD, S::kKS>(a, o, v_tile(j - 1), k_tile(j), p, warp, lane, row0,
+                                              (j - 1) * S::kBc);
+      } else if (block_masks(j)) {
+        // The masking's per-warp branch between the waits made ptxas serialize every
+        // wgmma of the kernel (C7514), so tiles that mask wait for both groups first:
+        // at most the last tile and the ones crossing the block's causal diagonal.
+        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
+        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j - 1)));
+        wgmma_wait_group<0>();
+        wgmma_fence_operands(s);
+        pv_done<kD, S::kKS>(a, o);
+        scale_mask_softmax(s, j, true, rows, alphas);
+      } else {
+        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
+        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j - 1)));
+        wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
+        wgmma_fence_operands(s);
+        scale_mask_softmax(s, j, false, rows, alphas);  // overlaps P_{j-1}·V_{j-1}
+        wgmma_wait_group<0>();
+        pv_done<kD, S::kKS>(a, o);
+      }
+      rescale_rows(o, alphas);
+      pack_probs<T>(s, a);
+      __syncthreads();  // K_j's and V_{j-1}'s stages are reloaded by the next iteration
+    }
+    // The last tile's P·V: its V came in the last group.
+    cp_async_wait<0>();
+    tiles_landed();
+    const int last = tiles - 1;
+    if (needs_visible_keys_only(last)) {
+      pv_visible_keys_shared<T, kD, S::kKS>(a, o, v_tile(last), k_tile(last), p, warp, lane,
+                                            row0, last * S::kBc);
+    } else {
+      issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(last)));
+      wgmma_wait_group<0>();
+      pv_done<kD, S::kKS>(a, o);
+    }
   }
 
   T* const out = head_ptr<T>(p.out, p.out_stride, c.b, c.h);
@@ -189,9 +347,13 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
 }
 
 template <class T, int D>
-void launch_fused_wgmma(const Params& p, cudaStream_t stream) {
-  launch_per_query_tile<WgmmaShape<T, D>>(fused_wgmma_kernel<T, D>, "fused_wgmma_kernel", p,
-                                          stream);
+void launch_fused_wgmma(const Params& p, bool pipelined, cudaStream_t stream) {
+  if (pipelined)
+    launch_per_query_tile<WgmmaShape<T, D>>(fused_wgmma_kernel<T, D, true>,
+                                            "fused_wgmma_kernel (pipelined)", p, stream);
+  else
+    launch_per_query_tile<WgmmaShape<T, D>>(fused_wgmma_kernel<T, D, false>, "fused_wgmma_kernel",
+                                            p, stream);
 }
 
 }  // namespace fattn::cuda

@@ -54,9 +54,10 @@ struct Params {
 template <class T, int D>
 void launch_fused_mma(const Params& p, int rows_per_block, cudaStream_t stream);
 // wgmma (sm_90a; compiled in their own library for that target, cmake/cuda.cmake): T as
-// above, D = 64 or 128 (wgmma_head_dim); run only on compute capability 9.0.
+// above, D = 64 or 128 (wgmma_head_dim); run only on compute capability 9.0. pipelined:
+// FlashAttention-3's overlapped schedule, else the serial one (fused_wgmma.cuh).
 template <class T, int D>
-void launch_fused_wgmma(const Params& p, cudaStream_t stream);
+void launch_fused_wgmma(const Params& p, bool pipelined, cudaStream_t stream);
 template <int D>
 void launch_fused_tf32x3(const Params& p, bool exact, int rows_per_block,
                          cudaStream_t stream);  // exact = false: the TF32 mode

@@ -57,10 +57,13 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kN][4], const Params& 
 // MMAs at Bc = 32) is skipped when no row of the warp has a new max (alpha = 1 for
 // all; a warp vote, so the branch is uniform): after the first tiles of a long row
 // the max rarely moves.
-template <int kN, int kDB>
-__device__ __forceinline__ void softmax_update(float (&s)[kN][4], float (&o)[kDB][4],
-                                               WarpRows& rows) {
-  float alphas[2];
+// The two halves of softmax_update, for a kernel that must rescale o later than it
+// computes the probabilities (fused_wgmma.cuh's pipelined schedule, where the last
+// tile's P·V is still adding into o meanwhile): softmax_scores updates m, l and s and
+// returns alpha per row half; rescale_rows applies it.
+template <int kN>
+__device__ __forceinline__ void softmax_scores(float (&s)[kN][4], WarpRows& rows,
+                                               float (&alphas)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float mx = rows.m[half];
@@ -83,6 +86,10 @@ __device__ __forceinline__ void softmax_update(float (&s)[kN][4], float (&o)[kDB
     rows.l[half] = fmaf(rows.l[half], alpha, sum);
     alphas[half] = alpha;
   }
+}
+
+template <int kDB>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDB][4], const float (&alphas)[2]) {
   if (!__any_sync(0xffffffffu, alphas[0] != 1.0f || alphas[1] != 1.0f)) return;
 #pragma unroll
   for (int half = 0; half < 2; ++half)
@@ -93,17 +100,24 @@ __device__ __forceinline__ void softmax_update(float (&s)[kN][4], float (&o)[kDB
     }
 }
 
+template <int kN, int kDB>
+__device__ __forceinline__ void softmax_update(float (&s)[kN][4], float (&o)[kDB][4],
+                                               WarpRows& rows) {
+  float alphas[2];
+  softmax_scores(s, rows, alphas);
+  rescale_rows(o, alphas);
+}
+
 // O += P·V for one key tile where each row sums only the keys it sees: the slow path
 // for a masked tile whose V holds a NaN or an infinity (a tensor-core P·V would add
 // 0·NaN = NaN into rows that do not see that key). Row g of the thread's quad gets
-// the probabilities of the other quad lanes by shuffles; v_at(key, col) reads the
-// tile's value of `key` (0-based in the tile) at head-dim column col, as a float: the
-// output fragment (rows g, g+8; columns d·8 + 2t, +1) accumulates p·v over the
-// visible keys only.
-template <int kN, int kDB, class VAt>
+// the probabilities of the other quad lanes by shuffles; V is read from the shared
+// tile (key-major, row pitch `pitch`): the output fragment (rows g, g+8; columns
+// d·8 + 2t, +1) accumulates p·v over the visible keys only.
+template <class TV, int kN, int kDB>
 __device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (&o)[kDB][4],
-                                                VAt&& v_at, const Params& p, int row0, int k0,
-                                                int lane) {
+                                                const TV* v_tile, int pitch, const Params& p,
+                                                int row0, int k0, int lane) {
   const int t = lane % 4, quad = lane & ~3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -119,24 +133,15 @@ __device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (
           const int key = n * 8 + 2 * src + e, col = k0 + key;
           if (col >= p.kv_len || (p.causal && col > row + p.causal_offset)) continue;
           const float pe = e ? p1 : p0;
+          const TV* const vrow = v_tile + key * pitch + 2 * t;
 #pragma unroll
           for (int d = 0; d < kDB; ++d) {
-            o[d][2 * half] = fmaf(pe, v_at(key, d * 8 + 2 * t), o[d][2 * half]);
-            o[d][2 * half + 1] = fmaf(pe, v_at(key, d * 8 + 2 * t + 1), o[d][2 * half + 1]);
+            o[d][2 * half] = fmaf(pe, to_float(vrow[d * 8]), o[d][2 * half]);
+            o[d][2 * half + 1] = fmaf(pe, to_float(vrow[d * 8 + 1]), o[d][2 * half + 1]);
           }
         }
       }
   }
-}
-
-// The same for a key-major tile with row pitch `pitch` (the mma.sync kernels' layout).
-template <class TV, int kN, int kDB>
-__device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (&o)[kDB][4],
-                                                const TV* v_tile, int pitch, const Params& p,
-                                                int row0, int k0, int lane) {
-  pv_visible_keys(
-      s, o, [&](int key, int col) { return to_float(v_tile[key * pitch + col]); }, p, row0, k0,
-      lane);
 }
 
 // Epilogue: out = o / l for the warp's rows inside the sequence (columns < head_dim),

@@ -202,7 +202,8 @@ TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
                           Expect{DType::float32, Kernel::fused_fma, Layout::bshd, 1},
                           Expect{DType::float32, Kernel::reference, Layout::bhsd, 1},
                           Expect{DType::bfloat16, Kernel::fused_wgmma, Layout::bshd, 1},
-                          Expect{DType::float16, Kernel::fused_wgmma, Layout::misaligned, 4}}) {
+                          Expect{DType::float16, Kernel::fused_wgmma, Layout::misaligned, 4},
+                          Expect{DType::float16, Kernel::fused_wgmma_pipelined, Layout::padded, 1}}) {
     if (!fattn::cuda::runs_on_current_device(e.kernel)) continue;
     Case c;
     c.dtype = e.dtype;
@@ -314,6 +315,9 @@ TEST(CudaBehaviour, KernelMustMatchDtype) {
               HasSubstr("the fused_tf32 CUDA kernel takes float32, got float16"));
   EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(q, k, v, {}, Kernel::fused_wgmma); }),
               HasSubstr("the fused_wgmma CUDA kernel takes float16 or bfloat16, got float32"));
+  EXPECT_THAT(
+      error_of([&] { fattn::cuda::extra_bytes_with(q, k, v, {}, Kernel::fused_wgmma_pipelined); }),
+      HasSubstr("the fused_wgmma_pipelined CUDA kernel takes float16 or bfloat16, got float32"));
 }
 
 // fused_wgmma: head dims up to its largest compiled one (64 and 128; smaller ones padded),
@@ -341,6 +345,9 @@ TEST(CudaBehaviour, WgmmaLimitsAreChecked) {
   const auto out = fake(DType::bfloat16, 1, 1, 16, 64, base + (3u << 28));
   EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_wgmma, 64); }),
               HasSubstr("tile_rows = 64 is not a tile height of the fused_wgmma CUDA kernel (0, or 128)"));
+  EXPECT_THAT(
+      error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_wgmma_pipelined, 64); }),
+      HasSubstr("tile_rows = 64 is not a tile height of the fused_wgmma_pipelined CUDA kernel"));
   if (!why_no_gpu().empty() || fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) return;
   // A GPU other than compute capability 9.0: a clear error, no launch.
   Case c;

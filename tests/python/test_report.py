@@ -287,14 +287,19 @@ def test_gpu_query_tile_table():
 def test_gpu_wgmma_table():
     from report import gpu_section
     rows = [bench_row("fused", 2.0, Sq=4096), bench_row("fused_wgmma", 1.0, Sq=4096),
+            bench_row("fused_wgmma_pipelined", 0.5, Sq=4096),
             bench_row("fused", 1.0, Sq=512), bench_row("fused_wgmma", 2.0, Sq=512),
-            bench_row("fused_wgmma", 1.0, Sq=1024)]  # no fused row
+            bench_row("fused_wgmma_pipelined", 4.0, Sq=512),
+            bench_row("fused_wgmma", 1.0, Sq=1024)]  # no fused, no pipelined row
+    rows[2]["max_abs_err"] = 3e-4
     text = gpu_section.wgmma_table({"results": rows})
-    assert "| flash | float16 | 4 | 16 | 128 | no | 4096 | 275 | 550 | 2.00× | 1.0e-05 |" in text
-    assert "| flash | float16 | 4 | 16 | 128 | no | 1024 | – | 34.4 | – | 1.0e-05 |" in text
-    assert "fused_wgmma is faster than the dispatched kernel at 1 of 3 shapes." in text
-    assert "no shape was run by fused_wgmma" in gpu_section.wgmma_table(
-        {"results": rows[:1] + rows[2:3]})
+    assert "| flash | float16 | 4 | 16 | 128 | no | 4096 | 275 | 550 | 1100 | 4.00× | 3.0e-04 |" \
+        in text
+    assert "| flash | float16 | 4 | 16 | 128 | no | 1024 | – | 34.4 | – | – | 1.0e-05 |" in text
+    assert ("The faster wgmma schedule beats the dispatched kernel at 1 of 3 shapes; the "
+            "pipelined schedule is the faster one at 1 of the 2 shapes that ran both.") in text
+    assert "no shape was run by the wgmma kernels" in gpu_section.wgmma_table(
+        {"results": [rows[0], rows[3]]})
 
 
 def test_gpu_bench_cuda_without_results_is_a_clear_error(results_dir):
