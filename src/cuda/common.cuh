@@ -146,6 +146,33 @@ __device__ __forceinline__ T* head_ptr(void* base, const Strides3& s, int b, int
   return static_cast<T*>(base) + b * s.batch + h * s.head;
 }
 
+// What a fused block reads: its (batch, head, query tile), the tile's first query row,
+// the kv head's keys and values, how many rows of the tile lie inside the sequence, and
+// how many key tiles of keys_per_tile keys it reads (none past the causal limit of its
+// last row).
+template <class T>
+struct FusedBlock {
+  BlockCoord c;
+  const T* q;
+  const T* k;
+  const T* v;
+  int q_rows;
+  int tiles;
+};
+
+template <class T>
+__device__ __forceinline__ FusedBlock<T> fused_block(const Params& p, int rows_per_tile,
+                                                     int keys_per_tile) {
+  FusedBlock<T> f;
+  f.c = block_coord(p, rows_per_tile);
+  f.q = head_ptr<T>(p.q, p.q_stride, f.c.b, f.c.h) + f.c.q0 * p.q_stride.seq;
+  f.k = head_ptr<T>(p.k, p.k_stride, f.c.b, f.c.kv_head);
+  f.v = head_ptr<T>(p.v, p.v_stride, f.c.b, f.c.kv_head);
+  f.q_rows = min(rows_per_tile, p.q_len - f.c.q0);
+  f.tiles = (p.kv_end(f.c.q0 + f.q_rows) + keys_per_tile - 1) / keys_per_tile;
+  return f;
+}
+
 // Natural-log logsumexp from a running max m (log2 units) and sum l; -inf when the
 // row saw no key (l = 0), NaN stays NaN.
 __device__ __forceinline__ float logsumexp(float m, float l) {

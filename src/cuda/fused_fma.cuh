@@ -84,13 +84,12 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
 
   const int tid = static_cast<int>(threadIdx.x);
   const int tr = tid / 16, tc = tid % 16;
-  const BlockCoord c = block_coord(p, S::kBr);
-  const float* const q = head_ptr<float>(p.q, p.q_stride, c.b, c.h) + c.q0 * p.q_stride.seq;
-  const float* const k = head_ptr<float>(p.k, p.k_stride, c.b, c.kv_head);
-  const float* const v = head_ptr<float>(p.v, p.v_stride, c.b, c.kv_head);
-  const int q_rows = min(S::kBr, p.q_len - c.q0);
-  const int kv_end = p.kv_end(c.q0 + q_rows);
-  const int tiles = (kv_end + S::kBc - 1) / S::kBc;
+  const FusedBlock<float> block = fused_block<float>(p, S::kBr, S::kBc);
+  const BlockCoord c = block.c;
+  const float* const q = block.q;
+  const float* const k = block.k;
+  const float* const v = block.v;
+  const int q_rows = block.q_rows, tiles = block.tiles;
 
   auto load = [&](float* dst, const float* src, std::int64_t stride, int j) {
     const int k0 = j * S::kBc;

@@ -120,13 +120,12 @@ __global__ void __launch_bounds__(MmaShape<T, kD, kM>::kThreads, 1)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32, warp = tid / 32;
-  const BlockCoord c = block_coord(p, S::kBr);
-  const T* const q = head_ptr<T>(p.q, p.q_stride, c.b, c.h) + c.q0 * p.q_stride.seq;
-  const T* const k = head_ptr<T>(p.k, p.k_stride, c.b, c.kv_head);
-  const T* const v = head_ptr<T>(p.v, p.v_stride, c.b, c.kv_head);
-  const int q_rows = min(S::kBr, p.q_len - c.q0);
-  const int kv_end = p.kv_end(c.q0 + q_rows);
-  const int tiles = (kv_end + S::kBc - 1) / S::kBc;
+  const FusedBlock<T> block = fused_block<T>(p, S::kBr, S::kBc);
+  const BlockCoord c = block.c;
+  const T* const q = block.q;
+  const T* const k = block.k;
+  const T* const v = block.v;
+  const int q_rows = block.q_rows, tiles = block.tiles;
 
   auto load_kv = [&](int j, int stage) {
     const int k0 = j * S::kBc;

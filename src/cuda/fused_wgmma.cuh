@@ -47,6 +47,7 @@ struct WgmmaShape {
   static_assert(wgmma_head_dim(kD), "wgmma kernels are built for head dims 64 and 128");
   static constexpr int kWarpgroups = wgmma_tiles(kD).warpgroups;
   static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kWarps = kThreads / 32;
   static constexpr int kBr = 64 * kWarpgroups;   // query rows per block
   static constexpr int kBc = wgmma_tiles(kD).bc;  // keys per tile: the N of S = Q·Kᵀ
   static constexpr int kNS = kBc / 8;             // 8-column score blocks per warp
@@ -114,42 +115,51 @@ __device__ __forceinline__ void pv_done(std::uint32_t (&a)[kKS][4], float (&o)[k
 // The slow path (header comment): O += P·V summing each row's visible keys only, with
 // FMAs. Block-wide (every thread calls it; the caller's choice is block-uniform). P (the
 // packed fragments a, the values the tensor-core path multiplies) goes through `scratch`,
-// a K stage no MMA reads any more (kBr × Bc 16-bit values, row-major), so that the loop
-// below holds only o: ptxas gave the kernels 40-90 more registers for a register-resident
-// version, inlined or called (and spilled the pipelined one at D = 128).
-template <class T, int kD, int kKS>
+// a K stage no MMA reads any more (kScratchElems 16-bit values), so that the loop below
+// holds only o: ptxas gave the kernels 40-90 more registers for a register-resident
+// version, inlined or called (and spilled the pipelined one at D = 128). Each warp's 16
+// rows × Bc take 16·Bc values; the warps that fit take their turn together (all 8 at
+// D = 128, 4 at D = 64).
+template <class T, int kD, int kKS, int kWarps, int kScratchElems>
 __device__ __forceinline__ void pv_visible_keys_shared(const std::uint32_t (&a)[kKS][4],
                                                        float (&o)[kD / 8][4], const T* v_tile,
                                                        T* scratch, const Params& p, int warp,
                                                        int lane, int row0, int k0) {
   constexpr int kBc = 16 * kKS;
+  constexpr int kWarpElems = 16 * kBc;
+  constexpr int kWarpsPerTurn = kScratchElems / kWarpElems;
+  static_assert(kWarpsPerTurn >= 1, "a warp's probabilities fit in the scratch");
   const int g = lane / 4, t = lane % 4;
-  __syncthreads();  // every warpgroup's MMAs on the scratch's K tile are done
-  std::uint32_t* const pairs = reinterpret_cast<std::uint32_t*>(scratch);
+  for (int first = 0; first < kWarps; first += kWarpsPerTurn) {
+    // Every warpgroup's MMAs on the scratch's K tile (first turn), or the last turn's
+    // reads (later ones), are done.
+    __syncthreads();
+    if (warp < first || warp >= first + kWarpsPerTurn) continue;
+    T* const mine = scratch + (warp - first) * kWarpElems;
+    std::uint32_t* const pairs = reinterpret_cast<std::uint32_t*>(mine);
 #pragma unroll
-  for (int kk = 0; kk < kKS; ++kk)
+    for (int kk = 0; kk < kKS; ++kk)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {  // fragment register r: row g + 8·(r%2), column pair t + 4·(r/2)
-      const int row_in_block = warp * 16 + g + 8 * (r % 2);
-      pairs[row_in_block * (kBc / 2) + kk * 8 + t + 4 * (r / 2)] = a[kk][r];
-    }
-  __syncwarp();  // a warp reads back only its own 16 rows
+      for (int r = 0; r < 4; ++r)  // register r: row g + 8·(r%2), column pair 8kk + t + 4·(r/2)
+        pairs[(g + 8 * (r % 2)) * (kBc / 2) + kk * 8 + t + 4 * (r / 2)] = a[kk][r];
+    __syncwarp();  // a warp reads back only its own 16 rows
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row0 + 8 * half;
-    const T* const prow = scratch + (warp * 16 + g + 8 * half) * kBc;
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + 8 * half;
+      const T* const prow = mine + (g + 8 * half) * kBc;
 #pragma unroll 1
-    for (int key = 0; key < kBc; ++key) {
-      const int col = k0 + key;
-      if (col >= p.kv_len || (p.causal && col > row + p.causal_offset)) continue;
-      const float pe = to_float(prow[key]);
-      // Columns 8d + 2t, +1 of this key's row: one pair per core matrix, 64 elements
-      // apart (core_index), so the offsets are immediates and hold no registers.
-      const T* const vrow = v_tile + core_index<kD>(key, 2 * t);
+      for (int key = 0; key < kBc; ++key) {
+        const int col = k0 + key;
+        if (col >= p.kv_len || (p.causal && col > row + p.causal_offset)) continue;
+        const float pe = to_float(prow[key]);
+        // Columns 8d + 2t, +1 of this key's row: one pair per core matrix, 64 elements
+        // apart (core_index), so the offsets are immediates and hold no registers.
+        const T* const vrow = v_tile + core_index<kD>(key, 2 * t);
 #pragma unroll
-      for (int d = 0; d < kD / 8; ++d) {
-        o[d][2 * half] = fmaf(pe, to_float(vrow[64 * d]), o[d][2 * half]);
-        o[d][2 * half + 1] = fmaf(pe, to_float(vrow[64 * d + 1]), o[d][2 * half + 1]);
+        for (int d = 0; d < kD / 8; ++d) {
+          o[d][2 * half] = fmaf(pe, to_float(vrow[64 * d]), o[d][2 * half]);
+          o[d][2 * half + 1] = fmaf(pe, to_float(vrow[64 * d + 1]), o[d][2 * half + 1]);
+        }
       }
     }
   }
@@ -168,13 +178,12 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
-  const BlockCoord c = block_coord(p, S::kBr);
-  const T* const q = head_ptr<T>(p.q, p.q_stride, c.b, c.h) + c.q0 * p.q_stride.seq;
-  const T* const k = head_ptr<T>(p.k, p.k_stride, c.b, c.kv_head);
-  const T* const v = head_ptr<T>(p.v, p.v_stride, c.b, c.kv_head);
-  const int q_rows = min(S::kBr, p.q_len - c.q0);
-  const int kv_end = p.kv_end(c.q0 + q_rows);
-  const int tiles = (kv_end + S::kBc - 1) / S::kBc;
+  const FusedBlock<T> block = fused_block<T>(p, S::kBr, S::kBc);
+  const BlockCoord c = block.c;
+  const T* const q = block.q;
+  const T* const k = block.k;
+  const T* const v = block.v;
+  const int q_rows = block.q_rows, tiles = block.tiles;
   if (tiles == 0) {  // no key visible to any row of the tile: 0 and lse = -inf
     WarpRows rows;
     rows.start();
@@ -242,6 +251,11 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
   float s[S::kNS][4];
   std::uint32_t a[S::kKS][4];
   float alphas[2];
+  // The slow path for tile jv's P·V, with the K stage of tile j_scratch as scratch.
+  auto pv_visible_keys_only = [&](int jv, int j_scratch) {
+    pv_visible_keys_shared<T, kD, S::kKS, S::kWarps, S::kTileElems>(
+        a, o, v_tile(jv), k_tile(j_scratch), p, warp, lane, row0, jv * S::kBc);
+  };
 
   load_core_tile_async<T, S::kBr, kD, S::kThreads>(sq, q, p.q_stride.seq, q_rows, p.head_dim, tid);
   load_k(0);
@@ -265,8 +279,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
       rescale_rows(o, alphas);
       pack_probs<T>(s, a);
       if (slow) {  // rare: a NaN/Inf value at a key some rows do not see
-        pv_visible_keys_shared<T, kD, S::kKS>(a, o, v_tile(j), k_tile(j), p, warp, lane, row0,
-                                              j * S::kBc);
+        pv_visible_keys_only(j, j);
       } else {
         issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j)));
         wgmma_wait_group<0>();
@@ -302,8 +315,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
         wgmma_fence_operands(s);
         scale_mask_softmax(s, j, true, rows, alphas);
         // scratch: K_j's stage, whose Q·Kᵀ is done
-        pv_visible_keys_shared<T, kD, S::kKS>(a, o, v_tile(j - 1), k_tile(j), p, warp, lane, row0,
-                                              (j - 1) * S::kBc);
+        pv_visible_keys_only(j - 1, j);
       } else if (block_masks(j)) {
         // The masking's per-warp branch between the waits made ptxas serialize every
         // wgmma of the kernel (C7514), so tiles that mask wait for both groups first:
@@ -332,8 +344,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
     tiles_landed();
     const int last = tiles - 1;
     if (needs_visible_keys_only(last)) {
-      pv_visible_keys_shared<T, kD, S::kKS>(a, o, v_tile(last), k_tile(last), p, warp, lane,
-                                            row0, last * S::kBc);
+      pv_visible_keys_only(last, last);
     } else {
       issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(last)));
       wgmma_wait_group<0>();

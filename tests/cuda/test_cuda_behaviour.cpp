@@ -109,8 +109,14 @@ TEST(CudaBehaviour, NaNPropagates) {
     // tensor-core P·V would add 0·NaN to rows 0..36 (and 0·inf for an infinity).
     run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 37, 20, nan); });
     run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 37, 3, inf); });
-    // bottom_right, Sq > Sk: rows that see no key are 0 whatever the values hold.
+    // bottom_right, Sk = Sq + 200: key 210 is seen by rows >= 10, and its tile is not the
+    // last one a block reads (the wgmma kernels' slow path inside the pipelined loop).
     c.causal = Causal::bottom_right;
+    c.Sq = 100;
+    c.Sk = 300;
+    run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 210, 5, nan); });
+    // bottom_right, Sq > Sk: rows that see no key are 0 whatever the values hold.
+    c.Sq = 70;
     c.Sk = 4;
     run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 0, 7, nan); });
   }
