@@ -160,7 +160,8 @@ if [ "$BUILD_OK" = 1 ] && [ -x "$PROBE" ]; then
   say "wgmma probe exit $?"
   grep -E '\[wgmma probe\]|FAILED|SKIPPED' /tmp/wgmma_probe.log | head -50 | tee -a "$SUMMARY"
   # Whether ptxas kept the wgmma as tensor-core instructions (HGMMA) in the probe's SASS:
-  # the PTX has 15 wgmma (10 SS in the four probe_kernel, 5 RS in the two probe_rs_kernel).
+  # 23 expected: 10 SS in the four probe_kernel, 5 RS in the two probe_rs_kernel, 4 + 4 in
+  # the two kernel_layout_probe.
   if command -v cuobjdump >/dev/null 2>&1; then
     echo "wgmma probe SASS: HGMMA instructions: $(cuobjdump --dump-sass "$PROBE" 2>/dev/null | grep -c HGMMA)" |
       tee -a "$SUMMARY"

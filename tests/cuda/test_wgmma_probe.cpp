@@ -348,5 +348,26 @@ TEST(WgmmaProbe, ARegistersNMajorB) {
   probe_rs(64);
 }
 
+// The attention kernel's own staging and descriptors (core_tile.cuh), as fused_wgmma.cuh
+// uses them at head dim 64: Q·Kᵀ in the SS form, P·V in the RS form. No variants: this
+// is what the kernel runs, so a failure here and a match above point at core_tile.cuh.
+TEST(WgmmaProbe, KernelLayout) {
+  const std::string why = why_no_hopper();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (bool n_major : {false, true}) {
+    const std::string name = n_major ? "kernel_layout_PV" : "kernel_layout_QK";
+    SCOPED_TRACE(name);
+    const Problem p = make_problem(64, n_major, 0x7f4a7c15ull + n_major);
+    std::vector<float> raw(static_cast<std::size_t>(wp::kThreads * wp::kRegs));
+    const cudaError_t e = wp::run_kernel_layout(p.a.data(), p.b.data(), n_major, raw.data());
+    ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+    const double ratio = worst_ratio(p, raw);
+    std::cout << "[wgmma probe] " << name << ": max err/Σ|ab| = " << ratio
+              << (ratio <= kRelTol ? " (match)" : " (NO MATCH)") << std::endl;
+    ::testing::Test::RecordProperty("wgmma_" + name, ratio <= kRelTol ? "match" : "no match");
+    EXPECT_LE(ratio, kRelTol) << "registers:" << locate_registers(p, raw);
+  }
+}
+
 }  // namespace
 }  // namespace fattn_cuda_test

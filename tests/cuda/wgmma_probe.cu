@@ -3,6 +3,7 @@
 #include "wgmma_probe.hpp"
 
 #include "cuda/async_copy.cuh"
+#include "cuda/core_tile.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace fattn_cuda_test::wgmma_probe {
@@ -158,6 +159,71 @@ __global__ void __launch_bounds__(kThreads) probe_rs_kernel(const __half* a, con
   for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i / 4][i % 4];
 }
 
+// The attention kernel's layout (core_tile.cuh) at head dim 64, K = 64: A (64×64, as Q or
+// P) and B (64×64: N×K as K, or K×N as V) staged by load_core_tile_async, the kernel's
+// descriptors and slice steps; A from registers for the N-major (P·V) case.
+constexpr int kKernelDim = 64;
+
+template <bool kNMajor>
+__global__ void __launch_bounds__(kThreads) kernel_layout_probe(const __half* a, const __half* b,
+                                                                float* raw) {
+  constexpr int K = kKernelDim;
+  __shared__ __align__(1024) __half smem_a[kM * K];
+  __shared__ __align__(1024) __half smem_b[kN * K];
+  const int tid = static_cast<int>(threadIdx.x);
+  if (!kNMajor) load_core_tile_async<__half, kM, K, kThreads>(smem_a, a, K, kM, K, tid);
+  // B as the kernel's K tile (rows = keys = N, columns = K) or V tile (rows = keys = K,
+  // columns = N): both are 64 rows of 64 elements here.
+  load_core_tile_async<__half, 64, 64, kThreads>(smem_b, b, 64, 64, 64, tid);
+  cp_async_commit();
+
+  std::uint32_t frag[K / 16][4] = {};
+  if (kNMajor) {
+    const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+    for (int s = 0; s < K / 16; ++s)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = 16 * warp + lane / 4 + 8 * (j % 2);
+        const int col = 16 * s + 2 * (lane % 4) + 8 * (j / 2);
+        frag[s][j] = *reinterpret_cast<const std::uint32_t*>(a + row * K + col);
+      }
+  }
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  __syncthreads();
+
+  float d[kRegs / 4][4];
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) d[i / 4][i % 4] = 0.0f;
+  wgmma_fence_operands(d);
+  if constexpr (kNMajor) {
+#pragma unroll
+    for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);
+    wgmma_fence();
+    const std::uint64_t desc_b = n_major_desc<kKernelDim>(smem_b);
+#pragma unroll
+    for (int s = 0; s < K / 16; ++s)
+      wgmma_rs<__half, kN, 1>(d, frag[s], desc_b + s * n_major_slice_step<kKernelDim>(), s > 0);
+  } else {
+    wgmma_fence();
+    const std::uint64_t desc_a = k_major_desc<kKernelDim>(smem_a);
+    const std::uint64_t desc_b = k_major_desc<kKernelDim>(smem_b);
+#pragma unroll
+    for (int s = 0; s < K / 16; ++s)
+      wgmma_ss<__half, kN, 0, 0>(d, desc_a + s * k_major_slice_step(),
+                                 desc_b + s * k_major_slice_step(), s > 0);
+  }
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+  wgmma_fence_operands(d);
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);
+
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i / 4][i % 4];
+}
+
 }  // namespace
 
 namespace {
@@ -207,6 +273,15 @@ cudaError_t run_rs(const __half* a, const __half* b, int K, Variant b_variant, f
     auto kernel = K == 16 ? probe_rs_kernel<16> : probe_rs_kernel<64>;
     kernel<<<1, kThreads>>>(da, db, b_variant, out);
   });
+}
+
+cudaError_t run_kernel_layout(const __half* a, const __half* b, bool b_n_major, float* raw) {
+  return with_device_buffers(a, b, kKernelDim, raw,
+                             [&](const __half* da, const __half* db, float* out) {
+                               auto kernel = b_n_major ? kernel_layout_probe<true>
+                                                       : kernel_layout_probe<false>;
+                               kernel<<<1, kThreads>>>(da, db, out);
+                             });
 }
 
 std::uint64_t encode_descriptor(std::uint32_t smem_addr, std::uint32_t lbo_bytes,

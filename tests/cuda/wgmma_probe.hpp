@@ -38,6 +38,13 @@ cudaError_t run(const __half* a, const __half* b, int K, bool b_n_major, Variant
 // B's LBO/SBO assignment. K is 16 or 64; raw as in run().
 cudaError_t run_rs(const __half* a, const __half* b, int K, Variant b_variant, float* raw);
 
+// The attention kernel's own layout and descriptors (src/cuda/core_tile.cuh: the
+// core-matrix loader, k_major_desc / n_major_desc and their slice steps, head dim 64), no
+// variants: K = 64. b_n_major == false: S = A·Bᵀ as Q·Kᵀ (SS form, both operands staged
+// by the loader); true: A·B as P·V (RS form, A's fragments from registers as in run_rs,
+// B staged by the loader as the V tile). raw as in run().
+cudaError_t run_kernel_layout(const __half* a, const __half* b, bool b_n_major, float* raw);
+
 // The descriptor encoding (src/cuda/wgmma.cuh), callable without a GPU.
 std::uint64_t encode_descriptor(std::uint32_t smem_addr, std::uint32_t lbo_bytes,
                                 std::uint32_t sbo_bytes);
