@@ -20,7 +20,7 @@ set_property(CACHE FATTN_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(FATTN_CUDA_HEAD_DIMS "64;128;32;96;256" CACHE STRING
     "Head dims the fused CUDA kernels are compiled for (multiples of 16 in [16, 256])")
 set(FATTN_CUDA_WGMMA AUTO CACHE STRING
-    "Build the Hopper wgmma kernel for sm_90a: AUTO (when CMAKE_CUDA_ARCHITECTURES has 90), ON, OFF")
+    "Build the Hopper wgmma kernel for sm_90a: AUTO (architectures with 90), ON, OFF")
 option(FATTN_CUDA_WERROR "Treat nvcc warnings as errors" OFF)
 option(FATTN_CUDA_PTXAS_VERBOSE "Print ptxas resource usage of every CUDA kernel" OFF)
 

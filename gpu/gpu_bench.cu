@@ -11,9 +11,9 @@
 // TF32 mode ("fused_tf32", what Options::allow_tf32 runs); for 16-bit types at D <= 128 the
 // fused kernel forced to 64- and to 128-row query tiles ("fused_br64", "fused_br128"),
 // whose ratio sets the automatic choice; on compute capability 9.0 the Hopper wgmma
-// kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; 16-bit, D <= 128); in
-// the assignment suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in the flash suite
-// above S = 4096 (its score buffer alone is 2·16384·H·S bytes there).
+// kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; 16-bit, D <= 128);
+// in the assignment suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in
+// the flash suite above S = 4096 (its score buffer alone is 2·16384·H·S bytes there).
 //
 // Method: inputs are random (never zeros); each timed call uses the next of several
 // input/output sets, enough to cover 3× the L2, so no call finds its data in L2;
@@ -406,7 +406,9 @@ int main(int argc, char** argv) {
       for (std::string name; std::getline(list, name, ',');)
         if (!name.empty()) impls.push_back(name);
     } else {
-      std::fprintf(stderr, "usage: fattn_gpu_bench [--out FILE] [--driver STR] [--suite assignment|flash|all] [--budget-s S] [--profile] [--impls A,B,...]\n");
+      std::fprintf(stderr,
+                   "usage: fattn_gpu_bench [--out FILE] [--driver STR] "
+                   "[--suite assignment|flash|all] [--budget-s S] [--profile] [--impls A,B,...]\n");
       return 2;
     }
   }

@@ -84,7 +84,9 @@ template <int kD>
 __device__ __forceinline__ std::uint64_t n_major_desc(const void* tile) {
   return wgmma_desc(tile, 16 * kD, kCoreMatrixBytes);
 }
-__host__ __device__ constexpr std::uint64_t k_major_slice_step() { return (2 * kCoreMatrixBytes) >> 4; }
+__host__ __device__ constexpr std::uint64_t k_major_slice_step() {
+  return (2 * kCoreMatrixBytes) >> 4;
+}
 template <int kD>
 __host__ __device__ constexpr std::uint64_t n_major_slice_step() {
   return (2 * 16 * kD) >> 4;

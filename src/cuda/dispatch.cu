@@ -304,14 +304,14 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
     const bool wgmma = is_wgmma(plan.kernel);
     const std::vector<int> dims = wgmma ? wgmma_head_dims() : supported_head_dims();
     const auto it = std::lower_bound(dims.begin(), dims.end(), static_cast<int>(p.head_dim));
+    const std::string name = to_string(plan.kernel);
+    if (wgmma && dims.empty())
+      fail("head dim " + std::to_string(p.head_dim) + ": this build has no " + name +
+           " CUDA kernel (the wgmma kernels are built when CMAKE_CUDA_ARCHITECTURES has 90 "
+           "and FATTN_CUDA_WGMMA is not OFF)");
     if (wgmma && it == dims.end())
-      fail("head dim " + std::to_string(p.head_dim) +
-           (dims.empty() ? ": this build has no " + std::string(to_string(plan.kernel)) +
-                               " CUDA kernel (the wgmma kernels are built when "
-                               "CMAKE_CUDA_ARCHITECTURES has 90 and FATTN_CUDA_WGMMA is not OFF)"
-                         : " is larger than every head dim the " + std::string(to_string(plan.kernel)) +
-                               " CUDA kernel is built for (" + join(dims) +
-                               "); use the fused_mma kernel"));
+      fail("head dim " + std::to_string(p.head_dim) + " is larger than every head dim the " +
+           name + " CUDA kernel is built for (" + join(dims) + "); use the fused_mma kernel");
     if (it == dims.end())
       fail("head dim " + std::to_string(p.head_dim) +
            " is larger than every head dim the fused CUDA kernels are built for (" +

@@ -191,19 +191,23 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 8][4], std::uint64_t de
 #if FATTN_WGMMA_ENABLED
   const int acc = accumulate ? 1 : 0;
   if constexpr (kN == 64 && std::is_same_v<T, __half>) {
-    asm volatile(FATTN_WGMMA_SS_TEXT(64, "f16", FATTN_WGMMA_REGS32, "%32", "%33", "%34", "%35", "%36")
+    asm volatile(
+        FATTN_WGMMA_SS_TEXT(64, "f16", FATTN_WGMMA_REGS32, "%32", "%33", "%34", "%35", "%36")
                  : FATTN_WGMMA_ACC64(d, 0)
                  : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransA), "n"(kTransB));
   } else if constexpr (kN == 64) {
-    asm volatile(FATTN_WGMMA_SS_TEXT(64, "bf16", FATTN_WGMMA_REGS32, "%32", "%33", "%34", "%35", "%36")
+    asm volatile(
+        FATTN_WGMMA_SS_TEXT(64, "bf16", FATTN_WGMMA_REGS32, "%32", "%33", "%34", "%35", "%36")
                  : FATTN_WGMMA_ACC64(d, 0)
                  : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransA), "n"(kTransB));
   } else if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(FATTN_WGMMA_SS_TEXT(128, "f16", FATTN_WGMMA_REGS64, "%64", "%65", "%66", "%67", "%68")
+    asm volatile(
+        FATTN_WGMMA_SS_TEXT(128, "f16", FATTN_WGMMA_REGS64, "%64", "%65", "%66", "%67", "%68")
                  : FATTN_WGMMA_ACC64(d, 0), FATTN_WGMMA_ACC64(d, 8)
                  : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransA), "n"(kTransB));
   } else {
-    asm volatile(FATTN_WGMMA_SS_TEXT(128, "bf16", FATTN_WGMMA_REGS64, "%64", "%65", "%66", "%67", "%68")
+    asm volatile(
+        FATTN_WGMMA_SS_TEXT(128, "bf16", FATTN_WGMMA_REGS64, "%64", "%65", "%66", "%67", "%68")
                  : FATTN_WGMMA_ACC64(d, 0), FATTN_WGMMA_ACC64(d, 8)
                  : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransA), "n"(kTransB));
   }
