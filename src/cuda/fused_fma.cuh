@@ -86,10 +86,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
   const int tr = tid / 16, tc = tid % 16;
   const FusedBlock<float> block = fused_block<float>(p, S::kBr, S::kBc);
   const BlockCoord c = block.c;
-  const float* const q = block.q;
-  const float* const k = block.k;
-  const float* const v = block.v;
-  const int q_rows = block.q_rows, tiles = block.tiles;
+  const int tiles = block.tiles;
 
   auto load = [&](float* dst, const float* src, std::int64_t stride, int j) {
     const int k0 = j * S::kBc;
@@ -108,12 +105,12 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
   }
 
   if (tiles > 0) {  // three groups: Q, K_0, V_0
-    load_tile_async<float, S::kBr, kD, S::kPitch, S::kThreads>(sq, q, p.q_stride.seq, q_rows,
+    load_tile_async<float, S::kBr, kD, S::kPitch, S::kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,
                                                               p.head_dim, tid);
     cp_async_commit();
-    load(sk, k, p.k_stride.seq, 0);
+    load(sk, block.k, p.k_stride.seq, 0);
     cp_async_commit();
-    load(sv, v, p.v_stride.seq, 0);
+    load(sv, block.v, p.v_stride.seq, 0);
     cp_async_commit();
   }
   const int row0 = c.q0 + tr * S::kRows;  // sequence index of this thread's first row
@@ -147,7 +144,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
         }
     }
     __syncthreads();  // every thread is done with K_j
-    if (j + 1 < tiles) load(sk, k, p.k_stride.seq, j + 1);
+    if (j + 1 < tiles) load(sk, block.k, p.k_stride.seq, j + 1);
     cp_async_commit();
 
     // Scale to log2 units, mask, online softmax; P to shared memory.
@@ -204,7 +201,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
       pv_tile<kD>(sp, sv, tr, tc, o);
     }
     __syncthreads();  // every thread is done with V_j and P
-    if (j + 1 < tiles) load(sv, v, p.v_stride.seq, j + 1);
+    if (j + 1 < tiles) load(sv, block.v, p.v_stride.seq, j + 1);
     cp_async_commit();
   }
 

@@ -122,18 +122,15 @@ __global__ void __launch_bounds__(MmaShape<T, kD, kM>::kThreads, 1)
   const int lane = tid % 32, warp = tid / 32;
   const FusedBlock<T> block = fused_block<T>(p, S::kBr, S::kBc);
   const BlockCoord c = block.c;
-  const T* const q = block.q;
-  const T* const k = block.k;
-  const T* const v = block.v;
-  const int q_rows = block.q_rows, tiles = block.tiles;
+  const int tiles = block.tiles;
 
   auto load_kv = [&](int j, int stage) {
     const int k0 = j * S::kBc;
     const int rows = min(S::kBc, p.kv_len - k0);
     load_tile_async<T, S::kBc, kD, S::kPitch, S::kThreads>(
-        sk + stage * S::kTileElems, k + k0 * p.k_stride.seq, p.k_stride.seq, rows, p.head_dim, tid);
+        sk + stage * S::kTileElems, block.k + k0 * p.k_stride.seq, p.k_stride.seq, rows, p.head_dim, tid);
     load_tile_async<T, S::kBc, kD, S::kPitch, S::kThreads>(
-        sv + stage * S::kTileElems, v + k0 * p.v_stride.seq, p.v_stride.seq, rows, p.head_dim, tid);
+        sv + stage * S::kTileElems, block.v + k0 * p.v_stride.seq, p.v_stride.seq, rows, p.head_dim, tid);
   };
 
   float o[kM][S::kDB][4];
@@ -146,7 +143,7 @@ __global__ void __launch_bounds__(MmaShape<T, kD, kM>::kThreads, 1)
   }
 
   if (tiles > 0) {
-    load_tile_async<T, S::kBr, kD, S::kPitch, S::kThreads>(sq, q, p.q_stride.seq, q_rows,
+    load_tile_async<T, S::kBr, kD, S::kPitch, S::kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,
                                                           p.head_dim, tid);
     load_kv(0, 0);
     cp_async_commit();

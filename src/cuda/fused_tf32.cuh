@@ -124,10 +124,7 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32x3_k
   const int g = lane / 4, t = lane % 4;
   const FusedBlock<float> block = fused_block<float>(p, S::kBr, S::kBc);
   const BlockCoord c = block.c;
-  const float* const q = block.q;
-  const float* const k = block.k;
-  const float* const v = block.v;
-  const int q_rows = block.q_rows, tiles = block.tiles;
+  const int tiles = block.tiles;
 
   auto load = [&](float* dst, const float* src, std::int64_t stride, int j) {
     const int k0 = j * S::kBc;
@@ -145,12 +142,12 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32x3_k
   }
 
   if (tiles > 0) {  // three groups: Q, K_0, V_0
-    load_tile_async<float, S::kBr, kD, S::kPitch, S::kThreads>(sq, q, p.q_stride.seq, q_rows,
+    load_tile_async<float, S::kBr, kD, S::kPitch, S::kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,
                                                               p.head_dim, tid);
     cp_async_commit();
-    load(sk, k, p.k_stride.seq, 0);
+    load(sk, block.k, p.k_stride.seq, 0);
     cp_async_commit();
-    load(sv, v, p.v_stride.seq, 0);
+    load(sv, block.v, p.v_stride.seq, 0);
     cp_async_commit();
   }
 
@@ -167,7 +164,7 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32x3_k
     float s[kM][S::kNS][4];
     qk_tf32<kExact, kM, S::kNS, kD, S::kPitch>(s, q_frag, k_frag);
     __syncthreads();  // every warp is done with K_j
-    if (j + 1 < tiles) load(sk, k, p.k_stride.seq, j + 1);
+    if (j + 1 < tiles) load(sk, block.k, p.k_stride.seq, j + 1);
     cp_async_commit();
 
     const int k0 = j * S::kBc;
@@ -195,7 +192,7 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32x3_k
       pv_tf32<kExact, kM, S::kNS, S::kDB, S::kPitch>(s, o, v_frag);
     }
     __syncthreads();  // every warp is done with V_j
-    if (j + 1 < tiles) load(sv, v, p.v_stride.seq, j + 1);
+    if (j + 1 < tiles) load(sv, block.v, p.v_stride.seq, j + 1);
     cp_async_commit();
   }
 

@@ -180,66 +180,50 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
   const int lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
   const FusedBlock<T> block = fused_block<T>(p, S::kBr, S::kBc);
   const BlockCoord c = block.c;
-  const T* const q = block.q;
-  const T* const k = block.k;
-  const T* const v = block.v;
-  const int q_rows = block.q_rows, tiles = block.tiles;
-  if (tiles == 0) {  // no key visible to any row of the tile: 0 and lse = -inf
-    WarpRows rows;
-    rows.start();
-    float o[S::kDB][4] = {};
-    store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h),
-                  p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr,
-                  c.q0 + warp * 16 + lane / 4, lane);
-    return;
-  }
+  const int tiles = block.tiles;
 
-  auto load_k = [&](int j) {
-    const int k0 = j * S::kBc;
-    load_core_tile_async<T, S::kBc, kD, S::kThreads>(sk + (j & 1) * S::kTileElems,
-                                                     k + k0 * p.k_stride.seq, p.k_stride.seq,
-                                                     min(S::kBc, p.kv_len - k0), p.head_dim, tid);
-  };
-  auto load_v = [&](int j) {
-    const int k0 = j * S::kBc;
-    load_core_tile_async<T, S::kBc, kD, S::kThreads>(sv + (j & 1) * S::kTileElems,
-                                                     v + k0 * p.v_stride.seq, p.v_stride.seq,
-                                                     min(S::kBc, p.kv_len - k0), p.head_dim, tid);
-  };
-  auto k_desc = [&](int j) { return k_major_desc<kD>(sk + (j & 1) * S::kTileElems); };
-  auto v_tile = [&](int j) -> const T* { return sv + (j & 1) * S::kTileElems; };
+  // Tile j of K and of V sits in stage j % 2.
   auto k_tile = [&](int j) -> T* { return sk + (j & 1) * S::kTileElems; };
+  auto v_tile = [&](int j) -> T* { return sv + (j & 1) * S::kTileElems; };
+  auto load = [&](T* dst, const T* src, std::int64_t stride, int j) {
+    const int k0 = j * S::kBc;
+    load_core_tile_async<T, S::kBc, kD, S::kThreads>(dst, src + k0 * stride, stride,
+                                                     min(S::kBc, p.kv_len - k0), p.head_dim, tid);
+  };
+  auto load_k = [&](int j) { load(k_tile(j), block.k, p.k_stride.seq, j); };
+  auto load_v = [&](int j) { load(v_tile(j), block.v, p.v_stride.seq, j); };
+  auto k_desc = [&](int j) { return k_major_desc<kD>(k_tile(j)); };
   // Shared data written by every thread's cp.async is visible to the whole block, and to
   // wgmma (the async proxy), after this.
   auto tiles_landed = [&]() {
     fence_proxy_async_shared();
     __syncthreads();
   };
+  // Whether key tile j crosses the causal limit of a row from `first_row` on, and whether
+  // it hides any key (that, or the sequence end) from such a row.
+  auto crosses_diagonal = [&](int j, int first_row) {
+    return p.causal && (j + 1) * S::kBc - 1 > first_row + p.causal_offset;
+  };
+  auto hides_keys = [&](int j, int first_row) {
+    return (j + 1) * S::kBc > p.kv_len || crosses_diagonal(j, first_row);
+  };
   // Whether tile j's V must skip the tensor cores (header comment). Block-uniform: every
   // thread enters the block-wide scan or none; the zero-filled rows past kv_len are finite.
   auto needs_visible_keys_only = [&](int j) {
-    const int k0 = j * S::kBc;
-    if (!(p.causal && k0 + S::kBc - 1 > c.q0 + p.causal_offset)) return false;
-    return tile_has_nonfinite<T, S::kBc, kD, kD, S::kThreads>(v_tile(j), S::kBc, tid);
+    return crosses_diagonal(j, c.q0) &&
+           tile_has_nonfinite<T, S::kBc, kD, kD, S::kThreads>(v_tile(j), S::kBc, tid);
   };
 
   const int warp_row0 = c.q0 + warp * 16;  // sequence index of the warp's first row
   const int row0 = warp_row0 + lane / 4;   // ... of this thread's row g
   // The warpgroup's 64 rows of Q: 8 row blocks of the core-matrix tile per 64 rows.
   const std::uint64_t q_desc = k_major_desc<kD>(sq + warpgroup * 64 * kD);
-  // Whether any row of the block must hide keys of tile j (sequence end or causal
-  // limit). Block-uniform, for the pipelined schedule's choice below.
-  auto block_masks = [&](int j) {
-    const int k0 = j * S::kBc;
-    return k0 + S::kBc > p.kv_len || (p.causal && k0 + S::kBc - 1 > c.q0 + p.causal_offset);
-  };
-  // mask = false: scale only (the tile hides no key from any row of the block).
+  // may_mask = false: scale only (the caller knows the tile hides no key from any row of
+  // the block: hides_keys(j, c.q0) is false).
   auto scale_mask_softmax = [&](float (&s)[S::kNS][4], int j, bool may_mask, WarpRows& rows,
                                 float (&alphas)[2]) {
-    const int k0 = j * S::kBc;
-    const bool mask = may_mask && (k0 + S::kBc > p.kv_len ||
-                                   (p.causal && k0 + S::kBc - 1 > warp_row0 + p.causal_offset));
-    scale_and_mask(s, p, mask, row0, k0 + 2 * (lane % 4));
+    const bool mask = may_mask && hides_keys(j, warp_row0);
+    scale_and_mask(s, p, mask, row0, j * S::kBc + 2 * (lane % 4));
     softmax_scores(s, rows, alphas);
   };
 
@@ -257,7 +241,19 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
         a, o, v_tile(jv), k_tile(j_scratch), p, warp, lane, row0, jv * S::kBc);
   };
 
-  load_core_tile_async<T, S::kBr, kD, S::kThreads>(sq, q, p.q_stride.seq, q_rows, p.head_dim, tid);
+  // out = o / l and lse for the thread's rows (store_rows).
+  auto finish = [&]() {
+    float* const lse =
+        p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr;
+    store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h), lse, row0, lane);
+  };
+  if (tiles == 0) {  // no key visible to any row of the tile: 0 and lse = -inf
+    finish();
+    return;
+  }
+
+  load_core_tile_async<T, S::kBr, kD, S::kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,
+                                                   p.head_dim, tid);
   load_k(0);
   if constexpr (!kPipelined) {
     // Group j holds K_j and V_j; tile j+1 loads while tile j computes.
@@ -316,7 +312,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
         scale_mask_softmax(s, j, true, rows, alphas);
         // scratch: K_j's stage, whose Q·Kᵀ is done
         pv_visible_keys_only(j - 1, j);
-      } else if (block_masks(j)) {
+      } else if (hides_keys(j, c.q0)) {
         // The masking's per-warp branch between the waits made ptxas serialize every
         // wgmma of the kernel (C7514), so tiles that mask wait for both groups first:
         // at most the last tile and the ones crossing the block's causal diagonal.
@@ -352,9 +348,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
     }
   }
 
-  T* const out = head_ptr<T>(p.out, p.out_stride, c.b, c.h);
-  float* const lse = p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr;
-  store_rows<T>(o, rows, p, out, lse, row0, lane);
+  finish();
 }
 
 template <class T, int D>

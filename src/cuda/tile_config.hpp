@@ -49,7 +49,7 @@ constexpr MmaTiles mma_tiles(int d) {
 //   (Br + 2 stages · 2 · Bc) · D · 2 B = 160 KB at D = 128 (1 block/SM), 80 KB at D = 64.
 //   Registers at D = 128: s 64 + o 64 + P 32; ptxas (sm_90a) allocates 184 per thread
 //   for the serial schedule and 226 for the pipelined one, which holds all three at once
-//   (D = 64: 154 / 192), no spills. First choice, not yet measured on a GPU
+//   (D = 64: 154 / 186), no spills. First choice, not yet measured on a GPU
 //   (docs/cuda.md, "The wgmma kernels"); the benchmark runs it beside fused_mma.
 // Compiled for head dims 64 and 128 only (the m64n64 / m64n128 instructions of wgmma.cuh);
 // other dims run fused_mma.

@@ -57,6 +57,35 @@ __device__ __forceinline__ void stage_b(unsigned char* smem_b, const __half* b, 
   }
 }
 
+// Closes the group of MMAs issued, waits for it and writes every thread's raw accumulator
+// registers: raw[thread·32 + i].
+__device__ __forceinline__ void finish_and_write(float (&d)[kRegs / 4][4], float* raw, int tid) {
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+  wgmma_fence_operands(d);
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i / 4][i % 4];
+}
+
+// Each thread's RS A fragments of every k16 slice of a (row-major 64×K in global memory),
+// by the layout documented in src/cuda/wgmma.cuh: register j of slice s holds row
+// 16w + l/4 + 8·(j%2), columns 16s + 2·(l%4) + 8·(j/2) + {0, 1}.
+template <int K>
+__device__ __forceinline__ void load_a_fragments(const __half* a, std::uint32_t (&frag)[K / 16][4],
+                                                 int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = 16 * warp + lane / 4 + 8 * (j % 2);
+      const int col = 16 * s + 2 * (lane % 4) + 8 * (j / 2);
+      // Two consecutive f16 at an even column: one aligned 32-bit word, the lower column
+      // in the low half (little-endian), as mma.sync's fragments.
+      frag[s][j] = *reinterpret_cast<const std::uint32_t*>(a + row * K + col);
+    }
+}
+
 // K is a template parameter: with a run-time trip count ptxas serializes the wgmma
 // (warning C7520, accumulator wait in a divergent path).
 template <int kTransB, int K>
@@ -96,19 +125,11 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(const __half* a, const 
     desc_a += kSliceAdvance;
     desc_b += kSliceAdvance;
   }
-  wgmma_commit_group();
-  wgmma_wait_group<0>();
-  wgmma_fence_operands(d);
-
-#pragma unroll
-  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i / 4][i % 4];
+  finish_and_write(d, raw, tid);
 }
 
-// The RS form: A (row-major 64×K in global memory) goes straight into registers, each
-// thread loading its m64k16 A fragment per k16 slice by the layout documented in
-// src/cuda/wgmma.cuh (register j of slice s: row 16w + l/4 + 8·(j%2), columns
-// 16s + 2·(l%4) + 8·(j/2) + {0, 1}, the lower column in the low half); B N-major in
-// shared memory as in probe_kernel<1, K>.
+// The RS form: A (row-major 64×K in global memory) goes straight into registers
+// (load_a_fragments); B N-major in shared memory as in probe_kernel<1, K>.
 template <int K>
 __global__ void __launch_bounds__(kThreads) probe_rs_kernel(const __half* a, const __half* b,
                                                             int b_variant, float* raw) {
@@ -118,18 +139,8 @@ __global__ void __launch_bounds__(kThreads) probe_rs_kernel(const __half* a, con
   stage_b<1, K>(smem_b, b, tid);
   cp_async_commit();
 
-  const int warp = tid / 32, lane = tid % 32;
   std::uint32_t frag[K / 16][4];
-#pragma unroll
-  for (int s = 0; s < K / 16; ++s)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int row = 16 * warp + lane / 4 + 8 * (j % 2);
-      const int col = 16 * s + 2 * (lane % 4) + 8 * (j / 2);
-      // Two consecutive f16 at an even column: one aligned 32-bit word, the lower column
-      // in the low half (little-endian), as mma.sync's fragments.
-      frag[s][j] = *reinterpret_cast<const std::uint32_t*>(a + row * K + col);
-    }
+  load_a_fragments<K>(a, frag, tid);
 
   cp_async_wait<0>();
   fence_proxy_async_shared();
@@ -149,14 +160,9 @@ __global__ void __launch_bounds__(kThreads) probe_rs_kernel(const __half* a, con
     wgmma_rs<__half, kN, 1>(d, frag[s], desc_b, s > 0);
     desc_b += kSliceAdvance;
   }
-  wgmma_commit_group();
-  wgmma_wait_group<0>();
-  wgmma_fence_operands(d);
+  finish_and_write(d, raw, tid);
 #pragma unroll
-  for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);
-
-#pragma unroll
-  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i / 4][i % 4];
+  for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);  // read until the wait
 }
 
 // The attention kernel's layout (core_tile.cuh) at head dim 64, K = 64: A (64×64, as Q or
@@ -178,17 +184,7 @@ __global__ void __launch_bounds__(kThreads) kernel_layout_probe(const __half* a,
   cp_async_commit();
 
   std::uint32_t frag[K / 16][4] = {};
-  if (kNMajor) {
-    const int warp = tid / 32, lane = tid % 32;
-#pragma unroll
-    for (int s = 0; s < K / 16; ++s)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int row = 16 * warp + lane / 4 + 8 * (j % 2);
-        const int col = 16 * s + 2 * (lane % 4) + 8 * (j / 2);
-        frag[s][j] = *reinterpret_cast<const std::uint32_t*>(a + row * K + col);
-      }
-  }
+  if (kNMajor) load_a_fragments<K>(a, frag, tid);
   cp_async_wait<0>();
   fence_proxy_async_shared();
   __syncthreads();
@@ -214,14 +210,9 @@ __global__ void __launch_bounds__(kThreads) kernel_layout_probe(const __half* a,
       wgmma_ss<__half, kN, 0, 0>(d, desc_a + s * k_major_slice_step(),
                                  desc_b + s * k_major_slice_step(), s > 0);
   }
-  wgmma_commit_group();
-  wgmma_wait_group<0>();
-  wgmma_fence_operands(d);
+  finish_and_write(d, raw, tid);
 #pragma unroll
-  for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);
-
-#pragma unroll
-  for (int i = 0; i < kRegs; ++i) raw[tid * kRegs + i] = d[i / 4][i % 4];
+  for (int s = 0; s < K / 16; ++s) wgmma_fence_operands(frag[s]);  // read until the wait
 }
 
 }  // namespace
