@@ -8,6 +8,7 @@
 
 #include "ceilings.hpp"
 #include "contention.hpp"
+#include "decode_sweep.hpp"
 #include "hw_counters.hpp"
 #include "model.hpp"
 #include "report.hpp"
@@ -81,13 +82,25 @@ fattn::Isa resolve_isa(const std::string& name) {
   return isa;
 }
 
+// --quick --decode: one small point of each kind, for CI smoke tests.
+fattn_bench::DecodeConfig quick_decode(fattn_bench::DecodeConfig c) {
+  c.batches = {1};
+  c.kv_heads = {2};
+  c.head_dims = {64};
+  c.q_lens = {1, 4};
+  c.kv_lens = {1024};
+  c.q_heads = 8;
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   SweepConfig config;
   std::vector<std::string> causal_names{"both"}, impl_names{"naive", "fused"};
   std::string isa_name = "auto", json_path, csv_path;
-  bool quick = false;
+  bool quick = false, decode = false;
+  fattn_bench::DecodeConfig decode_config;
 
   CLI::App app{
       "fattn-bench: fp32 attention kernels against this machine's measured FMA peak\n"
@@ -97,7 +110,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", config.batch, "batch size B")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--heads", config.q_heads, "query heads Hq")
+  auto* heads = app.add_option("--heads", config.q_heads, "query heads Hq (--decode: 32)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   auto* kv_heads =
@@ -136,6 +149,25 @@ int main(int argc, char** argv) {
   app.add_flag("--lse", config.lse, "also write the logsumexp (counted in the AI models)");
   app.add_option("--seed", config.seed, "seed of the random-normal inputs")->capture_default_str();
   app.add_flag("--quick", quick, "tiny sweep for CI smoke tests: S in {128, 256} unless --seq");
+  app.add_flag("--decode", decode,
+               "the decode sweep instead: short queries against a (B, S, Hkv, D) KV cache, "
+               "decode and fused kernels, causal bottom-right, GB/s against the triad");
+  app.add_option("--decode-batch", decode_config.batches, "--decode: batch sizes")
+      ->capture_default_str()->check(CLI::PositiveNumber)->delimiter(',');
+  app.add_option("--decode-kv-heads", decode_config.kv_heads, "--decode: kv heads Hkv")
+      ->capture_default_str()->check(CLI::PositiveNumber)->delimiter(',');
+  app.add_option("--decode-head-dim", decode_config.head_dims, "--decode: head dims D")
+      ->capture_default_str()->check(CLI::PositiveNumber)->delimiter(',');
+  app.add_option("--decode-seq", decode_config.q_lens, "--decode: query lengths Sq")
+      ->capture_default_str()->check(CLI::PositiveNumber)->delimiter(',');
+  app.add_option("--decode-seq-kv", decode_config.kv_lens, "--decode: cache lengths Sk")
+      ->capture_default_str()->check(CLI::PositiveNumber)->delimiter(',');
+  app.add_option("--max-kv-gib", decode_config.max_kv_gib,
+                 "--decode: skip points whose K and V exceed this many GiB")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--fused-max-keys", decode_config.fused_max_keys,
+                 "--decode: run the fused kernel beside decode up to this many keys")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -175,6 +207,22 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
 
     const fattn_bench::CpuSharing sweep_phase;
+    if (decode) {
+      decode_config.q_heads = heads->count() ? config.q_heads : 32;
+      decode_config.threads = config.threads;
+      decode_config.reps = config.reps;
+      decode_config.warmup = config.warmup;
+      decode_config.isa = config.isa_automatic ? fattn::Isa::automatic : config.isa;
+      decode_config.seed = config.seed;
+      if (quick) decode_config = quick_decode(decode_config);
+      const auto results = fattn_bench::run_decode_sweep(decode_config, machine.ceilings);
+      machine.others_cores_sweep = sweep_phase.others_cores();
+      machine.steal_cores = whole_run.steal_cores();
+      fattn_bench::print_decode_table(stdout, machine, results);
+      fattn_bench::print_contention(stdout, machine);
+      if (!json_path.empty()) fattn_bench::write_decode_json(json_path, machine, results);
+      return 0;
+    }
     const auto results = fattn_bench::run_sweep(config, machine.ceilings);
     machine.others_cores_sweep = sweep_phase.others_cores();
     machine.steal_cores = whole_run.steal_cores();

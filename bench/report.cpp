@@ -291,10 +291,9 @@ void print_contention(std::FILE* out, const Machine& m) {
                  "the timings and ceilings are inflated — run again when it is idle\n");
 }
 
-void write_json(const std::string& path, const Machine& m, const std::vector<Result>& results) {
+nlohmann::ordered_json machine_json(const Machine& m) {
   const Ceilings& c = m.ceilings;
-  nlohmann::ordered_json doc;
-  doc["machine"] = {
+  return {
       {"device", m.device},
       {"cpu", m.cpu},
       {"isa", m.kernel_isa},
@@ -315,6 +314,11 @@ void write_json(const std::string& path, const Machine& m, const std::vector<Res
       {"steal_cores", m.steal_cores},
       {"roofline", roofline_json(m)},
   };
+}
+
+void write_json(const std::string& path, const Machine& m, const std::vector<Result>& results) {
+  nlohmann::ordered_json doc;
+  doc["machine"] = machine_json(m);
   doc["results"] = nlohmann::ordered_json::array();
   for (const Result& r : results) doc["results"].push_back(result_json(r));
   if (!results.empty())

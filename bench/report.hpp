@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "result.hpp"
 
 namespace fattn_bench {
@@ -22,6 +24,8 @@ void print_contention(std::FILE* out, const Machine& machine);
 // The schema in main.cpp's --help; throws std::runtime_error if the file cannot be written.
 void write_json(const std::string& path, const Machine& machine,
                 const std::vector<Result>& results);
+// The "machine" object of the JSON documents (device, cpu, ceilings, date, ...).
+nlohmann::ordered_json machine_json(const Machine& machine);
 // The results, flat, with a header row.
 void write_csv(const std::string& path, const std::vector<Result>& results);
 

@@ -194,7 +194,7 @@ TEST_P(ForwardTest, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, ForwardTest,
-                         ::testing::Combine(::testing::ValuesIn(kernel_variants()),
+                         ::testing::Combine(::testing::ValuesIn(forward_variants()),
                                             ::testing::ValuesIn(grid())),
                          [](const auto& param_info) {
                            return variant_name(std::get<0>(param_info.param)) + "_" +
@@ -445,7 +445,7 @@ TEST_P(KernelTest, SizeOneDimensionsMayHaveAnyStride) {
   EXPECT_TRUE(outside_view_untouched(out));
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, KernelTest, ::testing::ValuesIn(kernel_variants()),
+INSTANTIATE_TEST_SUITE_P(Kernels, KernelTest, ::testing::ValuesIn(forward_variants()),
                          [](const auto& param_info) { return variant_name(param_info.param); });
 
 // Impl::automatic with Isa::automatic is the fused kernel on automatic_cpu_isa(Sk), bit

@@ -313,7 +313,7 @@ TEST_P(RobustnessTest, DenormalAndBoundaryInputs) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, RobustnessTest, ::testing::ValuesIn(kernel_variants()),
+INSTANTIATE_TEST_SUITE_P(Kernels, RobustnessTest, ::testing::ValuesIn(forward_variants()),
                          [](const auto& param_info) { return variant_name(param_info.param); });
 
 // S = 16384, B = H = 1, D = 64, fused kernel on the best ISA: 64 sampled rows

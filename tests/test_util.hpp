@@ -508,6 +508,13 @@ inline std::vector<Variant> kernel_variants() {
   return vs;
 }
 
+// The forward kernels: naive, fused and decode, each on amx, avx512, avx2 and portable.
+inline std::vector<Variant> forward_variants() {
+  std::vector<Variant> vs = kernel_variants();
+  for (Isa isa : {Isa::amx, Isa::avx512, Isa::avx2, Isa::portable}) vs.push_back({Impl::decode, isa});
+  return vs;
+}
+
 #define FATTN_SKIP_IF_UNSUPPORTED(isa)                                                    \
   do {                                                                                     \
     if (!fattn::cpu_supports(isa))                                                         \

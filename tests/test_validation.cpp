@@ -393,7 +393,7 @@ TEST(Validation, UnsupportedIsa) {
 TEST(Validation, UnknownNames) {
   for (const char* name : {"", "fast", "Fused", "naive ", "automatic"})
     EXPECT_THAT(error_of([&] { fattn::parse_impl(name); }),
-                HasSubstr(std::string("fattn: impl must be one of auto, reference, naive, fused; got '") + name + "'"));
+                HasSubstr(std::string("fattn: impl must be one of auto, reference, naive, fused, decode; got '") + name + "'"));
   for (const char* name : {"", "sse", "AVX2", "avx512f", "neon"})
     EXPECT_THAT(error_of([&] { fattn::parse_isa(name); }),
                 HasSubstr(std::string("fattn: isa must be one of auto, amx, avx512, avx2, portable; got '") + name + "'"));

@@ -31,8 +31,12 @@ enum class Causal : std::uint8_t { none, top_left, bottom_right };
 //   reference: plain loops, float64 accumulation (for tests; slow)
 //   naive:     3 stages — scores = Q·Kᵀ·scale to an Sq×Sk buffer, softmax, O = P·V
 //   fused:     tiled, online softmax; the Sq×Sk matrix never leaves cache
-//   automatic: the best for this device (fused)
-enum class Impl : std::uint8_t { automatic, reference, naive, fused };
+//   decode:    for short queries (decode, chunked prefill): the query rows of every head
+//              sharing a kv head form one tile, K and V are read in place (a KV cache),
+//              keys split across threads when there are few rows (cpu/decode.hpp); CPU only
+//   automatic: the best for this device and problem: decode for short queries (Sq ≤ 64
+//              and Sq·Hq/Hkv ≤ 128 on the CPU, measured), else fused
+enum class Impl : std::uint8_t { automatic, reference, naive, fused, decode };
 
 // CPU instruction set for the naive and fused kernels. automatic picks the fastest this
 // CPU supports for the problem (the forward: automatic_cpu_isa; the backward: the best);
@@ -86,6 +90,10 @@ struct Options {
   // torch.backends.cuda.matmul.allow_tf32 allows for matmuls. Off: 3xTF32, float32-
   // level accuracy. The CPU ignores it (always float32).
   bool allow_tf32 = false;
+  // The decode kernel's key splits (flash-decoding): 0 picks them from the problem and
+  // the thread count; n > 0 asks for n chunks per sequence (1: no split). Results are
+  // the same bits on every run with the same threads and splits.
+  int kv_splits = 0;
 };
 
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32

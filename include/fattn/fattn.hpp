@@ -3,4 +3,5 @@
 
 #include "fattn/attention.hpp"
 #include "fattn/diagnostics.hpp"
+#include "fattn/kv_cache.hpp"
 #include "fattn/tensor.hpp"

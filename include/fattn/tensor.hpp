@@ -7,7 +7,8 @@
 namespace fattn {
 
 // float64 is for checking gradients: on the CPU it runs the float64 reference only.
-enum class DType : std::uint8_t { float32, float16, bfloat16, float64 };
+// int32 is for the KV cache's sequence lengths and block table (fattn/kv_cache.hpp).
+enum class DType : std::uint8_t { float32, float16, bfloat16, float64, int32 };
 enum class Device : std::uint8_t { cpu, cuda };
 
 const char* to_string(DType dtype);
@@ -38,6 +39,11 @@ struct TensorView {
   static TensorView bshd(void* data, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                          std::int64_t head_dim, DType dtype = DType::float32,
                          Device device = Device::cpu);
+  // Contiguous int32 vector of n elements (a KV cache's sequence lengths).
+  static TensorView int32_vector(std::int32_t* data, std::int64_t n, Device device = Device::cpu);
+  // Contiguous int32 (rows, cols) matrix (a paged KV cache's block table).
+  static TensorView int32_matrix(std::int32_t* data, std::int64_t rows, std::int64_t cols,
+                                 Device device = Device::cpu);
   // Contiguous (B, H, S) float32 logsumexp.
   static TensorView lse(float* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,
                         Device device = Device::cpu);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/checked.hpp"
+#include "core/dispatch.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
 #include "core/workspace_cache.hpp"
@@ -49,14 +50,34 @@ void require_cpu(const TensorView& q) {
                 to_string(q.dtype));
 }
 
+// Impl::automatic runs the decode kernel while a kv head's query rows (Sq · Hq/Hkv) are
+// at most kDecodeMaxRows and Sq at most kDecodeMaxQueries; the fused kernel above. Decode
+// vs fused time, 2 threads, B=1, Hq=32, Sk=4096 (docs/perf-log.md, "Decode kernel"):
+// Hkv=8: Sq=32 (128 rows) 1.42x, Sq=48 (192 rows) 0.78-0.98x; Hkv=32: Sq=64 1.40-1.60x,
+// Sq=128 0.90x.
+constexpr std::int64_t kDecodeMaxRows = 128;
+constexpr std::int64_t kDecodeMaxQueries = 64;
+
 // float64 problems run the float64 reference; the SIMD kernels are float32.
-Impl resolve(Impl impl, DType dtype) {
-  if (dtype == DType::float64) {
-    if (impl != Impl::automatic && impl != Impl::reference)
-      throw Error(std::string("fattn: impl ") + to_string(impl) +
-                  " takes float32; float64 runs only the reference (impl auto or reference)");
-    return Impl::reference;
-  }
+Impl reference_for_float64(Impl impl) {
+  if (impl != Impl::automatic && impl != Impl::reference)
+    throw Error(std::string("fattn: impl ") + to_string(impl) +
+                " takes float32; float64 runs only the reference (impl auto or reference)");
+  return Impl::reference;
+}
+
+Impl resolve(Impl impl, DType dtype, const detail::Problem& p) {
+  if (dtype == DType::float64) return reference_for_float64(impl);
+  if (impl != Impl::automatic) return impl;
+  const bool short_queries =
+      p.q_len <= kDecodeMaxQueries && p.group_size() * p.q_len <= kDecodeMaxRows;
+  return short_queries ? Impl::decode : Impl::fused;
+}
+
+Impl resolve_backward(Impl impl, DType dtype) {
+  if (impl == Impl::decode)
+    throw Error("fattn: impl decode has no backward; the backward runs fused, naive or reference");
+  if (dtype == DType::float64) return reference_for_float64(impl);
   return impl == Impl::automatic ? Impl::fused : impl;
 }
 
@@ -84,6 +105,14 @@ std::int64_t workspace_floats(const detail::Problem& p, const Pass& pass, Impl i
     throw Error(std::string("fattn: the ") + to_string(impl) + " " + pass.name +
                 "'s working memory for this problem would overflow 64 bits");
   return floats;
+}
+
+// Runs the decode kernel in its leased working memory.
+void run_decode(const detail::Problem& p, const detail::Exec& exec, const Options& options) {
+  const cpu::Kernels& kernels = detail::forward_kernels(options, p);
+  const detail::WorkspaceLease workspace(
+      detail::decode_workspace_floats(kernels, p, exec, options), to_string(Impl::decode));
+  kernels.decode(p, exec, workspace.get(), options.kv_splits);
 }
 
 // Runs the naive or fused kernel of a pass (not the reference) in its leased working memory.
@@ -121,8 +150,9 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, &out, lse, options);
   const detail::Exec exec = detail::make_exec(options);
-  const Impl impl = resolve(options.impl, q.dtype);
+  const Impl impl = resolve(options.impl, q.dtype, p);
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
+  if (impl == Impl::decode) return run_decode(p, exec, options);
   run(p, exec, forward_pass(cpu_kernels(options, p, Direction::forward)), impl);
 }
 
@@ -136,10 +166,14 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
 #endif
   require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
-  const Impl impl = resolve(options.impl, q.dtype);
-  const int workers = detail::make_exec(options).workers;
+  const Impl impl = resolve(options.impl, q.dtype, p);
+  const detail::Exec exec = detail::make_exec(options);
+  const int workers = exec.workers;
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
     return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
+  if (impl == Impl::decode)
+    return detail::decode_workspace_floats(detail::forward_kernels(options, p), p, exec, options) *
+           static_cast<std::int64_t>(sizeof(float));
   const Pass pass = forward_pass(cpu_kernels(options, p, Direction::forward));
   return workspace_floats(p, pass, impl, workers) * static_cast<std::int64_t>(sizeof(float));
 }
@@ -152,7 +186,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const detail::Problem p =
       detail::make_backward_problem(q, k, v, out, dout, lse, dlse, dq, dk, dv, options);
   const detail::Exec exec = detail::make_exec(options);
-  const Impl impl = resolve(options.impl, q.dtype);
+  const Impl impl = resolve_backward(options.impl, q.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
   run(p, exec, backward_pass(cpu_kernels(options, p, Direction::backward)), impl);
 }
@@ -161,7 +195,7 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
                                   const Options& options) {
   require_cpu_backward(q);
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
-  const Impl impl = resolve(options.impl, q.dtype);
+  const Impl impl = resolve_backward(options.impl, q.dtype);
   const int workers = detail::make_exec(options).workers;
   if (impl == Impl::reference)  // per worker: dk, dv of one kv head and a few rows, float64
     return workers * (2 * p.kv_len * p.head_dim + p.kv_len + 2 * p.head_dim) *
@@ -186,5 +220,22 @@ double reference_row(const TensorView& q, const TensorView& k, const TensorView&
 }
 
 const char* version() { return FATTN_VERSION; }
+
+namespace detail {
+
+const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
+  return cpu_kernels(options, p, Direction::forward);
+}
+
+std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem& p,
+                                     const Exec& exec, const Options& options) {
+  const std::int64_t floats = kernels.decode_workspace_floats(p, exec.workers, options.kv_splits);
+  std::int64_t bytes = 0;
+  if (floats < 0 || !checked_mul(floats, sizeof(float), &bytes))
+    throw Error("fattn: the decode kernel's working memory for this problem would overflow 64 bits");
+  return floats;
+}
+
+}  // namespace detail
 
 }  // namespace fattn

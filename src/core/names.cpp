@@ -12,6 +12,7 @@ const char* to_string(DType dtype) {
     case DType::float16: return "float16";
     case DType::bfloat16: return "bfloat16";
     case DType::float64: return "float64";
+    case DType::int32: return "int32";
   }
   return "unknown dtype";
 }
@@ -26,7 +27,8 @@ const char* to_string(Device device) {
 
 int element_size(DType dtype) {
   switch (dtype) {
-    case DType::float32: return 4;
+    case DType::float32:
+    case DType::int32: return 4;
     case DType::float64: return 8;
     case DType::float16:
     case DType::bfloat16: return 2;
@@ -49,6 +51,7 @@ const char* to_string(Impl impl) {
     case Impl::reference: return "reference";
     case Impl::naive: return "naive";
     case Impl::fused: return "fused";
+    case Impl::decode: return "decode";
   }
   return "unknown impl";
 }
@@ -65,9 +68,10 @@ const char* to_string(Isa isa) {
 }
 
 Impl parse_impl(const std::string& name) {
-  for (Impl i : {Impl::automatic, Impl::reference, Impl::naive, Impl::fused})
+  for (Impl i : {Impl::automatic, Impl::reference, Impl::naive, Impl::fused, Impl::decode})
     if (name == to_string(i)) return i;
-  throw Error("fattn: impl must be one of auto, reference, naive, fused; got '" + name + "'");
+  throw Error("fattn: impl must be one of auto, reference, naive, fused, decode; got '" + name +
+              "'");
 }
 
 Isa parse_isa(const std::string& name) {
@@ -86,6 +90,15 @@ TensorView TensorView::bshd(void* data, std::int64_t batch, std::int64_t seq, st
                             std::int64_t head_dim, DType dtype, Device device) {
   return {data, 4, {batch, heads, seq, head_dim},
           {seq * heads * head_dim, head_dim, heads * head_dim, 1}, dtype, device};
+}
+
+TensorView TensorView::int32_vector(std::int32_t* data, std::int64_t n, Device device) {
+  return {data, 1, {n, 0, 0, 0}, {1, 0, 0, 0}, DType::int32, device};
+}
+
+TensorView TensorView::int32_matrix(std::int32_t* data, std::int64_t rows, std::int64_t cols,
+                                    Device device) {
+  return {data, 2, {rows, cols, 0, 0}, {cols, 1, 0, 0}, DType::int32, device};
 }
 
 TensorView TensorView::lse(float* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,

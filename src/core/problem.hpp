@@ -25,6 +25,15 @@ Strided<T> retype(const Strided<U>& s) {
   return {reinterpret_cast<T*>(s.data), s.batch, s.head, s.seq, s.dim};
 }
 
+// Where the keys of a KV cache are (attention_kvcache): how many each sequence uses,
+// and, for a paged cache, which page holds each block of block_size keys.
+struct KvPaging {
+  const std::int32_t* seqlens = nullptr;      // [batch] keys in use; null: kv_len each
+  const std::int32_t* block_table = nullptr;  // [b * table_stride + n]: page of keys n·bs…
+  std::int64_t table_stride = 0;
+  std::int64_t block_size = 0;  // keys per page; with a table, Strided::batch steps pages
+};
+
 struct Problem {
   std::int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
   double scale = 0.0;
@@ -43,8 +52,36 @@ struct Problem {
   Strided<const float> dlse;  // dim stride unused; null data when no gradient flows through lse
   Strided<float> dq, dk, dv;
 
+  // KV cache (attention_kvcache only; the decode kernel and the reference read it).
+  KvPaging paging;
+
   std::int64_t group_size() const { return q_heads / kv_heads; }  // query heads per kv head
   std::int64_t kv_head_of(std::int64_t q_head) const { return q_head / group_size(); }
+
+  // --- visibility: which keys query i of sequence b sees --------------------------------
+  // Keys j < keys_of(b), and with causal masks j <= i + causal_offset_of(b): bottom-right
+  // alignment puts the last query at the sequence's own last key.
+  bool has_kv_cache() const { return paging.seqlens || paging.block_table; }
+  std::int64_t keys_of(std::int64_t b) const {
+    return paging.seqlens ? paging.seqlens[b] : kv_len;
+  }
+  std::int64_t causal_offset_of(std::int64_t b) const {
+    return causal == Causal::bottom_right ? keys_of(b) - q_len : 0;
+  }
+  // One past the last key query i of sequence b sees.
+  std::int64_t visible_end(std::int64_t b, std::int64_t i) const {
+    const std::int64_t keys = keys_of(b);
+    if (causal == Causal::none) return keys;
+    const std::int64_t last = i + causal_offset_of(b);
+    return last < 0 ? 0 : last + 1 < keys ? last + 1 : keys;
+  }
+  // Row of key j of sequence b, kv head h, in K or V (paged or not).
+  template <class T>
+  T* kv_row(const Strided<T>& t, std::int64_t b, std::int64_t h, std::int64_t j) const {
+    if (!paging.block_table) return t.row(b, h, j);
+    const std::int64_t page = paging.block_table[b * paging.table_stride + j / paging.block_size];
+    return t.data + page * t.batch + h * t.head + (j % paging.block_size) * t.seq;
+  }
 
   // One past the last key that queries [q_begin, q_end) may see.
   std::int64_t kv_end(std::int64_t q_end) const {

@@ -7,24 +7,16 @@
 #include <utility>
 
 #include "core/checked.hpp"
+#include "core/checks.hpp"
 #include "core/problem.hpp"
 
 namespace fattn::detail {
-namespace {
 
-constexpr std::int64_t kMinHeadDim = 16;
-constexpr std::int64_t kMaxHeadDim = 256;
-
-[[noreturn]] void fail(const std::string& message) { throw Error("fattn: " + message); }
+void fail(const std::string& message) { throw Error("fattn: " + message); }
 
 std::string dim_name(const char* tensor, int dim) {
   return std::string(tensor) + ".size(" + std::to_string(dim) + ")";
 }
-
-// Byte range [first, last) a view can touch.
-struct Extent {
-  std::uintptr_t first, last;
-};
 
 Extent check_view(const char* name, const TensorView& t, int rank, DType dtype, Device device) {
   if (t.data == nullptr) fail(std::string(name) + " has a null data pointer");
@@ -109,12 +101,37 @@ void expect_disjoint(const char* out_name, Extent out, const char* in_name, Exte
          " (the kernels read inputs while writing outputs)");
 }
 
-DType lse_dtype(DType dtype) { return dtype == DType::float64 ? DType::float64 : DType::float32; }
-
-template <class T>
-Strided<T> strided(T* data, const TensorView& t) {
-  return {data, t.stride(0), t.stride(1), t.stride(2), t.rank == 4 ? t.stride(3) : 0};
+void expect_head_dim(std::int64_t head_dim) {
+  if (head_dim >= kMinHeadDim && head_dim <= kMaxHeadDim) return;
+  std::ostringstream m;
+  m << "q.size(3) (head dim) must be in [" << kMinHeadDim << ", " << kMaxHeadDim << "], got "
+    << head_dim;
+  fail(m.str());
 }
+
+double checked_scale(const Options& options, std::int64_t head_dim) {
+  const double scale =
+      options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  if (!std::isfinite(scale)) {
+    std::ostringstream m;
+    m << "scale must be finite, got " << scale;
+    fail(m.str());
+  }
+  if (options.num_threads < 0) {
+    std::ostringstream m;
+    m << "num_threads must be >= 0 (0: all cores), got " << options.num_threads;
+    fail(m.str());
+  }
+  if (options.kv_splits < 0) {
+    std::ostringstream m;
+    m << "kv_splits must be >= 0 (0: chosen by fattn), got " << options.kv_splits;
+    fail(m.str());
+  }
+  if (options.runner && !options.runner->run) fail("runner.run must not be null");
+  return scale;
+}
+
+namespace {
 
 void expect_like(const char* name, const TensorView& t, const char* model_name,
                  const TensorView& model, const char* meaning) {
@@ -162,12 +179,7 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
     fail(m.str());
   }
   const std::int64_t head_dim = q.size(3);
-  if (head_dim < kMinHeadDim || head_dim > kMaxHeadDim) {
-    std::ostringstream m;
-    m << "q.size(3) (head dim) must be in [" << kMinHeadDim << ", " << kMaxHeadDim << "], got "
-      << head_dim;
-    fail(m.str());
-  }
+  expect_head_dim(head_dim);
   expect_size("k", k, 3, "head dim", "q.size(3)", head_dim);
   expect_size("v", v, 3, "head dim", "q.size(3)", head_dim);
 
@@ -191,19 +203,7 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
     }
   }
 
-  const double scale =
-      options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
-  if (!std::isfinite(scale)) {
-    std::ostringstream m;
-    m << "scale must be finite, got " << scale;
-    fail(m.str());
-  }
-  if (options.num_threads < 0) {
-    std::ostringstream m;
-    m << "num_threads must be >= 0 (0: all cores), got " << options.num_threads;
-    fail(m.str());
-  }
-  if (options.runner && !options.runner->run) fail("runner.run must not be null");
+  const double scale = checked_scale(options, head_dim);
 
   Problem p;
   p.batch = q.size(0);

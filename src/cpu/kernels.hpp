@@ -20,6 +20,11 @@ struct Kernels {
   std::int64_t (*backward_workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*fused_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*naive_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  // The decode kernel (cpu/decode.hpp) with `splits` key chunks per sequence (0: its rule).
+  std::int64_t (*decode_workspace_floats)(const detail::Problem& p, int workers,
+                                          std::int64_t splits);
+  void (*decode)(const detail::Problem& p, const detail::Exec& exec, float* workspace,
+                 std::int64_t splits);
 };
 
 // Built from kernels_isa.cpp, once per instruction set. avx512 and avx2 exist only on x86-64;

@@ -8,6 +8,7 @@
 #include "cpu/amx_backward.hpp"
 #include "cpu/amx_forward.hpp"
 #include "cpu/amx_naive_backward.hpp"
+#include "cpu/decode.hpp"
 #include "cpu/kernels.hpp"
 
 namespace fattn::cpu {
@@ -33,10 +34,17 @@ std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int
                        avx512_kernels.backward_workspace_floats(p, naive, workers));
 }
 
+// The decode kernel is memory-bound at the shapes it is chosen for (a few query rows per
+// kv head): it runs the AVX-512 FMA loop here too, with no bfloat16 split.
+std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std::int64_t splits) {
+  return DecodePlan<S>(p, workers, splits).total;
+}
+
 }  // namespace
 
 const Kernels amx_kernels = {Isa::amx,          AmxOps<S>::Br,       workspace_floats,
                              amx_fused_forward<S>, amx_naive_forward<S>, backward_workspace_floats,
-                             amx_fused_backward<S>, amx_naive_backward<S>};
+                             amx_fused_backward<S>, amx_naive_backward<S>, decode_workspace_floats,
+                             decode_forward<S>};
 
 }  // namespace fattn::cpu

@@ -8,6 +8,7 @@
 // unique to this unit, so code built with wide instructions never leaks into
 // another unit's symbols.
 #include "cpu/backward.hpp"
+#include "cpu/decode.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/naive.hpp"
@@ -25,10 +26,15 @@ std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int
   return BackwardWorkspace<S>(p, naive, workers).total;
 }
 
+std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std::int64_t splits) {
+  return DecodePlan<S>(p, workers, splits).total;
+}
+
 }  // namespace
 
-const Kernels FATTN_KERNELS = {Isa::FATTN_ISA, TileOps<S>::Br, workspace_floats,
-                               fused_forward<S>, naive_forward<S>, backward_workspace_floats,
-                               fused_backward<S>, naive_backward<S>};
+const Kernels FATTN_KERNELS = {Isa::FATTN_ISA,        TileOps<S>::Br,     workspace_floats,
+                               fused_forward<S>,      naive_forward<S>,   backward_workspace_floats,
+                               fused_backward<S>,     naive_backward<S>,  decode_workspace_floats,
+                               decode_forward<S>};
 
 }  // namespace fattn::cpu

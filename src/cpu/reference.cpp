@@ -35,9 +35,9 @@ struct Views {
         lse(retype<T>(p.lse)), dq(retype<T>(p.dq)), dk(retype<T>(p.dk)), dv(retype<T>(p.dv)) {}
 };
 
-// Keys query row i sees.
-std::int64_t visible_keys(const detail::Problem& p, std::int64_t i) {
-  return p.causal == Causal::none ? p.kv_len : p.kv_end(i + 1);
+// Keys query row i of sequence b sees (a KV cache's own length and pages included).
+std::int64_t visible_keys(const detail::Problem& p, std::int64_t b, std::int64_t i) {
+  return p.visible_end(b, i);
 }
 
 // probs ← the row's softmax over its visible keys (float64), out_row ← Σ_j P_j v_j;
@@ -46,12 +46,12 @@ template <class T>
 double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, std::int64_t h,
                    std::int64_t i, double* out_row, std::vector<double>& probs) {
   const std::int64_t hk = p.kv_head_of(h);
-  const std::int64_t visible = visible_keys(p, i);
+  const std::int64_t visible = visible_keys(p, b, i);
   const T* q = t.q.row(b, h, i);
   probs.assign(static_cast<std::size_t>(visible > 0 ? visible : 0), 0.0);
   double m = kNegInf;
   for (std::int64_t j = 0; j < visible; ++j) {
-    const T* k = t.k.row(b, hk, j);
+    const T* k = p.kv_row(t.k, b, hk, j);
     double dot = 0.0;
     for (std::int64_t d = 0; d < p.head_dim; ++d)
       dot += static_cast<double>(q[d * t.q.dim]) * static_cast<double>(k[d * t.k.dim]);
@@ -71,7 +71,7 @@ double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, 
   for (std::int64_t j = 0; j < visible; ++j) {
     double& e = probs[static_cast<std::size_t>(j)];
     e /= sum;
-    const T* v = t.v.row(b, hk, j);
+    const T* v = p.kv_row(t.v, b, hk, j);
     for (std::int64_t d = 0; d < p.head_dim; ++d)
       out_row[d] += e * static_cast<double>(v[d * t.v.dim]);
   }

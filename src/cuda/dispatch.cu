@@ -70,7 +70,8 @@ void with_type(DType dtype, F&& f) {
     case DType::float32: f(Tag<float>{}); return;
     case DType::float16: f(Tag<__half>{}); return;
     case DType::bfloat16: f(Tag<__nv_bfloat16>{}); return;
-    case DType::float64: break;  // rejected before dispatch (api.cpp)
+    case DType::float64:  // rejected before dispatch (api.cpp)
+    case DType::int32: break;
   }
   fail("unknown dtype");
 }
@@ -515,6 +516,7 @@ Kernel kernel_for(Impl impl, DType dtype, bool allow_tf32) {
   switch (impl) {
     case Impl::reference: return Kernel::reference;
     case Impl::naive: return Kernel::naive;
+    case Impl::decode: fail("impl decode runs on the CPU only (no CUDA decode kernel yet)");
     case Impl::automatic:
     case Impl::fused: break;
   }

@@ -1,0 +1,169 @@
+// fattn-bench --decode (see decode_sweep.hpp).
+#include "decode_sweep.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "fattn/kv_cache.hpp"
+#include "report.hpp"
+#include "timing.hpp"
+
+namespace fattn_bench {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Cheap N(0, 1)-like values (sum of four uniforms, scaled), never zero: gigabytes of
+// cache are filled in a second, where std::normal_distribution takes tens.
+void fill_random(std::vector<float>& values, std::uint64_t seed) {
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (float& x : values) {
+    float sum = 0.0f;
+    for (int n = 0; n < 4; ++n) {
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;  // xorshift64
+      sum += static_cast<float>(state >> 40) * (1.0f / 16777216.0f);
+    }
+    x = (sum - 2.0f) * 1.7320508f + 1e-6f;  // variance of a sum of 4 uniforms is 1/3
+  }
+}
+
+struct Problem {
+  std::int64_t B, Hq, Hkv, D, Sq, Sk;
+  std::vector<float> q, k, v, out;
+  fattn::TensorView qv, kv, vv, ov;  // FlashAttention's layouts: (B, S, H, D) memory
+};
+
+double sampled_error(const Problem& p, const fattn::Options& options) {
+  double err = 0.0;
+  std::vector<double> row(static_cast<std::size_t>(p.D));
+  const std::int64_t samples[][3] = {{0, 0, p.Sq - 1}, {p.B - 1, p.Hq - 1, 0}, {p.B / 2, p.Hq / 2, p.Sq / 2}};
+  for (const auto& s : samples) {
+    fattn::reference_row(p.qv, p.kv, p.vv, options, s[0], s[1], s[2], row.data());
+    const float* got = p.out.data() + ((s[0] * p.Sq + s[2]) * p.Hq + s[1]) * p.D;
+    for (std::int64_t d = 0; d < p.D; ++d) err = std::max(err, std::fabs(got[d] - row[static_cast<std::size_t>(d)]));
+  }
+  return err;
+}
+
+DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p, fattn::Impl impl) {
+  fattn::Options options;
+  options.causal = fattn::Causal::bottom_right;
+  options.impl = impl;
+  options.isa = c.isa;
+  options.num_threads = c.threads;
+  const Timing t = time_runs(
+      [&] { fattn::attention_forward(p.qv, p.kv, p.vv, p.ov, nullptr, options); }, c.warmup, c.reps);
+  DecodeResult r;
+  r.impl = impl;
+  r.batch = p.B, r.q_heads = p.Hq, r.kv_heads = p.Hkv, r.head_dim = p.D, r.q_len = p.Sq, r.kv_len = p.Sk;
+  r.ms_median = t.median_ms, r.ms_min = t.min_ms, r.ms_max = t.max_ms;
+  r.kv_bytes = 2 * p.B * p.Hkv * p.Sk * p.D * static_cast<std::int64_t>(sizeof(float));
+  constexpr double kGigaPerMilli = 1e-6;
+  r.gbs = static_cast<double>(r.kv_bytes) / t.median_ms * kGigaPerMilli;
+  r.pct_bandwidth = 100.0 * r.gbs / ceilings.bandwidth_gbs;
+  std::int64_t pairs = 0;  // bottom-right causal: query i sees Sk − Sq + i + 1 keys
+  for (std::int64_t i = 0; i < p.Sq; ++i) pairs += std::clamp<std::int64_t>(p.Sk - p.Sq + i + 1, 0, p.Sk);
+  r.flops = 4 * p.B * p.Hq * pairs * p.D;
+  r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
+  r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
+  r.extra_bytes = fattn::extra_bytes(p.qv, p.kv, p.vv, options);
+  r.max_abs_err = sampled_error(p, options);
+  return r;
+}
+
+}  // namespace
+
+std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings& ceilings) {
+  std::vector<DecodeResult> results;
+  for (std::int64_t B : c.batches)
+    for (std::int64_t Hkv : c.kv_heads)
+      for (std::int64_t D : c.head_dims)
+        for (std::int64_t Sk : c.kv_lens) {
+          const double kv_gib = 2.0 * B * Hkv * Sk * D * sizeof(float) / kGiB;
+          if (kv_gib > c.max_kv_gib) {
+            std::fprintf(stderr, "skipping B=%lld Hkv=%lld D=%lld Sk=%lld: K+V %.1f GiB > --max-kv-gib\n",
+                         static_cast<long long>(B), static_cast<long long>(Hkv),
+                         static_cast<long long>(D), static_cast<long long>(Sk), kv_gib);
+            continue;
+          }
+          Problem p{B, c.q_heads, Hkv, D, 0, Sk};
+          p.k.resize(static_cast<std::size_t>(B * Sk * Hkv * D));
+          p.v.resize(p.k.size());
+          fill_random(p.k, c.seed + 1);
+          fill_random(p.v, c.seed + 2);
+          p.kv = fattn::TensorView::bshd(p.k.data(), B, Sk, Hkv, D);
+          p.vv = fattn::TensorView::bshd(p.v.data(), B, Sk, Hkv, D);
+          for (std::int64_t Sq : c.q_lens) {
+            p.Sq = Sq;
+            p.q.resize(static_cast<std::size_t>(B * Sq * c.q_heads * D));
+            p.out.assign(p.q.size(), std::nanf(""));
+            fill_random(p.q, c.seed + 3);
+            p.qv = fattn::TensorView::bshd(p.q.data(), B, Sq, c.q_heads, D);
+            p.ov = fattn::TensorView::bshd(p.out.data(), B, Sq, c.q_heads, D);
+            for (fattn::Impl impl : c.impls) {
+              if (impl == fattn::Impl::fused && Sk > c.fused_max_keys) continue;
+              std::fprintf(stderr, "B=%lld Hkv=%lld D=%lld Sq=%lld Sk=%lld %s ...\n",
+                           static_cast<long long>(B), static_cast<long long>(Hkv),
+                           static_cast<long long>(D), static_cast<long long>(Sq),
+                           static_cast<long long>(Sk), fattn::to_string(impl));
+              results.push_back(measure(c, ceilings, p, impl));
+            }
+          }
+        }
+  return results;
+}
+
+void print_decode_table(std::FILE* out, const Machine& m, const std::vector<DecodeResult>& results) {
+  std::fprintf(out,
+               "\nDecode sweep: Hq=%lld, causal bottom-right, (B, S, H, D) cache, %d threads; "
+               "DRAM triad %.1f GB/s, FMA peak %.0f GFLOP/s (same run)\n",
+               results.empty() ? 0LL : static_cast<long long>(results.front().q_heads),
+               m.ceilings.threads, m.ceilings.bandwidth_gbs, m.ceilings.fma_peak_gflops);
+  std::fprintf(out, "| B | Hkv | D | Sq | Sk | K+V MiB | decode ms | GB/s | %% triad | GFLOP/s | %% FMA | extra KiB | fused ms | fused/decode | max err |\n");
+  std::fprintf(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const DecodeResult& r : results) {
+    if (r.impl != fattn::Impl::decode) continue;
+    const DecodeResult* fused = nullptr;
+    for (const DecodeResult& f : results)
+      if (f.impl == fattn::Impl::fused && f.batch == r.batch && f.kv_heads == r.kv_heads &&
+          f.head_dim == r.head_dim && f.q_len == r.q_len && f.kv_len == r.kv_len)
+        fused = &f;
+    char fused_ms[32] = "-", ratio[32] = "-";
+    if (fused) {
+      std::snprintf(fused_ms, sizeof fused_ms, "%.3f", fused->ms_median);
+      std::snprintf(ratio, sizeof ratio, "%.2fx", fused->ms_median / r.ms_median);
+    }
+    std::fprintf(out, "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.0f | %.0f %% | %.0f | %s | %s | %.1e |\n",
+                 static_cast<long long>(r.batch), static_cast<long long>(r.kv_heads),
+                 static_cast<long long>(r.head_dim), static_cast<long long>(r.q_len),
+                 static_cast<long long>(r.kv_len), static_cast<double>(r.kv_bytes) / (1 << 20),
+                 r.ms_median, r.gbs, r.pct_bandwidth, r.gflops, r.pct_fma_peak,
+                 static_cast<double>(r.extra_bytes) / 1024, fused_ms, ratio, r.max_abs_err);
+  }
+}
+
+void write_decode_json(const std::string& path, const Machine& m,
+                       const std::vector<DecodeResult>& results) {
+  nlohmann::ordered_json doc;
+  doc["machine"] = machine_json(m);
+  doc["decode"] = nlohmann::ordered_json::array();
+  for (const DecodeResult& r : results)
+    doc["decode"].push_back({{"impl", fattn::to_string(r.impl)}, {"B", r.batch}, {"Hq", r.q_heads},
+                             {"Hkv", r.kv_heads}, {"D", r.head_dim}, {"Sq", r.q_len},
+                             {"Sk", r.kv_len}, {"causal", "bottom_right"},
+                             {"ms_median", r.ms_median}, {"ms_min", r.ms_min},
+                             {"ms_max", r.ms_max}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
+                             {"pct_bandwidth", r.pct_bandwidth}, {"flops", r.flops},
+                             {"gflops", r.gflops}, {"pct_fma_peak", r.pct_fma_peak},
+                             {"extra_bytes", r.extra_bytes}, {"max_abs_err_sampled", r.max_abs_err}});
+  std::ofstream file(path);
+  file << doc.dump(2) << '\n';
+  if (!file) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace fattn_bench

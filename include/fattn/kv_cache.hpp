@@ -1,0 +1,67 @@
+// fattn — attention against a KV cache: per-sequence lengths, a paged cache, and the
+// append of new keys and values before attending (FlashAttention's flash_attn_with_kvcache),
+// and variable-length prefill (flash_attn_varlen_func).
+#pragma once
+
+#include <cstdint>
+
+#include "fattn/attention.hpp"
+
+namespace fattn {
+
+// The cache, viewed logically as (pages, Hkv, keys per page, D):
+//   contiguous: k, v (B, Hkv, S_cache, D) — one page per sequence, any strides
+//               (TensorView::bshd(ptr, B, S_cache, Hkv, D) for FlashAttention's layout);
+//   paged:      k, v (num_blocks, Hkv, block_size, D) — TensorView::bshd(ptr, num_blocks,
+//               block_size, Hkv, D) for vLLM's and FlashAttention's (num_blocks,
+//               block_size, Hkv, D) memory — with block_table (B, max_blocks_per_seq) int32:
+//               keys [n·block_size, (n+1)·block_size) of sequence b are on page
+//               block_table[b][n]. block_size a multiple of 16.
+// seqlens (B) int32: keys in use per sequence before the append (0 allowed); null: every
+// key of the cache (S_cache, or max_blocks_per_seq·block_size).
+struct KvCache {
+  TensorView k, v;
+  const TensorView* seqlens = nullptr;
+  const TensorView* block_table = nullptr;
+};
+
+// out = attention of q against each sequence's cached keys, after appending k_new and
+// v_new (B, Hkv, S_new, D) at positions [seqlens[b], seqlens[b] + S_new) of the cache in
+// place (both null: no append; appending needs seqlens). Sequence b then has
+// L_b = seqlens[b] + S_new keys; causal bottom_right aligns query Sq−1 with key L_b − 1
+// (chunked prefill: the new queries are the last tokens), top_left query i with key i.
+//   q, out: (B, Hq, Sq, D) float32, Hq a multiple of Hkv; lse: (B, Hq, Sq) float32 or null.
+// Impl::automatic and Impl::decode run the decode kernel (cpu/decode.hpp), Impl::reference
+// the float64 reference; options.kv_splits sets its key splits. Every argument is
+// checked before anything is written: a call that throws leaves the cache as it was.
+void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorView* k_new,
+                       const TensorView* v_new, const TensorView& out, const TensorView* lse,
+                       const Options& options = {});
+
+// Bytes of working memory attention_kvcache allocates for these arguments.
+std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,
+                                 const TensorView* k_new, const Options& options = {});
+
+// Variable-length attention over sequences packed along one axis, without computing on
+// padding (FlashAttention's flash_attn_varlen_func): sequence b's queries are rows
+// [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q, its keys rows [cu_seqlens_k[b],
+// cu_seqlens_k[b+1]) of k and v.
+//   q, out: (total_q, Hq, D) viewed as (1, Hq, total_q, D) — TensorView::bshd(ptr, 1,
+//   total_q, Hq, D); k, v likewise (1, Hkv, total_k, D); lse (1, Hq, total_q) or null.
+//   cu_seqlens_q, cu_seqlens_k: (B + 1) int32, starting at 0, non-decreasing, ending at
+//   total_q and total_k.
+// Causal alignment is per sequence. Each sequence runs the kernel Impl::automatic picks
+// for its own shape.
+void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                      const TensorView& out, const TensorView* lse, const Options& options = {});
+
+// Gradients of attention_varlen (the fused backward per sequence), given its out and lse.
+void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& dout,
+                               const TensorView& lse, const TensorView& cu_seqlens_q,
+                               const TensorView& cu_seqlens_k, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv,
+                               const Options& options = {});
+
+}  // namespace fattn

@@ -1,0 +1,20 @@
+// fattn — from a validated problem to the CPU kernel that runs it (api.cpp), shared by the
+// entry points (api.cpp, kv_cache.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "core/parallel.hpp"
+#include "core/problem.hpp"
+#include "cpu/kernels.hpp"
+
+namespace fattn::detail {
+
+// The CPU kernels for a forward problem under these options (an ISA the CPU lacks is an Error).
+const cpu::Kernels& forward_kernels(const Options& options, const Problem& p);
+
+// Floats of the decode kernel's working memory (an overflow is an Error).
+std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem& p,
+                                     const Exec& exec, const Options& options);
+
+}  // namespace fattn::detail

@@ -1,0 +1,245 @@
+// fattn — the decode kernel: short queries against long keys (decode, speculative
+// decoding, chunked prefill), K and V read in place (a KV cache, paged or not).
+//
+// A work item is (sequence b, kv head hk, a tile of the group's query rows, a chunk of
+// the keys). For its rows (every query head of the group at once, cpu/decode_ops.hpp):
+//   for each key tile:  kt ← Kᵀ of the tile            (transpose_keys)
+//                       st ← qs·kt                     (scores)
+//                       m, l, st ← online softmax      (softmax_update; the visibility
+//                                                       object says which keys each row sees)
+//                       os ← alpha·os + st·V           (pv_accumulate)
+//   out ← os / l, lse ← ln(2)·(m + log2 l)            (or a partial, with split keys)
+// Split-KV (flash-decoding): when sequences × kv heads × row tiles cannot keep every
+// worker busy, each sequence's keys are cut into `splits` chunks computed in parallel;
+// each chunk leaves (os, m, l) and a second pass merges them in chunk order, so the
+// result has the same bits on every run with the same thread count.
+// Working memory: per worker O(D·(rows + Bk)), plus the split partials; none grows with Sk.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/parallel.hpp"
+#include "core/problem.hpp"
+#include "cpu/decode_ops.hpp"
+#include "cpu/workspace.hpp"
+
+namespace fattn::cpu {
+
+// How a decode problem is cut into work items, and where each piece of working memory
+// lies: every size and offset computed once, here.
+template <class S>
+struct DecodePlan {
+  using Ops = DecodeOps<S>;
+  // Query rows per work item: a whole decode group (32 heads × Sq 2 at MHA) in one tile.
+  static constexpr std::int64_t kRowTile = 64;
+  // A work item stages each key tile of K and V for several kv heads at once (address
+  // order in a (B, S, Hkv, D) cache: stage_rows) and keeps their running states (qs, os,
+  // m, l) side by side: as many heads as fit this many floats (1 MiB, half of L2).
+  static constexpr std::int64_t kItemFloats = 262144;
+  // Split the keys until there are this many items per worker (load balance across the
+  // dynamic schedule) ...
+  static constexpr std::int64_t kItemsPerWorker = 4;
+  // ... but not into chunks under this many keys (each chunk costs a partial and a merge).
+  static constexpr std::int64_t kMinChunkKeys = 512;
+
+  std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
+  // Floats from the start of the working memory; per head: qs, os, m, l, alpha.
+  std::int64_t worker_floats, head_floats, kt_at, st_at, heads_at, k_stage_at, v_stage_at;
+  std::int64_t qs_at, os_at, m_at, l_at, alpha_at;  // within a head's state
+  std::int64_t partial_floats, partials_at, total;
+
+  // splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key tile).
+  DecodePlan(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
+    Sizes n;
+    D = p.head_dim;
+    Dp = Ops::padded_dim(D);
+    rows = n.mul(p.group_size(), p.q_len);
+    tile_rows = std::min(rows, kRowTile);
+    row_tiles = n.div_up(rows, kRowTile);
+    std::int64_t at = 0;
+    auto take = [&](std::int64_t floats) {
+      const std::int64_t here = at;
+      at = n.add(at, n.align(floats));
+      return here;
+    };
+    qs_at = take(tile_rows * Dp);
+    os_at = take(tile_rows * Dp);
+    m_at = take(tile_rows);
+    l_at = take(tile_rows);
+    alpha_at = take(tile_rows);
+    head_floats = at;
+    const std::int64_t stage_floats = Ops::Bk * Dp;  // one head's key tile of K or V
+    heads_per_item = std::clamp<std::int64_t>(kItemFloats / (head_floats + 2 * stage_floats), 1,
+                                              p.kv_heads);
+    head_groups = n.div_up(p.kv_heads, heads_per_item);
+    at = 0;
+    kt_at = take(D * Ops::Bk);
+    st_at = take(tile_rows * Ops::Bk);
+    heads_at = take(n.mul(head_floats, heads_per_item));
+    k_stage_at = take(n.mul(stage_floats, heads_per_item));
+    v_stage_at = take(n.mul(stage_floats, heads_per_item));
+    worker_floats = at;
+
+    const std::int64_t base = n.mul(n.mul(p.batch, head_groups), row_tiles);
+    std::int64_t max_keys = 0;
+    for (std::int64_t b = 0; b < p.batch; ++b) max_keys = std::max(max_keys, p.keys_of(b));
+    const std::int64_t key_tiles = std::max<std::int64_t>(1, n.div_up(max_keys, Ops::Bk));
+    if (requested_splits > 0) {
+      splits = std::min(requested_splits, key_tiles);
+    } else {
+      const std::int64_t wanted = n.div_up(kItemsPerWorker * workers, std::max<std::int64_t>(base, 1));
+      splits = std::clamp<std::int64_t>(wanted, 1, std::max<std::int64_t>(1, max_keys / kMinChunkKeys));
+    }
+    items = n.mul(base, splits);
+    partial_floats = n.align(n.mul(tile_rows, Dp + 2));  // os, then m and l per row
+    partials_at = n.mul(worker_floats, workers);
+    // One partial per (sequence, kv head, row tile, chunk).
+    const std::int64_t partials = n.mul(n.mul(n.mul(p.batch, p.kv_heads), row_tiles), splits);
+    total = n.add(partials_at, splits > 1 ? n.mul(partials, partial_floats) : 0);
+    if (n.overflow) total = -1;
+  }
+
+  struct Item {
+    std::int64_t b, hk_begin, hk_end, r0, rows, row_tile, chunk;
+  };
+  // Items run head group by head group, the chunks of one row tile side by side.
+  Item item(const detail::Problem& p, std::int64_t index) const {
+    const std::int64_t chunk = index % splits, tile = index / splits;
+    const std::int64_t t = tile % row_tiles, group = tile / row_tiles;
+    const std::int64_t b = group / head_groups, hk0 = group % head_groups * heads_per_item;
+    const std::int64_t r0 = t * kRowTile;
+    return {b, hk0, std::min(hk0 + heads_per_item, p.kv_heads), r0,
+            std::min(kRowTile, rows - r0), t, chunk};
+  }
+  // Where the partial of (b, hk, row tile, chunk) lies.
+  std::int64_t partial_at(const detail::Problem& p, std::int64_t b, std::int64_t hk,
+                          std::int64_t row_tile, std::int64_t chunk) const {
+    return partials_at + (((b * p.kv_heads + hk) * row_tiles + row_tile) * splits + chunk) * partial_floats;
+  }
+  // Keys [begin, end) of an item's chunk that its rows may see.
+  void key_range(const detail::Problem& p, const Item& it, std::int64_t* begin,
+                 std::int64_t* end) const {
+    const std::int64_t keys = p.keys_of(it.b);
+    const std::int64_t tiles_per_chunk = (keys + Ops::Bk * splits - 1) / (Ops::Bk * splits);
+    const std::int64_t chunk_keys = tiles_per_chunk * Ops::Bk;
+    const std::int64_t last_row_query = (it.r0 + it.rows - 1) / p.group_size();
+    *begin = std::min(keys, it.chunk * chunk_keys);
+    *end = std::min({keys, *begin + chunk_keys, p.visible_end(it.b, last_row_query)});
+  }
+};
+
+// Writes rows [r0, r0 + rows) of kv head hk's group: out ← os / l, lse.
+template <class S>
+void store_group_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t r0,
+                      std::int64_t rows, const float* os, const float* m, const float* l) {
+  using Ops = DecodeOps<S>;
+  const std::int64_t G = p.group_size(), D = p.head_dim, Dp = Ops::padded_dim(D);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t h = hk * G + (r0 + r) % G, i = (r0 + r) / G;
+    const float inv = Ops::reciprocal(l[r]);
+    float* out = p.out.row(b, h, i);
+    for (std::int64_t d = 0; d < D; ++d) out[d * p.out.dim] = os[r * Dp + d] * inv;
+    if (p.lse.data) *p.lse.row(b, h, i) = Ops::logsumexp(m[r], l[r]);
+  }
+}
+
+// Merges the split partials of one (sequence, kv head, row tile) in chunk order
+// (log-sum-exp weights) into os, m, l.
+template <class S>
+void merge_partials(const DecodePlan<S>& plan, std::int64_t rows, const float* partials,
+                    float* os, float* m, float* l) {
+  using Ops = DecodeOps<S>;
+  const std::int64_t Dp = plan.Dp;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float m_all = Ops::kNegInf;
+    for (std::int64_t c = 0; c < plan.splits; ++c)
+      m_all = std::max(m_all, partials[c * plan.partial_floats + rows * Dp + 2 * r]);
+    const float m_ref = m_all == Ops::kNegInf ? 0.0f : m_all;
+    float sum = 0.0f;
+    std::fill(os + r * Dp, os + (r + 1) * Dp, 0.0f);
+    for (std::int64_t c = 0; c < plan.splits; ++c) {
+      const float* part = partials + c * plan.partial_floats;
+      const float w = std::exp2(part[rows * Dp + 2 * r] - m_ref);
+      sum += w * part[rows * Dp + 2 * r + 1];
+      for (std::int64_t d = 0; d < Dp; ++d) os[r * Dp + d] += w * part[r * Dp + d];
+    }
+    m[r] = m_all;
+    l[r] = sum;
+  }
+}
+
+// One kv head's running state within a worker's memory.
+struct HeadState {
+  float *qs, *os, *m, *l, *alpha;
+};
+
+template <class S>
+void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* memory,
+                    std::int64_t requested_splits) {
+  using Ops = DecodeOps<S>;
+  using Plan = DecodePlan<S>;
+  const Plan plan(p, exec.workers, requested_splits);
+  const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
+  const std::int64_t D = p.head_dim, Dp = plan.Dp;
+  auto state_of = [&](float* worker, std::int64_t slot) {
+    float* h = worker + plan.heads_at + slot * plan.head_floats;
+    return HeadState{h + plan.qs_at, h + plan.os_at, h + plan.m_at, h + plan.l_at, h + plan.alpha_at};
+  };
+
+  detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
+    float* w = memory + worker * plan.worker_floats;
+    float *kt = w + plan.kt_at, *st = w + plan.st_at;
+    const auto it = plan.item(p, index);
+    std::int64_t kv_begin, kv_end;
+    plan.key_range(p, it, &kv_begin, &kv_end);
+    for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
+      const HeadState h = state_of(w, hk - it.hk_begin);
+      Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.qs);
+      Ops::start_rows(it.rows, D, h.m, h.l, h.os);
+    }
+    std::int32_t visible[Plan::kRowTile];
+    float *k_stage = w + plan.k_stage_at, *v_stage = w + plan.v_stage_at;
+    for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk) {
+      const std::int64_t nj = std::min<std::int64_t>(Ops::Bk, kv_end - j0);
+      for (std::int64_t r = 0; r < it.rows; ++r)
+        visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
+            p.visible_end(it.b, (it.r0 + r) / p.group_size()) - j0, 0, nj));
+      Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
+      Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
+      for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
+        const HeadState h = state_of(w, hk - it.hk_begin);
+        Ops::transpose_keys(Ops::staged(k_stage, hk - it.hk_begin, D), nj, D, kt);
+        Ops::scores(h.qs, it.rows, D, kt, st);
+        Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
+        Ops::pv_accumulate(st, it.rows, visible, nj, Ops::staged(v_stage, hk - it.hk_begin, D),
+                           h.alpha, D, h.os);
+      }
+    }
+    for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
+      const HeadState h = state_of(w, hk - it.hk_begin);
+      if (plan.splits == 1) {
+        store_group_rows<S>(p, it.b, hk, it.r0, it.rows, h.os, h.m, h.l);
+        continue;
+      }
+      float* part = memory + plan.partial_at(p, it.b, hk, it.row_tile, it.chunk);
+      std::copy(h.os, h.os + it.rows * Dp, part);
+      for (std::int64_t r = 0; r < it.rows; ++r) {
+        part[it.rows * Dp + 2 * r] = h.m[r];
+        part[it.rows * Dp + 2 * r + 1] = h.l[r];
+      }
+    }
+  });
+  if (plan.splits == 1) return;
+  // Each (sequence, kv head, row tile): its chunks' partials merged in chunk order.
+  detail::parallel_items(exec, p.batch * p.kv_heads * plan.row_tiles, [&](std::int64_t tile, int worker) {
+    const std::int64_t t = tile % plan.row_tiles, bh = tile / plan.row_tiles;
+    const std::int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
+    const std::int64_t r0 = t * Plan::kRowTile, rows = std::min(Plan::kRowTile, plan.rows - r0);
+    const HeadState h = state_of(memory + worker * plan.worker_floats, 0);
+    merge_partials<S>(plan, rows, memory + plan.partial_at(p, b, hk, t, 0), h.os, h.m, h.l);
+    store_group_rows<S>(p, b, hk, r0, rows, h.os, h.m, h.l);
+  });
+}
+
+}  // namespace fattn::cpu

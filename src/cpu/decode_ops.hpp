@@ -1,0 +1,269 @@
+// fattn — the tile operations of the decode kernel (cpu/decode.hpp): a few query rows
+// against many keys, K and V read in place.
+//
+// A tile's query rows are those of every query head that shares one kv head (row
+// r = i·G + g is query i of head hk·G + g), so each K and V row is read from memory once
+// per kv head. Head dims run along the vector lanes; in the scores the keys do:
+//   qs [R][Dp]   query rows, pre-scaled by scale·log2(e)   (Dp: D rounded up to the lanes)
+//   kt [D][Bk]   one key tile, transposed from the cache's rows
+//   st [R][Bk]   scores, rows × keys; becomes the probabilities P in place
+//   os [R][Dp]   output accumulator, rows × head dims
+//   m, l, alpha [R]  running max (log2 units), running sum, this tile's rescale factor
+// With one or a few query rows a row of K serves every lane of a score vector (64 keys
+// at once) and a row of V every lane of an output vector, where the prefill kernel's
+// layout (queries along the lanes) would leave 15 of 16 lanes idle.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/problem.hpp"
+#include "cpu/exp2.hpp"
+#include "cpu/simd.hpp"
+#include "cpu/tiling.hpp"
+#include "cpu/transpose.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+struct DecodeOps {
+  using vec = typename S::vec;
+  using T = DecodeTiling<S::lanes * static_cast<int>(sizeof(float))>;
+  static constexpr int L = S::lanes;
+  static constexpr int KV = T::key_vecs;
+  static constexpr int Bk = KV * L;    // keys per tile
+  static constexpr int MR = T::row_block;
+  static constexpr int DV = T::dim_vecs;
+  static constexpr int kKeyGroup = 16;  // rows contiguous in memory (a page holds whole groups)
+  static constexpr int kGroups = Bk / kKeyGroup;
+  static_assert(Bk % kKeyGroup == 0, "a key tile is a whole number of key groups");
+
+  static constexpr float kLog2e = 1.4426950408889634f;
+  static constexpr float kLn2 = 0.6931471805599453f;
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  static std::int64_t padded_dim(std::int64_t D) { return (D + L - 1) / L * L; }
+
+  // Rows of one key tile of K or V: group g's first row and the stride between rows.
+  struct Rows {
+    const float* group[kGroups];
+    std::int64_t stride, dim_stride;
+    const float* row(std::int64_t j) const { return group[j / kKeyGroup] + (j % kKeyGroup) * stride; }
+  };
+  // qs[r][d] = q[i][h][d] · factor for the rows [r0, r0 + rows) of kv head hk's group.
+  static void load_q_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk,
+                          std::int64_t r0, std::int64_t rows, float factor, float* qs) {
+    const std::int64_t G = p.group_size(), D = p.head_dim, Dp = padded_dim(D);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* q = p.q.row(b, hk * G + (r0 + r) % G, (r0 + r) / G);
+      for (std::int64_t d = 0; d < D; ++d) qs[r * Dp + d] = q[d * p.q.dim] * factor;
+      for (std::int64_t d = D; d < Dp; ++d) qs[r * Dp + d] = 0.0f;
+    }
+  }
+
+  // kt[d][j] = k[j][d] for the tile's nj keys; keys past nj are zero.
+  // With AVX-512 and contiguous dims, whole 16-key × 16-dim blocks go through registers.
+  static void transpose_keys(const Rows& k, std::int64_t nj, std::int64_t D, float* kt) {
+    for (int g = 0; g < kGroups; ++g) {
+      const std::int64_t n = std::clamp<std::int64_t>(nj - g * kKeyGroup, 0, kKeyGroup);
+      float* dst = kt + g * kKeyGroup;
+      std::int64_t dims_done = 0;
+#if defined(__AVX512F__)
+      if constexpr (L == 16) {
+        if (n == kKeyGroup && k.dim_stride == 1) {
+          dims_done = D / 16 * 16;
+          for (std::int64_t d = 0; d < dims_done; d += 16)
+            transpose_block16(k.group[g] + d, k.stride, dst + d * Bk, Bk, _mm512_set1_ps(1.0f));
+        }
+      }
+#endif
+      for (std::int64_t d = dims_done; d < D; ++d)
+        for (std::int64_t j = 0; j < kKeyGroup; ++j)
+          dst[d * Bk + j] = j < n ? k.group[g][j * k.stride + d * k.dim_stride] : 0.0f;
+    }
+  }
+
+  // Copies keys [j0, j0 + nj) of kv heads [hk_begin, hk_end) of K or V into
+  // stage[h][j][Dp] (contiguous, zero-padded dims), reading key by key and head by head:
+  // in a (B, S, Hkv, D) cache that is address order, so the hardware prefetchers stream
+  // whole pages, where one head's rows alone sit a page apart (Hkv·D = 1024 floats).
+  // Decode, Sk = 64k, Hkv = 8, D = 128, 2 threads: 13.7 → 15.9 GB/s in that layout,
+  // 16 → 20 GB/s in (B, Hkv, S, D) (docs/perf-log.md, "Decode kernel").
+  static void stage_rows(const detail::Problem& p, const detail::Strided<const float>& t,
+                         std::int64_t b, std::int64_t hk_begin, std::int64_t hk_end,
+                         std::int64_t j0, std::int64_t nj, float* stage) {
+    const std::int64_t D = p.head_dim, Dp = padded_dim(D);
+    for (std::int64_t j = 0; j < nj; ++j)
+      for (std::int64_t hk = hk_begin; hk < hk_end; ++hk) {
+        const float* src = p.kv_row(t, b, hk, j0 + j);
+        float* dst = stage + ((hk - hk_begin) * Bk + j) * Dp;
+        if (t.dim == 1) {
+          std::copy(src, src + D, dst);
+        } else {
+          for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d * t.dim];
+        }
+        std::fill(dst + D, dst + Dp, 0.0f);
+      }
+  }
+  // One head's staged rows.
+  static Rows staged(const float* stage, std::int64_t head, std::int64_t D) {
+    const std::int64_t Dp = padded_dim(D);
+    Rows r{{}, Dp, 1};
+    for (int g = 0; g < kGroups; ++g) r.group[g] = stage + (head * Bk + g * kKeyGroup) * Dp;
+    return r;
+  }
+
+  // st[r][·] = Σ_d qs[r][d] · kt[d][·] for R rows.
+  template <int R>
+  static void scores_block(const float* qs, std::int64_t Dp, std::int64_t D, const float* kt,
+                           float* st) {
+    vec acc[R][KV] = {};
+    for (std::int64_t d = 0; d < D; ++d) {
+      vec kv[KV];
+#pragma GCC unroll 8
+      for (int u = 0; u < KV; ++u) kv[u] = S::load(kt + d * Bk + u * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const vec qb = S::splat(qs[r * Dp + d]);
+#pragma GCC unroll 8
+        for (int u = 0; u < KV; ++u) acc[r][u] = S::fma(qb, kv[u], acc[r][u]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < KV; ++u) S::store(st + r * Bk + u * L, acc[r][u]);
+  }
+
+  // Scores of the key tile against `rows` query rows.
+  static void scores(const float* qs, std::int64_t rows, std::int64_t D, const float* kt,
+                     float* st) {
+    const std::int64_t Dp = padded_dim(D);
+    std::int64_t r = 0;
+    for (; r + MR <= rows; r += MR) scores_block<MR>(qs + r * Dp, Dp, D, kt, st + r * Bk);
+    if (r < rows) scores_tail<MR - 1>(static_cast<int>(rows - r), qs + r * Dp, Dp, D, kt, st + r * Bk);
+  }
+  template <int R>
+  static void scores_tail(int rows, const float* qs, std::int64_t Dp, std::int64_t D,
+                          const float* kt, float* st) {
+    if constexpr (R > 0) {
+      if (rows == R) return scores_block<R>(qs, Dp, D, kt, st);
+      scores_tail<R - 1>(rows, qs, Dp, D, kt, st);
+    }
+  }
+
+  static float max_of(vec x) {
+    float m = x[0];
+    for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+  }
+  static float sum_of(vec x) {
+    float s = 0.0f;
+    for (int i = 0; i < L; ++i) s += x[i];
+    return s;
+  }
+
+  // Online softmax of each row over its visible keys: keys [visible[r], Bk) of row r get
+  // probability 0; new running max m, alpha = 2^(m_old − m_new), st ← 2^(st − m_new),
+  // l ← alpha·l + Σ st. A row that has seen no key keeps m = −inf and uses 0 as its
+  // reference, so its probabilities are exactly 0 rather than NaN.
+  static void softmax_update(float* st, std::int64_t rows, const std::int32_t* visible, float* m,
+                             float* l, float* alpha) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* s = st + r * Bk;
+      for (std::int64_t j = visible[r]; j < Bk; ++j) s[j] = kNegInf;
+      vec mx = S::splat(m[r]);
+#pragma GCC unroll 8
+      for (int u = 0; u < KV; ++u) mx = S::max(S::load(s + u * L), mx);
+      const float m_new = max_of(mx);
+      const vec m_ref = S::splat(m_new == kNegInf ? 0.0f : m_new);
+      vec sum = S::zero();
+#pragma GCC unroll 8
+      for (int u = 0; u < KV; ++u) {
+        const vec e = exp2<S>(S::load(s + u * L) - m_ref);
+        S::store(s + u * L, e);
+        sum += e;
+      }
+      const float a = exp2<S>(S::splat(m[r]) - m_ref)[0];
+      alpha[r] = a;
+      l[r] = l[r] * a + sum_of(sum);
+      m[r] = m_new;
+    }
+  }
+
+  // os[r][d0 + ·] = alpha·os + Σ_j p[r][j] · v[j][d0 + ·] for R rows and NDV dim vectors.
+  // Keys a row does not see (causal, on the diagonal tile) are skipped, not added with
+  // p = 0, so a NaN or Inf in a value row reaches only the rows that see it.
+  template <int R, int NDV, bool Masked>
+  static void pv_block(const float* p, const std::int32_t* visible, std::int64_t nj,
+                       const Rows& v, std::int64_t d0, const float* alpha, std::int64_t Dp,
+                       float* os) {
+    vec acc[R][NDV] = {};
+    for (std::int64_t j = 0; j < nj; ++j) {
+      const float* vrow = v.row(j) + d0;
+      vec vv[NDV];
+#pragma GCC unroll 8
+      for (int u = 0; u < NDV; ++u) vv[u] = S::load(vrow + u * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        if (Masked && j >= visible[r]) continue;
+        const vec pb = S::splat(p[r * Bk + j]);
+#pragma GCC unroll 8
+        for (int u = 0; u < NDV; ++u) acc[r][u] = S::fma(pb, vv[u], acc[r][u]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < NDV; ++u) {
+        float* o = os + r * Dp + d0 + u * L;
+        S::store(o, S::fma(S::load(o), S::splat(alpha[r]), acc[r][u]));
+      }
+  }
+
+  template <int R, bool Masked>
+  static void pv_rows(const float* p, const std::int32_t* visible, std::int64_t nj,
+                      const Rows& v, const float* alpha, std::int64_t Dp, float* os) {
+    std::int64_t d = 0;
+    for (; d + DV * L <= Dp; d += DV * L) pv_block<R, DV, Masked>(p, visible, nj, v, d, alpha, Dp, os);
+    for (; d < Dp; d += L) pv_block<R, 1, Masked>(p, visible, nj, v, d, alpha, Dp, os);
+  }
+  template <int R>
+  static void pv_tail(int rows, const float* p, const std::int32_t* visible, std::int64_t nj,
+                      bool masked, const Rows& v, const float* alpha, std::int64_t Dp, float* os) {
+    if constexpr (R > 0) {
+      if (rows != R) return pv_tail<R - 1>(rows, p, visible, nj, masked, v, alpha, Dp, os);
+      if (masked) return pv_rows<R, true>(p, visible, nj, v, alpha, Dp, os);
+      pv_rows<R, false>(p, visible, nj, v, alpha, Dp, os);
+    }
+  }
+
+  // os ← alpha·os + P·V over the keys each row sees (visible[r] ≤ nj, nj ≤ Bk).
+  // V rows must hold Dp contiguous floats (stage_rows).
+  static void pv_accumulate(const float* p, std::int64_t rows, const std::int32_t* visible,
+                            std::int64_t nj, const Rows& v, const float* alpha, std::int64_t D,
+                            float* os) {
+    const std::int64_t Dp = padded_dim(D);
+    for (std::int64_t r = 0; r < rows; r += MR) {
+      const int n = static_cast<int>(std::min<std::int64_t>(MR, rows - r));
+      bool masked = false;
+      for (int i = 0; i < n; ++i) masked |= visible[r + i] < nj;
+      pv_tail<MR>(n, p + r * Bk, visible + r, nj, masked, v, alpha + r, Dp, os + r * Dp);
+    }
+  }
+
+  // Fresh accumulators: m = −inf, l = 0, os = 0.
+  static void start_rows(std::int64_t rows, std::int64_t D, float* m, float* l, float* os) {
+    std::fill(m, m + rows, kNegInf);
+    std::fill(l, l + rows, 0.0f);
+    std::fill(os, os + rows * padded_dim(D), 0.0f);
+  }
+
+  // 1/l, and 0 for a row that saw no key (l = 0); NaN stays NaN.
+  static float reciprocal(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
+  static float logsumexp(float m, float l) { return (m + std::log2(l)) * kLn2; }
+};
+
+}  // namespace fattn::cpu
