@@ -34,6 +34,9 @@ and fattn's naive path need B·H·Sq·Sk floats (twice, for standard attention).
 Output: a table on stdout, and in --out DIR: bench.json (fattn-bench's --json schema:
 {"machine": {...}, "results": [...]}), bench.csv, time_vs_s.png, memory_vs_s.png.
 
+--decode runs the decode sweep instead (fattn/bench_decode.py: short queries against a KV
+cache, fattn vs torch SDPA with enable_gqa, against the DRAM triad).
+
 --pass train times forward + backward instead (fattn/bench_train.py: fattn's fused and
 naive backward vs torch SDPA's and standard attention's autograd), into train.json,
 train.csv, train_time_vs_s.png, train_memory_vs_s.png.
@@ -452,6 +455,10 @@ def sweeps(args):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # the decode sweep (fattn/bench_decode.py)
+        from . import bench_decode
+        return bench_decode.main([a for a in argv if a != "--decode"])
     p = argparse.ArgumentParser(prog="python -m fattn.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes, few calls (CI)")
