@@ -95,7 +95,10 @@ def bench_point(b, hq, hkv, d, sq, sk, reps):
     v = torch.randn(b, sk, hkv, d, generator=g).transpose(1, 2)
     scale = d ** -0.5
     mask = bottom_right_mask(sq, sk)
-    run_fattn = lambda: torch.ops.fattn.attention(q, k, v, sq > 1, True, None, "auto")[0]  # noqa: E731
+    # bottom-right causal; one query sees every key, so Sq = 1 runs without a mask
+    # (causal_bottom_right needs is_causal)
+    causal = sq > 1
+    run_fattn = lambda: torch.ops.fattn.attention(q, k, v, causal, causal, None, "auto")[0]  # noqa: E731
     run_torch = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # noqa: E731
     fattn_ms, torch_ms = median_ms(run_fattn, reps), median_ms(run_torch, reps)
     rows = [(0, 0, sq - 1), (b - 1, hq - 1, 0), (b // 2, hq // 2, sq // 2)]
@@ -107,7 +110,7 @@ def bench_point(b, hq, hkv, d, sq, sk, reps):
         "fattn_ms": fattn_ms, "torch_sdpa_ms": torch_ms, "speedup": torch_ms / fattn_ms,
         "kv_bytes": kv_bytes, "fattn_gbs": kv_bytes / fattn_ms / 1e6,
         "fattn_gflops": flops / fattn_ms / 1e6, "torch_gflops": flops / torch_ms / 1e6,
-        "fattn_extra_bytes": fattn.extra_bytes(q, k, v, sq > 1, True),
+        "fattn_extra_bytes": fattn.extra_bytes(q, k, v, causal, causal),
         "fattn_max_abs_err": sampled_error(run_fattn(), q, k, v, scale, rows),
         "torch_max_abs_err": sampled_error(run_torch(), q, k, v, scale, rows),
     }

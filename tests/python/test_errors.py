@@ -184,7 +184,7 @@ def test_attention_forward_shapes():
 def test_operator_arguments():
     q, k, v = qkv(1, 2, 2, 8, 8, 32)
     with pytest.raises(RuntimeError, match="fattn: impl must be one of auto, reference, naive, "
-                                           "fused; got 'fast'"):
+                                           "fused, decode; got 'fast'"):
         op(q, k, v, False, False, None, "fast")
     with pytest.raises(RuntimeError, match="causal_bottom_right=True needs is_causal=True"):
         op(q, k, v, False, True)
