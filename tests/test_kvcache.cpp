@@ -445,6 +445,51 @@ TEST(Varlen, EachSequenceAsItsOwnProblem) {
   }
 }
 
+// float64 runs the reference per sequence; the rows of a sequence with queries but no key
+// (0, logsumexp −inf) and the zero gradients of sequences without (query, key) pairs are
+// written as float64, at float64 offsets.
+TEST(Varlen, Float64SequencesWithoutKeysOrQueries) {
+  const std::int64_t H = 2, D = 16, total_q = 5, total_k = 4;
+  std::vector<std::int32_t> cu_q{0, 3, 3, 5}, cu_k{0, 0, 2, 4};  // 0: no key, 1: no query
+  Rng rng(test_seed());
+  auto filled = [&](std::int64_t rows) {
+    std::vector<double> x(static_cast<std::size_t>(rows * H * D));
+    for (double& e : x) e = rng.normal();
+    return x;
+  };
+  auto view = [&](std::vector<double>& x, std::int64_t rows) {
+    return TensorView::bshd(x.data(), 1, rows, H, D, fattn::DType::float64);
+  };
+  std::vector<double> q = filled(total_q), k = filled(total_k), v = filled(total_k);
+  std::vector<double> dout = filled(total_q), out(q.size(), 7.0), lse(H * total_q, 7.0);
+  std::vector<double> dq(q.size(), 7.0), dk(k.size(), 7.0), dv(v.size(), 7.0);
+  const TensorView cq = TensorView::int32_vector(cu_q.data(), 4);
+  const TensorView ck = TensorView::int32_vector(cu_k.data(), 4);
+  const TensorView lv = TensorView::lse(lse.data(), fattn::DType::float64, 1, H, total_q);
+  fattn::attention_varlen(view(q, total_q), view(k, total_k), view(v, total_k), cq, ck,
+                          view(out, total_q), &lv);
+  for (std::int64_t i = 0; i < total_q; ++i)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const double row_lse = lse[static_cast<std::size_t>(h * total_q + i)];
+      if (i < 3) EXPECT_EQ(row_lse, -std::numeric_limits<double>::infinity()) << i;
+      else EXPECT_TRUE(std::isfinite(row_lse)) << i;
+      for (std::int64_t d = 0; d < D; ++d) {
+        const double o = out[static_cast<std::size_t>((i * H + h) * D + d)];
+        if (i < 3) EXPECT_EQ(o, 0.0) << i;
+        else EXPECT_TRUE(std::isfinite(o) && o != 7.0) << i;
+      }
+    }
+  fattn::attention_varlen_backward(view(q, total_q), view(k, total_k), view(v, total_k),
+                                   view(out, total_q), view(dout, total_q), lv, cq, ck,
+                                   view(dq, total_q), view(dk, total_k), view(dv, total_k));
+  for (std::size_t e = 0; e < dq.size(); ++e)  // queries 0..2 see no key
+    if (e < static_cast<std::size_t>(3 * H * D)) EXPECT_EQ(dq[e], 0.0) << e;
+    else EXPECT_NE(dq[e], 7.0) << e;
+  for (std::size_t e = 0; e < dk.size(); ++e)  // keys 0..1 have no query
+    if (e < static_cast<std::size_t>(2 * H * D)) EXPECT_TRUE(dk[e] == 0.0 && dv[e] == 0.0) << e;
+    else EXPECT_TRUE(dk[e] != 7.0 && dv[e] != 7.0) << e;
+}
+
 TEST(Varlen, BadOffsetsAreNamed) {
   std::vector<float> q(4 * 10 * 16, 1.0f), k(2 * 10 * 16, 1.0f), v = k, out(q.size());
   std::vector<std::int32_t> cu_q{0, 6, 4}, cu_k{0, 5, 10};

@@ -1,4 +1,5 @@
-// fattn — the PyTorch operator torch.ops.<ns>.attention, and a few helpers in <module>.
+// fattn — the PyTorch operators torch.ops.<ns>.* (their schemas are all defined here; the
+// KV-cache and varlen kernels are in kv_ops.cpp), and a few helpers in <module>.
 //
 // One source, two builds:
 //   * python/CMakeLists.txt builds it as fattn/_C (pip install .), ns = fattn;
@@ -14,8 +15,6 @@
 // (the library's fattn::Error messages pass through unchanged).
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
-
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -23,6 +22,7 @@
 #include <tuple>
 
 #include "fattn/attention.hpp"
+#include "torch_views.hpp"
 
 #ifdef FATTN_WITH_CUDA
 #include <ATen/Context.h>
@@ -39,19 +39,7 @@
 
 namespace {
 
-// --- the thread-pool seam ---------------------------------------------------------------
-// fattn asks for `workers` calls worker(arg, w), w = 0..workers-1 (each pulls work items
-// from a shared counter). at::parallel_for hands out the range [0, workers) in at most
-// at::get_num_threads() chunks on torch's own OpenMP team; a chunk of several indices
-// just runs them one after the other. Nested inside another parallel region it runs
-// inline, as every ATen operator does.
-void run_on_aten_pool(void* /*context*/, int workers, void (*worker)(void* arg, int worker_index),
-                      void* arg) {
-  at::parallel_for(0, workers, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t w = begin; w < end; ++w) worker(arg, static_cast<int>(w));
-  });
-}
-const fattn::ParallelRunner kAtenRunner{&run_on_aten_pool, nullptr};
+using namespace fattn_torch;
 
 #ifdef FATTN_WITH_CUDA
 // --- the device-memory seam ---------------------------------------------------------------
@@ -68,51 +56,6 @@ void torch_deallocate(void* /*context*/, void* ptr, void* /*stream*/) {
 }
 const fattn::DeviceAllocator kTorchAllocator{&torch_allocate, &torch_deallocate, nullptr};
 #endif
-
-// --- tensors to views ---------------------------------------------------------------------
-fattn::DType dtype_of(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return fattn::DType::float32;
-    case at::kHalf: return fattn::DType::float16;
-    case at::kBFloat16: return fattn::DType::bfloat16;
-    case at::kDouble: return fattn::DType::float64;
-    default:
-      TORCH_CHECK(false, "fattn: ", name,
-                  ".dtype must be float32 (float16 and bfloat16 only on CUDA, float64 only "
-                  "through the CPU reference), got ",
-                  t.scalar_type());
-  }
-}
-
-fattn::Device device_of(const at::Tensor& t, const char* name) {
-  if (t.device().is_cpu()) return fattn::Device::cpu;
-  if (t.device().is_cuda()) return fattn::Device::cuda;
-  TORCH_CHECK(false, "fattn: ", name, " is on ", t.device(), "; fattn runs on cpu and cuda");
-}
-
-// Pointer, sizes and strides (in elements, as torch counts them): the view reads the
-// tensor's memory where it is. A (B, S, H, D) tensor transposed to (B, H, S, D) arrives
-// with its BSHD strides.
-fattn::TensorView view_of(const at::Tensor& t, const char* name) {
-  fattn::TensorView v;
-  v.data = t.data_ptr();
-  v.rank = static_cast<int>(t.dim());
-  for (int d = 0; d < v.rank; ++d) {
-    v.sizes[static_cast<std::size_t>(d)] = t.size(d);
-    v.strides[static_cast<std::size_t>(d)] = t.stride(d);
-  }
-  v.dtype = dtype_of(t, name);
-  v.device = device_of(t, name);
-  return v;
-}
-
-fattn::Impl impl_of(c10::string_view impl) {
-  try {
-    return fattn::parse_impl(std::string(impl));
-  } catch (const fattn::Error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
 
 fattn::Causal causal_of(bool is_causal, bool causal_bottom_right) {
   TORCH_CHECK(is_causal || !causal_bottom_right,
@@ -160,31 +103,7 @@ void check_empty_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 fattn::Options options_for(const at::Tensor& q, bool is_causal, bool causal_bottom_right,
                            std::optional<double> scale, c10::string_view impl) {
-  fattn::Options options;
-  options.scale = scale;
-  options.causal = causal_of(is_causal, causal_bottom_right);
-  options.impl = impl_of(impl);
-  if (q.device().is_cpu()) {
-    // torch.get_num_threads() threads, on torch's pool: never more threads than torch uses.
-    options.num_threads = at::get_num_threads();
-    options.runner = &kAtenRunner;
-  }
-  return options;
-}
-
-// The output's layout follows q's: (B, S, H, D) memory when q's heads are closer in memory
-// than its rows (a transposed BSHD tensor, FlashAttention's layout), else contiguous
-// (B, H, S, D). The same rule, spelled out rather than left to empty_like, is in the fake
-// kernel (python/fattn/_registry.py), so eager and traced strides always agree.
-at::Tensor empty_output(const at::Tensor& q) {
-  const bool bshd = q.size(1) > 1 && q.size(2) > 1 && q.stride(1) < q.stride(2);
-  if (bshd) return at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
-  return at::empty(q.sizes(), q.options());
-}
-
-// The logsumexp's dtype: float32, float64 for float64 problems (the reference path).
-at::ScalarType lse_dtype(const at::Tensor& q) {
-  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return base_options(q, causal_of(is_causal, causal_bottom_right), scale, impl);
 }
 
 // --- the operator -----------------------------------------------------------------------
@@ -311,6 +230,24 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
       "Tensor? dlse=None, bool is_causal=False, bool causal_bottom_right=False, "
       "float? scale=None, str impl=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
       {at::Tag::pt2_compliant_tag});
+  // KV cache and packed variable-length sequences: CPU kernels in kv_ops.cpp (layouts and
+  // semantics there). attention_kvcache writes k_new and v_new into the caches in place,
+  // hence the (a!) and (b!) annotations; it is inference-only.
+  m.def(
+      "attention_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k_new=None, "
+      "Tensor? v_new=None, Tensor? cache_seqlens=None, Tensor? block_table=None, "
+      "bool causal=False, float? scale=None, int kv_splits=0, str impl=\"auto\") "
+      "-> (Tensor out, Tensor lse)",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+      "bool causal=False, float? scale=None, str impl=\"auto\") -> (Tensor out, Tensor lse)",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+      "Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, bool causal=False, "
+      "float? scale=None, str impl=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) {
@@ -334,7 +271,8 @@ TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fattn's PyTorch extension: registers torch.ops." FATTN_STRINGIFY(
-      FATTN_OP_NAMESPACE) ".attention; helpers for the Python package";
+      FATTN_OP_NAMESPACE) ".attention, .attention_kvcache, .attention_varlen (and their "
+                          "backwards); helpers for the Python package";
   m.attr("op_namespace") = FATTN_STRINGIFY(FATTN_OP_NAMESPACE);
 #ifdef FATTN_WITH_CUDA
   m.attr("with_cuda") = true;

@@ -4,6 +4,9 @@
     out = fattn.scaled_dot_product_attention(q, k, v, is_causal=True)   # torch's semantics
     out = fattn.flash_attention(q, k, v, causal=True)                   # FlashAttention's
     out = fattn.attention_forward(Q, K, V)                              # [B, H, S, D] float32
+    out = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
+                                        cache_seqlens=lens, causal=True)  # KV cache, in place
+    out = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)  # packed sequences
     out, lse = torch.ops.fattn.attention(q, k, v, is_causal, causal_bottom_right, scale, impl)
 
 The operator ``torch.ops.fattn.attention`` is registered by the C++ extension ``fattn._C``
@@ -11,7 +14,10 @@ The operator ``torch.ops.fattn.attention`` is registered by the C++ extension ``
 ``torch.compile`` and an autograd formula (``torch.ops.fattn.attention_backward``, the
 fused CPU backward), so training works on the CPU. On the CPU it runs float32 on
 ``torch.get_num_threads()`` threads of torch's own pool; float64 runs the float64
-reference (for ``torch.autograd.gradcheck``).
+reference (for ``torch.autograd.gradcheck``). ``torch.ops.fattn.attention_kvcache`` (in-place
+append, inference only) and ``torch.ops.fattn.attention_varlen`` (differentiable) back
+FlashAttention's ``flash_attn_with_kvcache`` and ``flash_attn_varlen_func``
+(``fattn.kvcache``).
 ``fattn.jit.load()`` builds the same sources with ``torch.utils.cpp_extension.load``
 (under another operator namespace); ``python -m fattn.bench`` compares fattn with torch.
 """
@@ -31,6 +37,7 @@ from .functional import (  # noqa: E402
     flops,
     scaled_dot_product_attention,
 )
+from .kvcache import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402
 
 __version__ = _C.version()
 
@@ -61,6 +68,8 @@ __all__ = [
     "extra_bytes",
     "backward_extra_bytes",
     "flops",
+    "flash_attn_with_kvcache",
+    "flash_attn_varlen_func",
     "num_threads",
     "best_cpu_isa",
     "release_cached_memory",

@@ -1,13 +1,17 @@
 """The Python side of an operator namespace: fake kernels and autograd registration.
 
-The C++ extension (``_C`` or a ``fattn.jit`` build) defines ``<ns>::attention`` and
-``<ns>::attention_backward`` and their CPU kernels; this module adds, for the same namespace,
+The C++ extension (``_C`` or a ``fattn.jit`` build) defines ``<ns>::attention``,
+``<ns>::attention_kvcache``, ``<ns>::attention_varlen`` and their backwards, with their CPU
+kernels; this module adds, for the same namespace,
 
 * fake (meta) kernels, so ``torch.compile(fullgraph=True)`` and FakeTensor tracing see
   the output shapes, dtypes and strides without running anything;
-* the autograd formula of ``attention``: the forward saves q, k, v, out and lse (no
-  Sq×Sk matrix), the backward calls ``attention_backward`` with the same options. The
-  backward itself is not differentiable (no double backward): it says so when asked.
+* the autograd formulas of ``attention`` and ``attention_varlen``: the forward saves q, k,
+  v, out and lse (no Sq×Sk matrix), the backward calls ``attention_backward`` /
+  ``attention_varlen_backward`` with the same options. The backwards themselves are not
+  differentiable (no double backward): they say so when asked. ``attention_kvcache`` is
+  inference-only (its C++ Autograd kernel refuses to differentiate it); it mutates its
+  caches, which torch.compile functionalizes from the schema's annotations.
 """
 from __future__ import annotations
 
@@ -69,7 +73,7 @@ def _lse_dtype(q):
 
 
 def register(ns: str) -> None:
-    """Registers the fake kernels and the autograd formula of ``<ns>::attention`` (once)."""
+    """Registers the fake kernels and autograd formulas of ``<ns>``'s operators (once)."""
     if ns in _registered:
         return
     qualname = f"{ns}::attention"
@@ -113,4 +117,86 @@ def register(ns: str) -> None:
 
     torch.library.register_autograd(backward_qualname, no_double_backward,
                                     setup_context=lambda ctx, inputs, output: None)
+    _register_kv_ops(ns)
     _registered.add(ns)
+
+
+def _check_rank(name, t, rank, dims):
+    if t.dim() != rank:
+        raise RuntimeError(f"fattn: {name} must have {rank} dimensions {dims}, got {t.dim()} "
+                           f"with shape {list(t.shape)}")
+
+
+def _check_int32(name, t):
+    if t.dtype != torch.int32:
+        raise RuntimeError(f"fattn: {name} must be an int32 tensor, got {t.dtype}")
+
+
+def _register_kv_ops(ns: str) -> None:
+    """Fake kernels of attention_kvcache and attention_varlen(_backward), the autograd formula
+    of attention_varlen (python/csrc/kv_ops.cpp has the layouts)."""
+    ops = getattr(torch.ops, ns)
+
+    def fake_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None,
+                     block_table=None, causal=False, scale=None, kv_splits=0, impl="auto"):
+        _check_rank("q", q, 4, "(batch, heads, seq, head_dim)")
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            _check_rank(name, t, 4, "(batch or pages, kv heads, seq, head_dim)")
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if t is not None:
+                _check_rank(name, t, 4, "(batch, kv heads, new keys, head_dim)")
+        for name, t in (("cache_seqlens", cache_seqlens), ("block_table", block_table)):
+            if t is not None:
+                _check_int32(name, t)
+        b, h, s, _ = q.shape
+        return _empty_like_output(q), q.new_empty((b, h, s), dtype=torch.float32)
+
+    def check_packed(q, k, v):
+        _check_rank("q", q, 3, "(total_q, heads, head_dim)")
+        _check_rank("k", k, 3, "(total_k, kv heads, head_dim)")
+        _check_rank("v", v, 3, "(total_k, kv heads, head_dim)")
+
+    def fake_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,
+                    impl="auto"):
+        check_packed(q, k, v)
+        _check_int32("cu_seqlens_q", cu_seqlens_q)
+        _check_int32("cu_seqlens_k", cu_seqlens_k)
+        return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=_lse_dtype(q))
+
+    def fake_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
+                             scale=None, impl="auto"):
+        check_packed(q, k, v)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    torch.library.register_fake(f"{ns}::attention_kvcache", fake_kvcache)
+    torch.library.register_fake(f"{ns}::attention_varlen", fake_varlen)
+    torch.library.register_fake(f"{ns}::attention_varlen_backward", fake_varlen_backward)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, impl = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.options = (causal, scale, impl)
+        # The logsumexp carries no gradient (attention_varlen_backward takes none), as in
+        # FlashAttention: it is marked so, rather than given a silently wrong gradient.
+        ctx.mark_non_differentiable(lse)
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        dq, dk, dv = ops.attention_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q,
+                                                   cu_seqlens_k, *ctx.options)
+        return dq, dk, dv, None, None, None, None, None
+
+    torch.library.register_autograd(f"{ns}::attention_varlen", backward,
+                                    setup_context=setup_context)
+
+    def no_double_backward(ctx, *grads):
+        raise NotImplementedError(
+            f"fattn: {ns}::attention_varlen_backward is not differentiable (fattn has no "
+            "double backward); torch.autograd.grad(..., create_graph=True) through fattn is "
+            "not supported")
+
+    torch.library.register_autograd(f"{ns}::attention_varlen_backward", no_double_backward,
+                                    setup_context=lambda ctx, inputs, output: None)

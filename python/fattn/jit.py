@@ -6,8 +6,8 @@
     out, lse = torch.ops.fattn_jit.attention(q, k, v)
 
 The JIT build compiles the same C++ sources as the CMake build (src/, include/,
-python/csrc/ops.cpp: from the installed package's ``fattn/_src``, or the source tree, or
-``$FATTN_SOURCE_DIR``) into its own extension module, and registers its operator under
+python/csrc/: from the installed package's ``fattn/_src``, or the source tree, or
+``$FATTN_SOURCE_DIR``) into its own extension module, and registers its operators under
 its own namespace, ``fattn_jit`` by default, never ``fattn``: a process that imported
 fattn already owns ``torch.ops.fattn``, and torch refuses a second registration of a
 namespace. Loading the same namespace again in one process returns the module already
@@ -50,6 +50,8 @@ _PER_ISA_SOURCE = "kernels_isa.cpp"
 _AMX_SOURCE = "kernels_amx.cpp"
 # The CMake build's flags for the AMX unit (fattn_isa_avx512_flags plus AMX, AVX-512BW and
 # AVX512-BF16).
+# The operator's sources (python/CMakeLists.txt builds the same two).
+_OPERATOR_SOURCES = ("ops.cpp", "kv_ops.cpp")
 _AMX_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx512bf16", "-mavx2",
               "-mfma", "-mprefer-vector-width=512", "-mamx-tile", "-mamx-bf16")
 
@@ -110,7 +112,7 @@ def _sync_sources(src: Path, dest: Path) -> Path:
     """Copies the sources the build reads into dest, rewriting only the files whose content
     changed: reinstalling the package (new mtimes, same bytes) then rebuilds nothing."""
     for pattern in ("include/fattn/*.hpp", "src/core/*.cpp", "src/core/*.hpp", "src/cpu/*.cpp",
-                    "src/cpu/*.hpp", "python/csrc/*.cpp"):
+                    "src/cpu/*.hpp", "python/csrc/*.cpp", "python/csrc/*.hpp"):
         for f in src.glob(pattern):
             target = dest / f.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -155,13 +157,13 @@ def load(namespace: str = "fattn_jit", build_directory: str | os.PathLike | None
     """Compiles (or reuses) the JIT build and returns a namespace with:
     ``ext`` (the extension module), ``ops`` (``torch.ops.<namespace>``), ``attention``
     (the operator), ``scaled_dot_product_attention``, ``flash_attention``,
-    ``attention_forward`` (the fattn API bound to this operator), ``namespace`` and
-    ``build_directory``. The first call compiles for a minute or two; later calls in
-    other processes reuse the objects on disk; later calls in this process return the
-    same object."""
+    ``attention_forward``, ``flash_attn_with_kvcache``, ``flash_attn_varlen_func`` (the fattn
+    API bound to this build's operators), ``namespace`` and ``build_directory``. The first
+    call compiles for a minute or two; later calls in other processes reuse the objects on
+    disk; later calls in this process return the same object."""
     from torch.utils import cpp_extension
 
-    from . import _registry, functional
+    from . import _registry, functional, kvcache
 
     if not namespace.isidentifier():
         raise ValueError(f"fattn.jit.load: namespace must be an identifier, got {namespace!r}")
@@ -178,7 +180,7 @@ def load(namespace: str = "fattn_jit", build_directory: str | os.PathLike | None
         build_dir.mkdir(parents=True, exist_ok=True)
         src = _sync_sources(source_dir(), build_dir / "sources")
         sources = (_library_sources(src) + _isa_wrappers(build_dir)
-                   + [str(src / "python/csrc/ops.cpp")])
+                   + [str(src / "python/csrc" / f) for f in _OPERATOR_SOURCES])
         from . import _C
 
         common = ["-O3", "-std=c++20", "-ffp-contract=fast", "-fopenmp", "-fvisibility=hidden"]
@@ -206,9 +208,11 @@ def load(namespace: str = "fattn_jit", build_directory: str | os.PathLike | None
         _registry.register(namespace)
         ops = getattr(torch.ops, namespace)
         sdpa, flash, forward = functional.bind(ops.attention)
+        with_kvcache, varlen = kvcache.bind(ops)
         result = types.SimpleNamespace(
             namespace=namespace, ext=ext, ops=ops, attention=ops.attention,
             scaled_dot_product_attention=sdpa, flash_attention=flash, attention_forward=forward,
+            flash_attn_with_kvcache=with_kvcache, flash_attn_varlen_func=varlen,
             build_directory=str(build_dir))
         _loaded[namespace] = result
         return result

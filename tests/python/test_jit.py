@@ -47,6 +47,17 @@ def jit_result():
         r["sdpa_err"] = (ext.scaled_dot_product_attention(q, k, v, is_causal=True)
                          - torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
                          ).abs().max().item()
+        # the KV-cache and varlen entry points bound to the JIT build's operators
+        kc, vc = (torch.randn(2, 32, 2, 64, generator=g) for _ in range(2))
+        qd = torch.randn(2, 1, 4, 64, generator=g)
+        lens = torch.tensor([3, 32], dtype=torch.int32)
+        cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+        qv, kv, vv = (torch.randn(12, 2, 32, generator=g) for _ in range(3))
+        r["kv_bitwise_equal"] = [
+            bool(torch.equal(fattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens),
+                             ext.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens))),
+            bool(torch.equal(fattn.flash_attn_varlen_func(qv, kv, vv, cu, cu, 7, 7, causal=True),
+                             ext.flash_attn_varlen_func(qv, kv, vv, cu, cu, 7, 7, causal=True)))]
         # the fake kernel and autograd registration of the JIT namespace
         torch.library.opcheck(torch.ops.fattn_jit.attention.default, (q, k, v), {"is_causal": True})
         r["opcheck"] = True
@@ -76,6 +87,7 @@ def test_jit_matches_the_installed_operator(jit_result):
     assert jit_result["isa"] == jit_result["package_isa"]
     # same sources, same per-ISA code generation: the same bits
     assert all(jit_result["bitwise_equal"]), jit_result["bitwise_equal"]
+    assert all(jit_result["kv_bitwise_equal"]), jit_result["kv_bitwise_equal"]
     assert jit_result["sdpa_err"] < 1e-5
     assert jit_result["opcheck"]
 

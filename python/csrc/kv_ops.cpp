@@ -1,0 +1,220 @@
+// fattn — the CPU kernels of torch.ops.<ns>.attention_kvcache, .attention_varlen and
+// .attention_varlen_backward (their schemas are defined with the others in ops.cpp), on
+// fattn/kv_cache.hpp. Tensors reach the library as views, never copied.
+//
+// attention_kvcache(q, k_cache!, v_cache!, k_new, v_new, cache_seqlens, block_table, causal,
+//                   scale, kv_splits, impl) -> (out, lse)
+//   q: (B, Hq, Sq, D) float32, any strides (FlashAttention's (B, Sq, Hq, D) memory arrives
+//      transposed); Hq a multiple of Hkv.
+//   k_cache, v_cache: (B, Hkv, S_cache, D), or with a block_table the pages
+//      (num_blocks, Hkv, block_size, D), block_size a multiple of 16; any strides
+//      (FlashAttention's (…, S, Hkv, D) memory transposed).
+//   k_new, v_new: (B, Hkv, S_new, D) or None: written into the caches in place at
+//      positions [cache_seqlens[b], cache_seqlens[b] + S_new) before attending.
+//   cache_seqlens: (B) int32, keys in use before the append, or None (every key of the
+//      cache; an append needs it). block_table: (B, max_blocks) int32 or None.
+//   causal: bottom-right, relative to each sequence's length after the append.
+//   kv_splits: the decode kernel's key splits (0: chosen by fattn). impl: auto, decode or
+//      reference (float64 reference, for tests).
+//   out: (B, Hq, Sq, D), laid out as empty_output says; lse: (B, Hq, Sq) float32.
+//   Every argument is checked before the append: a call that raises leaves the caches as
+//   they were. Inference only: its Autograd kernel refuses to differentiate.
+//
+// attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, impl) -> (out, lse)
+//   FlashAttention's packed layout: q (total_q, Hq, D), k and v (total_k, Hkv, D), any
+//   strides; cu_seqlens_q, cu_seqlens_k (B + 1) int32 offsets. causal: bottom-right per
+//   sequence. out: contiguous (total_q, Hq, D); lse: contiguous (Hq, total_q) (float64 for
+//   float64 inputs, which run the float64 reference).
+// attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal,
+//                           scale, impl) -> (dq, dk, dv), contiguous like q, k and v.
+//
+// Errors are RuntimeErrors starting "fattn: ". The library's messages count dimensions of
+// its views: (B, H, S, D) above, and (1, H, total, D) for the packed tensors.
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/extension.h>
+
+#include <cctype>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "fattn/kv_cache.hpp"
+#include "torch_views.hpp"
+
+#ifndef FATTN_OP_NAMESPACE
+#define FATTN_OP_NAMESPACE fattn
+#endif
+
+namespace {
+
+using namespace fattn_torch;
+
+void check_rank(const at::Tensor& t, const char* name, int rank, const char* dims) {
+  TORCH_CHECK(t.defined(), "fattn: ", name, " is an undefined tensor");
+  TORCH_CHECK(t.dim() == rank, "fattn: ", name, " must have ", rank, " dimensions ", dims,
+              ", got ", t.dim(), " with shape ", t.sizes());
+}
+
+// --- KV cache -----------------------------------------------------------------------------
+
+// The library calls the operator's cache_seqlens "seqlens": its messages are given the
+// operator's name.
+std::string with_op_names(std::string message) {
+  const std::string word = "seqlens";
+  for (std::size_t at = message.find(word); at != std::string::npos;
+       at = message.find(word, at + word.size())) {
+    const bool part_of_a_name =
+        at > 0 && (std::isalnum(static_cast<unsigned char>(message[at - 1])) ||
+                   message[at - 1] == '_');
+    if (!part_of_a_name) {
+      message.insert(at, "cache_");
+      at += 6;
+    }
+  }
+  return message;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_kvcache(
+    const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+    const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+    const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& block_table,
+    bool causal, std::optional<double> scale, std::int64_t kv_splits, c10::string_view impl) {
+  check_rank(q, "q", 4, "(batch, heads, seq, head_dim)");
+  check_rank(k_cache, "k_cache", 4, "(batch or pages, kv heads, seq, head_dim)");
+  check_rank(v_cache, "v_cache", 4, "(batch or pages, kv heads, seq, head_dim)");
+  if (k_new) check_rank(*k_new, "k_new", 4, "(batch, kv heads, new keys, head_dim)");
+  if (v_new) check_rank(*v_new, "v_new", 4, "(batch, kv heads, new keys, head_dim)");
+  TORCH_CHECK(kv_splits <= std::numeric_limits<int>::max(), "fattn: kv_splits must be at most ",
+              std::numeric_limits<int>::max(), ", got ", kv_splits);
+
+  fattn::Options options =
+      base_options(q, causal ? fattn::Causal::bottom_right : fattn::Causal::none, scale, impl);
+  options.kv_splits = static_cast<int>(kv_splits);
+  at::Tensor out = empty_output(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+
+  const fattn::TensorView seqlens_view =
+      cache_seqlens ? int32_view_of(*cache_seqlens, "cache_seqlens") : fattn::TensorView{};
+  const fattn::TensorView table_view =
+      block_table ? int32_view_of(*block_table, "block_table") : fattn::TensorView{};
+  const fattn::KvCache cache{view_of(k_cache, "k_cache"), view_of(v_cache, "v_cache"),
+                             cache_seqlens ? &seqlens_view : nullptr,
+                             block_table ? &table_view : nullptr};
+  const fattn::TensorView kn = k_new ? view_of(*k_new, "k_new") : fattn::TensorView{};
+  const fattn::TensorView vn = v_new ? view_of(*v_new, "v_new") : fattn::TensorView{};
+  const fattn::TensorView lse_view = view_of(lse, "lse");
+  try {
+    fattn::attention_kvcache(view_of(q, "q"), cache, k_new ? &kn : nullptr,
+                             v_new ? &vn : nullptr, view_of(out, "out"), &lse_view, options);
+  } catch (const fattn::Error& e) {
+    TORCH_CHECK(false, with_op_names(e.what()));
+  }
+  return {out, lse};
+}
+
+// --- packed variable-length sequences -------------------------------------------------------
+
+// (total, H, D) as the library's (1, H, total, D).
+fattn::TensorView packed_view(const at::Tensor& t, const char* name) {
+  fattn::TensorView v = view_of(t, name);
+  v.rank = 4;
+  v.sizes = {1, t.size(1), t.size(0), t.size(2)};
+  v.strides = {0, t.stride(1), t.stride(0), t.stride(2)};
+  return v;
+}
+
+// (H, total) as (1, H, total).
+fattn::TensorView packed_lse_view(const at::Tensor& t, const char* name) {
+  fattn::TensorView v = view_of(t, name);
+  v.rank = 3;
+  v.sizes = {1, t.size(0), t.size(1), 0};
+  v.strides = {0, t.stride(0), t.stride(1), 0};
+  return v;
+}
+
+void check_packed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_rank(q, "q", 3, "(total_q, heads, head_dim)");
+  check_rank(k, "k", 3, "(total_k, kv heads, head_dim)");
+  check_rank(v, "v", 3, "(total_k, kv heads, head_dim)");
+}
+
+fattn::Options varlen_options(const at::Tensor& q, bool causal, std::optional<double> scale,
+                              c10::string_view impl) {
+  return base_options(q, causal ? fattn::Causal::bottom_right : fattn::Causal::none, scale, impl);
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_varlen(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& v,
+                                                    const at::Tensor& cu_seqlens_q,
+                                                    const at::Tensor& cu_seqlens_k, bool causal,
+                                                    std::optional<double> scale,
+                                                    c10::string_view impl) {
+  check_packed(q, k, v);
+  const fattn::Options options = varlen_options(q, causal, scale, impl);
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
+  if (q.numel() == 0) return {out, lse};  // no query row
+  if (k.size(0) == 0) {                    // no key at all: every row is 0, its lse -inf
+    out.zero_();
+    lse.fill_(-std::numeric_limits<double>::infinity());
+    return {out, lse};
+  }
+  const fattn::TensorView lse_view = packed_lse_view(lse, "lse");
+  call_fattn([&] {
+    fattn::attention_varlen(packed_view(q, "q"), packed_view(k, "k"), packed_view(v, "v"),
+                            int32_view_of(cu_seqlens_q, "cu_seqlens_q"),
+                            int32_view_of(cu_seqlens_k, "cu_seqlens_k"), packed_view(out, "out"),
+                            &lse_view, options);
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_varlen_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, bool causal, std::optional<double> scale,
+    c10::string_view impl) {
+  check_packed(q, k, v);
+  check_rank(dout, "dout", 3, "(total_q, heads, head_dim)");
+  check_rank(out, "out", 3, "(total_q, heads, head_dim)");
+  check_rank(lse, "lse", 2, "(heads, total_q)");
+  const fattn::Options options = varlen_options(q, causal, scale, impl);
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
+  if (q.numel() == 0 || k.numel() == 0) {  // no (query, key) pair: every gradient is 0
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  call_fattn([&] {
+    fattn::attention_varlen_backward(
+        packed_view(q, "q"), packed_view(k, "k"), packed_view(v, "v"), packed_view(out, "out"),
+        packed_view(dout, "dout"), packed_lse_view(lse, "lse"),
+        int32_view_of(cu_seqlens_q, "cu_seqlens_q"), int32_view_of(cu_seqlens_k, "cu_seqlens_k"),
+        packed_view(dq, "dq"), packed_view(dk, "dk"), packed_view(dv, "dv"), options);
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) {
+  m.impl("attention_kvcache", &attention_kvcache);
+  m.impl("attention_varlen", &attention_varlen);
+  m.impl("attention_varlen_backward", &attention_varlen_backward);
+}
+
+// attention_kvcache has no derivative: an output of a call whose inputs require grad
+// raises "derivative ... is not implemented" when differentiated; the in-place append bumps
+// the caches' version counters, so autograd notices tensors it saved being overwritten.
+// (attention_varlen's autograd formula is registered from Python, fattn/_registry.py.)
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, Autograd, m) {
+  m.impl("attention_kvcache", torch::autograd::autogradNotImplementedFallback());
+}
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, ADInplaceOrView, m) {
+  m.impl("attention_kvcache", torch::autograd::autogradNotImplementedInplaceOrViewFallback());
+}

@@ -1,0 +1,281 @@
+"""FlashAttention's KV-cache and variable-length entry points, computed by fattn on the CPU.
+
+    out = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
+                                        cache_seqlens=lens, causal=True)
+    out = fattn.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                       max_seqlen_q, max_seqlen_k, causal=True)
+
+Same names, layouts and semantics as ``flash_attn`` 2 (``flash_attn_interface.py``), around
+the operators ``torch.ops.fattn.attention_kvcache`` and ``torch.ops.fattn.attention_varlen``
+(python/csrc/kv_ops.cpp). The tensors are passed to them as strided views: no copies.
+
+These wrappers check what the operators cannot see (Python types, the int32 index tensors'
+dtypes, devices, ranks, FlashAttention's arguments fattn does not support); every size,
+length, offset and block-table entry is checked by the C++ library, before anything is
+written: a call that raises leaves the KV cache as it was.
+
+Errors:
+  NotImplementedError  valid for FlashAttention but not supported by fattn: rotary
+                       embeddings, cache_batch_idx, cache_leftpad, sliding windows,
+                       softcapping, ALiBi, dropout, a paged K/V in the varlen function,
+                       dtypes other than float32 (float64 in the varlen function), devices
+                       other than the CPU, inputs requiring grad in flash_attn_with_kvcache
+  ValueError           an invalid call: mismatched devices or dtypes, a wrong rank, an index
+                       tensor that is not int32, max_seqlen_q/k below the longest sequence
+  TypeError            an argument that is not a tensor (or an int where one is allowed)
+  RuntimeError         raised by the operator, its message starting "fattn: " (e.g. an
+                       append past the cache's capacity, a block-table entry out of range);
+                       sizes there are counted in the operator's (B, H, S, D) view (packed
+                       tensors: (1, H, total, D)), k_new and v_new are the k and v arguments.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# The C++ KV-cache and varlen entry points run on the CPU; meta is the fake kernel's.
+_DEVICE_TYPES = ("cpu", "meta")
+_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
+
+
+def _check_tensor_type(fn: str, name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"fattn.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_floats(fn: str, tensors, dtypes, rank: int, layouts) -> None:
+    """Tensor type, rank, one device and one dtype for the attention operands, (name,
+    tensor) pairs; layouts gives each one's dimensions ("(B, Sq, Hq, D)") for the message."""
+    for name, t in tensors:
+        _check_tensor_type(fn, name, t)
+        if t.dim() != rank:
+            raise ValueError(f"fattn.{fn}: {name} must have {rank} dimensions {layouts[name]}, "
+                             f"got shape {tuple(t.shape)}")
+    (first_name, first), rest = tensors[0], tensors[1:]
+    for name, t in rest:
+        if t.device != first.device:
+            raise ValueError(f"fattn.{fn}: {name} is on {t.device} but {first_name} is on "
+                             f"{first.device}; all inputs must be on one device")
+        if t.dtype != first.dtype:
+            raise ValueError(f"fattn.{fn}: {name}.dtype is {t.dtype} but {first_name}.dtype is "
+                             f"{first.dtype}; all inputs must have one dtype")
+    if first.device.type not in _DEVICE_TYPES:
+        raise NotImplementedError(f"fattn.{fn}: {first_name} is on {first.device}, but fattn's "
+                                  "KV-cache and varlen entry points run on the CPU only")
+    if first.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise NotImplementedError(f"fattn.{fn}: {first_name}.dtype is {first.dtype}, but "
+                                  f"fattn takes {allowed} here (convert with .float())")
+
+
+def _check_int32(fn: str, name: str, t, rank: int, shape: str, device) -> None:
+    _check_tensor_type(fn, name, t)
+    if t.dtype != torch.int32:
+        raise ValueError(f"fattn.{fn}: {name}.dtype must be torch.int32, got {t.dtype}")
+    if t.dim() != rank:
+        raise ValueError(f"fattn.{fn}: {name} must have {rank} dimension{'s' * (rank > 1)} "
+                         f"{shape}, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"fattn.{fn}: {name} is on {t.device} but q is on {device}; all "
+                         "inputs must be on one device")
+
+
+def _unsupported(fn: str, **given) -> None:
+    """NotImplementedError naming the first FlashAttention argument fattn does not support
+    (given as name=(value, is_default))."""
+    for name, (value, is_default) in given.items():
+        if not is_default:
+            raise NotImplementedError(f"fattn.{fn}: {name} is not supported by fattn "
+                                      f"(got {value!r}); leave it at its default")
+
+
+def _is_full_window(window_size) -> bool:
+    try:
+        return tuple(window_size) == (-1, -1)
+    except TypeError:
+        return False
+
+
+def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                  cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                  block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                  softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                  return_softmax_lse=False):
+    fn = "flash_attn_with_kvcache"
+    _unsupported(fn,
+                 rotary_cos=(rotary_cos, rotary_cos is None),
+                 rotary_sin=(rotary_sin, rotary_sin is None),
+                 cache_batch_idx=(cache_batch_idx, cache_batch_idx is None),
+                 cache_leftpad=(cache_leftpad, cache_leftpad is None),
+                 window_size=(window_size, _is_full_window(window_size)),
+                 softcap=(softcap, softcap == 0.0),
+                 alibi_slopes=(alibi_slopes, alibi_slopes is None))
+    cache_layout = "(num_blocks, block_size, Hkv, D)" if block_table is not None else \
+        "(B, S_cache, Hkv, D)"
+    layouts = {"q": "(B, Sq, Hq, D)", "k_cache": cache_layout, "v_cache": cache_layout,
+               "k": "(B, S_new, Hkv, D)", "v": "(B, S_new, Hkv, D)"}
+    operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    operands += [(name, t) for name, t in (("k", k), ("v", v)) if t is not None]
+    _check_floats(fn, operands, (torch.float32,), 4, layouts)
+    if torch.is_grad_enabled():
+        needing = [name for name, t in operands if t.requires_grad]
+        if needing:
+            raise NotImplementedError(
+                f"fattn.{fn}: {', '.join(needing)} require grad, but flash_attn_with_kvcache "
+                "has no backward pass (inference only, as in FlashAttention). Call it under "
+                "torch.no_grad() or torch.inference_mode(), or pass detached tensors.")
+    if block_table is not None:
+        _check_int32(fn, "block_table", block_table, 2, "(B, max_blocks_per_seq)", q.device)
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, torch.Tensor):
+            _check_int32(fn, "cache_seqlens", cache_seqlens, 1, "(B,)", q.device)
+        elif isinstance(cache_seqlens, (int, torch.SymInt)) and not isinstance(cache_seqlens, bool):
+            if not _INT32_MIN <= cache_seqlens <= _INT32_MAX:
+                raise ValueError(f"fattn.{fn}: cache_seqlens = {cache_seqlens} does not fit "
+                                 "in int32")
+            # an int: every sequence holds that many keys
+            cache_seqlens = torch.full((q.size(0),), cache_seqlens, dtype=torch.int32,
+                                       device=q.device)
+        else:
+            raise TypeError(f"fattn.{fn}: cache_seqlens must be an int or an int32 tensor of "
+                            f"shape (B,), got {type(cache_seqlens).__name__}")
+    out, lse = op(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                  None if k is None else k.transpose(1, 2),
+                  None if v is None else v.transpose(1, 2),
+                  cache_seqlens, block_table, bool(causal), softmax_scale, int(num_splits), "auto")
+    out = out.transpose(1, 2)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _longest(cu_seqlens) -> int:
+    if cu_seqlens.numel() < 2:
+        return 0
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+
+
+def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+            alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+    fn = "flash_attn_varlen_func"
+    _unsupported(fn,
+                 dropout_p=(dropout_p, dropout_p == 0.0),
+                 window_size=(window_size, _is_full_window(window_size)),
+                 softcap=(softcap, softcap == 0.0),
+                 alibi_slopes=(alibi_slopes, alibi_slopes is None),
+                 block_table=(block_table, block_table is None))
+    layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
+    _check_floats(fn, [("q", q), ("k", k), ("v", v)], (torch.float32, torch.float64), 3,
+                  layouts)
+    _check_int32(fn, "cu_seqlens_q", cu_seqlens_q, 1, "(B + 1,)", q.device)
+    _check_int32(fn, "cu_seqlens_k", cu_seqlens_k, 1, "(B + 1,)", q.device)
+    # fattn does not need the maxima, but FlashAttention sizes its grid by them: a value
+    # below the longest sequence is a caller's bug. Reading the offsets is data-dependent,
+    # so the check runs in eager mode only (not while torch.compile traces).
+    if not torch.compiler.is_compiling():
+        for name, given, cu in (("max_seqlen_q", max_seqlen_q, cu_seqlens_q),
+                                ("max_seqlen_k", max_seqlen_k, cu_seqlens_k)):
+            if cu.device.type == "meta":
+                continue
+            longest = _longest(cu)
+            if given < longest:
+                raise ValueError(f"fattn.{fn}: {name} = {given} is less than the longest "
+                                 f"sequence in {'cu_seqlens_' + name[-1]}, {longest}")
+    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto")
+    # deterministic: fattn's backward always is (each sequence's gradients in a fixed order).
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """Attention of q against a KV cache, after appending k and v to it in place
+    (FlashAttention 2's ``flash_attn_with_kvcache``; CPU, float32, inference only).
+
+    q: (B, Sq, Hq, D). k_cache, v_cache: (B, S_cache, Hkv, D), or with block_table a paged
+    cache (num_blocks, block_size, Hkv, D), block_size a multiple of 16 (FlashAttention:
+    256). Hq a multiple of Hkv (MQA/GQA: query head h reads kv head h // (Hq / Hkv)). Any
+    strides; nothing is copied.
+
+    k, v: (B, S_new, Hkv, D) or None. Given, they are written into k_cache and v_cache *in
+    place* at positions cache_seqlens[b] .. cache_seqlens[b] + S_new - 1 of sequence b
+    (pages looked up in block_table), and attention then runs over the
+    cache_seqlens[b] + S_new keys. Appending needs cache_seqlens, and room in the cache.
+
+    cache_seqlens: int, or (B,) int32 tensor: keys of each sequence already in the cache
+    (an int: the same for every sequence; 0 allowed). None: every position of the cache.
+    block_table: (B, max_blocks_per_seq) int32: keys [n·block_size, (n+1)·block_size) of
+    sequence b live on page block_table[b, n]. Only the pages a sequence uses are read.
+
+    causal: the mask is aligned bottom-right to each sequence's own length after the
+    append: query i of Sq sees keys j <= i + L_b - Sq (L_b the sequence's keys); a query
+    that sees no key (or a sequence with no key) gives 0, with logsumexp -inf.
+    softmax_scale: default 1/sqrt(D). num_splits: the key splits of fattn's decode kernel
+    (Options::kv_splits): 0 picks them from the problem and the thread count, 1 does not
+    split, n > 1 splits each sequence's keys into n chunks merged by their logsumexps.
+
+    Returns out (B, Sq, Hq, D), and with return_softmax_lse=True also the logsumexp of the
+    scaled scores, (B, Hq, Sq) float32.
+
+    Not supported (NotImplementedError naming the argument): rotary_cos/rotary_sin (apply
+    the rotary embedding to q and k beforehand; rotary_interleaved is then unused),
+    cache_batch_idx, cache_leftpad, window_size other than (-1, -1), softcap != 0,
+    alibi_slopes; inputs that require grad under grad mode (no backward, as in
+    FlashAttention). Every argument is validated before the append: a call that raises
+    leaves k_cache and v_cache untouched.
+    """
+    return _with_kvcache(torch.ops.fattn.attention_kvcache, q, k_cache, v_cache, k, v,
+                         rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                         block_table, softmax_scale, causal, window_size, softcap,
+                         rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """Attention over a batch of sequences packed along one axis, without padding
+    (FlashAttention 2's ``flash_attn_varlen_func``; CPU; differentiable).
+
+    q: (total_q, Hq, D), k, v: (total_k, Hkv, D), Hq a multiple of Hkv (MQA/GQA), any
+    strides. cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 offsets, from 0, non-decreasing, to
+    total_q and total_k: sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1
+    of q, its keys and values the rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v.
+    Empty sequences are allowed; a query without keys gives 0 (logsumexp -inf).
+    max_seqlen_q, max_seqlen_k: the longest query and key sequence; fattn does not need
+    them, but a value below the longest sequence raises ValueError (checked in eager mode;
+    skipped while torch.compile traces, since it reads the offsets).
+
+    causal: aligned bottom-right per sequence: query i of a sequence with Sq queries and Sk
+    keys sees keys j <= i + Sk - Sq. softmax_scale: default 1/sqrt(D).
+
+    float32 runs fattn's kernels (each sequence the one fattn picks for its shape); float64
+    runs the float64 reference (for torch.autograd.gradcheck). The gradients with respect to
+    q, k and v are computed by fattn's backward, sequence by sequence; it is always
+    deterministic, so ``deterministic`` changes nothing.
+
+    Returns out (total_q, Hq, D). With return_attn_probs=True it returns
+    (out, softmax_lse, None): softmax_lse is the (Hq, total_q) logsumexp of the scaled
+    scores (float32; float64 for float64 inputs), which carries no gradient (as in
+    FlashAttention), and fattn never forms the attention probabilities, so the third
+    element, FlashAttention's S_dmask, is None.
+
+    Not supported (NotImplementedError naming the argument): dropout_p > 0,
+    window_size other than (-1, -1), softcap != 0, alibi_slopes, block_table (paged K/V).
+    """
+    return _varlen(torch.ops.fattn.attention_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                   max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                   softcap, alibi_slopes, deterministic, return_attn_probs, block_table)
+
+
+def bind(ops):
+    """flash_attn_with_kvcache and flash_attn_varlen_func bound to another build's
+    operators (``ops``: ``torch.ops.<namespace>``, e.g. fattn.jit's)."""
+    return (functools.partial(_with_kvcache, ops.attention_kvcache),
+            functools.partial(_varlen, ops.attention_varlen))
+
+
+__all__ = ["flash_attn_with_kvcache", "flash_attn_varlen_func"]
