@@ -1,14 +1,19 @@
 // fattn — the decode kernel: short queries against long keys (decode, speculative
 // decoding, chunked prefill), K and V read in place (a KV cache, paged or not).
 //
-// A work item is (sequence b, kv head hk, a tile of the group's query rows, a chunk of
-// the keys). For its rows (every query head of the group at once, cpu/decode_ops.hpp):
-//   for each key tile:  kt ← Kᵀ of the tile            (transpose_keys)
-//                       st ← qs·kt                     (scores)
-//                       m, l, st ← online softmax      (softmax_update; the visibility
-//                                                       object says which keys each row sees)
-//                       os ← alpha·os + st·V           (pv_accumulate)
+// A work item is (sequence b, a few kv heads, a tile of each group's query rows, a chunk
+// of the keys). For its rows (every query head of a group at once, cpu/decode_ops.hpp):
+//   for each key tile, for each kv head:
+//        next ← the next head's tile, asked of memory during this one's compute (Prefetch)
+//        st ← qs·Kᵀ                 (tile_scores: from the key rows for ≤ 4 rows, else
+//                                    through the transposed tile)
+//        m, l, st ← online softmax  (softmax_update; the visibility object says which
+//                                    keys each row sees)
+//        os ← alpha·os + st·V       (pv_accumulate)
 //   out ← os / l, lse ← ln(2)·(m + log2 l)            (or a partial, with split keys)
+// K and V are read where they lie when each row holds D contiguous floats, D a whole
+// number of vectors; otherwise (strided dims, odd head dims) each key tile is first
+// staged in address order, zero-padded.
 // Split-KV (flash-decoding): when sequences × kv heads × row tiles cannot keep every
 // worker busy, each sequence's keys are cut into `splits` chunks computed in parallel;
 // each chunk leaves (os, m, l) and a second pass merges them in chunk order, so the
@@ -169,6 +174,26 @@ void merge_partials(const DecodePlan<S>& plan, std::int64_t rows, const float* p
   }
 }
 
+// The rows an item reads after kv head hk's tile at j0: the next head's, or after the
+// item's last head the first head's next tile (none after the item's last tile).
+template <class S>
+typename DecodeOps<S>::Prefetch next_head_tile(const detail::Problem& p,
+                                               const typename DecodePlan<S>::Item& it,
+                                               std::int64_t hk, std::int64_t j0,
+                                               std::int64_t kv_end) {
+  using Ops = DecodeOps<S>;
+  const bool wraps = hk + 1 == it.hk_end;
+  const std::int64_t head = wraps ? it.hk_begin : hk + 1, j = wraps ? j0 + Ops::Bk : j0;
+  const std::int64_t rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
+  typename Ops::Prefetch next;
+  if (rows <= 0) return next;
+  next.k = Ops::in_cache(p, p.k, it.b, head, j, rows);
+  next.v = Ops::in_cache(p, p.v, it.b, head, j, rows);
+  next.rows = rows;
+  next.dims = p.head_dim;
+  return next;
+}
+
 // One kv head's running state within a worker's memory.
 struct HeadState {
   float *qs, *os, *m, *l, *alpha;
@@ -187,6 +212,9 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
     return HeadState{h + plan.qs_at, h + plan.os_at, h + plan.m_at, h + plan.l_at, h + plan.alpha_at};
   };
 
+  // K and V read where they lie, the next head's tile asked for during this one's
+  // compute; strided dims and head dims that are not whole vectors are staged.
+  const bool in_place = Ops::reads_in_place(p);
   detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
     float* w = memory + worker * plan.worker_floats;
     float *kt = w + plan.kt_at, *st = w + plan.st_at;
@@ -205,14 +233,23 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
       for (std::int64_t r = 0; r < it.rows; ++r)
         visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
             p.visible_end(it.b, (it.r0 + r) / p.group_size()) - j0, 0, nj));
-      Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
-      Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
+      if (!in_place) {
+        Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
+        Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
+      }
       for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
-        const HeadState h = state_of(w, hk - it.hk_begin);
-        Ops::transpose_keys(Ops::staged(k_stage, hk - it.hk_begin, D), nj, D, kt);
-        Ops::scores(h.qs, it.rows, D, kt, st);
+        const std::int64_t slot = hk - it.hk_begin;
+        const HeadState h = state_of(w, slot);
+        typename Ops::Prefetch next;
+        if (in_place) next = next_head_tile<S>(p, it, hk, j0, kv_end);
+        Ops::tile_scores(h.qs, it.rows, D,
+                         in_place ? Ops::in_cache(p, p.k, it.b, hk, j0, nj)
+                                  : Ops::staged(k_stage, slot, D),
+                         nj, kt, st, next);
         Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
-        Ops::pv_accumulate(st, it.rows, visible, nj, Ops::staged(v_stage, hk - it.hk_begin, D),
+        Ops::pv_accumulate(st, it.rows, visible, nj,
+                           in_place ? Ops::in_cache(p, p.v, it.b, hk, j0, nj)
+                                    : Ops::staged(v_stage, slot, D),
                            h.alpha, D, h.os);
       }
     }

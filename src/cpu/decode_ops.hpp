@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "core/problem.hpp"
+#include "cpu/decode_direct.hpp"
 #include "cpu/exp2.hpp"
 #include "cpu/simd.hpp"
 #include "cpu/tiling.hpp"
@@ -35,6 +36,7 @@ struct DecodeOps {
   static constexpr int KV = T::key_vecs;
   static constexpr int Bk = KV * L;    // keys per tile
   static constexpr int MR = T::row_block;
+  static constexpr int SR = T::score_rows;
   static constexpr int DV = T::dim_vecs;
   static constexpr int kKeyGroup = 16;  // rows contiguous in memory (a page holds whole groups)
   static constexpr int kGroups = Bk / kKeyGroup;
@@ -63,9 +65,36 @@ struct DecodeOps {
     }
   }
 
+  // Asks the memory for the rows of the key tile a worker reads next (K, then V), a few
+  // rows at a time between blocks of the current tile's compute: the loads of one tile
+  // overlap the arithmetic of the one before, where the hardware prefetchers alone left
+  // the core waiting after each tile (decode, Sk = 64k: 23 → 31 GB/s, docs/perf-log.md).
+  struct Prefetch {
+    static constexpr int kLineFloats = 64 / static_cast<int>(sizeof(float));
+    // Rows asked for after each 16×16 block of the transpose: 2 rows (32.5 GB/s), 4 (30.6),
+    // 8 (30.1), 16 (27.0); the rows left are asked for before the scores.
+    static constexpr std::int64_t kRowsPerBlock = 2;
+    // ... and after each block of direct scores (cpu/decode_direct.hpp; 16 blocks per
+    // tile at 4 rows): 8 rows (41.4 GB/s), 2 (38.1).
+    static constexpr std::int64_t kRowsPerDirectBlock = 8;
+    Rows k{}, v{};
+    std::int64_t rows = 0, next = 0, dims = 0;  // next: of 2·rows (K's, then V's)
+
+    // Every line of a row: every other line (the adjacent-line prefetcher's pair) was
+    // slower, 31.2 → 24.1 GB/s.
+    [[gnu::always_inline]] void issue(std::int64_t n) {
+      for (; n > 0 && next < 2 * rows; --n, ++next) {
+        const float* row = next < rows ? k.row(next) : v.row(next - rows);
+        for (std::int64_t d = 0; d < dims; d += kLineFloats) __builtin_prefetch(row + d, 0, 3);
+      }
+    }
+    void issue_rest() { issue(2 * rows - next); }
+  };
+
   // kt[d][j] = k[j][d] for the tile's nj keys; keys past nj are zero.
   // With AVX-512 and contiguous dims, whole 16-key × 16-dim blocks go through registers.
-  static void transpose_keys(const Rows& k, std::int64_t nj, std::int64_t D, float* kt) {
+  static void transpose_keys(const Rows& k, std::int64_t nj, std::int64_t D, float* kt,
+                             Prefetch& next) {
     for (int g = 0; g < kGroups; ++g) {
       const std::int64_t n = std::clamp<std::int64_t>(nj - g * kKeyGroup, 0, kKeyGroup);
       float* dst = kt + g * kKeyGroup;
@@ -74,15 +103,19 @@ struct DecodeOps {
       if constexpr (L == 16) {
         if (n == kKeyGroup && k.dim_stride == 1) {
           dims_done = D / 16 * 16;
-          for (std::int64_t d = 0; d < dims_done; d += 16)
+          for (std::int64_t d = 0; d < dims_done; d += 16) {
             transpose_block16(k.group[g] + d, k.stride, dst + d * Bk, Bk, _mm512_set1_ps(1.0f));
+            next.issue(Prefetch::kRowsPerBlock);
+          }
         }
       }
 #endif
       for (std::int64_t d = dims_done; d < D; ++d)
         for (std::int64_t j = 0; j < kKeyGroup; ++j)
           dst[d * Bk + j] = j < n ? k.group[g][j * k.stride + d * k.dim_stride] : 0.0f;
+      next.issue(Prefetch::kRowsPerBlock);
     }
+    next.issue_rest();
   }
 
   // Copies keys [j0, j0 + nj) of kv heads [hk_begin, hk_end) of K or V into
@@ -106,6 +139,21 @@ struct DecodeOps {
         }
         std::fill(dst + D, dst + Dp, 0.0f);
       }
+  }
+  // Whether the cache's K and V rows are read where they are (each row Dp contiguous
+  // floats: dims contiguous, D a whole number of vectors) rather than staged.
+  static bool reads_in_place(const detail::Problem& p) {
+    return p.k.dim == 1 && p.v.dim == 1 && padded_dim(p.head_dim) == p.head_dim;
+  }
+  // Keys [j0, j0 + nj) of kv head hk where they lie in the cache. A key group sits in
+  // one page (block sizes are multiples of 16, j0 of Bk); groups past nj are not looked
+  // up, so no block-table entry past the sequence is read.
+  static Rows in_cache(const detail::Problem& p, const detail::Strided<const float>& t,
+                       std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nj) {
+    Rows r{{}, t.seq, t.dim};
+    for (int g = 0; g < kGroups; ++g)
+      r.group[g] = g * kKeyGroup < nj ? p.kv_row(t, b, hk, j0 + g * kKeyGroup) : nullptr;
+    return r;
   }
   // One head's staged rows.
   static Rows staged(const float* stage, std::int64_t head, std::int64_t D) {
@@ -142,8 +190,8 @@ struct DecodeOps {
                      float* st) {
     const std::int64_t Dp = padded_dim(D);
     std::int64_t r = 0;
-    for (; r + MR <= rows; r += MR) scores_block<MR>(qs + r * Dp, Dp, D, kt, st + r * Bk);
-    if (r < rows) scores_tail<MR - 1>(static_cast<int>(rows - r), qs + r * Dp, Dp, D, kt, st + r * Bk);
+    for (; r + SR <= rows; r += SR) scores_block<SR>(qs + r * Dp, Dp, D, kt, st + r * Bk);
+    if (r < rows) scores_tail<SR - 1>(static_cast<int>(rows - r), qs + r * Dp, Dp, D, kt, st + r * Bk);
   }
   template <int R>
   static void scores_tail(int rows, const float* qs, std::int64_t Dp, std::int64_t D,
@@ -153,6 +201,27 @@ struct DecodeOps {
       scores_tail<R - 1>(rows, qs, Dp, D, kt, st);
     }
   }
+
+  // Scores of one key tile: straight from the key rows for a few rows (AVX-512,
+  // cpu/decode_direct.hpp), else through the transposed tile kt. Either way `next` is
+  // asked for between blocks, and for the rest at the end.
+  static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows& k,
+                          std::int64_t nj, float* kt, float* st, Prefetch& next) {
+#if defined(__AVX512F__)
+    if constexpr (L == 16) {
+      if (rows <= kDirectRows && k.dim_stride == 1) {
+        DirectScores<Rows>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);
+        next.issue_rest();
+        return;
+      }
+    }
+#endif
+    transpose_keys(k, nj, D, kt, next);
+    scores(qs, rows, D, kt, st);
+  }
+  // Rows up to which the scores skip the transpose (decode_direct.hpp): its compute at
+  // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
+  static constexpr std::int64_t kDirectRows = 4;
 
   static float max_of(vec x) {
     float m = x[0];
