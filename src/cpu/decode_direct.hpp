@@ -9,16 +9,18 @@
 // AVX-512 only; the other ISAs transpose.
 #pragma once
 
+#include "cpu/isa_target.hpp"
+
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
 #include <immintrin.h>
 #endif
 
 namespace fattn::cpu {
 
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
 
 // Lane i of the result is the sum of the 16 lanes of a[i]: four rounds that each halve
 // the vectors (pairs of floats, of float pairs, then 128-bit lanes twice), 45 operations

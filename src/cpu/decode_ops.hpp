@@ -14,6 +14,8 @@
 // layout (queries along the lanes) would leave 15 of 16 lanes idle.
 #pragma once
 
+#include "cpu/isa_target.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -99,7 +101,7 @@ struct DecodeOps {
       const std::int64_t n = std::clamp<std::int64_t>(nj - g * kKeyGroup, 0, kKeyGroup);
       float* dst = kt + g * kKeyGroup;
       std::int64_t dims_done = 0;
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
       if constexpr (L == 16) {
         if (n == kKeyGroup && k.dim_stride == 1) {
           dims_done = D / 16 * 16;
@@ -207,7 +209,7 @@ struct DecodeOps {
   // asked for between blocks, and for the rest at the end.
   static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows& k,
                           std::int64_t nj, float* kt, float* st, Prefetch& next) {
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       if (rows <= kDirectRows && k.dim_stride == 1) {
         DirectScores<Rows>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);

@@ -7,6 +7,8 @@
 // K and V elements enter as scalar broadcasts, so any stride works.
 #pragma once
 
+#include "cpu/isa_target.hpp"
+
 #include <cstdint>
 #include <cstring>
 
@@ -52,10 +54,10 @@ struct Simd {
   // maps −0 to +0) and cost an FP op per broadcast in the micro-kernels; a lane-by-lane
   // fill became two 256-bit broadcasts and an insert with GCC 12.
   static vec splat(float s) {
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
     if constexpr (Bytes == 64) return _mm512_set1_ps(s);
 #endif
-#if defined(__AVX__)
+#if defined(FATTN_AVX)
     if constexpr (Bytes == 32) return _mm256_set1_ps(s);
 #endif
 #if defined(__SSE__)
@@ -75,10 +77,10 @@ struct Simd {
   // (their NaN rule returns the second operand); GCC 12 emits compare + blend for
   // the conditional form with a constant bound.
   static vec at_least(vec x, float lo) {
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
     if constexpr (Bytes == 64) return _mm512_max_ps(splat(lo), x);
 #endif
-#if defined(__AVX__)
+#if defined(FATTN_AVX)
     if constexpr (Bytes == 32) return _mm256_max_ps(splat(lo), x);
 #endif
 #if defined(__SSE__)
@@ -87,10 +89,10 @@ struct Simd {
     return x < lo ? splat(lo) : x;
   }
   static vec at_most(vec x, float hi) {
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
     if constexpr (Bytes == 64) return _mm512_min_ps(splat(hi), x);
 #endif
-#if defined(__AVX__)
+#if defined(FATTN_AVX)
     if constexpr (Bytes == 32) return _mm256_min_ps(splat(hi), x);
 #endif
 #if defined(__SSE__)

@@ -9,6 +9,8 @@
 // Queries run along the vector lanes, so the softmax needs no horizontal reductions.
 #pragma once
 
+#include "cpu/isa_target.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -54,7 +56,7 @@ struct TileOps {
                                 float factor, float* qt) {
     const float* first = q.row(b, h, i0);
     std::int64_t rows_done = 0, dims_done = 0;  // the block-transposed corner
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       if (q.dim == 1) {
         rows_done = rows / L * L;
@@ -265,7 +267,7 @@ struct TileOps {
     for (int v = 0; v < NV; ++v) S::store(inv + v * L, reciprocal(S::load(l + v * L)));
     const std::int64_t D = p.head_dim;
     std::int64_t rows_done = 0, dims_done = 0;  // the block-transposed corner, as load_q
-#if defined(__AVX512F__)
+#if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       if (p.out.dim == 1) {
         rows_done = rows / L * L;

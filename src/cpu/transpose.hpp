@@ -3,7 +3,9 @@
 // one element at a time.
 #pragma once
 
-#if defined(__AVX512F__)
+#include "cpu/isa_target.hpp"
+
+#if defined(FATTN_AVX512)
 #include <cstdint>
 
 #include <immintrin.h>
