@@ -13,8 +13,10 @@ fattn already owns ``torch.ops.fattn``, and torch refuses a second registration 
 namespace. Loading the same namespace again in one process returns the module already
 loaded; a namespace that something else registered is an error.
 
-The CPU kernels are built once per instruction set, as CMake does with per-file -m flags:
-here a small generated file per ISA sets ``#pragma GCC target(...)`` and the macros
+The CPU kernels are built once per instruction set, as CMake does with per-file -m flags,
+from the same list (src/cpu/isa_flags.json): here a small generated file per ISA sets
+``#pragma GCC target(...)``, the macros of src/cpu/isa_target.hpp that g++ does not
+define for a target pragma (FATTN_TARGET_AVX512 / FATTN_TARGET_AVX), and
 FATTN_VECTOR_BYTES / FATTN_KERNELS / FATTN_ISA, then includes src/cpu/kernels_isa.cpp
 (torch's load() takes one set of flags for all sources). The AMX unit,
 src/cpu/kernels_amx.cpp, needs its -m flags on the command line (GCC's target pragma
@@ -23,6 +25,7 @@ into an object that load() links, where the compiler knows AMX.
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -37,26 +40,27 @@ __all__ = ["load", "source_dir"]
 _lock = threading.Lock()
 _loaded: dict[str, types.SimpleNamespace] = {}
 
-# (name, vector bytes, GCC target pragma): the CMake build's fattn_isa_*_flags.
-# (name, vector bytes, #pragma GCC target, the macros of src/cpu/isa_target.hpp that say
-# so: g++ does not define __AVX512F__ / __AVX__ for a target pragma).
-_X86_ISAS = (
-    ("portable", 16, None, ()),
-    ("avx2", 32, "avx2,fma", ("FATTN_TARGET_AVX",)),
-    ("avx512", 64, "avx512f,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512",
-     ("FATTN_TARGET_AVX512", "FATTN_TARGET_AVX")),
-)
-# Every library source but the per-ISA kernel unit (built through the wrappers below),
-# found rather than listed, so that a file added to the library is not forgotten here.
+def _isa_table(src: Path) -> dict:
+    """src/cpu/isa_flags.json: the kernel units' ISAs and target names (CMake reads it too)."""
+    return json.loads((src / "src/cpu/isa_flags.json").read_text())
+
+
+def _target_macros(targets) -> tuple:
+    """The macros of src/cpu/isa_target.hpp that say what a target pragma enables: g++
+    defines no __AVX512F__ / __AVX__ for `#pragma GCC target`."""
+    macros = []
+    if "avx512f" in targets:
+        macros.append("FATTN_TARGET_AVX512")
+    if "avx" in targets or "avx2" in targets or "avx512f" in targets:
+        macros.append("FATTN_TARGET_AVX")
+    return tuple(macros)
+
+
 _LIBRARY_SOURCE_GLOBS = ("src/core/*.cpp", "src/cpu/*.cpp")
 _PER_ISA_SOURCE = "kernels_isa.cpp"
 _AMX_SOURCE = "kernels_amx.cpp"
-# The CMake build's flags for the AMX unit (fattn_isa_avx512_flags plus AMX, AVX-512BW and
-# AVX512-BF16).
 # The operator's sources (python/CMakeLists.txt builds the same two).
 _OPERATOR_SOURCES = ("ops.cpp", "kv_ops.cpp")
-_AMX_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx512bf16", "-mavx2",
-              "-mfma", "-mprefer-vector-width=512", "-mamx-tile", "-mamx-bf16")
 
 
 def _library_sources(src: Path) -> list:
@@ -77,7 +81,7 @@ def _amx_object(src: Path, build_dir: Path, cflags: list, verbose: bool):
         return str(obj)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd = [os.environ.get("CXX", "c++"), *cflags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-fPIC",
-           *_AMX_FLAGS, "-I", str(src / "include"), "-I", str(src / "src"), "-c", str(unit),
+           *_amx_flags(src), "-I", str(src / "include"), "-I", str(src / "src"), "-c", str(unit),
            "-o", str(obj)]
     if verbose:
         print("fattn.jit:", " ".join(cmd))
@@ -115,7 +119,7 @@ def _sync_sources(src: Path, dest: Path) -> Path:
     """Copies the sources the build reads into dest, rewriting only the files whose content
     changed: reinstalling the package (new mtimes, same bytes) then rebuilds nothing."""
     for pattern in ("include/fattn/*.hpp", "src/core/*.cpp", "src/core/*.hpp", "src/cpu/*.cpp",
-                    "src/cpu/*.hpp", "python/csrc/*.cpp", "python/csrc/*.hpp"):
+                    "src/cpu/*.hpp", "src/cpu/*.json", "python/csrc/*.cpp", "python/csrc/*.hpp"):
         for f in src.glob(pattern):
             target = dest / f.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -123,10 +127,19 @@ def _sync_sources(src: Path, dest: Path) -> Path:
     return dest
 
 
-def _isa_wrappers(build_dir: Path) -> list[str]:
-    isas = _X86_ISAS if platform.machine().lower() in ("x86_64", "amd64") else _X86_ISAS[:1]
+def _amx_flags(src: Path) -> list[str]:
+    table = _isa_table(src)
+    return [f"-m{t}" for t in table["isas"]["avx512"]["targets"]
+            + table["amx_targets_beyond_avx512"]]
+
+
+def _isa_wrappers(src: Path, build_dir: Path) -> list[str]:
+    isas = _isa_table(src)["isas"]
+    names = list(isas) if platform.machine().lower() in ("x86_64", "amd64") else ["portable"]
     out = []
-    for name, vector_bytes, target, macros in isas:
+    for name in names:
+        vector_bytes, targets = isas[name]["vector_bytes"], isas[name]["targets"]
+        target, macros = ",".join(targets), _target_macros(targets)
         text = (f"// Generated by fattn.jit: the {name} CPU kernels (see fattn/jit.py).\n"
                 + (f'#pragma GCC target("{target}")\n' if target else "")
                 + "".join(f"#define {m} 1\n" for m in macros)
@@ -183,7 +196,7 @@ def load(namespace: str = "fattn_jit", build_directory: str | os.PathLike | None
         build_dir = Path(build_directory) if build_directory else _default_build_dir(namespace)
         build_dir.mkdir(parents=True, exist_ok=True)
         src = _sync_sources(source_dir(), build_dir / "sources")
-        sources = (_library_sources(src) + _isa_wrappers(build_dir)
+        sources = (_library_sources(src) + _isa_wrappers(src, build_dir)
                    + [str(src / "python/csrc" / f) for f in _OPERATOR_SOURCES])
         from . import _C
 
