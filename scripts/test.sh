@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test: the C++ suite (Release, CUDA code compiled where nvcc exists), the same
 # suite under ASan+UBSan, a consumer project built against the installed CMake
-# package, the PyTorch package's pytest suite (scripts/test_python.sh), and REPORT.md
-# regenerated from the committed results (scripts/report.sh --from results/report).
+# package, the PyTorch package's pytest suite (scripts/test_python.sh), README's PyTorch
+# install line in a fresh clone and virtual environment (scripts/check_install.sh), and
+# REPORT.md regenerated from the committed results (scripts/report.sh --from results/report).
 # Usage: scripts/test.sh [--no-sanitizers] [--no-python]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,8 @@ fi
 if [ "$python" = 1 ]; then
   echo "== PyTorch package (pytest)"
   scripts/test_python.sh
+  echo "== README's PyTorch install line (fresh clone, fresh venv)"
+  scripts/check_install.sh
 fi
 
 echo "== REPORT.md from the committed results (scripts/report.sh --from results/report)"
