@@ -148,7 +148,7 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
     out.push_back({"fused", fattn::cuda::kernel_for(fattn::Impl::fused, t), t, B, H, S, D, causal, suite});
     if (t == DType::float32) {
       // TF32 mode (Options::allow_tf32): its max_err on these shapes decides whether
-      // it may count for the fp32 comparison (issue 4: max_err < 1e-3)
+      // it may count for the fp32 comparison (the goal: max_err < 1e-3)
       out.push_back({"fused_tf32", Kernel::fused_tf32, t, B, H, S, D, causal, suite});
       if (suite == "assignment")
         out.push_back({"fused_fma", Kernel::fused_fma, t, B, H, S, D, causal, suite});
@@ -182,7 +182,7 @@ std::vector<Config> make_configs(const std::string& suite, bool profile) {
     for (DType t : {DType::float32})
       for (int S : {1024, 4096})
         configs.push_back({"fused_fma", Kernel::fused_fma, t, 2, 8, S, 64, false, "profile"});
-    // issue 4's 300 TFLOP/s shape (D = 128, S = 4096, B·H = 64): the 16-bit kernels
+    // the 300 TFLOP/s goal's shape (D = 128, S = 4096, B·H = 64): the 16-bit kernels
     for (Config c : variants(4, 16, 4096, 128, false, "profile", false))
       if (c.dtype == DType::float16 && c.tile_rows == 0) configs.push_back(c);
     return configs;

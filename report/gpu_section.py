@@ -18,7 +18,7 @@ SDPA_BACKENDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")
 # SDPA backends the fattn fused kernel is compared with, column by column.
 SDPA_COMPARED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 
-# The performance bars of issue 4.
+# The GPU performance goals.
 BAR_TFLOPS = 300.0             # a: 16-bit, D = 128, non-causal, S >= BAR_TFLOPS_MIN_S
 BAR_TFLOPS_SUITE = "flash"     #    bench.json's FlashAttention sweep
 BAR_TFLOPS_D = 128
@@ -271,7 +271,7 @@ def sdpa_section(name: str, doc: dict) -> str:
     return "\n".join(parts).rstrip()
 
 
-# --- the issue-4 bars ------------------------------------------------------------------------
+# --- the GPU goals ----------------------------------------------------------------------------
 
 def bar_tflops(bench: dict | None, flash: dict | None = None) -> list[str]:
     """a: 16-bit, D = 128, non-causal, S >= 4096, fattn fused >= 300 TFLOP/s (bench.json)."""
@@ -437,7 +437,7 @@ def bar_fused_vs_naive(bench: dict | None, torch_docs: dict[str, dict]) -> list[
 
 
 def bars(bench: dict | None, torch_docs: dict[str, dict]) -> str:
-    parts = ["#### Issue 4's performance bars, evaluated from the data", ""]
+    parts = ["#### The GPU performance goals, evaluated from the data", ""]
     parts += bar_tflops(bench, torch_docs.get("bench_cuda_flash.json")) + [""]
     parts += bar_fp32(torch_docs.get("bench_cuda_assignment.json")) + [""]
     parts += bar_fused_vs_naive(bench, torch_docs)

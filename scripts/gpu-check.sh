@@ -106,8 +106,7 @@ HARNESS=/tmp/fattn-harness
 mkdir -p "$HARNESS"
 # CUDA is enabled here, at the top: enabled only inside fattn's directory (cmake/cuda.cmake),
 # it is missing in the sibling tests/cuda, whose wgmma probe is a .cu source (CMake:
-# "Missing variable ... CMAKE_CUDA_COMPILE_OBJECT"; caught by replaying this build on
-# the workstation in session 7, before any device call met it).
+# "Missing variable ... CMAKE_CUDA_COMPILE_OBJECT").
 cat >"$HARNESS/CMakeLists.txt" <<EOF
 cmake_minimum_required(VERSION 3.22)
 project(fattn_gpu_check LANGUAGES CXX CUDA)

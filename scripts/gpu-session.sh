@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# fattn — one device call that does a whole GPU session's measuring: scripts/gpu-check.sh
-# (build, CUDA tests, compute-sanitizer, fattn_gpu_bench, ncu) and then
-# scripts/gpu-torch-bench.sh (the PyTorch side by side), within one 10-minute call.
-# The device tool returns at most 8 files, so the two result folders come back as one
-# archive, session.tar.gz (unpack: tar xzf session.tar.gz -> check/ torch/), beside
-# the two summaries. The ncu report (.ncu-rep) stays out: it is over the size limit.
-#   run(command="scripts/gpu-session.sh [bench_cuda args]", carry=[".gpu-deps"])
+# fattn — the whole GPU evidence set in one command, within 10 minutes on an H100:
+# scripts/gpu-check.sh (build, CUDA tests, compute-sanitizer, fattn_gpu_bench, ncu) and
+# then scripts/gpu-torch-bench.sh (the PyTorch side by side). The two result folders are
+# packed as one archive, session.tar.gz (unpack: tar xzf session.tar.gz -> check/ torch/),
+# beside the two summaries, in $OUT; the ncu report (.ncu-rep) is left out (its size).
+#   scripts/gpu-session.sh [bench_cuda args]
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-session-out}
