@@ -225,12 +225,21 @@ struct DecodeOps {
   // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
   static constexpr std::int64_t kDirectRows = 4;
 
+  // Across the lanes: with AVX-512 in a tree of shuffles (4 steps, not 15 scalar ones).
+  // A NaN lane may or may not win the max; either way its row's probabilities become
+  // NaN in softmax_update, through exp2 of the NaN score.
   static float max_of(vec x) {
+#if defined(FATTN_AVX512)
+    if constexpr (L == 16) return _mm512_reduce_max_ps(x);
+#endif
     float m = x[0];
     for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
     return m;
   }
   static float sum_of(vec x) {
+#if defined(FATTN_AVX512)
+    if constexpr (L == 16) return _mm512_reduce_add_ps(x);
+#endif
     float s = 0.0f;
     for (int i = 0; i < L; ++i) s += x[i];
     return s;
@@ -272,17 +281,21 @@ struct DecodeOps {
                        const Rows& v, std::int64_t d0, const float* alpha, std::int64_t Dp,
                        float* os) {
     vec acc[R][NDV] = {};
-    for (std::int64_t j = 0; j < nj; ++j) {
-      const float* vrow = v.row(j) + d0;
-      vec vv[NDV];
+    // Key group by key group: within one, the rows are a pointer step apart.
+    for (std::int64_t j0 = 0; j0 < nj; j0 += kKeyGroup) {
+      const float* vrow = v.group[j0 / kKeyGroup] + d0;
+      const std::int64_t j1 = std::min<std::int64_t>(nj, j0 + kKeyGroup);
+      for (std::int64_t j = j0; j < j1; ++j, vrow += v.stride) {
+        vec vv[NDV];
 #pragma GCC unroll 8
-      for (int u = 0; u < NDV; ++u) vv[u] = S::load(vrow + u * L);
+        for (int u = 0; u < NDV; ++u) vv[u] = S::load(vrow + u * L);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        if (Masked && j >= visible[r]) continue;
-        const vec pb = S::splat(p[r * Bk + j]);
+        for (int r = 0; r < R; ++r) {
+          if (Masked && j >= visible[r]) continue;
+          const vec pb = S::splat(p[r * Bk + j]);
 #pragma GCC unroll 8
-        for (int u = 0; u < NDV; ++u) acc[r][u] = S::fma(pb, vv[u], acc[r][u]);
+          for (int u = 0; u < NDV; ++u) acc[r][u] = S::fma(pb, vv[u], acc[r][u]);
+        }
       }
     }
 #pragma GCC unroll 8
