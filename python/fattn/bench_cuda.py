@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fattn
-from .bench import reference_rows
+from .bench.core import reference_rows
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,

@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fattn  # noqa: F401  (registers torch.ops.fattn)
 
-from .bench import standard_attention
+from .bench.core import standard_attention
 
 # Operators that make a view, reshape metadata or allocate: no pass over the data.
 NON_COMPUTE_OPS = frozenset({

@@ -26,13 +26,11 @@ import torch
 import torch.nn.functional as F
 
 import fattn
-from .bench import PeakRss, _meminfo_bytes, fmt_bytes, standard_attention
+from .core import FLOAT, IMPLS, fmt_bytes, meminfo_bytes, standard_attention
 
-IMPLS = ("fattn_fused", "fattn_naive", "torch_sdpa", "torch_standard")
 SHORT = {"fattn_fused": "fused", "fattn_naive": "naive", "torch_sdpa": "sdpa",
          "torch_standard": "std"}
 BACKWARD_FLOP_FACTOR = 2.5
-FLOAT = 4
 
 
 def forward(impl, q, k, v, causal):
@@ -74,7 +72,7 @@ def bench_shape(b, h, s, d, causal, impls, args, peak_rss, rows_out):
     flops = 4 * b * h * pairs * d * (1 + BACKWARD_FLOP_FACTOR)
     with_error = b * h * s * s * d <= (1 << 31)
     ref = reference_grads(q, k, v, dout, causal) if with_error else None
-    budget = 0.7 * _meminfo_bytes("MemAvailable")
+    budget = 0.7 * meminfo_bytes("MemAvailable")
     results, first = {}, {}
     for impl in impls:
         base = {"impl": impl, "pass": "forward+backward", "dtype": "float32", "B": b, "Hq": h,
@@ -121,7 +119,7 @@ def bench_shape(b, h, s, d, causal, impls, args, peak_rss, rows_out):
         results[impl].update(ms_median=med, ms_min=min(times[impl]), ms_max=max(times[impl]),
                              gflops=flops / (med * 1e6), reps=reps)
     rows_out.extend(results[i] for i in impls)
-    fattn.release_cached_memory()  # as bench.py: the next shape gets its whole budget
+    fattn.release_cached_memory()  # as the forward benchmark: the next shape gets its whole budget
     print_row(b, h, s, d, causal, impls, results)
 
 

@@ -1,0 +1,114 @@
+"""fattn vs PyTorch on the CPU, side by side in one process: ``python -m fattn.bench``.
+
+Implementations (the JSON's "impl"):
+  fattn_fused     torch.ops.fattn.attention(impl="fused"): tiled, online softmax
+  fattn_naive     torch.ops.fattn.attention(impl="naive"): 3 stages through an Sq×Sk buffer
+  torch_sdpa      torch.nn.functional.scaled_dot_product_attention
+  torch_standard  "standard attention": softmax(Q Kᵀ · scale [+ causal mask]) V, as
+                  matmul -> softmax -> matmul (the scale and the mask applied in place)
+All run float32 with the same thread count: torch.set_num_threads(--threads), which
+is also what fattn's operator uses (torch.get_num_threads(), on torch's own pool).
+
+Sweeps:
+  assignment  B=2, H=8, D in {64, 128}, S in {128, 512, 1024, 2048, 4096, 8192},
+              causal and not
+  lesson      B=4, H=32, D=64, S from 256 to 8192 (non-causal), as far as memory allows
+  quick       tiny shapes for CI (--quick)
+
+Columns: median time over the timed calls (min, max too; after one warm-up call, the
+calls of the impls alternate round-robin so that load from elsewhere hits all alike), GFLOP/s (4·D FLOPs per
+visible (query, key) pair, as fattn-bench counts them), speedups, extra memory, and the
+max abs error against a float64 reference (torch in float64; every row for small
+problems, else sampled rows: "err_rows").
+
+Extra memory, two ways:
+  peak_rss_extra_bytes  every impl: the rise of the process's peak RSS (VmHWM, reset
+                        through /proc/self/clear_refs after malloc_trim) over one call,
+                        less the output it returns (out, and fattn's lse)
+  extra_bytes           fattn: fattn::extra_bytes (its exact working memory, as in the
+                        C++ fattn-bench); torch: peak_rss_extra_bytes
+Before running, each impl's memory is estimated; a run that would not fit in 70% of
+MemAvailable is skipped and reported ("skipped"), never attempted — standard attention
+and fattn's naive path need B·H·Sq·Sk floats (twice, for standard attention).
+
+Output: a table on stdout, and in --out DIR: bench.json (fattn-bench's --json schema:
+{"machine": {...}, "results": [...]}), bench.csv, time_vs_s.png, memory_vs_s.png.
+
+--decode runs the decode sweep instead (fattn/bench/decode.py: short queries against a KV
+cache, fattn vs torch SDPA with enable_gqa, against the DRAM triad).
+
+--pass train times forward + backward instead (fattn/bench/train.py: fattn's fused and
+naive backward vs torch SDPA's and standard attention's autograd), into train.json,
+train.csv, train_time_vs_s.png, train_memory_vs_s.png.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+import fattn
+
+from .core import IMPLS, Contention, PeakRss, machine_info, write_outputs
+from .forward import bench_shape, sweeps
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # the decode sweep (fattn/bench/decode.py)
+        from . import decode
+        return decode.main([a for a in argv if a != "--decode"])
+    p = argparse.ArgumentParser(prog="python -m fattn.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny shapes, few calls (CI)")
+    p.add_argument("--pass", dest="pass_", choices=("forward", "train"), default="forward",
+                   help="forward only (default), or forward + backward (train)")
+    p.add_argument("--train-s", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096],
+                   help="sequence lengths of --pass train (B=2, H=8, D 64 and 128)")
+    p.add_argument("--out", default="fattn-bench-py", help="output directory")
+    p.add_argument("--sweep", choices=("assignment", "lesson", "all"), default="assignment")
+    p.add_argument("--assignment-s", type=int, nargs="+",
+                   default=[128, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--lesson-s", type=int, nargs="+",
+                   default=[256, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads for torch and fattn alike (default: torch.get_num_threads())")
+    p.add_argument("--budget", type=float, default=2.0,
+                   help="seconds of timed calls per impl and shape (default 2)")
+    p.add_argument("--min-reps", type=int, default=3)
+    p.add_argument("--max-reps", type=int, default=30)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.budget, args.min_reps, args.max_reps = 0.05, 2, 3
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    assert fattn.num_threads() == threads
+    print(f"fattn {fattn.__version__} ({fattn.best_cpu_isa()}) vs torch {torch.__version__}, "
+          f"{threads} threads each; float32; times in ms (median); mem = extra memory "
+          "(fattn::extra_bytes for fattn, peak RSS rise for torch); err = max abs error vs "
+          "float64", flush=True)
+    peak_rss = PeakRss()
+    contention = Contention()
+    results = []
+    if args.pass_ == "train":
+        from . import train
+        results = train.run(args, peak_rss)
+    else:
+        with torch.inference_mode():
+            for shape in sweeps(args):
+                bench_shape(*shape, args.impls, args, peak_rss, results)
+    machine = machine_info(threads, args, contention.result())
+    if machine["other_processes_cores_sweep"] > 0.25:
+        print(f"fattn.bench: warning: other processes used "
+              f"{machine['other_processes_cores_sweep']:.2f} cores during the sweep; the "
+              "timings are inflated", file=sys.stderr)
+    out = Path(args.out)
+    stem = "train" if args.pass_ == "train" else "bench"
+    prefix = "train_" if args.pass_ == "train" else ""
+    write_outputs(out, machine, results, stem)
+    print(f"\nwrote {out / (stem + '.json')}, {out / (stem + '.csv')}, "
+          f"{out / (prefix + 'time_vs_s.png')}, {out / (prefix + 'memory_vs_s.png')}")
+    return 0
