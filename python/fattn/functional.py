@@ -38,11 +38,9 @@ _DTYPES = {"cpu": (torch.float32, torch.float64),
            "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 
 
-def _check_tensors(fn: str, tensors) -> None:
-    """Type, device, dtype and autograd checks shared by every entry point."""
-    for name, t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"fattn.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+def check_one_device_and_dtype(fn: str, tensors) -> None:
+    """The (name, tensor) pairs share the first one's device and dtype (ValueError naming
+    both otherwise). Also used by fattn.kvcache."""
     (first_name, first), rest = tensors[0], tensors[1:]
     for name, t in rest:
         if t.device != first.device:
@@ -51,6 +49,15 @@ def _check_tensors(fn: str, tensors) -> None:
         if t.dtype != first.dtype:
             raise ValueError(f"fattn.{fn}: {name}.dtype is {t.dtype} but {first_name}.dtype is "
                              f"{first.dtype}; all inputs must have one dtype")
+
+
+def _check_tensors(fn: str, tensors) -> None:
+    """Type, device, dtype and autograd checks shared by every entry point."""
+    for name, t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fattn.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    check_one_device_and_dtype(fn, tensors)
+    first_name, first = tensors[0]
     device = first.device.type
     if device not in _DEVICE_TYPES:
         extra = (" (this build has no CUDA kernels: the CUDA backend is not built in yet)"

@@ -34,6 +34,8 @@ import functools
 
 import torch
 
+from .functional import check_one_device_and_dtype
+
 # The C++ KV-cache and varlen entry points run on the CPU; meta is the fake kernel's.
 _DEVICE_TYPES = ("cpu", "meta")
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
@@ -52,14 +54,8 @@ def _check_floats(fn: str, tensors, dtypes, rank: int, layouts) -> None:
         if t.dim() != rank:
             raise ValueError(f"fattn.{fn}: {name} must have {rank} dimensions {layouts[name]}, "
                              f"got shape {tuple(t.shape)}")
-    (first_name, first), rest = tensors[0], tensors[1:]
-    for name, t in rest:
-        if t.device != first.device:
-            raise ValueError(f"fattn.{fn}: {name} is on {t.device} but {first_name} is on "
-                             f"{first.device}; all inputs must be on one device")
-        if t.dtype != first.dtype:
-            raise ValueError(f"fattn.{fn}: {name}.dtype is {t.dtype} but {first_name}.dtype is "
-                             f"{first.dtype}; all inputs must have one dtype")
+    check_one_device_and_dtype(fn, tensors)
+    first_name, first = tensors[0]
     if first.device.type not in _DEVICE_TYPES:
         raise NotImplementedError(f"fattn.{fn}: {first_name} is on {first.device}, but fattn's "
                                   "KV-cache and varlen entry points run on the CPU only")
