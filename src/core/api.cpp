@@ -51,10 +51,13 @@ void require_cpu(const TensorView& q) {
 }
 
 // Impl::automatic runs the decode kernel while a kv head's query rows (Sq · Hq/Hkv) are
-// at most kDecodeMaxRows and Sq at most kDecodeMaxQueries; the fused kernel above. Decode
-// vs fused time, 2 threads, B=1, Hq=32, Sk=4096 (docs/perf-log.md, "Decode kernel"):
-// Hkv=8: Sq=32 (128 rows) 1.42x, Sq=48 (192 rows) 0.78-0.98x; Hkv=32: Sq=64 1.40-1.60x,
-// Sq=128 0.90x.
+// at most kDecodeMaxRows and Sq at most kDecodeMaxQueries; the fused kernel above. Fused
+// time / decode time, 2 threads, B=1, Hq=32, Sk=4096 (docs/perf-log.md, "Decode kernel"):
+//   dev-spr:  Hkv=8: Sq=32 (128 rows) 1.42x, Sq=48 (192 rows) 0.78-0.98x;
+//             Hkv=32: Sq=64 1.40-1.60x, Sq=128 0.90x.
+//   dev-zen5: Hkv=8: Sq=32 1.68-1.86x, Sq=48 1.12-1.20x, Sq=64 0.80-0.87x;
+//             Hkv=32: Sq=64 1.10-1.38x, Sq=128 0.88-1.07x.
+// 192 rows would gain 12-20 % on dev-zen5 and lose 2-22 % on dev-spr: the limit stays 128.
 constexpr std::int64_t kDecodeMaxRows = 128;
 constexpr std::int64_t kDecodeMaxQueries = 64;
 
