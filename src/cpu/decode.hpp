@@ -199,62 +199,63 @@ struct HeadState {
   float *qs, *os, *m, *l, *alpha;
 };
 
+// A worker running one item: its kv heads' running states and its tiles, in the worker's
+// slice of the working memory (DecodePlan's offsets).
 template <class S>
-void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* memory,
-                    std::int64_t requested_splits) {
+struct DecodeWorker {
   using Ops = DecodeOps<S>;
   using Plan = DecodePlan<S>;
-  const Plan plan(p, exec.workers, requested_splits);
-  const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
-  const std::int64_t D = p.head_dim, Dp = plan.Dp;
-  auto state_of = [&](float* worker, std::int64_t slot) {
-    float* h = worker + plan.heads_at + slot * plan.head_floats;
-    return HeadState{h + plan.qs_at, h + plan.os_at, h + plan.m_at, h + plan.l_at, h + plan.alpha_at};
-  };
+  const detail::Problem& p;
+  const Plan& plan;
+  float* w;       // this worker's memory
+  bool in_place;  // K and V read where they lie (else staged tile by tile)
 
-  // K and V read where they lie, the next head's tile asked for during this one's
-  // compute; strided dims and head dims that are not whole vectors are staged.
-  const bool in_place = Ops::reads_in_place(p);
-  detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
-    float* w = memory + worker * plan.worker_floats;
-    float *kt = w + plan.kt_at, *st = w + plan.st_at;
-    const auto it = plan.item(p, index);
-    std::int64_t kv_begin, kv_end;
-    plan.key_range(p, it, &kv_begin, &kv_end);
+  HeadState state(std::int64_t slot) const {
+    float* h = w + plan.heads_at + slot * plan.head_floats;
+    return {h + plan.qs_at, h + plan.os_at, h + plan.m_at, h + plan.l_at, h + plan.alpha_at};
+  }
+
+  // Each head's query rows, scaled by scale·log2(e), and fresh (m, l, os).
+  void start(const typename Plan::Item& it, float q_factor) const {
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
-      const HeadState h = state_of(w, hk - it.hk_begin);
+      const HeadState h = state(hk - it.hk_begin);
       Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.qs);
-      Ops::start_rows(it.rows, D, h.m, h.l, h.os);
+      Ops::start_rows(it.rows, p.head_dim, h.m, h.l, h.os);
     }
-    std::int32_t visible[Plan::kRowTile];
+  }
+
+  // Keys [j0, j0 + nj) for every head of the item: scores, online softmax, P·V.
+  void key_tile(const typename Plan::Item& it, std::int64_t j0, std::int64_t nj,
+                std::int64_t kv_end) const {
+    const std::int64_t D = p.head_dim;
+    float *kt = w + plan.kt_at, *st = w + plan.st_at;
     float *k_stage = w + plan.k_stage_at, *v_stage = w + plan.v_stage_at;
-    for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk) {
-      const std::int64_t nj = std::min<std::int64_t>(Ops::Bk, kv_end - j0);
-      for (std::int64_t r = 0; r < it.rows; ++r)
-        visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
-            p.visible_end(it.b, (it.r0 + r) / p.group_size()) - j0, 0, nj));
-      if (!in_place) {
-        Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
-        Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
-      }
-      for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
-        const std::int64_t slot = hk - it.hk_begin;
-        const HeadState h = state_of(w, slot);
-        typename Ops::Prefetch next;
-        if (in_place) next = next_head_tile<S>(p, it, hk, j0, kv_end);
-        Ops::tile_scores(h.qs, it.rows, D,
-                         in_place ? Ops::in_cache(p, p.k, it.b, hk, j0, nj)
-                                  : Ops::staged(k_stage, slot, D),
-                         nj, kt, st, next);
-        Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
-        Ops::pv_accumulate(st, it.rows, visible, nj,
-                           in_place ? Ops::in_cache(p, p.v, it.b, hk, j0, nj)
-                                    : Ops::staged(v_stage, slot, D),
-                           h.alpha, D, h.os);
-      }
+    std::int32_t visible[Plan::kRowTile];
+    for (std::int64_t r = 0; r < it.rows; ++r)
+      visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
+          p.visible_end(it.b, (it.r0 + r) / p.group_size()) - j0, 0, nj));
+    if (!in_place) {
+      Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
+      Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
     }
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
-      const HeadState h = state_of(w, hk - it.hk_begin);
+      const std::int64_t slot = hk - it.hk_begin;
+      const HeadState h = state(slot);
+      typename Ops::Prefetch next;
+      if (in_place) next = next_head_tile<S>(p, it, hk, j0, kv_end);
+      const auto k = in_place ? Ops::in_cache(p, p.k, it.b, hk, j0, nj) : Ops::staged(k_stage, slot, D);
+      const auto v = in_place ? Ops::in_cache(p, p.v, it.b, hk, j0, nj) : Ops::staged(v_stage, slot, D);
+      Ops::tile_scores(h.qs, it.rows, D, k, nj, kt, st, next);
+      Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
+      Ops::pv_accumulate(st, it.rows, visible, nj, v, h.alpha, D, h.os);
+    }
+  }
+
+  // The item's rows: out and lse, or with split keys its chunk's partial (os, m, l).
+  void finish(const typename Plan::Item& it, float* memory) const {
+    const std::int64_t Dp = plan.Dp;
+    for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
+      const HeadState h = state(hk - it.hk_begin);
       if (plan.splits == 1) {
         store_group_rows<S>(p, it.b, hk, it.r0, it.rows, h.os, h.m, h.l);
         continue;
@@ -266,6 +267,32 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
         part[it.rows * Dp + 2 * r + 1] = h.l[r];
       }
     }
+  }
+};
+
+template <class S>
+void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* memory,
+                    std::int64_t requested_splits) {
+  using Ops = DecodeOps<S>;
+  using Plan = DecodePlan<S>;
+  const Plan plan(p, exec.workers, requested_splits);
+  const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
+  // K and V read where they lie, the next head's tile asked for during this one's
+  // compute; strided dims and head dims that are not whole vectors are staged.
+  const bool in_place = Ops::reads_in_place(p);
+  auto worker_of = [&](int worker) {
+    return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats, in_place};
+  };
+
+  detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
+    const DecodeWorker<S> run = worker_of(worker);
+    const auto it = plan.item(p, index);
+    std::int64_t kv_begin, kv_end;
+    plan.key_range(p, it, &kv_begin, &kv_end);
+    run.start(it, q_factor);
+    for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk)
+      run.key_tile(it, j0, std::min<std::int64_t>(Ops::Bk, kv_end - j0), kv_end);
+    run.finish(it, memory);
   });
   if (plan.splits == 1) return;
   // Each (sequence, kv head, row tile): its chunks' partials merged in chunk order.
@@ -273,7 +300,7 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
     const std::int64_t t = tile % plan.row_tiles, bh = tile / plan.row_tiles;
     const std::int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
     const std::int64_t r0 = t * Plan::kRowTile, rows = std::min(Plan::kRowTile, plan.rows - r0);
-    const HeadState h = state_of(memory + worker * plan.worker_floats, 0);
+    const HeadState h = worker_of(worker).state(0);
     merge_partials<S>(plan, rows, memory + plan.partial_at(p, b, hk, t, 0), h.os, h.m, h.l);
     store_group_rows<S>(p, b, hk, r0, rows, h.os, h.m, h.l);
   });
