@@ -38,9 +38,10 @@ struct DecodePlan {
   using Ops = DecodeOps<S>;
   // Query rows per work item: a whole decode group (32 heads × Sq 2 at MHA) in one tile.
   static constexpr std::int64_t kRowTile = 64;
-  // A work item stages each key tile of K and V for several kv heads at once (address
-  // order in a (B, S, Hkv, D) cache: stage_rows) and keeps their running states (qs, os,
-  // m, l) side by side: as many heads as fit this many floats (1 MiB, half of L2).
+  // A work item takes each key tile of K and V for several kv heads at once (in place,
+  // or staged in address order in a (B, S, Hkv, D) cache: stage_rows) and keeps their
+  // running states (qs, os, m, l) side by side: as many heads as their tiles and states
+  // fit this many floats (1 MiB, half of L2).
   static constexpr std::int64_t kItemFloats = 262144;
   // Split the keys until there are this many items per worker (load balance across the
   // dynamic schedule) ...
@@ -48,6 +49,8 @@ struct DecodePlan {
   // ... but not into chunks under this many keys (each chunk costs a partial and a merge).
   static constexpr std::int64_t kMinChunkKeys = 512;
 
+  // K and V read where they lie (DecodeOps::reads_in_place), else staged tile by tile.
+  bool in_place;
   std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
   // Floats from the start of the working memory; per head: qs, os, m, l, alpha.
   std::int64_t worker_floats, head_floats, kt_at, st_at, heads_at, k_stage_at, v_stage_at;
@@ -57,6 +60,7 @@ struct DecodePlan {
   // splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key tile).
   DecodePlan(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
     Sizes n;
+    in_place = Ops::reads_in_place(p);
     D = p.head_dim;
     Dp = Ops::padded_dim(D);
     rows = n.mul(p.group_size(), p.q_len);
@@ -82,8 +86,10 @@ struct DecodePlan {
     kt_at = take(D * Ops::Bk);
     st_at = take(tile_rows * Ops::Bk);
     heads_at = take(n.mul(head_floats, heads_per_item));
-    k_stage_at = take(n.mul(stage_floats, heads_per_item));
-    v_stage_at = take(n.mul(stage_floats, heads_per_item));
+    // The staging buffers only where tiles are staged (no room taken when read in place).
+    const std::int64_t staged_floats = in_place ? 0 : n.mul(stage_floats, heads_per_item);
+    k_stage_at = take(staged_floats);
+    v_stage_at = take(staged_floats);
     worker_floats = at;
 
     const std::int64_t base = n.mul(n.mul(p.batch, head_groups), row_tiles);
@@ -207,8 +213,7 @@ struct DecodeWorker {
   using Plan = DecodePlan<S>;
   const detail::Problem& p;
   const Plan& plan;
-  float* w;       // this worker's memory
-  bool in_place;  // K and V read where they lie (else staged tile by tile)
+  float* w;  // this worker's memory
 
   HeadState state(std::int64_t slot) const {
     float* h = w + plan.heads_at + slot * plan.head_floats;
@@ -234,7 +239,7 @@ struct DecodeWorker {
     for (std::int64_t r = 0; r < it.rows; ++r)
       visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
           p.visible_end(it.b, (it.r0 + r) / p.group_size()) - j0, 0, nj));
-    if (!in_place) {
+    if (!plan.in_place) {
       Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
       Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
     }
@@ -242,9 +247,9 @@ struct DecodeWorker {
       const std::int64_t slot = hk - it.hk_begin;
       const HeadState h = state(slot);
       typename Ops::Prefetch next;
-      if (in_place) next = next_head_tile<S>(p, it, hk, j0, kv_end);
-      const auto k = in_place ? Ops::in_cache(p, p.k, it.b, hk, j0, nj) : Ops::staged(k_stage, slot, D);
-      const auto v = in_place ? Ops::in_cache(p, p.v, it.b, hk, j0, nj) : Ops::staged(v_stage, slot, D);
+      if (plan.in_place) next = next_head_tile<S>(p, it, hk, j0, kv_end);
+      const auto k = plan.in_place ? Ops::in_cache(p, p.k, it.b, hk, j0, nj) : Ops::staged(k_stage, slot, D);
+      const auto v = plan.in_place ? Ops::in_cache(p, p.v, it.b, hk, j0, nj) : Ops::staged(v_stage, slot, D);
       Ops::tile_scores(h.qs, it.rows, D, k, nj, kt, st, next);
       Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
       Ops::pv_accumulate(st, it.rows, visible, nj, v, h.alpha, D, h.os);
@@ -277,11 +282,8 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
   using Plan = DecodePlan<S>;
   const Plan plan(p, exec.workers, requested_splits);
   const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
-  // K and V read where they lie, the next head's tile asked for during this one's
-  // compute; strided dims and head dims that are not whole vectors are staged.
-  const bool in_place = Ops::reads_in_place(p);
   auto worker_of = [&](int worker) {
-    return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats, in_place};
+    return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats};
   };
 
   detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
