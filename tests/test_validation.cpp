@@ -339,8 +339,14 @@ TEST(Validation, WrongRank) {
 TEST(Validation, WrongDtype) {
   {
     Args s;
+    s.qv.dtype = fattn::DType::int32;
+    EXPECT_FORWARD_ERROR(s, HasSubstr("the CPU kernels take float32, bfloat16 or float16 (float64: "
+                                      "reference only), got q.dtype = int32"));
+  }
+  {  // a 16-bit q with float32 k: k named, with both dtypes
+    Args s;
     s.qv.dtype = fattn::DType::float16;
-    EXPECT_FORWARD_ERROR(s, HasSubstr("the CPU kernels take float32 (float64: reference only), got q.dtype = float16"));
+    EXPECT_FORWARD_ERROR(s, HasSubstr("k must have dtype float16, got float32"));
   }
   for (auto [name, dtype] : {std::pair{"k", fattn::DType::bfloat16}, {"v", fattn::DType::float16},
                              {"out", fattn::DType::float16}, {"lse", fattn::DType::bfloat16}}) {

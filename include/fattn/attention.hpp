@@ -98,8 +98,9 @@ struct Options {
 
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32
 // Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA). D in [16, 256]. lse may be null.
-// dtype: float32 on the CPU (float32, float16, bfloat16 on CUDA); float64 on the CPU
-// runs the float64 reference (Impl::automatic or Impl::reference) and takes a float64 lse.
+// dtype: float32, bfloat16 or float16, one for q, k, v and out (the CPU computes in
+// float32 and rounds out once; isa amx takes float32 only); float64 on the CPU runs the
+// float64 reference (Impl::automatic or Impl::reference) and takes a float64 lse.
 // lse is the natural-log logsumexp of the scaled, masked scores of each query row.
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView* lse, const Options& options = {});
@@ -109,6 +110,8 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 // the lse output, may be null (no gradient flows through lse).
 //   q, dq: (B, Hq, Sq, D)   k, v, dk, dv: (B, Hkv, Sk, D)   out, dout: (B, Hq, Sq, D)
 //   lse, dlse: (B, Hq, Sq), float32 (float64 for float64 problems)
+//   q, k, v, out, dout, dq, dk, dv share one dtype: float32, bfloat16 or float16
+//   (float32 accumulation, the gradients rounded once), or float64 (the reference)
 // With GQA, dk and dv sum the contributions of every query head sharing a kv head.
 //   fused:     scores recomputed tile by tile from q, k and lse (no Sq×Sk storage);
 //              deterministic: the same bits on every run with the same thread count

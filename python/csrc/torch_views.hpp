@@ -39,8 +39,8 @@ inline fattn::DType dtype_of(const at::Tensor& t, const char* name) {
     case at::kDouble: return fattn::DType::float64;
     default:
       TORCH_CHECK(false, "fattn: ", name,
-                  ".dtype must be float32 (float16 and bfloat16 only on CUDA, float64 only "
-                  "through the CPU reference), got ",
+                  ".dtype must be float32, bfloat16 or float16 (float64 only through the CPU "
+                  "reference), got ",
                   t.scalar_type());
   }
 }

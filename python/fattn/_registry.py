@@ -41,8 +41,8 @@ def check_operands(q, k, v, is_causal: bool, causal_bottom_right: bool) -> None:
             raise RuntimeError(f"fattn: {name}.dtype is {t.dtype} but q.dtype is {q.dtype}; "
                                "q, k and v must have one dtype")
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        raise RuntimeError(f"fattn: q.dtype must be float32 (float16 and bfloat16 only on "
-                           f"CUDA, float64 only through the CPU reference), got {q.dtype}")
+        raise RuntimeError(f"fattn: q.dtype must be float32, bfloat16 or float16 (float64 only "
+                           f"through the CPU reference), got {q.dtype}")
     if causal_bottom_right and not is_causal:
         raise RuntimeError("fattn: causal_bottom_right=True needs is_causal=True (it picks the "
                            "alignment of the causal mask)")

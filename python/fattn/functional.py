@@ -8,9 +8,10 @@ Errors:
   ValueError           the call is invalid for torch too (mismatched shapes, devices,
                        dtypes, ranks, an unknown layout, GQA heads without enable_gqa)
   NotImplementedError  valid for torch, but not supported by fattn (yet): attn_mask,
-                       dropout_p > 0, dtypes other than float32 (float64: the float64
-                       reference, for gradient checks) on the CPU, a device without fattn
-                       kernels, gradients of CUDA tensors (the backward is CPU only)
+                       dropout_p > 0, dtypes other than float32, bfloat16 and float16
+                       (float64 on the CPU: the float64 reference, for gradient checks), a
+                       device without fattn kernels, gradients of CUDA tensors (the
+                       backward is CPU only)
   TypeError            an argument that is not a tensor
   RuntimeError         raised by the operator itself, its message starting "fattn: "
                        (e.g. a head dim outside [16, 256])
@@ -33,7 +34,7 @@ from . import _C
 # CUDA once the extension is built with the library's CUDA backend (ops.cpp).
 _DEVICE_TYPES = ("cpu", "meta", "cuda") if _C.with_cuda else ("cpu", "meta")
 # float64 on the CPU runs the float64 reference (slow, exact): for torch.autograd.gradcheck.
-_DTYPES = {"cpu": (torch.float32, torch.float64),
+_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16, torch.float64),
            "meta": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
            "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 
@@ -69,7 +70,7 @@ def _check_tensors(fn: str, tensors) -> None:
         allowed = ", ".join(str(d).replace("torch.", "") for d in _DTYPES[device])
         raise NotImplementedError(
             f"fattn.{fn}: {first_name}.dtype is {first.dtype}, but fattn on {device} takes "
-            f"{allowed} (convert with .float())")
+            f"{allowed}")
     if torch.is_grad_enabled() and device == "cuda":
         needing = [name for name, t in tensors if t.requires_grad]
         if needing:

@@ -18,8 +18,9 @@ Errors:
   NotImplementedError  valid for FlashAttention but not supported by fattn: rotary
                        embeddings, cache_batch_idx, cache_leftpad, sliding windows,
                        softcapping, ALiBi, dropout, a paged K/V in the varlen function,
-                       dtypes other than float32 (float64 in the varlen function), devices
-                       other than the CPU, inputs requiring grad in flash_attn_with_kvcache
+                       dtypes other than float32, bfloat16 and float16 (float64 too in the
+                       varlen function), devices other than the CPU, inputs requiring grad
+                       in flash_attn_with_kvcache
   ValueError           an invalid call: mismatched devices or dtypes, a wrong rank, an index
                        tensor that is not int32, max_seqlen_q/k below the longest sequence
   TypeError            an argument that is not a tensor (or an int where one is allowed)
@@ -113,7 +114,7 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
                "k": "(B, S_new, Hkv, D)", "v": "(B, S_new, Hkv, D)"}
     operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
     operands += [(name, t) for name, t in (("k", k), ("v", v)) if t is not None]
-    _check_floats(fn, operands, (torch.float32,), 4, layouts)
+    _check_floats(fn, operands, (torch.float32, torch.bfloat16, torch.float16), 4, layouts)
     if torch.is_grad_enabled():
         needing = [name for name, t in operands if t.requires_grad]
         if needing:
@@ -161,7 +162,8 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                  alibi_slopes=(alibi_slopes, alibi_slopes is None),
                  block_table=(block_table, block_table is None))
     layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
-    _check_floats(fn, [("q", q), ("k", k), ("v", v)], (torch.float32, torch.float64), 3,
+    _check_floats(fn, [("q", q), ("k", k), ("v", v)],
+                  (torch.float32, torch.bfloat16, torch.float16, torch.float64), 3,
                   layouts)
     _check_int32(fn, "cu_seqlens_q", cu_seqlens_q, 1, "(B + 1,)", q.device)
     _check_int32(fn, "cu_seqlens_k", cu_seqlens_k, 1, "(B + 1,)", q.device)

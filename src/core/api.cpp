@@ -30,9 +30,14 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
   if (!cpu_supports(options.isa))
     throw Error(std::string("fattn: isa ") + to_string(options.isa) +
                 " is not supported by this CPU (best: " + to_string(best_cpu_isa()) + ")");
+  const bool sixteen_bit = p.dtype == DType::bfloat16 || p.dtype == DType::float16;
+  if (options.isa == Isa::amx && sixteen_bit)
+    throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.dtype) +
+                " inputs run on avx512, avx2 or portable");
   if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa);
-  return cpu::kernels_for(direction == Direction::forward ? automatic_cpu_isa(p.kv_len)
-                                                         : best_cpu_isa());
+  Isa isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
+  if (isa == Isa::amx && sixteen_bit) isa = Isa::avx512;  // every AMX CPU has AVX-512
+  return cpu::kernels_for(isa);
 }
 
 void require_cpu(const TensorView& q) {
@@ -44,9 +49,10 @@ void require_cpu(const TensorView& q) {
   if (q.device != Device::cpu)
     throw Error(std::string("fattn: q is on ") + to_string(q.device) +
                 ", but this entry point takes cpu tensors");
-  if (q.dtype != DType::float32 && q.dtype != DType::float64)
-    throw Error(std::string("fattn: the CPU kernels take float32 (float64: reference only), "
-                            "got q.dtype = ") +
+  if (q.dtype != DType::float32 && q.dtype != DType::bfloat16 && q.dtype != DType::float16 &&
+      q.dtype != DType::float64)
+    throw Error(std::string("fattn: the CPU kernels take float32, bfloat16 or float16 "
+                            "(float64: reference only), got q.dtype = ") +
                 to_string(q.dtype));
 }
 
@@ -61,7 +67,7 @@ void require_cpu(const TensorView& q) {
 constexpr std::int64_t kDecodeMaxRows = 128;
 constexpr std::int64_t kDecodeMaxQueries = 64;
 
-// float64 problems run the float64 reference; the SIMD kernels are float32.
+// float64 problems run the float64 reference; the SIMD kernels compute in float32.
 Impl reference_for_float64(Impl impl) {
   if (impl != Impl::automatic && impl != Impl::reference)
     throw Error(std::string("fattn: impl ") + to_string(impl) +

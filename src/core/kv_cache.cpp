@@ -120,22 +120,24 @@ Packed check_varlen(const TensorView& q, const TensorView& k, const TensorView& 
 }
 
 // A sequence with queries but no key: its rows are 0 and their logsumexp −inf (also the
-// zero gradients of a sequence without (query, key) pairs). T: the views' element type.
-template <class T>
+// zero gradients of a sequence without (query, key) pairs). T: a type of the size of the
+// views' element (zero is all zero bits in every dtype); L: the logsumexp's.
+template <class T, class L>
 void write_empty_rows_as(const TensorView& out, const TensorView* lse) {
   for (std::int64_t h = 0; h < out.size(1); ++h)
     for (std::int64_t i = 0; i < out.size(2); ++i) {
       auto* o = static_cast<T*>(out.data) + h * out.stride(1) + i * out.stride(2);
       for (std::int64_t d = 0; d < out.size(3); ++d) o[d * out.stride(3)] = T(0);
       if (lse)
-        static_cast<T*>(lse->data)[h * lse->stride(1) + i * lse->stride(2)] =
-            -std::numeric_limits<T>::infinity();
+        static_cast<L*>(lse->data)[h * lse->stride(1) + i * lse->stride(2)] =
+            -std::numeric_limits<L>::infinity();
     }
 }
 
 void write_empty_rows(const TensorView& out, const TensorView* lse) {
-  if (out.dtype == DType::float64) return write_empty_rows_as<double>(out, lse);
-  write_empty_rows_as<float>(out, lse);
+  if (out.dtype == DType::float64) return write_empty_rows_as<double, double>(out, lse);
+  if (element_size(out.dtype) == 2) return write_empty_rows_as<std::uint16_t, float>(out, lse);
+  write_empty_rows_as<float, float>(out, lse);
 }
 
 }  // namespace

@@ -31,8 +31,8 @@ struct Geometry {
 
 Geometry check_cache(const TensorView& q, const KvCache& cache) {
   const std::int64_t batch = q.size(0), head_dim = q.size(3);
-  check_view("k_cache", cache.k, 4, DType::float32, Device::cpu);
-  check_view("v_cache", cache.v, 4, DType::float32, Device::cpu);
+  check_view("k_cache", cache.k, 4, q.dtype, Device::cpu);
+  check_view("v_cache", cache.v, 4, q.dtype, Device::cpu);
   for (int d = 0; d < 4; ++d)
     expect_size("v_cache", cache.v, d, "as k_cache", dim_name("k_cache", d), cache.k.size(d));
   expect_size("k_cache", cache.k, 3, "head dim", "q.size(3)", head_dim);
@@ -154,22 +154,24 @@ void check_append_slots(const KvCache& cache, const Geometry& g,
 KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const TensorView* kn,
                                const TensorView* vn, const TensorView* out, const TensorView* lse,
                                const Options& options) {
-  if (q.dtype != DType::float32) {
+  const DType dtype = q.dtype;
+  if (dtype != DType::float32 && dtype != DType::bfloat16 && dtype != DType::float16) {
     std::ostringstream m;
-    m << "attention_kvcache takes float32 q, k_cache and v_cache, got q.dtype = "
-      << to_string(q.dtype);
+    m << "attention_kvcache takes float32, bfloat16 or float16 q, k_cache and v_cache, got "
+         "q.dtype = "
+      << to_string(dtype);
     fail(m.str());
   }
-  const Extent q_extent = check_view("q", q, 4, DType::float32, Device::cpu);
+  const Extent q_extent = check_view("q", q, 4, dtype, Device::cpu);
   expect_head_dim(q.size(3));
   const Geometry g = check_cache(q, cache);
   if ((kn == nullptr) != (vn == nullptr)) fail("k_new and v_new must be given together");
   std::vector<Named> inputs{{"q", q_extent},
-                            {"k_cache", check_view("k_cache", cache.k, 4, DType::float32, Device::cpu)},
-                            {"v_cache", check_view("v_cache", cache.v, 4, DType::float32, Device::cpu)}};
+                            {"k_cache", check_view("k_cache", cache.k, 4, dtype, Device::cpu)},
+                            {"v_cache", check_view("v_cache", cache.v, 4, dtype, Device::cpu)}};
   if (kn) {
-    inputs.push_back({"k_new", check_view("k_new", *kn, 4, DType::float32, Device::cpu)});
-    inputs.push_back({"v_new", check_view("v_new", *vn, 4, DType::float32, Device::cpu)});
+    inputs.push_back({"k_new", check_view("k_new", *kn, 4, dtype, Device::cpu)});
+    inputs.push_back({"v_new", check_view("v_new", *vn, 4, dtype, Device::cpu)});
     const std::int64_t sizes[4] = {g.batch, g.kv_heads, kn->size(2), q.size(3)};
     const char* meanings[4] = {"batch", "kv heads", "new keys", "head dim"};
     const char* sources[4] = {"q.size(0)", "k_cache.size(1)", "k_new.size(2)", "q.size(3)"};
@@ -195,7 +197,7 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
     inputs.push_back(
         {"block_table", check_view("block_table", *cache.block_table, 2, DType::int32, Device::cpu)});
   if (out) {
-    const Extent out_extent = check_view("out", *out, 4, DType::float32, Device::cpu);
+    const Extent out_extent = check_view("out", *out, 4, dtype, Device::cpu);
     for (int d = 0; d < 4; ++d) expect_size("out", *out, d, "as q", dim_name("q", d), q.size(d));
     expect_no_self_overlap("out", *out);
     for (const Named& in : inputs) expect_disjoint("out", out_extent, in.name, in.extent);
@@ -217,7 +219,7 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   p.head_dim = q.size(3);
   p.scale = checked_scale(options, p.head_dim);
   p.causal = options.causal;
-  p.dtype = DType::float32;
+  p.dtype = dtype;
   p.q = strided(static_cast<const float*>(q.data), q);
   p.k = strided(static_cast<const float*>(cache.k.data), cache.k);
   p.v = strided(static_cast<const float*>(cache.v.data), cache.v);
@@ -237,20 +239,31 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   }
 }
 
-void KvCacheProblem::append() const {
+// Copies the new keys and values into the cache element by element, as bits: E is a
+// type of the dtype's size.
+template <class E>
+void append_as(const KvCacheProblem& c) {
+  const Strided<E> k_cache = retype<E>(c.k_cache), v_cache = retype<E>(c.v_cache);
+  const Strided<const E> k_new = retype<const E>(c.k_new), v_new = retype<const E>(c.v_new);
+  const Problem& p = c.p;
   for (std::int64_t b = 0; b < p.batch; ++b)
     for (std::int64_t h = 0; h < p.kv_heads; ++h)
-      for (std::int64_t t = 0; t < new_len; ++t) {
-        const std::int64_t j = old_lengths[static_cast<std::size_t>(b)] + t;
-        float* kd = p.kv_row(k_cache, b, h, j);
-        float* vd = p.kv_row(v_cache, b, h, j);
-        const float* ks = k_new.row(b, h, t);
-        const float* vs = v_new.row(b, h, t);
+      for (std::int64_t t = 0; t < c.new_len; ++t) {
+        const std::int64_t j = c.old_lengths[static_cast<std::size_t>(b)] + t;
+        E* kd = p.kv_row(k_cache, b, h, j);
+        E* vd = p.kv_row(v_cache, b, h, j);
+        const E* ks = k_new.row(b, h, t);
+        const E* vs = v_new.row(b, h, t);
         for (std::int64_t d = 0; d < p.head_dim; ++d) {
           kd[d * k_cache.dim] = ks[d * k_new.dim];
           vd[d * v_cache.dim] = vs[d * v_new.dim];
         }
       }
+}
+
+void KvCacheProblem::append() const {
+  if (element_size(p.dtype) == 2) return append_as<std::uint16_t>(*this);
+  append_as<float>(*this);
 }
 
 }  // namespace fattn::detail

@@ -98,10 +98,10 @@ struct AmxBackwardOps {
   static bool split_query_tile(const detail::Problem& p, const QueryTile& x, float* scratch,
                                const QueryOperands& to) {
     const std::int64_t D = p.head_dim, Dp = Ops::round_up(D), rows_end = x.i0 + x.rows;
-    Fma::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, D,
+    Fma::load_q_transposed(p.q, p.dtype, x.b, x.h, x.i0, x.rows, D,
                            static_cast<float>(p.scale) * Fma::kLog2e, scratch);
     bool ok = Ops::split_pairs(scratch, D, Dp, to.q_dims);
-    Fma::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, scratch);
+    Fma::load_q_transposed(p.dout, p.dtype, x.b, x.h, x.i0, x.rows, D, 1.0f, scratch);
     ok &= Ops::split_pairs(scratch, D, Dp, to.do_dims);
     ok &= Ops::pack_row_pairs(p.q, x.b, x.h, x.i0, rows_end, D, to.q_rows);
     ok &= Ops::pack_row_pairs(p.dout, x.b, x.h, x.i0, rows_end, D, to.do_rows);

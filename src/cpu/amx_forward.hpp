@@ -135,7 +135,7 @@ struct AmxWorkspace {
 
   // One query tile in: Q rows scaled and transposed (the FMA kernel's loader), then split.
   void load_q(const QueryTile& x, float factor, const Slot& s) const {
-    Ops::Fma::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, p.head_dim, factor, s.qt);
+    Ops::Fma::load_q_transposed(p.q, p.dtype, x.b, x.h, x.i0, x.rows, p.head_dim, factor, s.qt);
     Ops::split_pairs(s.qt, p.head_dim, dim_pad, s.q_parts);
   }
 };

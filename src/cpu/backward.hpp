@@ -42,12 +42,8 @@ void store_key_grads(const detail::Problem& p, std::int64_t row_floats, std::int
                      const float* dv) {
   const float scale = static_cast<float>(p.scale);
   for (std::int64_t r = 0; r < nj; ++r) {
-    float* dk_out = p.dk.row(b, hk, j0 + r);
-    float* dv_out = p.dv.row(b, hk, j0 + r);
-    for (std::int64_t d = 0; d < p.head_dim; ++d) {
-      dk_out[d * p.dk.dim] = dk[r * row_floats + d] * scale;
-      dv_out[d * p.dv.dim] = dv[r * row_floats + d];
-    }
+    store_row(p.dk, p.dtype, b, hk, j0 + r, p.head_dim, dk + r * row_floats, scale);
+    store_row(p.dv, p.dtype, b, hk, j0 + r, p.head_dim, dv + r * row_floats);
   }
 }
 
@@ -57,13 +53,14 @@ template <class S, int Br, class Part>
 void store_query_grads(const detail::Problem& p, const QueryTile& x, std::int64_t parts,
                        Part part) {
   const float scale = static_cast<float>(p.scale);
+  float dq[detail::kMaxHeadDim];
   for (std::int64_t i = 0; i < x.rows; ++i) {
-    float* dq = p.dq.row(x.b, x.h, x.i0 + i);
     for (std::int64_t d = 0; d < p.head_dim; ++d) {
       float sum = 0.0f;
       for (std::int64_t c = 0; c < parts; ++c) sum += part(c)[d * Br + i];
-      dq[d * p.dq.dim] = sum * scale;
+      dq[d] = sum;
     }
+    store_row(p.dq, p.dtype, x.b, x.h, x.i0 + i, p.head_dim, dq, scale);
   }
 }
 

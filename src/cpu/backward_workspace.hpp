@@ -37,10 +37,11 @@ void query_row_stats(const detail::Problem& p, const QueryTile& x, int Br, float
       delta[i] = 0.0f;
       continue;
     }
-    const float* di = p.dout.row(x.b, x.h, x.i0 + i);
-    const float* oi = p.out.row(x.b, x.h, x.i0 + i);
+    float di[detail::kMaxHeadDim], oi[detail::kMaxHeadDim];
+    load_row(p.dout, p.dtype, x.b, x.h, x.i0 + i, p.head_dim, di);
+    load_row(p.out, p.dtype, x.b, x.h, x.i0 + i, p.head_dim, oi);
     float rowsum = 0.0f;
-    for (std::int64_t d = 0; d < p.head_dim; ++d) rowsum += di[d * p.dout.dim] * oi[d * p.out.dim];
+    for (std::int64_t d = 0; d < p.head_dim; ++d) rowsum += di[d] * oi[d];
     const float l = *p.lse.row(x.b, x.h, x.i0 + i);
     lse2[i] = l == -kInf ? kInf : l * TileOps<S>::kLog2e;
     delta[i] = rowsum - (p.dlse.data ? *p.dlse.row(x.b, x.h, x.i0 + i) : 0.0f);
@@ -206,12 +207,12 @@ struct BackwardWorkspace : BackwardTiles<S> {
       : Tiles(problem, is_naive, workers), naive(is_naive) {
     Sizes n;  // every product checked, as in Workspace
     Dp = Bwd::padded_dim(p.head_dim);
-    q_direct = p.q.dim == 1 && Dp == p.head_dim;
+    q_direct = rows_in_place(p.q, p.dtype) && Dp == p.head_dim;
     // backward_extra_bytes sees no dout: it assumes one laid out like q.
-    do_direct = (p.dout.data ? p.dout.dim : p.q.dim) == 1 && Dp == p.head_dim;
+    do_direct = rows_in_place(p.dout.data ? p.dout : p.q, p.dtype) && Dp == p.head_dim;
     kv_padded = n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK);
     panel_head = n.align(n.mul(kv_padded, p.head_dim));
-    k_rows_head = p.k.dim == 1 ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
+    k_rows_head = rows_in_place(p.k, p.dtype) ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
     tile_t = align_floats(p.head_dim * Br);  // head_dim <= 256: no overflow
     tile_rows = Br * Dp;
     tile_vec = align_floats(Br);
@@ -300,31 +301,28 @@ struct BackwardWorkspace : BackwardTiles<S> {
 
   void prepare_kv(std::int64_t b, std::int64_t hk) const {
     const std::int64_t head = b * p.kv_heads + hk;
-    Ops::pack_k_panels(p.k.row(b, hk, 0), p.k.seq, p.k.dim, p.kv_len, p.head_dim,
+    Ops::pack_k_panels(p.k, p.dtype, b, hk, p.kv_len, p.head_dim,
                        base + k_panels_at + head * panel_head);
-    Ops::pack_k_panels(p.v.row(b, hk, 0), p.v.seq, p.v.dim, p.kv_len, p.head_dim,
+    Ops::pack_k_panels(p.v, p.dtype, b, hk, p.kv_len, p.head_dim,
                        base + v_panels_at + head * panel_head);
     if (k_rows_head != 0)
-      copy_head_rows(p.k, b, hk, p.kv_len, p.head_dim, base + k_rows_at + head * k_rows_head);
+      copy_head_rows(p.k, p.dtype, b, hk, p.kv_len, p.head_dim,
+                     base + k_rows_at + head * k_rows_head);
   }
 
   void prepare_query_tile(const QueryTile& x) const {
     const std::int64_t D = p.head_dim;
-    Ops::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, D,
+    Ops::load_q_transposed(p.q, p.dtype, x.b, x.h, x.i0, x.rows, D,
                            static_cast<float>(p.scale) * Ops::kLog2e, qt(x.index));
-    Ops::load_q_transposed(p.dout, x.b, x.h, x.i0, x.rows, D, 1.0f, dot(x.index));
+    Ops::load_q_transposed(p.dout, p.dtype, x.b, x.h, x.i0, x.rows, D, 1.0f, dot(x.index));
     query_row_stats<S>(p, x, Br, lse2(x.index), delta(x.index));
     float* q = q_direct ? nullptr : q_copy(x.index);
     float* dout = do_direct ? nullptr : do_copy(x.index);
     if (q) std::fill_n(q, Br * Dp, 0.0f);  // padding rows and dims
     if (dout) std::fill_n(dout, Br * Dp, 0.0f);
     for (std::int64_t i = 0; i < x.rows; ++i) {
-      const float* qi = p.q.row(x.b, x.h, x.i0 + i);
-      const float* di = p.dout.row(x.b, x.h, x.i0 + i);
-      if (q)
-        for (std::int64_t d = 0; d < D; ++d) q[i * Dp + d] = qi[d * p.q.dim];
-      if (dout)
-        for (std::int64_t d = 0; d < D; ++d) dout[i * Dp + d] = di[d * p.dout.dim];
+      if (q) load_row(p.q, p.dtype, x.b, x.h, x.i0 + i, D, q + i * Dp);
+      if (dout) load_row(p.dout, p.dtype, x.b, x.h, x.i0 + i, D, dout + i * Dp);
     }
     for (std::int64_t c = 0; !naive && c < chunks; ++c)
       std::fill_n(dq_part(c, x.index), D * Br, 0.0f);

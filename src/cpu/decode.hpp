@@ -148,9 +148,7 @@ void store_group_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk,
   const std::int64_t G = p.group_size(), D = p.head_dim, Dp = Ops::padded_dim(D);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t h = hk * G + (r0 + r) % G, i = (r0 + r) / G;
-    const float inv = Ops::reciprocal(l[r]);
-    float* out = p.out.row(b, h, i);
-    for (std::int64_t d = 0; d < D; ++d) out[d * p.out.dim] = os[r * Dp + d] * inv;
+    store_row(p.out, p.dtype, b, h, i, D, os + r * Dp, Ops::reciprocal(l[r]));
     if (p.lse.data) *p.lse.row(b, h, i) = Ops::logsumexp(m[r], l[r]);
   }
 }

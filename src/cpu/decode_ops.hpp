@@ -23,6 +23,7 @@
 
 #include "core/problem.hpp"
 #include "cpu/decode_direct.hpp"
+#include "cpu/elements.hpp"
 #include "cpu/exp2.hpp"
 #include "cpu/simd.hpp"
 #include "cpu/tiling.hpp"
@@ -61,9 +62,10 @@ struct DecodeOps {
                           std::int64_t r0, std::int64_t rows, float factor, float* qs) {
     const std::int64_t G = p.group_size(), D = p.head_dim, Dp = padded_dim(D);
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float* q = p.q.row(b, hk * G + (r0 + r) % G, (r0 + r) / G);
-      for (std::int64_t d = 0; d < D; ++d) qs[r * Dp + d] = q[d * p.q.dim] * factor;
-      for (std::int64_t d = D; d < Dp; ++d) qs[r * Dp + d] = 0.0f;
+      float* row = qs + r * Dp;
+      load_row(p.q, p.dtype, b, hk * G + (r0 + r) % G, (r0 + r) / G, D, row);
+      for (std::int64_t d = 0; d < D; ++d) row[d] *= factor;
+      for (std::int64_t d = D; d < Dp; ++d) row[d] = 0.0f;
     }
   }
 
@@ -130,22 +132,20 @@ struct DecodeOps {
                          std::int64_t b, std::int64_t hk_begin, std::int64_t hk_end,
                          std::int64_t j0, std::int64_t nj, float* stage) {
     const std::int64_t D = p.head_dim, Dp = padded_dim(D);
-    for (std::int64_t j = 0; j < nj; ++j)
-      for (std::int64_t hk = hk_begin; hk < hk_end; ++hk) {
-        const float* src = p.kv_row(t, b, hk, j0 + j);
-        float* dst = stage + ((hk - hk_begin) * Bk + j) * Dp;
-        if (t.dim == 1) {
-          std::copy(src, src + D, dst);
-        } else {
-          for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d * t.dim];
+    with_element_type(t, p.dtype, [&](const auto& e) {
+      for (std::int64_t j = 0; j < nj; ++j)
+        for (std::int64_t hk = hk_begin; hk < hk_end; ++hk) {
+          float* dst = stage + ((hk - hk_begin) * Bk + j) * Dp;
+          convert_row(p.kv_row(e, b, hk, j0 + j), e.dim, D, dst);
+          std::fill(dst + D, dst + Dp, 0.0f);
         }
-        std::fill(dst + D, dst + Dp, 0.0f);
-      }
+    });
   }
   // Whether the cache's K and V rows are read where they are (each row Dp contiguous
-  // floats: dims contiguous, D a whole number of vectors) rather than staged.
+  // floats: float32, dims contiguous, D a whole number of vectors) rather than staged.
   static bool reads_in_place(const detail::Problem& p) {
-    return p.k.dim == 1 && p.v.dim == 1 && padded_dim(p.head_dim) == p.head_dim;
+    return rows_in_place(p.k, p.dtype) && rows_in_place(p.v, p.dtype) &&
+           padded_dim(p.head_dim) == p.head_dim;
   }
   // Keys [j0, j0 + nj) of kv head hk where they lie in the cache. A key group sits in
   // one page (block sizes are multiples of 16, j0 of Bk); groups past nj are not looked

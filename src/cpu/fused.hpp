@@ -40,7 +40,7 @@ void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* me
       q[n] = ws.query_tile(first.b, first.h, first.t + n);
       tile[n] = ws.worker(worker * kGroup + n);
       kv_max = std::max(kv_max, q[n].kv_end);
-      Ops::load_q_transposed(p.q, q[n].b, q[n].h, q[n].i0, q[n].rows, p.head_dim, q_factor,
+      Ops::load_q_transposed(p.q, p.dtype, q[n].b, q[n].h, q[n].i0, q[n].rows, p.head_dim, q_factor,
                              tile[n].qt);
       Ops::start_rows(tile[n].m, tile[n].l, tile[n].ot, p.head_dim);
     }

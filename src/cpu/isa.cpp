@@ -40,7 +40,8 @@ bool cpu_supports(Isa isa) {
     case Isa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     case Isa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");  // 16-bit conversions (cpu/elements.hpp)
 #else
     case Isa::amx:
     case Isa::avx512:

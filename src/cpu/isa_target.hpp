@@ -14,3 +14,5 @@
 #if defined(__AVX__) || defined(FATTN_TARGET_AVX)
 #define FATTN_AVX 1
 #endif
+// The AVX2 and AVX-512 units are built with F16C too (isa_flags.json): the 16-bit
+// conversions of cpu/elements.hpp use it wherever FATTN_AVX is defined.

@@ -50,7 +50,7 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
     const auto x = ws.first_tile_of(item, 1);
     const auto tile = ws.worker(worker);
-    Ops::load_q_transposed(p.q, x.b, x.h, x.i0, x.rows, p.head_dim, q_factor, tile.qt);
+    Ops::load_q_transposed(p.q, p.dtype, x.b, x.h, x.i0, x.rows, p.head_dim, q_factor, tile.qt);
     Ops::scores_tile(ws.k_panels(x.b, x.hk), 0, x.kv_end, tile.qt, p.head_dim,
                      ws.scores(x.b, x.h, x.t));
   });

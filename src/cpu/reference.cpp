@@ -10,12 +10,15 @@
 // Everything is recomputed in float64 from q, k, v: the forward's saved out and lse
 // are not read, so the reference checks them too.
 //
-// Element type T: float (float32 problems) or double (float64 problems).
+// Element type T: float, BFloat16, Float16 (cpu/elements.hpp) or double (float64
+// problems). A 16-bit output is the float64 result rounded to float, then to 16 bits.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/problem.hpp"
+#include "cpu/elements.hpp"
 #include "cpu/kernels.hpp"
 
 namespace fattn::cpu {
@@ -25,14 +28,34 @@ using detail::retype;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+double wide(double x) { return x; }
+template <class E>
+double wide(E x) {
+  return static_cast<double>(to_float(x));
+}
+template <class T>
+T narrow(double x) {
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return from_float<T>(static_cast<float>(x));
+}
+
+// The logsumexp is float64 for float64 problems, float32 for the others.
+template <class T>
+using Lse = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
 template <class T>
 struct Views {
-  detail::Strided<const T> q, k, v, dout, dlse;
-  detail::Strided<T> out, lse, dq, dk, dv;
+  detail::Strided<const T> q, k, v, dout;
+  detail::Strided<const Lse<T>> dlse;
+  detail::Strided<T> out, dq, dk, dv;
+  detail::Strided<Lse<T>> lse;
   explicit Views(const detail::Problem& p)
       : q(retype<const T>(p.q)), k(retype<const T>(p.k)), v(retype<const T>(p.v)),
-        dout(retype<const T>(p.dout)), dlse(retype<const T>(p.dlse)), out(retype<T>(p.out)),
-        lse(retype<T>(p.lse)), dq(retype<T>(p.dq)), dk(retype<T>(p.dk)), dv(retype<T>(p.dv)) {}
+        dout(retype<const T>(p.dout)), dlse(retype<const Lse<T>>(p.dlse)), out(retype<T>(p.out)),
+        dq(retype<T>(p.dq)), dk(retype<T>(p.dk)), dv(retype<T>(p.dv)),
+        lse(retype<Lse<T>>(p.lse)) {}
 };
 
 // Keys query row i of sequence b sees (a KV cache's own length and pages included).
@@ -54,7 +77,7 @@ double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, 
     const T* k = p.kv_row(t.k, b, hk, j);
     double dot = 0.0;
     for (std::int64_t d = 0; d < p.head_dim; ++d)
-      dot += static_cast<double>(q[d * t.q.dim]) * static_cast<double>(k[d * t.k.dim]);
+      dot += wide(q[d * t.q.dim]) * wide(k[d * t.k.dim]);
     const double s = dot * p.scale;
     probs[static_cast<std::size_t>(j)] = s;
     if (s > m) m = s;
@@ -73,7 +96,7 @@ double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, 
     e /= sum;
     const T* v = p.kv_row(t.v, b, hk, j);
     for (std::int64_t d = 0; d < p.head_dim; ++d)
-      out_row[d] += e * static_cast<double>(v[d * t.v.dim]);
+      out_row[d] += e * wide(v[d * t.v.dim]);
   }
   return m_ref + std::log(sum);
 }
@@ -88,8 +111,8 @@ void forward(const detail::Problem& p, const detail::Exec& exec) {
       const double lse = softmax_row(p, t, b, h, i, out.data(), probs);
       T* o = t.out.row(b, h, i);
       for (std::int64_t d = 0; d < p.head_dim; ++d)
-        o[d * t.out.dim] = static_cast<T>(out[static_cast<std::size_t>(d)]);
-      if (t.lse.data) *t.lse.row(b, h, i) = static_cast<T>(lse);
+        o[d * t.out.dim] = narrow<T>(out[static_cast<std::size_t>(d)]);
+      if (t.lse.data) *t.lse.row(b, h, i) = static_cast<Lse<T>>(lse);
     }
   });
 }
@@ -111,54 +134,64 @@ void backward(const detail::Problem& p, const detail::Exec& exec) {
         const T* dout = t.dout.row(b, h, i);
         double delta = t.dlse.data ? -static_cast<double>(*t.dlse.row(b, h, i)) : 0.0;
         for (std::int64_t d = 0; d < D; ++d)
-          delta += static_cast<double>(dout[d * t.dout.dim]) * out[static_cast<std::size_t>(d)];
+          delta += wide(dout[d * t.dout.dim]) * out[static_cast<std::size_t>(d)];
         for (double& x : dq) x = 0.0;
         for (std::size_t j = 0; j < probs.size(); ++j) {
           const T* k = t.k.row(b, hk, static_cast<std::int64_t>(j));
           const T* v = t.v.row(b, hk, static_cast<std::int64_t>(j));
           double dp = 0.0;
           for (std::int64_t d = 0; d < D; ++d)
-            dp += static_cast<double>(dout[d * t.dout.dim]) * static_cast<double>(v[d * t.v.dim]);
+            dp += wide(dout[d * t.dout.dim]) * wide(v[d * t.v.dim]);
           const double ds = probs[j] * (dp - delta) * p.scale;
           double* dk_row = dk.data() + static_cast<std::int64_t>(j) * D;
           double* dv_row = dv.data() + static_cast<std::int64_t>(j) * D;
           for (std::int64_t d = 0; d < D; ++d) {
-            dq[static_cast<std::size_t>(d)] += ds * static_cast<double>(k[d * t.k.dim]);
-            dk_row[d] += ds * static_cast<double>(q[d * t.q.dim]);
-            dv_row[d] += probs[j] * static_cast<double>(dout[d * t.dout.dim]);
+            dq[static_cast<std::size_t>(d)] += ds * wide(k[d * t.k.dim]);
+            dk_row[d] += ds * wide(q[d * t.q.dim]);
+            dv_row[d] += probs[j] * wide(dout[d * t.dout.dim]);
           }
         }
         T* dq_out = t.dq.row(b, h, i);
         for (std::int64_t d = 0; d < D; ++d)
-          dq_out[d * t.dq.dim] = static_cast<T>(dq[static_cast<std::size_t>(d)]);
+          dq_out[d * t.dq.dim] = narrow<T>(dq[static_cast<std::size_t>(d)]);
       }
     for (std::int64_t j = 0; j < p.kv_len; ++j) {
       T* dk_out = t.dk.row(b, hk, j);
       T* dv_out = t.dv.row(b, hk, j);
       for (std::int64_t d = 0; d < D; ++d) {
-        dk_out[d * t.dk.dim] = static_cast<T>(dk[static_cast<std::size_t>(j * D + d)]);
-        dv_out[d * t.dv.dim] = static_cast<T>(dv[static_cast<std::size_t>(j * D + d)]);
+        dk_out[d * t.dk.dim] = narrow<T>(dk[static_cast<std::size_t>(j * D + d)]);
+        dv_out[d * t.dv.dim] = narrow<T>(dv[static_cast<std::size_t>(j * D + d)]);
       }
     }
   });
+}
+
+// Calls f with a value of the problem's element type.
+template <class F>
+decltype(auto) with_reference_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float64: return f(double{});
+    case DType::bfloat16: return f(BFloat16{});
+    case DType::float16: return f(Float16{});
+    default: return f(float{});
+  }
 }
 
 }  // namespace
 
 double reference_row(const detail::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
                      double* out_row, std::vector<double>& scores) {
-  if (p.dtype == DType::float64) return softmax_row(p, Views<double>(p), b, h, i, out_row, scores);
-  return softmax_row(p, Views<float>(p), b, h, i, out_row, scores);
+  return with_reference_type(p.dtype, [&](auto element) {
+    return softmax_row(p, Views<decltype(element)>(p), b, h, i, out_row, scores);
+  });
 }
 
 void reference_forward(const detail::Problem& p, const detail::Exec& exec) {
-  if (p.dtype == DType::float64) return forward<double>(p, exec);
-  forward<float>(p, exec);
+  with_reference_type(p.dtype, [&](auto element) { forward<decltype(element)>(p, exec); });
 }
 
 void reference_backward(const detail::Problem& p, const detail::Exec& exec) {
-  if (p.dtype == DType::float64) return backward<double>(p, exec);
-  backward<float>(p, exec);
+  with_reference_type(p.dtype, [&](auto element) { backward<decltype(element)>(p, exec); });
 }
 
 }  // namespace fattn::cpu

@@ -14,8 +14,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "core/problem.hpp"
+#include "cpu/elements.hpp"
 #include "cpu/exp2.hpp"
 #include "cpu/simd.hpp"
 #include "cpu/tiling.hpp"
@@ -49,16 +51,16 @@ struct TileOps {
   // qt[d][i] = q[i0+i][d] · factor; rows past the end of the sequence are zero.
   // Dims outer, rows inner: the writes are contiguous and the loads become gathers
   // (0.42 → 0.32 ns an element at D=128, AVX-512, docs/perf-log.md).
-  // With AVX-512 and contiguous dims, whole 16×16 blocks go through registers
-  // (transpose.hpp); the rest, and other ISAs, element by element.
-  static void load_q_transposed(const detail::Strided<const float>& q, std::int64_t b,
-                                std::int64_t h, std::int64_t i0, std::int64_t rows, std::int64_t D,
-                                float factor, float* qt) {
-    const float* first = q.row(b, h, i0);
+  // With AVX-512 and contiguous float32 dims, whole 16×16 blocks go through registers
+  // (transpose.hpp); the rest, other ISAs and 16-bit elements, element by element.
+  static void load_q_transposed(const detail::Strided<const float>& q, DType dtype,
+                                std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
+                                std::int64_t D, float factor, float* qt) {
     std::int64_t rows_done = 0, dims_done = 0;  // the block-transposed corner
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
-      if (q.dim == 1) {
+      if (q.dim == 1 && dtype == DType::float32) {
+        const float* first = q.row(b, h, i0);
         rows_done = rows / L * L;
         dims_done = D / L * L;
         const __m512 scale = _mm512_set1_ps(factor);
@@ -68,22 +70,29 @@ struct TileOps {
       }
     }
 #endif
-    for (std::int64_t d = 0; d < D; ++d) {
-      for (std::int64_t i = d < dims_done ? rows_done : 0; i < rows; ++i)
-        qt[d * Br + i] = first[i * q.seq + d * q.dim] * factor;
-      for (std::int64_t i = rows; i < Br; ++i) qt[d * Br + i] = 0.0f;
-    }
+    with_element_type(q, dtype, [&](const auto& e) {
+      const auto* first = e.row(b, h, i0);
+      for (std::int64_t d = 0; d < D; ++d) {
+        for (std::int64_t i = d < dims_done ? rows_done : 0; i < rows; ++i)
+          qt[d * Br + i] = to_float(first[i * e.seq + d * e.dim]) * factor;
+        for (std::int64_t i = rows; i < Br; ++i) qt[d * Br + i] = 0.0f;
+      }
+    });
   }
 
-  // Packs keys [0, n) of one head into panels of MK keys; the last panel is zero-padded.
-  static void pack_k_panels(const float* k, std::int64_t seq_stride, std::int64_t dim_stride,
-                            std::int64_t n, std::int64_t D, float* kp) {
-    for (std::int64_t g = 0; g * MK < n; ++g, kp += D * MK)
-      for (int r = 0; r < MK; ++r) {
-        const std::int64_t j = g * MK + r;
-        const float* row = j < n ? k + j * seq_stride : nullptr;
-        for (std::int64_t d = 0; d < D; ++d) kp[d * MK + r] = row ? row[d * dim_stride] : 0.0f;
-      }
+  // Packs keys [0, n) of head (b, h) into panels of MK keys; the last panel is zero-padded.
+  static void pack_k_panels(const detail::Strided<const float>& k, DType dtype, std::int64_t b,
+                            std::int64_t h, std::int64_t n, std::int64_t D, float* kp) {
+    with_element_type(k, dtype, [&](const auto& e) {
+      float* panel = kp;
+      for (std::int64_t g = 0; g * MK < n; ++g, panel += D * MK)
+        for (int r = 0; r < MK; ++r) {
+          const std::int64_t j = g * MK + r;
+          const auto* row = j < n ? e.row(b, h, j) : nullptr;
+          for (std::int64_t d = 0; d < D; ++d)
+            panel[d * MK + r] = row ? to_float(row[d * e.dim]) : 0.0f;
+        }
+    });
   }
 
   // st[r][·] = Σ_d kp[d][r] · qt[d][·] for the MK keys of one panel.
@@ -269,7 +278,7 @@ struct TileOps {
     std::int64_t rows_done = 0, dims_done = 0;  // the block-transposed corner, as load_q
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
-      if (p.out.dim == 1) {
+      if (p.out.dim == 1 && p.dtype == DType::float32) {
         rows_done = rows / L * L;
         dims_done = D / L * L;
         for (std::int64_t i = 0; i < rows_done; i += L)
@@ -279,11 +288,14 @@ struct TileOps {
       }
     }
 #endif
-    for (std::int64_t i = 0; i < rows; ++i) {
-      float* orow = p.out.row(b, h, i0 + i);
-      for (std::int64_t d = i < rows_done ? dims_done : 0; d < D; ++d)
-        orow[d * p.out.dim] = ot[d * Br + i] * inv[i];
-    }
+    with_element_type(p.out, p.dtype, [&](const auto& e) {
+      using E = std::remove_reference_t<decltype(*e.data)>;
+      for (std::int64_t i = 0; i < rows; ++i) {
+        E* orow = e.row(b, h, i0 + i);
+        for (std::int64_t d = i < rows_done ? dims_done : 0; d < D; ++d)
+          orow[d * e.dim] = from_float<E>(ot[d * Br + i] * inv[i]);
+      }
+    });
   }
 
   static void store_lse(const float* m, const float* l, const detail::Problem& p, std::int64_t b,

@@ -2,7 +2,7 @@
 //
 // One allocation, carved up here (every piece 64-byte aligned):
 //   K panels  B·Hkv·ceil(Sk/key_rows)·key_rows·D   keys re-laid for broadcast (O(S))
-//   V rows    B·Hkv·Sk·D, only when V's head-dim stride is not 1       (O(S))
+//   V rows    B·Hkv·Sk·D, only when V is 16-bit or its head-dim stride is not 1 (O(S))
 //   scores    B·Hq·ceil(Sq/Br)·Sk_padded·Br, naive only                (O(Sq·Sk))
 //   per worker: qt, ot [D][Br], m, l, alpha, ones [Br], st [Bc][Br]    (O(1) in S)
 #pragma once
@@ -13,6 +13,7 @@
 #include "core/checked.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
+#include "cpu/elements.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace fattn::cpu {
@@ -79,13 +80,6 @@ inline const float* head_rows(const detail::Strided<const float>& t, std::int64_
   return copy;
 }
 
-// dst[j][d] = t[b][h][j][d] for rows [0, n): contiguous dims, rows D apart.
-inline void copy_head_rows(const detail::Strided<const float>& t, std::int64_t b, std::int64_t h,
-                           std::int64_t n, std::int64_t D, float* dst) {
-  for (std::int64_t j = 0; j < n; ++j)
-    for (std::int64_t d = 0; d < D; ++d) dst[j * D + d] = t.row(b, h, j)[d * t.dim];
-}
-
 template <class S>
 struct Workspace {
   using Ops = TileOps<S>;
@@ -110,7 +104,7 @@ struct Workspace {
     q_tiles = n.div_up(p.q_len, Br);
     kv_padded = n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK);
     k_panel_head = n.align(n.mul(kv_padded, p.head_dim));
-    v_rows_head = p.v.dim == 1 ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
+    v_rows_head = rows_in_place(p.v, p.dtype) ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
     scores_block = n.mul(kv_padded, Br);
     worker_floats = n.align(p.head_dim * Br) * 2 + align_floats(Br) * 4 +
                     (naive ? 0 : Ops::Bc * Br);  // head_dim <= 256: no overflow
@@ -155,10 +149,11 @@ struct Workspace {
   void prepare_kv(const detail::Exec& exec) const {
     detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
       const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-      Ops::pack_k_panels(p.k.row(b, hk, 0), p.k.seq, p.k.dim, p.kv_len, p.head_dim,
+      Ops::pack_k_panels(p.k, p.dtype, b, hk, p.kv_len, p.head_dim,
                          base + k_panels_at + item * k_panel_head);
       if (v_rows_head != 0)
-        copy_head_rows(p.v, b, hk, p.kv_len, p.head_dim, base + v_rows_at + item * v_rows_head);
+        copy_head_rows(p.v, p.dtype, b, hk, p.kv_len, p.head_dim,
+                       base + v_rows_at + item * v_rows_head);
     });
   }
 

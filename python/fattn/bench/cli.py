@@ -51,7 +51,7 @@ import torch
 
 import fattn
 
-from .core import IMPLS, Contention, PeakRss, machine_info, write_outputs
+from .core import DTYPES, IMPLS, Contention, PeakRss, machine_info, write_outputs
 from .forward import bench_shape, sweeps
 
 def main(argv=None):
@@ -73,6 +73,8 @@ def main(argv=None):
     p.add_argument("--lesson-s", type=int, nargs="+",
                    default=[256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="of q, k, v and the output (torch SDPA runs in the same dtype)")
     p.add_argument("--threads", type=int, default=0,
                    help="threads for torch and fattn alike (default: torch.get_num_threads())")
     p.add_argument("--budget", type=float, default=2.0,
@@ -87,7 +89,7 @@ def main(argv=None):
     threads = torch.get_num_threads()
     assert fattn.num_threads() == threads
     print(f"fattn {fattn.__version__} ({fattn.best_cpu_isa()}) vs torch {torch.__version__}, "
-          f"{threads} threads each; float32; times in ms (median); mem = extra memory "
+          f"{threads} threads each; {args.dtype}; times in ms (median); mem = extra memory "
           "(fattn::extra_bytes for fattn, peak RSS rise for torch); err = max abs error vs "
           "float64", flush=True)
     peak_rss = PeakRss()

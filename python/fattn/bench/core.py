@@ -25,7 +25,13 @@ LABELS = {"fattn_fused": "fattn fused", "fattn_naive": "fattn naive", "torch_sdp
           "torch_standard": "standard (matmul-softmax-matmul)"}
 
 
-FLOAT = 4
+FLOAT = 4  # bytes of a float32 (the logsumexp, whatever the inputs' dtype)
+# The input dtypes the benchmarks take (--dtype): float32, and the 16-bit ones.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def element_size(dtype: str) -> int:
+    return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
 
 
 def standard_attention(q, k, v, causal: bool, scale: float):

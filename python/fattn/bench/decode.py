@@ -2,9 +2,9 @@
 one process: ``python -m fattn.bench --decode`` (or ``python -m fattn.bench_decode``).
 
 Each point: q (B, Hq, Sq, D) against a cache of Sk keys, k and v (B, Hkv, Sk, D) in
-FlashAttention's (B, S, H, D) memory layout, float32, causal bottom-right (the new queries
-are the cache's last tokens); fattn through its operator (impl "auto": the decode kernel
-for short queries), torch through F.scaled_dot_product_attention(enable_gqa=True) with the
+FlashAttention's (B, S, H, D) memory layout, float32 (or --dtype), causal bottom-right (the
+new queries are the cache's last tokens); fattn through its operator (impl "auto": the
+decode kernel for short queries), torch through F.scaled_dot_product_attention(enable_gqa=True) with the
 bottom-right mask it needs for Sq > 1 (for Sq = 1 no mask), both on torch's threads.
 
 Columns: median ms of each, the bytes of K and V a call must read, fattn's effective GB/s
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 import fattn
 
-from .core import FLOAT, cpu_name
+from .core import DTYPES, cpu_name, element_size
 
 TRIAD_MIB = 256
 
@@ -78,11 +78,12 @@ def sampled_error(out, q, k, v, scale, rows) -> float:
     return err
 
 
-def bench_point(b, hq, hkv, d, sq, sk, reps):
+def bench_point(b, hq, hkv, d, sq, sk, reps, dtype="float32"):
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(b, sq, hq, d, generator=g).transpose(1, 2)
-    k = torch.randn(b, sk, hkv, d, generator=g).transpose(1, 2)
-    v = torch.randn(b, sk, hkv, d, generator=g).transpose(1, 2)
+    dt = getattr(torch, dtype)
+    q = torch.randn(b, sq, hq, d, generator=g).to(dt).transpose(1, 2)
+    k = torch.randn(b, sk, hkv, d, generator=g).to(dt).transpose(1, 2)
+    v = torch.randn(b, sk, hkv, d, generator=g).to(dt).transpose(1, 2)
     scale = d ** -0.5
     mask = bottom_right_mask(sq, sk)
     # Causal bottom-right for every Sq (with one query it sees every key, as with no mask).
@@ -90,11 +91,12 @@ def bench_point(b, hq, hkv, d, sq, sk, reps):
     run_torch = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # noqa: E731
     fattn_ms, torch_ms = median_ms(run_fattn, reps), median_ms(run_torch, reps)
     rows = [(0, 0, sq - 1), (b - 1, hq - 1, 0), (b // 2, hq // 2, sq // 2)]
-    kv_bytes = 2 * b * hkv * sk * d * FLOAT
+    kv_bytes = 2 * b * hkv * sk * d * element_size(dtype)
     pairs = sum(min(sk, sk - sq + i + 1) for i in range(sq))
     flops = 4 * b * hq * pairs * d
     return {
-        "B": b, "Hq": hq, "Hkv": hkv, "D": d, "Sq": sq, "Sk": sk, "causal": "bottom_right",
+        "dtype": dtype, "B": b, "Hq": hq, "Hkv": hkv, "D": d, "Sq": sq, "Sk": sk,
+        "causal": "bottom_right",
         "fattn_ms": fattn_ms, "torch_sdpa_ms": torch_ms, "speedup": torch_ms / fattn_ms,
         "kv_bytes": kv_bytes, "fattn_gbs": kv_bytes / fattn_ms / 1e6,
         "fattn_gflops": flops / fattn_ms / 1e6, "torch_gflops": flops / torch_ms / 1e6,
@@ -117,6 +119,8 @@ def main(argv=None):
     p.add_argument("--max-kv-gib", type=float, default=4.0,
                    help="skip points whose K and V exceed this many GiB")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="of q and the KV cache (the bandwidth counts its bytes)")
     p.add_argument("--threads", type=int, default=0, help="default: torch.get_num_threads()")
     p.add_argument("--quick", action="store_true", help="two tiny points (CI)")
     p.add_argument("--out", default="fattn-bench-py", help="output directory for decode.json")
@@ -129,7 +133,7 @@ def main(argv=None):
     threads = torch.get_num_threads()
     triad = triad_gbs(2 if args.quick else 5)
     print(f"fattn {fattn.__version__} ({fattn.best_cpu_isa()}) vs torch {torch.__version__} SDPA, "
-          f"{threads} threads each; float32; DRAM triad {triad:.1f} GB/s (same run)", flush=True)
+          f"{threads} threads each; {args.dtype}; DRAM triad {triad:.1f} GB/s (same run)", flush=True)
     print("| B | Hq | Hkv | D | Sq | Sk | K+V MiB | fattn ms | torch ms | speed-up | fattn GB/s | "
           "% triad | fattn GFLOP/s | extra KiB | err fattn | err torch |")
     print("| --- " * 16 + "|")
@@ -139,10 +143,10 @@ def main(argv=None):
             for hkv in args.kv_heads:
                 for d in args.head_dim:
                     for sk in args.seq_kv:
-                        if 2 * b * hkv * sk * d * FLOAT > args.max_kv_gib * 2**30:
+                        if 2 * b * hkv * sk * d * element_size(args.dtype) > args.max_kv_gib * 2**30:
                             continue
                         for sq in args.seq:
-                            r = bench_point(b, args.heads, hkv, d, sq, sk, args.reps)
+                            r = bench_point(b, args.heads, hkv, d, sq, sk, args.reps, args.dtype)
                             r["pct_triad"] = 100 * r["fattn_gbs"] / triad
                             results.append(r)
                             print(f"| {b} | {args.heads} | {hkv} | {d} | {sq} | {sk} | "

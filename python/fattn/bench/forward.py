@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fattn
 
-from .core import FLOAT, fmt_bytes, meminfo_bytes, reference_rows, standard_attention
+from .core import FLOAT, element_size, fmt_bytes, meminfo_bytes, reference_rows, standard_attention
 
 def runner(impl: str, q, k, v, causal: bool):
     if impl == "fattn_fused":
@@ -26,16 +26,16 @@ def runner(impl: str, q, k, v, causal: bool):
     raise ValueError(impl)
 
 
-def output_bytes(impl: str, b, h, sq, d) -> int:
+def output_bytes(impl: str, b, h, sq, d, size: int = FLOAT) -> int:
     lse = b * h * sq * FLOAT if impl.startswith("fattn") else 0
-    return b * h * sq * d * FLOAT + lse
+    return b * h * sq * d * size + lse
 
 
 def estimate_bytes(impl: str, q, k, v, causal: bool) -> int:
     """Memory one call allocates, inputs excluded (to decide whether it may run)."""
     b, h, sq, d = q.shape
     sk = k.size(2)
-    out = output_bytes(impl, b, h, sq, d)
+    out = output_bytes(impl, b, h, sq, d, q.element_size())
     if impl in ("fattn_fused", "fattn_naive"):
         return out + fattn.extra_bytes(q, k, v, causal, False, impl.split("_")[1])
     if impl == "torch_standard":  # scores and probabilities, live together; the mask
@@ -54,14 +54,15 @@ def check_rows(q, k) -> tuple[torch.Tensor, str]:
 
 def bench_shape(sweep, b, h, s, d, causal, impls, args, peak_rss, rows_out):
     gen = torch.Generator().manual_seed(1234 + s + d + int(causal))
-    q, k, v = (torch.randn(b, h, s, d, generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to(getattr(torch, args.dtype))
+               for _ in range(3))
     rows, err_rows = check_rows(q, k)
     ref = reference_rows(q, k, v, causal, rows)
     flops = fattn.flops(b, h, s, s, d, "top_left" if causal else None)
     budget = 0.7 * meminfo_bytes("MemAvailable")
     results, fns, first, warm = {}, {}, {}, {}
     for impl in impls:
-        base = {"impl": impl, "dtype": "float32", "B": b, "Hq": h, "Hkv": h, "Sq": s, "Sk": s,
+        base = {"impl": impl, "dtype": args.dtype, "B": b, "Hq": h, "Hkv": h, "Sq": s, "Sk": s,
                 "D": d, "causal": causal, "causal_alignment": "top_left" if causal else "none",
                 "sweep": sweep}
         need = estimate_bytes(impl, q, k, v, causal)
@@ -81,7 +82,8 @@ def bench_shape(sweep, b, h, s, d, causal, impls, args, peak_rss, rows_out):
         del out
         exact = (fattn.extra_bytes(q, k, v, causal, False, impl.split("_")[1])
                  if impl.startswith("fattn") else None)
-        extra_rss = None if peak is None else max(0, peak - output_bytes(impl, b, h, s, d))
+        extra_rss = None if peak is None else max(
+            0, peak - output_bytes(impl, b, h, s, d, element_size(args.dtype)))
         warm[impl] = dict(base, max_abs_err=None if math.isnan(err) else err, err_rows=err_rows,
                           extra_bytes=exact if exact is not None else extra_rss,
                           extra_bytes_method=("fattn::extra_bytes" if exact is not None

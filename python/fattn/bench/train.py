@@ -66,7 +66,8 @@ def reference_grads(q, k, v, dout, causal):
 
 def bench_shape(b, h, s, d, causal, impls, args, peak_rss, rows_out):
     gen = torch.Generator().manual_seed(4321 + s + d + int(causal))
-    q, k, v, dout = (torch.randn(b, h, s, d, generator=gen) for _ in range(4))
+    q, k, v, dout = (torch.randn(b, h, s, d, generator=gen).to(getattr(torch, args.dtype))
+                     for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     pairs = s * (s + 1) // 2 if causal else s * s
     flops = 4 * b * h * pairs * d * (1 + BACKWARD_FLOP_FACTOR)
@@ -75,7 +76,7 @@ def bench_shape(b, h, s, d, causal, impls, args, peak_rss, rows_out):
     budget = 0.7 * meminfo_bytes("MemAvailable")
     results, first = {}, {}
     for impl in impls:
-        base = {"impl": impl, "pass": "forward+backward", "dtype": "float32", "B": b, "Hq": h,
+        base = {"impl": impl, "pass": "forward+backward", "dtype": args.dtype, "B": b, "Hq": h,
                 "Hkv": h, "Sq": s, "Sk": s, "D": d, "causal": causal,
                 "causal_alignment": "top_left" if causal else "none", "flops": flops,
                 "sweep": "train"}
@@ -91,7 +92,7 @@ def bench_shape(b, h, s, d, causal, impls, args, peak_rss, rows_out):
         err = (max((g.double() - r).abs().max().item() for g, r in zip(grads, ref))
                if ref is not None else None)
         del grads
-        returned = 4 * b * h * s * d * FLOAT
+        returned = 4 * b * h * s * d * q.element_size()
         exact = None
         if impl.startswith("fattn"):
             name = impl.split("_")[1]

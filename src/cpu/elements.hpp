@@ -1,0 +1,176 @@
+// fattn — the element types of the tensors the CPU kernels read and write.
+//
+// q, k, v, out (and the backward's dout, dq, dk, dv) are float32, bfloat16 or float16;
+// the kernels compute in float32 whatever the inputs. A 16-bit element becomes a float
+// where a kernel loads it into its own tile (the query tile, the key panels, the value
+// rows) and a float becomes a 16-bit element where the kernel stores its output, both
+// rounding to nearest even: the tensors themselves are never converted as a whole.
+//
+// The scalar conversions are plain integer code, exact on every platform; rows with
+// contiguous dims convert 16 (AVX-512) or 8 (AVX2 + F16C) elements at a time. The
+// kernels' hot loops read their own float32 tiles, so these run O(S·D) times per head
+// while the loops run O(S²·D) (the decode kernel's staged rows excepted).
+//
+// The functions sit in an unnamed namespace: each kernel unit, compiled with its own
+// instruction set, keeps its own copy (one shared inline copy could be the AVX-512 one).
+#pragma once
+
+#include "cpu/isa_target.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "core/checks.hpp"
+#include "core/problem.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace fattn::cpu {
+
+struct BFloat16 {
+  std::uint16_t bits;
+};
+struct Float16 {
+  std::uint16_t bits;
+};
+
+namespace {
+
+inline std::uint32_t float_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+inline float bits_float(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+inline float to_float(float x) { return x; }
+inline float to_float(BFloat16 x) { return bits_float(static_cast<std::uint32_t>(x.bits) << 16); }
+inline float to_float(Float16 x) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(x.bits & 0x8000u) << 16;
+  const std::uint32_t exponent = (x.bits >> 10) & 0x1fu, mantissa = x.bits & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa · 2^-24, exact in float
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1f) return bits_float(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));  // 112 = 127 − 15
+}
+
+// float → E, round to nearest even; NaN stays NaN (quiet), overflow becomes ±inf.
+template <class E>
+E from_float(float x);
+
+template <>
+inline float from_float<float>(float x) {
+  return x;
+}
+template <>
+inline BFloat16 from_float<BFloat16>(float x) {
+  const std::uint32_t u = float_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<std::uint16_t>((u >> 16) | 0x40u)};
+  return {static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+template <>
+inline Float16 from_float<Float16>(float x) {
+  const std::uint32_t u = float_bits(x);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t magnitude = u & 0x7fffffffu;
+  if (magnitude > 0x7f800000u)  // NaN: keep the top mantissa bits, set the quiet bit
+    return {static_cast<std::uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu))};
+  if (magnitude >= 0x477ff000u) return {static_cast<std::uint16_t>(sign | 0x7c00u)};  // ≥ 65520
+  if (magnitude < 0x38800000u) {  // below 2^-14: a float16 subnormal, units of 2^-24
+    const auto units = static_cast<std::uint32_t>(std::nearbyint(bits_float(magnitude) * 0x1p24f));
+    return {static_cast<std::uint16_t>(sign | units)};  // 1024 units is the least normal: right
+  }
+  std::uint32_t r = magnitude - (112u << 23);  // rebias the exponent, 10 mantissa bits kept
+  r += 0xfffu + ((r >> 13) & 1u);
+  return {static_cast<std::uint16_t>(sign | (r >> 13))};
+}
+
+// dst[d] = src[d · stride] as float for d < n; whole vectors where the elements are
+// contiguous and the unit has the instructions.
+template <class E>
+void convert_row(const E* src, std::int64_t stride, std::int64_t n, float* dst) {
+  std::int64_t d = 0;
+  if constexpr (!std::is_same_v<E, float>) {
+    if (stride == 1) {
+#if defined(FATTN_AVX512)
+      for (; d + 16 <= n; d += 16) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d));
+        if constexpr (std::is_same_v<E, BFloat16>)
+          _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        else
+          _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(h));
+      }
+#elif defined(FATTN_AVX)
+      for (; d + 8 <= n; d += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d));
+        if constexpr (std::is_same_v<E, BFloat16>)
+          _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+        else
+          _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(h));
+      }
+#endif
+    }
+  }
+  for (; d < n; ++d) dst[d] = to_float(src[d * stride]);
+}
+
+// Calls f with the view retyped to its element type: float, BFloat16 or Float16 (the
+// Problem keeps every operand behind a float pointer; a 16-bit view's row() must be
+// taken on the retyped view, where the strides count 16-bit elements).
+template <class T, class F>
+decltype(auto) with_element_type(const detail::Strided<T>& t, DType dtype, F&& f) {
+  if constexpr (std::is_const_v<T>) {
+    if (dtype == DType::bfloat16) return f(detail::retype<const BFloat16>(t));
+    if (dtype == DType::float16) return f(detail::retype<const Float16>(t));
+    return f(detail::retype<const float>(t));
+  } else {
+    if (dtype == DType::bfloat16) return f(detail::retype<BFloat16>(t));
+    if (dtype == DType::float16) return f(detail::retype<Float16>(t));
+    return f(detail::retype<float>(t));
+  }
+}
+
+// Whether a kernel reads an operand's rows where they are: float32 with contiguous dims.
+// Any other operand is copied, head by head, into float32 rows (copy_head_rows).
+inline bool rows_in_place(const detail::Strided<const float>& t, DType dtype) {
+  return t.dim == 1 && dtype == DType::float32;
+}
+
+// dst[j][d] = t[b][h][j][d] as float for rows [0, n): contiguous dims, rows D apart.
+inline void copy_head_rows(const detail::Strided<const float>& t, DType dtype, std::int64_t b,
+                           std::int64_t h, std::int64_t n, std::int64_t D, float* dst) {
+  with_element_type(t, dtype, [&](const auto& e) {
+    for (std::int64_t j = 0; j < n; ++j) convert_row(e.row(b, h, j), e.dim, D, dst + j * D);
+  });
+}
+
+// dst[d] = t[b][h][s][d] as float, d < D.
+template <class T>
+void load_row(const detail::Strided<T>& t, DType dtype, std::int64_t b,
+                     std::int64_t h, std::int64_t s, std::int64_t D, float* dst) {
+  with_element_type(t, dtype, [&](const auto& e) { convert_row(e.row(b, h, s), e.dim, D, dst); });
+}
+
+// t[b][h][s][d] = src[d] · factor, rounded to the tensor's dtype, d < D.
+inline void store_row(const detail::Strided<float>& t, DType dtype, std::int64_t b,
+                      std::int64_t h, std::int64_t s, std::int64_t D, const float* src,
+                      float factor = 1.0f) {
+  with_element_type(t, dtype, [&](const auto& e) {
+    using E = std::remove_reference_t<decltype(*e.data)>;
+    E* row = e.row(b, h, s);
+    for (std::int64_t d = 0; d < D; ++d) row[d * e.dim] = from_float<E>(src[d] * factor);
+  });
+}
+
+}  // namespace
+}  // namespace fattn::cpu

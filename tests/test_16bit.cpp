@@ -1,0 +1,336 @@
+// fattn tests — bfloat16 and float16 on the CPU: the element conversions, and every CPU
+// kernel (forward, decode, backward, KV cache) against the reference on 16-bit inputs.
+//
+// The inputs are drawn in float32 and rounded to the 16-bit dtype, so the float32 tensor
+// holding the rounded values and the 16-bit tensor hold the same numbers: the reference
+// runs on the float32 one (float64 arithmetic), the kernel under test on the 16-bit one.
+// A kernel computes in float32 and rounds its outputs once, so each output element is
+// within half a unit in the last place of the 16-bit dtype of the exact value, plus
+// float32's own error (kOutTol): that is the bound checked, element by element.
+// (The accuracy rule against torch's own 16-bit SDPA is in tests/python/test_16bit.py.)
+#include "test_util.hpp"
+
+#include "cpu/elements.hpp"
+
+namespace fattn_test {
+namespace {
+
+using fattn::DType;
+using fattn::cpu::BFloat16;
+using fattn::cpu::Float16;
+using fattn::cpu::from_float;
+using fattn::cpu::to_float;
+
+int mantissa_bits(DType dtype) { return dtype == DType::bfloat16 ? 7 : 10; }
+
+float round_to(DType dtype, float x) {
+  return dtype == DType::bfloat16 ? to_float(from_float<BFloat16>(x)) : to_float(from_float<Float16>(x));
+}
+std::uint16_t bits_of(DType dtype, float x) {
+  return dtype == DType::bfloat16 ? from_float<BFloat16>(x).bits : from_float<Float16>(x).bits;
+}
+float value_of(DType dtype, std::uint16_t bits) {
+  return dtype == DType::bfloat16 ? to_float(BFloat16{bits}) : to_float(Float16{bits});
+}
+
+// ---- conversions -------------------------------------------------------------------------
+
+class Conversion : public ::testing::TestWithParam<DType> {};
+
+// Every 16-bit pattern goes to float and back unchanged (NaNs stay NaN, made quiet).
+TEST_P(Conversion, EveryPatternRoundTrips) {
+  const DType dtype = GetParam();
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const float x = value_of(dtype, bits);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(std::isnan(value_of(dtype, bits_of(dtype, x)))) << std::hex << b;
+      continue;
+    }
+    ASSERT_EQ(bits_of(dtype, x), bits) << std::hex << "pattern 0x" << b << " = " << x;
+  }
+}
+
+// float → 16 bits is the nearest value, ties to even, for floats between every pair of
+// neighbouring 16-bit values (the midpoint, just either side of it, and random points).
+TEST_P(Conversion, RoundsToNearestEven) {
+  const DType dtype = GetParam();
+  Rng rng;
+  for (std::uint32_t b = 0; b < 0x7fff; ++b) {  // positive finite patterns and their successor
+    const float lo = value_of(dtype, static_cast<std::uint16_t>(b));
+    const float hi = value_of(dtype, static_cast<std::uint16_t>(b + 1));
+    if (!std::isfinite(lo) || !std::isfinite(hi)) continue;
+    const float mid = static_cast<float>((static_cast<double>(lo) + hi) / 2);  // exact
+    const float even = (b % 2 == 0) ? lo : hi;
+    for (float sign : {1.0f, -1.0f}) {
+      ASSERT_EQ(round_to(dtype, sign * mid), sign * even) << "tie between " << lo << " and " << hi;
+      ASSERT_EQ(round_to(dtype, sign * std::nextafter(mid, lo)), sign * lo) << lo;
+      ASSERT_EQ(round_to(dtype, sign * std::nextafter(mid, hi)), sign * hi) << hi;
+      const float inside = static_cast<float>(rng.uniform(lo, hi));
+      const double below = inside - lo, above = hi - inside;  // exact in double
+      const float nearest = below < above ? lo : above < below ? hi : even;
+      ASSERT_EQ(round_to(dtype, sign * inside), sign * nearest) << inside;
+    }
+  }
+  const float max = value_of(dtype, 0x7bff), inf = std::numeric_limits<float>::infinity();
+  if (dtype == DType::float16) {  // 65504 is the largest; from 65520 on, inf
+    EXPECT_EQ(round_to(dtype, 65519.99f), max);
+    EXPECT_EQ(round_to(dtype, 65520.0f), inf);
+    EXPECT_EQ(round_to(dtype, -1e30f), -inf);
+    EXPECT_EQ(round_to(dtype, 1e-30f), 0.0f);
+    EXPECT_EQ(round_to(dtype, 0x1p-25f), 0.0f);              // half the least subnormal: even
+    EXPECT_EQ(round_to(dtype, 0x1.8p-25f), 0x1p-24f);        // above half: up
+  } else {
+    EXPECT_EQ(round_to(dtype, 3.4e38f), inf);  // above the largest bfloat16, 3.3895e38
+  }
+  EXPECT_TRUE(std::isnan(round_to(dtype, std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::signbit(round_to(dtype, -0.0f)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Conversion, ::testing::Values(DType::bfloat16, DType::float16),
+                         [](const auto& info) { return fattn::to_string(info.param); });
+
+// ---- 16-bit tensors ------------------------------------------------------------------------
+
+// The 16-bit twin of a float tensor: the same strides and offset, storage of 16-bit
+// patterns; padding a NaN (any read outside the view shows).
+struct Tensor16 {
+  std::vector<std::uint16_t> storage;
+  TensorView view;
+};
+
+// Rounds t's values to dtype in place and returns the 16-bit twin holding them.
+Tensor16 to_16bit(Tensor& t, DType dtype) {
+  Tensor16 r;
+  r.storage.assign(t.storage().size(), 0x7fc1);
+  const float* base = t.storage().data();
+  t.for_each([&](auto a, auto b, auto c, auto d) {
+    float& x = t.at(a, b, c, d);
+    x = round_to(dtype, x);
+    r.storage[static_cast<std::size_t>(&x - base)] = bits_of(dtype, x);
+  });
+  r.view = t.view();
+  r.view.data = r.storage.data() + (static_cast<const float*>(t.view().data) - base);
+  r.view.dtype = dtype;
+  return r;
+}
+
+// A poisoned 16-bit output shaped like t.
+Tensor16 output_like(const Tensor& t, DType dtype) {
+  Tensor16 r{std::vector<std::uint16_t>(t.storage().size(), 0x7fc3), t.view()};
+  r.view.data = r.storage.data() + (static_cast<const float*>(t.view().data) - t.storage().data());
+  r.view.dtype = dtype;
+  return r;
+}
+
+// Every element of got (16-bit, laid out like ref) within half an ulp of the dtype of
+// the float32 reference plus kOutTol·max(1, max|ref|); outside the view untouched.
+::testing::AssertionResult near_16bit(const Tensor16& got, const Tensor& ref, DType dtype,
+                                      double ulps = 0.5) {
+  double max_ref = 1.0;
+  ref.for_each([&](auto a, auto b, auto c, auto d) {
+    max_ref = std::max(max_ref, std::abs(static_cast<double>(ref.at(a, b, c, d))));
+  });
+  const std::vector<char> inside = ref.coverage();
+  const float* base = ref.storage().data();
+  for (std::size_t e = 0; e < got.storage.size(); ++e) {
+    const std::uint16_t bits = got.storage[e];
+    if (!inside[e]) {
+      if (bits != 0x7fc3) return ::testing::AssertionFailure() << "wrote outside the view at " << e;
+      continue;
+    }
+    const double want = base[e], have = value_of(dtype, bits);
+    const double bound = ulps * std::ldexp(std::abs(want), -mantissa_bits(dtype)) + kOutTol * max_ref;
+    if (!(std::abs(have - want) <= bound))
+      return ::testing::AssertionFailure()
+             << "element " << e << ": got " << have << ", reference " << want << ", bound " << bound;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// ---- kernels ---------------------------------------------------------------------------------
+
+struct Case16 {
+  std::int64_t B, Hq, Hkv, Sq, Sk, D;
+  Causal causal;
+  Layout layout;
+};
+
+std::vector<std::tuple<DType, Variant, Case16>> kernel_cases() {
+  const Case16 cases[] = {{2, 4, 2, 65, 113, 64, Causal::none, Layout::bhsd},
+                          {1, 4, 2, 113, 65, 96, Causal::top_left, Layout::bshd},
+                          {1, 8, 2, 3, 200, 128, Causal::bottom_right, Layout::strided},
+                          {1, 2, 1, 40, 70, 256, Causal::bottom_right, Layout::slice},
+                          {1, 2, 2, 17, 17, 16, Causal::none, Layout::strided}};
+  std::vector<std::tuple<DType, Variant, Case16>> all;
+  for (DType dtype : {DType::bfloat16, DType::float16})
+    for (Impl impl : {Impl::fused, Impl::naive, Impl::decode})
+      for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable})
+        for (const Case16& c : cases) all.emplace_back(dtype, Variant{impl, isa}, c);
+  return all;
+}
+
+class Kernel16 : public ::testing::TestWithParam<std::tuple<DType, Variant, Case16>> {};
+
+TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
+  const auto& [dtype, variant, c] = GetParam();
+  FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
+  Rng rng;
+  Tensor q = make_input(c.layout, c.B, c.Hq, c.Sq, c.D, rng);
+  Tensor k = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
+  Tensor v = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
+  const Tensor16 q16 = to_16bit(q, dtype), k16 = to_16bit(k, dtype), v16 = to_16bit(v, dtype);
+  Options options;
+  options.causal = c.causal;
+  const Result ref = run_reference(q, k, v, options);
+
+  options.impl = variant.impl;
+  options.isa = variant.isa;
+  Tensor16 out = output_like(make_output(c.layout, c.B, c.Hq, c.Sq, c.D), dtype);
+  Tensor lse = make_lse(LseLayout::contiguous, c.B, c.Hq, c.Sq);
+  fattn::attention_forward(q16.view, k16.view, v16.view, out.view, lse.view_ptr(), options);
+  Tensor ref_out = make_output(c.layout, c.B, c.Hq, c.Sq, c.D);  // the reference in out's layout
+  ref_out.for_each([&](auto a, auto b, auto s, auto d) { ref_out.at(a, b, s, d) = ref.out.at(a, b, s, d); });
+  EXPECT_TRUE(near_16bit(out, ref_out, dtype));
+  EXPECT_TRUE(lse_near(lse, ref.lse));
+}
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Variant, Case16>>& info) {
+  const DType dtype = std::get<0>(info.param);
+  const Case16& c = std::get<2>(info.param);
+  return std::string(fattn::to_string(dtype)) + "_" + variant_name(std::get<1>(info.param)) + "_" +
+         std::to_string(c.Sq) + "x" + std::to_string(c.Sk) + "_D" + std::to_string(c.D) + "_" +
+         layout_name(c.layout);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Kernel16, ::testing::ValuesIn(kernel_cases()), case_name);
+
+// The backward in 16 bits: dq, dk, dv against the float64 reference backward. The kernel
+// reads out rounded to 16 bits (as a 16-bit forward leaves it) where the reference
+// recomputes it exactly, so Δ = dout·out differs by up to ~half an ulp of |dout||out|
+// per term: the bound is 2 ulps of the dtype at max|reference gradient|.
+class Backward16 : public ::testing::TestWithParam<std::tuple<DType, Variant, Case16>> {};
+
+TEST_P(Backward16, WithinTwoUlpsOfTheLargestGradient) {
+  const auto& [dtype, variant, c] = GetParam();
+  FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
+  Rng rng;
+  Tensor q = make_input(c.layout, c.B, c.Hq, c.Sq, c.D, rng);
+  Tensor k = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
+  Tensor v = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
+  Tensor dout = make_input(c.layout, c.B, c.Hq, c.Sq, c.D, rng);
+  const Tensor16 q16 = to_16bit(q, dtype), k16 = to_16bit(k, dtype), v16 = to_16bit(v, dtype),
+                 dout16 = to_16bit(dout, dtype);
+  Options options;
+  options.causal = c.causal;
+  Result fwd = run_reference(q, k, v, options);
+  const Tensor16 out16 = to_16bit(fwd.out, dtype);
+  Tensor dq = make_output(Layout::bhsd, c.B, c.Hq, c.Sq, c.D);
+  Tensor dk = make_output(Layout::bhsd, c.B, c.Hkv, c.Sk, c.D);
+  Tensor dv = make_output(Layout::bhsd, c.B, c.Hkv, c.Sk, c.D);
+  Options ref_options = options;
+  ref_options.impl = Impl::reference;
+  fattn::attention_backward(q.view(), k.view(), v.view(), fwd.out.view(), dout.view(),
+                            fwd.lse.view(), nullptr, dq.view(), dk.view(), dv.view(), ref_options);
+
+  options.impl = variant.impl;
+  options.isa = variant.isa;
+  Tensor16 dq16 = output_like(dq, dtype), dk16 = output_like(dk, dtype), dv16 = output_like(dv, dtype);
+  fattn::attention_backward(q16.view, k16.view, v16.view, out16.view, dout16.view, fwd.lse.view(),
+                            nullptr, dq16.view, dk16.view, dv16.view, options);
+  for (auto [got, ref, name] : {std::tuple{&dq16, &dq, "dq"}, {&dk16, &dk, "dk"}, {&dv16, &dv, "dv"}}) {
+    double max_ref = 0.0;
+    ref->for_each([&](auto a, auto b, auto s, auto d) {
+      max_ref = std::max(max_ref, std::abs(static_cast<double>(ref->at(a, b, s, d))));
+    });
+    // near_16bit's bound with ulps relative to the largest gradient: scale max_ref in.
+    const double ulps = 2.0;
+    ref->for_each([&](auto a, auto b, auto s, auto d) {
+      const auto e = static_cast<std::size_t>(ref->offset_of(a, b, s, d));
+      const double have = value_of(dtype, got->storage[e]), want = ref->at(a, b, s, d);
+      ASSERT_LE(std::abs(have - want), ulps * std::ldexp(max_ref, -mantissa_bits(dtype)) + 1e-6)
+          << name << " at (" << a << ", " << b << ", " << s << ", " << d << ")";
+    });
+  }
+}
+
+std::vector<std::tuple<DType, Variant, Case16>> backward_cases() {
+  const Case16 cases[] = {{2, 4, 2, 65, 113, 64, Causal::none, Layout::bhsd},
+                          {1, 4, 1, 70, 33, 96, Causal::bottom_right, Layout::strided},
+                          {1, 2, 2, 33, 50, 256, Causal::top_left, Layout::bshd}};
+  std::vector<std::tuple<DType, Variant, Case16>> all;
+  for (DType dtype : {DType::bfloat16, DType::float16})
+    for (Impl impl : {Impl::fused, Impl::naive})
+      for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable})
+        for (const Case16& c : cases) all.emplace_back(dtype, Variant{impl, isa}, c);
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Backward16, ::testing::ValuesIn(backward_cases()), case_name);
+
+// A 16-bit KV cache: the append copies the new keys' bits; decode reads the cache.
+TEST(KvCache16, AppendsBitsAndDecodes) {
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    Rng rng;
+    const std::int64_t B = 2, Hq = 8, Hkv = 2, cap = 160, D = 128;
+    Tensor kc = make_input(Layout::bshd, B, Hkv, cap, D, rng), vc = make_input(Layout::bshd, B, Hkv, cap, D, rng);
+    Tensor kn = make_input(Layout::bshd, B, Hkv, 1, D, rng), vn = make_input(Layout::bshd, B, Hkv, 1, D, rng);
+    Tensor q = make_input(Layout::bshd, B, Hq, 1, D, rng);
+    Tensor16 kc16 = to_16bit(kc, dtype), vc16 = to_16bit(vc, dtype);
+    const Tensor16 kn16 = to_16bit(kn, dtype), vn16 = to_16bit(vn, dtype), q16 = to_16bit(q, dtype);
+    std::vector<std::int32_t> lengths{77, 150};
+    const TensorView seqlens = TensorView::int32_vector(lengths.data(), B);
+    Tensor16 out = output_like(make_output(Layout::bhsd, B, Hq, 1, D), dtype);
+    fattn::attention_kvcache(q16.view, {kc16.view, vc16.view, &seqlens, nullptr}, &kn16.view,
+                             &vn16.view, out.view, nullptr, Options{});
+    // The same call in float32 on the rounded values, through the reference.
+    std::vector<std::int32_t> lengths32{77, 150};
+    const TensorView seqlens32 = TensorView::int32_vector(lengths32.data(), B);
+    Tensor ref = make_output(Layout::bhsd, B, Hq, 1, D);
+    Options reference;
+    reference.impl = Impl::reference;
+    fattn::attention_kvcache(q.view(), {kc.view(), vc.view(), &seqlens32, nullptr}, kn.view_ptr(),
+                             vn.view_ptr(), ref.view(), nullptr, reference);
+    EXPECT_TRUE(near_16bit(out, ref, dtype)) << fattn::to_string(dtype);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < Hkv; ++h)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const auto at = static_cast<std::size_t>(kc.offset_of(b, h, lengths[b], d));
+          ASSERT_EQ(kc16.storage[at], bits_of(dtype, kn.at(b, h, 0, d)));
+          ASSERT_EQ(vc16.storage[at], bits_of(dtype, vn.at(b, h, 0, d)));
+        }
+  }
+}
+
+// isa amx computes from float32 panels only: a 16-bit call names the ISAs that take it.
+TEST(Errors16, IsaAmxIsRefusedNamingTheIsasThatRun) {
+  Rng rng;
+  Tensor q = make_input(Layout::bhsd, 1, 2, 8, 32, rng);
+  const Tensor16 q16 = to_16bit(q, DType::bfloat16);
+  Tensor16 out = output_like(make_output(Layout::bhsd, 1, 2, 8, 32), DType::bfloat16);
+  Options options;
+  options.isa = Isa::amx;
+  try {
+    fattn::attention_forward(q16.view, q16.view, q16.view, out.view, nullptr, options);
+    FAIL() << "no error";
+  } catch (const fattn::Error& e) {
+    const std::string what = e.what();
+    if (fattn::cpu_supports(Isa::amx))
+      EXPECT_NE(what.find("isa amx takes float32; bfloat16 inputs run on avx512, avx2 or portable"),
+                std::string::npos) << what;
+    else
+      EXPECT_NE(what.find("is not supported by this CPU"), std::string::npos) << what;
+  }
+  // A 16-bit output for float32 inputs is an error naming out and both dtypes.
+  Tensor out32 = make_output(Layout::bhsd, 1, 2, 8, 32);
+  try {
+    fattn::attention_forward(q.view(), q.view(), q.view(), out.view, nullptr, Options{});
+    FAIL() << "no error";
+  } catch (const fattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out must have dtype float32, got bfloat16"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fattn_test
