@@ -170,25 +170,33 @@ std::vector<std::tuple<DType, Variant, Case16>> kernel_cases() {
   return all;
 }
 
+// q, k, v of a case drawn in float32, rounded to dtype, and their 16-bit twins.
+struct Inputs16 {
+  Tensor q, k, v;
+  Tensor16 q16, k16, v16;
+  Inputs16(const Case16& c, DType dtype, Rng& rng)
+      : q(make_input(c.layout, c.B, c.Hq, c.Sq, c.D, rng)),
+        k(make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng)),
+        v(make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng)),
+        q16(to_16bit(q, dtype)), k16(to_16bit(k, dtype)), v16(to_16bit(v, dtype)) {}
+};
+
 class Kernel16 : public ::testing::TestWithParam<std::tuple<DType, Variant, Case16>> {};
 
 TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
   const auto& [dtype, variant, c] = GetParam();
   FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
   Rng rng;
-  Tensor q = make_input(c.layout, c.B, c.Hq, c.Sq, c.D, rng);
-  Tensor k = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
-  Tensor v = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
-  const Tensor16 q16 = to_16bit(q, dtype), k16 = to_16bit(k, dtype), v16 = to_16bit(v, dtype);
+  const Inputs16 in(c, dtype, rng);
   Options options;
   options.causal = c.causal;
-  const Result ref = run_reference(q, k, v, options);
+  const Result ref = run_reference(in.q, in.k, in.v, options);
 
   options.impl = variant.impl;
   options.isa = variant.isa;
   Tensor16 out = output_like(make_output(c.layout, c.B, c.Hq, c.Sq, c.D), dtype);
   Tensor lse = make_lse(LseLayout::contiguous, c.B, c.Hq, c.Sq);
-  fattn::attention_forward(q16.view, k16.view, v16.view, out.view, lse.view_ptr(), options);
+  fattn::attention_forward(in.q16.view, in.k16.view, in.v16.view, out.view, lse.view_ptr(), options);
   Tensor ref_out = make_output(c.layout, c.B, c.Hq, c.Sq, c.D);  // the reference in out's layout
   ref_out.for_each([&](auto a, auto b, auto s, auto d) { ref_out.at(a, b, s, d) = ref.out.at(a, b, s, d); });
   EXPECT_TRUE(near_16bit(out, ref_out, dtype));
@@ -215,28 +223,25 @@ TEST_P(Backward16, WithinTwoUlpsOfTheLargestGradient) {
   const auto& [dtype, variant, c] = GetParam();
   FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
   Rng rng;
-  Tensor q = make_input(c.layout, c.B, c.Hq, c.Sq, c.D, rng);
-  Tensor k = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
-  Tensor v = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
+  const Inputs16 in(c, dtype, rng);
   Tensor dout = make_input(c.layout, c.B, c.Hq, c.Sq, c.D, rng);
-  const Tensor16 q16 = to_16bit(q, dtype), k16 = to_16bit(k, dtype), v16 = to_16bit(v, dtype),
-                 dout16 = to_16bit(dout, dtype);
+  const Tensor16 dout16 = to_16bit(dout, dtype);
   Options options;
   options.causal = c.causal;
-  Result fwd = run_reference(q, k, v, options);
+  Result fwd = run_reference(in.q, in.k, in.v, options);
   const Tensor16 out16 = to_16bit(fwd.out, dtype);
   Tensor dq = make_output(Layout::bhsd, c.B, c.Hq, c.Sq, c.D);
   Tensor dk = make_output(Layout::bhsd, c.B, c.Hkv, c.Sk, c.D);
   Tensor dv = make_output(Layout::bhsd, c.B, c.Hkv, c.Sk, c.D);
   Options ref_options = options;
   ref_options.impl = Impl::reference;
-  fattn::attention_backward(q.view(), k.view(), v.view(), fwd.out.view(), dout.view(),
+  fattn::attention_backward(in.q.view(), in.k.view(), in.v.view(), fwd.out.view(), dout.view(),
                             fwd.lse.view(), nullptr, dq.view(), dk.view(), dv.view(), ref_options);
 
   options.impl = variant.impl;
   options.isa = variant.isa;
   Tensor16 dq16 = output_like(dq, dtype), dk16 = output_like(dk, dtype), dv16 = output_like(dv, dtype);
-  fattn::attention_backward(q16.view, k16.view, v16.view, out16.view, dout16.view, fwd.lse.view(),
+  fattn::attention_backward(in.q16.view, in.k16.view, in.v16.view, out16.view, dout16.view, fwd.lse.view(),
                             nullptr, dq16.view, dk16.view, dv16.view, options);
   for (auto [got, ref, name] : {std::tuple{&dq16, &dq, "dq"}, {&dk16, &dk, "dk"}, {&dv16, &dv, "dv"}}) {
     double max_ref = 0.0;
@@ -322,7 +327,6 @@ TEST(Errors16, IsaAmxIsRefusedNamingTheIsasThatRun) {
       EXPECT_NE(what.find("is not supported by this CPU"), std::string::npos) << what;
   }
   // A 16-bit output for float32 inputs is an error naming out and both dtypes.
-  Tensor out32 = make_output(Layout::bhsd, 1, 2, 8, 32);
   try {
     fattn::attention_forward(q.view(), q.view(), q.view(), out.view, nullptr, Options{});
     FAIL() << "no error";
