@@ -33,8 +33,10 @@ from . import _C
 # Device types with a fattn kernel in this build: the CPU, the fake kernel (meta), and
 # CUDA once the extension is built with the library's CUDA backend (ops.cpp).
 _DEVICE_TYPES = ("cpu", "meta", "cuda") if _C.with_cuda else ("cpu", "meta")
-# float64 on the CPU runs the float64 reference (slow, exact): for torch.autograd.gradcheck.
-_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16, torch.float64),
+# The dtypes the CPU kernels take (also fattn.kvcache's); float64 on the CPU runs the
+# float64 reference (slow, exact): for torch.autograd.gradcheck.
+CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DTYPES = {"cpu": CPU_KERNEL_DTYPES + (torch.float64,),
            "meta": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
            "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 

@@ -35,7 +35,7 @@ import functools
 
 import torch
 
-from .functional import check_one_device_and_dtype
+from .functional import CPU_KERNEL_DTYPES, check_one_device_and_dtype
 
 # The C++ KV-cache and varlen entry points run on the CPU; meta is the fake kernel's.
 _DEVICE_TYPES = ("cpu", "meta")
@@ -114,7 +114,7 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
                "k": "(B, S_new, Hkv, D)", "v": "(B, S_new, Hkv, D)"}
     operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
     operands += [(name, t) for name, t in (("k", k), ("v", v)) if t is not None]
-    _check_floats(fn, operands, (torch.float32, torch.bfloat16, torch.float16), 4, layouts)
+    _check_floats(fn, operands, CPU_KERNEL_DTYPES, 4, layouts)
     if torch.is_grad_enabled():
         needing = [name for name, t in operands if t.requires_grad]
         if needing:
@@ -162,8 +162,7 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                  alibi_slopes=(alibi_slopes, alibi_slopes is None),
                  block_table=(block_table, block_table is None))
     layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
-    _check_floats(fn, [("q", q), ("k", k), ("v", v)],
-                  (torch.float32, torch.bfloat16, torch.float16, torch.float64), 3,
+    _check_floats(fn, [("q", q), ("k", k), ("v", v)], CPU_KERNEL_DTYPES + (torch.float64,), 3,
                   layouts)
     _check_int32(fn, "cu_seqlens_q", cu_seqlens_q, 1, "(B + 1,)", q.device)
     _check_int32(fn, "cu_seqlens_k", cu_seqlens_k, 1, "(B + 1,)", q.device)

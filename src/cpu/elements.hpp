@@ -129,15 +129,13 @@ void convert_row(const E* src, std::int64_t stride, std::int64_t n, float* dst) 
 // taken on the retyped view, where the strides count 16-bit elements).
 template <class T, class F>
 decltype(auto) with_element_type(const detail::Strided<T>& t, DType dtype, F&& f) {
-  if constexpr (std::is_const_v<T>) {
-    if (dtype == DType::bfloat16) return f(detail::retype<const BFloat16>(t));
-    if (dtype == DType::float16) return f(detail::retype<const Float16>(t));
-    return f(detail::retype<const float>(t));
-  } else {
-    if (dtype == DType::bfloat16) return f(detail::retype<BFloat16>(t));
-    if (dtype == DType::float16) return f(detail::retype<Float16>(t));
-    return f(detail::retype<float>(t));
-  }
+  auto as = [&](auto element) {  // the element type, const where T is
+    using E = decltype(element);
+    return f(detail::retype<std::conditional_t<std::is_const_v<T>, const E, E>>(t));
+  };
+  if (dtype == DType::bfloat16) return as(BFloat16{});
+  if (dtype == DType::float16) return as(Float16{});
+  return as(float{});
 }
 
 // Whether a kernel reads an operand's rows where they are: float32 with contiguous dims.
