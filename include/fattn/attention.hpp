@@ -94,6 +94,26 @@ struct Options {
   // the thread count; n > 0 asks for n chunks per sequence (1: no split). Results are
   // the same bits on every run with the same threads and splits.
   int kv_splits = 0;
+
+  // --- Variants (CPU: the fused, naive and reference kernels; not amx, not decode) -------
+  // Applied in this order to the scaled scores s = scale · q·k of each (query i, key j):
+  //   softcap:      s ← softcap · tanh(s / softcap)            (Gemma 2); 0: off
+  //   alibi_slopes: s ← s − slope[b][h] · |i + Sk − Sq − j|     (FlashAttention's ALiBi)
+  //   attn_mask:    boolean: the pair takes part where true; additive: s ← s + mask
+  //   window, causal: keys outside [i + offset − window_left, i + offset + window_right]
+  //                 take no part (−1: unbounded on that side); offset is the causal
+  //                 alignment's (0 for top_left, Sk − Sq otherwise: bottom-right)
+  //   sinks:        one logit per query head joins every row's softmax denominator
+  //                 (gpt-oss): out = Σ_j e^(s_j) v_j / (e^sink + Σ_j e^(s_j))
+  // A row with no visible key gives out 0 and lse −inf (with sinks: lse = sink).
+  // attn_mask: torch SDPA's rule: boolean (true: takes part) or q's dtype, sizes
+  // (B or 1, Hq or 1, Sq or 1, Sk or 1), read through its strides; a size-1 dimension is
+  // broadcast. alibi_slopes: float32 (Hq) or (B, Hq). sinks: float32 (Hq).
+  const TensorView* attn_mask = nullptr;
+  std::int64_t window_left = -1, window_right = -1;
+  double softcap = 0.0;
+  const TensorView* alibi_slopes = nullptr;
+  const TensorView* sinks = nullptr;
 };
 
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32
@@ -117,11 +137,13 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 //              deterministic: the same bits on every run with the same thread count
 //   naive:     P, dP and dS materialised as Sq×Sk matrices, as a framework would
 //   reference: float64 loops (also the float64 path, for gradient checks)
-// The options (scale, causal, impl, threads) must be those of the forward call.
+// The options (scale, causal, variants, impl, threads) must be those of the forward call.
+// dsinks: float32 (Hq), the sinks' gradient, required when options.sinks is set.
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& dout, const TensorView& lse,
                         const TensorView* dlse, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, const Options& options = {});
+                        const TensorView& dv, const Options& options = {},
+                        const TensorView* dsinks = nullptr);
 
 // Bytes of working memory attention_backward allocates for this problem, for a dout
 // laid out like q (a dout with strided dims adds a copy of it).

@@ -7,8 +7,9 @@
 namespace fattn {
 
 // float64 is for checking gradients: on the CPU it runs the float64 reference only.
-// int32 is for the KV cache's sequence lengths and block table (fattn/kv_cache.hpp).
-enum class DType : std::uint8_t { float32, float16, bfloat16, float64, int32 };
+// int32 is for the KV cache's sequence lengths and block table (fattn/kv_cache.hpp),
+// boolean (one byte, 0 or 1) for an attention mask.
+enum class DType : std::uint8_t { float32, float16, bfloat16, float64, int32, boolean };
 enum class Device : std::uint8_t { cpu, cuda };
 
 const char* to_string(DType dtype);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/checked.hpp"
+#include "core/checks.hpp"
 #include "core/dispatch.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
@@ -34,9 +35,13 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
   if (options.isa == Isa::amx && sixteen_bit)
     throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.dtype) +
                 " inputs run on avx512, avx2 or portable");
+  const bool variants = detail::has_variants(options);
+  if (options.isa == Isa::amx && variants)
+    throw Error("fattn: isa amx does not take " + detail::variant_names(options) +
+                " yet; they run on avx512, avx2 or portable");
   if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa);
   Isa isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
-  if (isa == Isa::amx && sixteen_bit) isa = Isa::avx512;  // every AMX CPU has AVX-512
+  if (isa == Isa::amx && (sixteen_bit || variants)) isa = Isa::avx512;  // every AMX CPU has it
   return cpu::kernels_for(isa);
 }
 
@@ -75,9 +80,15 @@ Impl reference_for_float64(Impl impl) {
   return Impl::reference;
 }
 
-Impl resolve(Impl impl, DType dtype, const detail::Problem& p) {
+// The decode kernel has none of the variants yet: automatic runs fused for them.
+Impl resolve(Impl impl, DType dtype, const detail::Problem& p, const Options& options) {
   if (dtype == DType::float64) return reference_for_float64(impl);
+  const bool variants = detail::has_variants(options);
+  if (impl == Impl::decode && variants)
+    throw Error("fattn: impl decode does not take " + detail::variant_names(options) +
+                " yet; impl fused, naive and reference do");
   if (impl != Impl::automatic) return impl;
+  if (variants) return Impl::fused;
   const bool short_queries =
       p.q_len <= kDecodeMaxQueries && p.group_size() * p.q_len <= kDecodeMaxRows;
   return short_queries ? Impl::decode : Impl::fused;
@@ -140,9 +151,12 @@ void require_cpu_backward(const TensorView& q) {
 }
 
 #ifdef FATTN_WITH_CUDA
-void reject_float64_on_cuda(const TensorView& q) {
+void reject_float64_on_cuda(const TensorView& q, const Options& options) {
   if (q.dtype == DType::float64)
     throw Error("fattn: float64 runs only on the CPU reference; q is a float64 cuda tensor");
+  if (detail::has_variants(options))
+    throw Error("fattn: the CUDA backend does not take " + detail::variant_names(options) +
+                " yet; the CPU kernels do");
 }
 #endif
 
@@ -152,14 +166,14 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
                        const TensorView& out, const TensorView* lse, const Options& options) {
 #ifdef FATTN_WITH_CUDA
   if (q.device == Device::cuda) {
-    reject_float64_on_cuda(q);
+    reject_float64_on_cuda(q, options);
     return cuda::attention_forward(q, k, v, out, lse, options);
   }
 #endif
   require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, &out, lse, options);
   const detail::Exec exec = detail::make_exec(options);
-  const Impl impl = resolve(options.impl, q.dtype, p);
+  const Impl impl = resolve(options.impl, q.dtype, p, options);
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
   if (impl == Impl::decode) return run_decode(p, exec, options);
   run(p, exec, forward_pass(cpu_kernels(options, p, Direction::forward)), impl);
@@ -169,13 +183,13 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
                          const Options& options) {
 #ifdef FATTN_WITH_CUDA
   if (q.device == Device::cuda) {
-    reject_float64_on_cuda(q);
+    reject_float64_on_cuda(q, options);
     return cuda::extra_bytes(q, k, v, options);
   }
 #endif
   require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
-  const Impl impl = resolve(options.impl, q.dtype, p);
+  const Impl impl = resolve(options.impl, q.dtype, p, options);
   const detail::Exec exec = detail::make_exec(options);
   const int workers = exec.workers;
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
@@ -190,14 +204,16 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& dout, const TensorView& lse,
                         const TensorView* dlse, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, const Options& options) {
+                        const TensorView& dv, const Options& options,
+                        const TensorView* dsinks) {
   require_cpu_backward(q);
   const detail::Problem p =
-      detail::make_backward_problem(q, k, v, out, dout, lse, dlse, dq, dk, dv, options);
+      detail::make_backward_problem(q, k, v, out, dout, lse, dlse, dq, dk, dv, options, dsinks);
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve_backward(options.impl, q.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
   run(p, exec, backward_pass(cpu_kernels(options, p, Direction::backward)), impl);
+  if (p.mods.sinks) cpu::sink_gradients(p, exec);
 }
 
 std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -224,8 +240,7 @@ double reference_row(const TensorView& q, const TensorView& k, const TensorView&
                 std::to_string(p.batch) + ", " + std::to_string(p.q_heads) + ", " +
                 std::to_string(p.q_len) + ")");
   if (out_row == nullptr) throw Error("fattn: reference_row out_row must not be null");
-  std::vector<double> scores;
-  return cpu::reference_row(p, b, h, i, out_row, scores);
+  return cpu::reference_row(p, b, h, i, out_row);
 }
 
 const char* version() { return FATTN_VERSION; }

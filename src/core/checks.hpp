@@ -32,6 +32,15 @@ void expect_head_dim(std::int64_t head_dim);  // q.size(3) in [kMinHeadDim, kMax
 // The scale (default 1/sqrt(D)), checked finite, and the thread options.
 double checked_scale(const Options& options, std::int64_t head_dim);
 
+// The variants (Options: attn_mask, window, softcap, alibi_slopes, sinks), checked and
+// written into p (validate_variants.cpp); their byte ranges, {0, 0} where absent.
+struct VariantExtents {
+  Extent mask{0, 0}, alibi{0, 0}, sinks{0, 0};
+};
+VariantExtents check_variants(const Options& options, const TensorView& q, Problem* p);
+bool has_variants(const Options& options);
+std::string variant_names(const Options& options);  // "attn_mask, softcap": those set
+
 inline DType lse_dtype(DType dtype) {
   return dtype == DType::float64 ? DType::float64 : DType::float32;
 }

@@ -99,6 +99,9 @@ struct Packed {
 Packed check_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView& cu_q, const TensorView& cu_k, const TensorView* out,
                     const TensorView* lse, const Options& options) {
+  if (detail::has_variants(options))
+    detail::fail("attention_varlen does not take " + detail::variant_names(options) +
+                 " yet (attention_forward does, on the fused kernel)");
   detail::make_problem(q, k, v, out, lse, options);
   if (q.size(0) != 1) {
     std::ostringstream m;

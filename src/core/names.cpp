@@ -13,6 +13,7 @@ const char* to_string(DType dtype) {
     case DType::bfloat16: return "bfloat16";
     case DType::float64: return "float64";
     case DType::int32: return "int32";
+    case DType::boolean: return "bool";
   }
   return "unknown dtype";
 }
@@ -32,6 +33,7 @@ int element_size(DType dtype) {
     case DType::float64: return 8;
     case DType::float16:
     case DType::bfloat16: return 2;
+    case DType::boolean: return 1;
   }
   return 0;
 }

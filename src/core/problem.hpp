@@ -34,13 +34,35 @@ struct KvPaging {
   std::int64_t block_size = 0;  // keys per page; with a table, Strided::batch steps pages
 };
 
+// What changes the scores of a problem beyond Q·Kᵀ·scale (Options' variants), read by
+// every kernel through cpu/score_mods.hpp and by the reference.
+struct ScoreMods {
+  double softcap = 0.0;                 // 0: off
+  const float* alibi = nullptr;         // slope of (b, h): alibi[b * alibi_batch + h]
+  std::int64_t alibi_batch = 0;         // 0 for (Hq) slopes
+  const float* sinks = nullptr;         // [Hq] logits (natural units)
+  // attn_mask: mask + b·batch + h·head + i·seq + j·key; a broadcast dim has stride 0.
+  const void* mask = nullptr;
+  DType mask_dtype = DType::boolean;    // boolean or the problem's dtype (additive)
+  std::int64_t mask_batch = 0, mask_head = 0, mask_seq = 0, mask_key = 0;
+
+  bool any() const { return softcap != 0.0 || alibi || sinks || mask; }
+  double slope(std::int64_t b, std::int64_t h) const { return alibi[b * alibi_batch + h]; }
+};
+
+// Offsets of the band of visible diagonals: no limit on that side.
+constexpr std::int64_t kUnboundedBand = std::int64_t{1} << 62;
+
 struct Problem {
   std::int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
   double scale = 0.0;
   Causal causal = Causal::none;
-  // Key j is visible to query i iff j <= i + causal_offset (causal problems only):
-  // 0 for top-left alignment, kv_len − q_len for bottom-right.
-  std::int64_t causal_offset = 0;
+  std::int64_t window_left = -1, window_right = -1;  // −1: unbounded
+  // Key j is visible to query i iff band_lo <= j − i <= band_hi: the causal limit and the
+  // sliding window meet in one band of diagonals (for a problem without a KV cache; with
+  // one, band_lo_of(b) and band_hi_of(b) depend on the sequence's length).
+  std::int64_t band_lo = -kUnboundedBand, band_hi = kUnboundedBand;
+  ScoreMods mods;
 
   Strided<const float> q, k, v;
   Strided<float> out;
@@ -51,6 +73,7 @@ struct Problem {
   Strided<const float> dout;
   Strided<const float> dlse;  // dim stride unused; null data when no gradient flows through lse
   Strided<float> dq, dk, dv;
+  float* dsinks = nullptr;    // [Hq], when mods.sinks is set
 
   // KV cache (attention_kvcache only; the decode kernel and the reference read it).
   KvPaging paging;
@@ -59,21 +82,32 @@ struct Problem {
   std::int64_t kv_head_of(std::int64_t q_head) const { return q_head / group_size(); }
 
   // --- visibility: which keys query i of sequence b sees --------------------------------
-  // Keys j < keys_of(b), and with causal masks j <= i + causal_offset_of(b): bottom-right
-  // alignment puts the last query at the sequence's own last key.
+  // Keys j < keys_of(b) with band_lo_of(b) <= j − i <= band_hi_of(b).
   bool has_kv_cache() const { return paging.seqlens || paging.block_table; }
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
   std::int64_t keys_of(std::int64_t b) const {
     return paging.seqlens ? paging.seqlens[b] : kv_len;
   }
-  std::int64_t causal_offset_of(std::int64_t b) const {
-    return causal == Causal::bottom_right ? keys_of(b) - q_len : 0;
+  // Where the causal limit and the window are aligned: 0 for top-left, Sk − Sq for
+  // bottom-right (the last query at the sequence's own last key); the window alone is
+  // bottom-right aligned, as FlashAttention's.
+  std::int64_t alignment_of(std::int64_t b) const {
+    return causal == Causal::top_left ? 0 : keys_of(b) - q_len;
   }
-  // One past the last key query i of sequence b sees.
+  std::int64_t band_hi_of(std::int64_t b) const {
+    std::int64_t hi = causal == Causal::none ? kUnboundedBand : alignment_of(b);
+    if (window_right >= 0 && alignment_of(b) + window_right < hi) hi = alignment_of(b) + window_right;
+    return hi;
+  }
+  std::int64_t band_lo_of(std::int64_t b) const {
+    return window_left >= 0 ? alignment_of(b) - window_left : -kUnboundedBand;
+  }
+  // The first key and one past the last key query i of sequence b sees (begin >= end: none).
+  std::int64_t visible_begin(std::int64_t b, std::int64_t i) const {
+    return clamp_key(i + band_lo_of(b), keys_of(b));
+  }
   std::int64_t visible_end(std::int64_t b, std::int64_t i) const {
-    const std::int64_t keys = keys_of(b);
-    if (causal == Causal::none) return keys;
-    const std::int64_t last = i + causal_offset_of(b);
-    return last < 0 ? 0 : last + 1 < keys ? last + 1 : keys;
+    return clamp_key(i + band_hi_of(b) + 1, keys_of(b));
   }
   // Row of key j of sequence b, kv head h, in K or V (paged or not).
   template <class T>
@@ -83,16 +117,21 @@ struct Problem {
     return t.data + page * t.batch + h * t.head + (j % paging.block_size) * t.seq;
   }
 
-  // One past the last key that queries [q_begin, q_end) may see.
+  // The keys [kv_begin(q_begin), kv_end(q_end)) that some query in [q_begin, q_end) sees.
+  std::int64_t kv_begin(std::int64_t q_begin) const { return clamp_key(q_begin + band_lo, kv_len); }
   std::int64_t kv_end(std::int64_t q_end) const {
-    if (causal == Causal::none) return kv_len;
-    const std::int64_t last_visible = q_end - 1 + causal_offset;
-    if (last_visible < 0) return 0;
-    return last_visible + 1 < kv_len ? last_visible + 1 : kv_len;
+    return clamp_key(q_end - 1 + band_hi + 1, kv_len);
   }
-  // Whether some key in [kv_begin, kv_end) is hidden from some query in [q_begin, q_end).
-  bool needs_mask(std::int64_t q_begin, std::int64_t kv_block_end) const {
-    return causal != Causal::none && kv_block_end - 1 > q_begin + causal_offset;
+  // Whether an edge of the band crosses the tile of queries [q_begin, q_end) and keys
+  // [j_begin, j_end): some pair of it is hidden by the causal limit or the window.
+  bool needs_mask(std::int64_t q_begin, std::int64_t q_end, std::int64_t j_begin,
+                  std::int64_t j_end) const {
+    return j_end - 1 - q_begin > band_hi || j_begin - (q_end - 1) < band_lo;
+  }
+
+ private:
+  static std::int64_t clamp_key(std::int64_t j, std::int64_t keys) {
+    return j < 0 ? 0 : j < keys ? j : keys;
   }
 };
 
@@ -107,6 +146,6 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
                               const TensorView& out, const TensorView& dout,
                               const TensorView& lse, const TensorView* dlse,
                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                              const Options& options);
+                              const Options& options, const TensorView* dsinks = nullptr);
 
 }  // namespace fattn::detail

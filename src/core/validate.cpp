@@ -142,6 +142,7 @@ void expect_like(const char* name, const TensorView& t, const char* model_name,
 // Byte ranges of the forward's tensors, as validated (out and lse only when given).
 struct ForwardExtents {
   Extent q, k, v, out, lse;
+  VariantExtents variants;
 };
 
 // make_problem, also handing back the extents it checked (make_backward_problem needs them).
@@ -214,8 +215,16 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
   p.head_dim = head_dim;
   p.scale = scale;
   p.causal = options.causal;
-  p.causal_offset = options.causal == Causal::bottom_right ? p.kv_len - p.q_len : 0;
   p.dtype = dtype;
+  const VariantExtents variants = extents->variants = check_variants(options, q, &p);
+  p.band_lo = p.band_lo_of(0);  // without a KV cache, every sequence has kv_len keys
+  p.band_hi = p.band_hi_of(0);
+  const char* names[3] = {"attn_mask", "alibi_slopes", "sinks"};
+  const Extent inputs[3] = {variants.mask, variants.alibi, variants.sinks};
+  for (int i = 0; i < 3; ++i) {
+    if (out) expect_disjoint("out", extents->out, names[i], inputs[i]);
+    if (lse) expect_disjoint("lse", extents->lse, names[i], inputs[i]);
+  }
   p.q = strided(static_cast<const float*>(q.data), q);
   p.k = strided(static_cast<const float*>(k.data), k);
   p.v = strided(static_cast<const float*>(v.data), v);
@@ -230,7 +239,7 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
                               const TensorView& out, const TensorView& dout,
                               const TensorView& lse, const TensorView* dlse,
                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                              const Options& options) {
+                              const Options& options, const TensorView* dsinks) {
   ForwardExtents seen;
   Problem p = check_forward(q, k, v, &out, &lse, options, &seen);
   const DType dtype = q.dtype;
@@ -240,7 +249,7 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
     const TensorView* view;
     Extent extent;
   };
-  Named inputs[7] = {{"q", &q, seen.q},
+  Named inputs[10] = {{"q", &q, seen.q},
                      {"k", &k, seen.k},
                      {"v", &v, seen.v},
                      {"out", &out, seen.out},
@@ -253,6 +262,10 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
     inputs[n_inputs++] = {"dlse", dlse, check_view("dlse", *dlse, 3, lse_dtype(dtype), device)};
     expect_like("dlse", *dlse, "lse", lse, "as lse");
   }
+  if (options.attn_mask) inputs[n_inputs++] = {"attn_mask", options.attn_mask, seen.variants.mask};
+  if (options.alibi_slopes)
+    inputs[n_inputs++] = {"alibi_slopes", options.alibi_slopes, seen.variants.alibi};
+  if (options.sinks) inputs[n_inputs++] = {"sinks", options.sinks, seen.variants.sinks};
   Named outputs[3] = {{"dq", &dq, check_view("dq", dq, 4, dtype, device)},
                       {"dk", &dk, check_view("dk", dk, 4, dtype, device)},
                       {"dv", &dv, check_view("dv", dv, 4, dtype, device)}};
@@ -266,6 +279,19 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
     for (int other = 0; other < o; ++other)
       expect_disjoint(outputs[o].name, outputs[o].extent, outputs[other].name,
                       outputs[other].extent);
+  }
+  if (options.sinks && !dsinks) fail("dsinks (the sinks' gradient) must be given with sinks");
+  if (dsinks && !options.sinks) fail("dsinks is given, but options.sinks is not set");
+  if (dsinks) {
+    const Extent dsinks_extent = check_view("dsinks", *dsinks, 1, lse_dtype(dtype), device);
+    expect_like("dsinks", *dsinks, "sinks", *options.sinks, "as sinks");
+    if (dsinks->stride(0) != 1)
+      fail("dsinks must be contiguous (stride 1), got stride " + std::to_string(dsinks->stride(0)));
+    for (int i = 0; i < n_inputs; ++i)
+      expect_disjoint("dsinks", dsinks_extent, inputs[i].name, inputs[i].extent);
+    for (int o = 0; o < 3; ++o)
+      expect_disjoint("dsinks", dsinks_extent, outputs[o].name, outputs[o].extent);
+    p.dsinks = static_cast<float*>(dsinks->data);
   }
   p.dout = strided(static_cast<const float*>(dout.data), dout);
   if (dlse) p.dlse = strided(static_cast<const float*>(dlse->data), *dlse);

@@ -154,6 +154,9 @@ void check_append_slots(const KvCache& cache, const Geometry& g,
 KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const TensorView* kn,
                                const TensorView* vn, const TensorView* out, const TensorView* lse,
                                const Options& options) {
+  if (has_variants(options))
+    fail("attention_kvcache does not take " + variant_names(options) +
+         " yet (attention_forward does, on the fused kernel)");
   const DType dtype = q.dtype;
   if (dtype != DType::float32 && dtype != DType::bfloat16 && dtype != DType::float16) {
     std::ostringstream m;

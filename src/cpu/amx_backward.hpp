@@ -219,8 +219,8 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
       prefetch.add(ws.delta(w, s_next), W::Br * 4);
       float* dk = w.dk + j * Dp;
       float* dv = w.dv + j * Dp;
-      const typename Fma::Diagonal diag{key.j0, x.i0, p.causal_offset};
-      const auto* on_diagonal = p.needs_mask(x.i0, key.j0 + key.nj) ? &diag : nullptr;
+      const typename Fma::Band diag{key.j0, x.i0, p.band_lo, p.band_hi};
+      const auto* on_diagonal = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj) ? &diag : nullptr;
       Ops::scores_tile(w.k, Dp, j, key.nj, ws.operand(w, s, W::q_dims), w.st, on_diagonal,
                        &prefetch);
       Bwd::split_probs(w.st, ws.lse2(w, s), key.nj, on_diagonal, w.p_rows);
@@ -234,10 +234,10 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
                      &prefetch);
       // Kᵀ parts are laid out per forward key tile (pack_v_transposed): two halves.
       for (std::int64_t h0 = 0; h0 < key.nj; h0 += Ops::Bc) {
-        const typename Fma::Diagonal half{key.j0 + h0, x.i0, p.causal_offset};
+        const typename Fma::Band half{key.j0 + h0, x.i0, p.band_lo, p.band_hi};
         const std::int64_t nh = std::min<std::int64_t>(Ops::Bc, key.nj - h0);
         Ops::pv_tile(w.kt, j + h0, nh, w.ds_pairs + h0 / 2 * Ops::kPairRows, Dp, ws.dq(w, s),
-                     p.needs_mask(x.i0, key.j0 + h0 + nh) ? &half : nullptr, &prefetch);
+                     p.needs_mask(x.i0, x.i0 + x.rows, key.j0 + h0, key.j0 + h0 + nh) ? &half : nullptr, &prefetch);
       }
     };
 

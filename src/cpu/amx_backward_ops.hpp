@@ -111,7 +111,7 @@ struct AmxBackwardOps {
 
   // --- the vector passes ------------------------------------------------------------------
   // Lanes of query vector v that see key j of the tile (all, off the diagonal).
-  static __mmask16 visible(const typename Fma::Diagonal* diag, std::int64_t j, int v) {
+  static __mmask16 visible(const typename Fma::Band* diag, std::int64_t j, int v) {
     return diag ? Ops::visible_lanes(diag->first_seeing(j), v) : __mmask16{0xFFFF};
   }
 
@@ -132,7 +132,7 @@ struct AmxBackwardOps {
   // into p_rows. P is finite (exp2 saturates at 2^127) unless a score or lse2 is NaN,
   // which reaches dS, where split_grads checks.
   static void split_probs(float* st, const float* lse2, std::int64_t nj,
-                          const typename Fma::Diagonal* diag, bf16* p_rows) {
+                          const typename Fma::Band* diag, bf16* p_rows) {
     vec lse[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) lse[v] = S::load(lse2 + v * L);
@@ -169,7 +169,7 @@ struct AmxBackwardOps {
   // the score products skip hidden blocks), split by rows into ds_rows and by key pairs
   // into ds_pairs. Returns false if some dS does not split (an overflow, or a NaN).
   static bool split_grads(const float* probs, const float* dst, const float* delta,
-                          std::int64_t nj, const typename Fma::Diagonal* diag, bf16* ds_rows,
+                          std::int64_t nj, const typename Fma::Band* diag, bf16* ds_rows,
                           bf16* ds_pairs) {
     vec dl[NV];
 #pragma GCC unroll 8

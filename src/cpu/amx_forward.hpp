@@ -168,9 +168,9 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
     // in slices among the score products of tile s+1, and the softmax of tile s+1 among
     // the P·V products of tile s (amx_softmax.hpp).
     SoftmaxTask<S> softmax[kGroup];
-    typename Fma::Diagonal diag[kGroup];
+    typename Fma::Band diag[kGroup];
     std::int64_t nj[kGroup];
-    const typename Fma::Diagonal* on_diagonal[kGroup];  // null off the diagonal
+    const typename Fma::Band* on_diagonal[kGroup];  // null off the diagonal
     for (std::int64_t j0 = 0; j0 < kv_max; j0 += Ops::Bc) {
       int live[kGroup], n_live = 0;
       for (int s = 0; s < n; ++s)
@@ -179,8 +179,8 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
         const int s = live[x];
         const auto& t = tile[s];
         nj[s] = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
-        diag[s] = {j0, q[s].i0, p.causal_offset};
-        on_diagonal[s] = p.needs_mask(q[s].i0, j0 + nj[s]) ? &diag[s] : nullptr;
+        diag[s] = {j0, q[s].i0, p.band_lo, p.band_hi};
+        on_diagonal[s] = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + nj[s]) ? &diag[s] : nullptr;
         Ops::scores_tile(k, Dp, j0, nj[s], t.q_parts, t.st, on_diagonal[s],
                          x > 0 ? &softmax[live[x - 1]] : nullptr);
         softmax[s].start({t.st, t.m, t.l, t.ot, t.p_parts, nj[s], Dp, on_diagonal[s]});

@@ -122,14 +122,14 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
       const typename Ops::Scope tiles;
       const auto x = ws.query_tile(index);
       const std::int64_t n = ws.keys_covered(x);
-      const typename Fma::Diagonal diag{0, x.i0, p.causal_offset};
-      stage(index, x, ws.operands(index), n, p.needs_mask(x.i0, n) ? &diag : nullptr);
+      const typename Fma::Band diag{0, x.i0, p.band_lo, p.band_hi};
+      stage(index, x, ws.operands(index), n, p.needs_mask(x.i0, x.i0 + x.rows, 0, n) ? &diag : nullptr);
     });
   };
 
   // Stage 1: P.
   each_query_tile([&](std::int64_t index, const QueryTile& x, const auto& in, std::int64_t n,
-                      const typename Fma::Diagonal* diag) {
+                      const typename Fma::Band* diag) {
     Ops::scores_tile(ws.keys(x.b, x.hk, 0), Dp, 0, n, in.q_dims, ws.probs(index), diag);
     if (diag) Fma::mask_tile(ws.probs(index), n, *diag);
     BackwardOps<S>::probs_from_lse(ws.probs(index), n, in.lse2);
@@ -137,7 +137,7 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
 
   // Stage 2: dS.
   each_query_tile([&](std::int64_t index, const QueryTile& x, const auto& in, std::int64_t n,
-                      const typename Fma::Diagonal* diag) {
+                      const typename Fma::Band* diag) {
     Ops::scores_tile(ws.keys(x.b, x.hk, 1), Dp, 0, n, in.do_dims, ws.dscores(index), diag);
     BackwardOps<S>::grad_scores(ws.probs(index), ws.dscores(index), n, in.delta);
     if (diag) Fma::mask_tile(ws.dscores(index), n, *diag, 0.0f);

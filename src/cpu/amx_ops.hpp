@@ -330,7 +330,7 @@ struct AmxOps {
   }
 
   // Lanes of query vector v (queries 16v … 16v+15 of the tile) that see a key whose
-  // first seeing query is `first` (Diagonal::first_seeing).
+  // first seeing query is `first` (Band::first_seeing).
   static __mmask16 visible_lanes(std::int64_t first, int v) {
     const std::int64_t hidden = first - 16 * v;  // leading lanes that do not see it
     if (hidden <= 0) return 0xFFFF;
@@ -341,7 +341,7 @@ struct AmxOps {
   // On a diagonal tile (diag not null), whether every query of the 32-query block at
   // `query` is hidden from the keys of the block at `key`: such blocks are skipped (their
   // scores are masked afterwards, their probabilities are zero).
-  static bool hidden_block(const typename Fma::Diagonal* diag, std::int64_t key, int query) {
+  static bool hidden_block(const typename Fma::Band* diag, std::int64_t key, int query) {
     return diag && diag->first_seeing(key) > query + kBlock - 1;
   }
   // st[j][i] = Σ_d K[j0+j][d]·qt[d][i] for the 32-key chunks that cover nj keys.
@@ -349,7 +349,7 @@ struct AmxOps {
   template <class Task = NoTask>
   static void scores_tile(const bf16* k_parts, std::int64_t Dp, std::int64_t j0, std::int64_t nj,
                           const bf16* q_parts, float* st,
-                          const typename Fma::Diagonal* diag = nullptr, Task* task = nullptr) {
+                          const typename Fma::Band* diag = nullptr, Task* task = nullptr) {
     const std::int64_t k_row = kParts * Dp;
     for (int qb = 0; qb < Br; qb += kBlock)
       for (std::int64_t kb = 0; kb < nj; kb += kBlock) {
@@ -375,7 +375,7 @@ struct AmxOps {
   // multiple of Bc.
   template <class Task = NoTask>
   static void pv_tile(const bf16* v_parts, std::int64_t j0, std::int64_t nj, const bf16* p_parts,
-                      std::int64_t Dp, float* ot, const typename Fma::Diagonal* diag = nullptr,
+                      std::int64_t Dp, float* ot, const typename Fma::Band* diag = nullptr,
                       Task* task = nullptr) {
     constexpr std::int64_t v_row = kParts * Bc;
     const bf16* v_tile = v_parts + j0 / Bc * Dp * v_row;
@@ -402,7 +402,7 @@ struct AmxOps {
   // blocks with every pair hidden are skipped (A is zero there).
   template <class Task = NoTask>
   static void rows_tile(const bf16* a_rows, std::int64_t nj, const bf16* x_pairs, std::int64_t Dp,
-                        float* acc, const typename Fma::Diagonal* diag = nullptr,
+                        float* acc, const typename Fma::Band* diag = nullptr,
                         Task* task = nullptr) {
     constexpr std::int64_t a_row = kParts * Br;
     const std::int64_t x_row = kParts * 2 * Dp;

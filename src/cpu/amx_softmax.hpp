@@ -45,7 +45,7 @@ class SoftmaxTask {
     float *m, *l, *ot;
     bf16* p_parts;   // out: P split (AmxOps::split_pairs layout)
     std::int64_t nj, dim_pad;
-    const typename Fma::Diagonal* diag;  // null: no key of the tile is hidden
+    const typename Fma::Band* diag;  // null: no key of the tile is hidden
   };
 
   void start(const Tile& t) {

@@ -5,9 +5,9 @@
 // query heads sharing it (BackwardTiles: usually one chunk and one subgroup, the whole
 // head). For each key tile:
 //   for each query head of the subgroup, each query tile that sees the key tile:
-//     st  ← K·qtᵀ, masked on the diagonal       scores in log2 units (scores_tile)
+//     st  ← K·qtᵀ, the variants, the band edges  scores in log2 units (scores_tile)
 //     st  ← 2^(st − lse2)                        P, from the saved logsumexp
-//     dst ← V·dOᵀ;  dst ← P ∘ (dst − Δ)           dS
+//     dst ← V·dOᵀ;  dst ← P ∘ (dst − Δ)           dS (· (1 − tanh²) with softcap)
 //     dV  += P·dO;  dK += dS·Q                   the key tile's accumulators (rows_accumulate)
 //     dQ[chunk] += dS·K                          this chunk's dQ partial (pv_accumulate)
 //   dK·scale, dV → out (one subgroup), else → the subgroup's dK/dV partials
@@ -29,6 +29,7 @@
 #include <algorithm>
 
 #include "cpu/backward_workspace.hpp"
+#include "cpu/score_mods.hpp"
 
 namespace fattn::cpu {
 namespace backward_detail {
@@ -115,12 +116,41 @@ void sum_partials(const detail::Problem& p, const detail::Exec& exec, const W& w
     });
 }
 
+// The naive backward's variants on one query tile's scores (keys [k0, keys_covered)), key
+// tile by key tile, with 1 − tanh² kept for stage 2 when there is a softcap. A tile the
+// mask hides whole becomes −inf (and its softcap factor 0).
+template <class S, class W>
+void naive_backward_score_mods(const detail::Problem& p, const QueryTile& x, std::int64_t k0,
+                               float* scores, const W& ws) {
+  using Ops = TileOps<S>;
+  using Mods = ScoreModOps<S>;
+  const bool capped = p.mods.softcap != 0.0;
+  for (std::int64_t j0 = k0; j0 < x.kv_end; j0 += Ops::Bc) {
+    const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, j0,
+                                    std::min<std::int64_t>(Ops::Bc, x.kv_end - j0)};
+    float* st = scores + (j0 - k0) * Ops::Br;
+    float* cap = capped ? ws.cap_grads(x.index) + j0 * Ops::Br : nullptr;
+    const MaskCover cover = Mods::mask_cover(p, pairs);
+    if (cover == MaskCover::hidden) {
+      std::fill_n(st, pairs.nj * Ops::Br, Ops::kNegInf);
+      if (cap) std::fill_n(cap, pairs.nj * Ops::Br, 0.0f);
+    } else {
+      Mods::apply(p, pairs, cover, st, cap);
+    }
+  }
+  // Keys past the band's end in the last key tile: hidden by the band, factor 0.
+  const std::int64_t n = ws.keys_covered(x);
+  if (capped && n > x.kv_end)
+    std::fill_n(ws.cap_grads(x.index) + x.kv_end * Ops::Br, (n - x.kv_end) * Ops::Br, 0.0f);
+}
+
 }  // namespace backward_detail
 
 template <class S>
 void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = TileOps<S>;
   using Bwd = BackwardOps<S>;
+  using Mods = ScoreModOps<S>;
   using W = BackwardWorkspace<S>;
   W ws(p, /*is_naive=*/false, exec.workers);
   ws.base = memory;
@@ -141,19 +171,24 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
       std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
       std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
       ws.for_each_query_tile_seeing(b, item.h_begin, item.h_end, key, [&](const QueryTile& x) {
-        const typename Ops::Diagonal diag{key.j0, x.i0, p.causal_offset};
-        const bool on_diagonal = p.needs_mask(x.i0, key.j0 + key.nj);
+        const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, key.j0, key.nj};
+        const MaskCover cover = Mods::mask_cover(p, pairs);
+        if (cover == MaskCover::hidden) return;  // P = 0, dS = 0 on every pair
+        const typename Ops::Band band = Ops::band_of(p, key.j0, x.i0);
+        const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj);
         Ops::scores_tile(k_panels, key.j0, key.nj, ws.qt(x.index), D, tile.st);
-        if (on_diagonal) Ops::mask_tile(tile.st, key.nj, diag);
+        if (p.mods.any()) Mods::apply(p, pairs, cover, tile.st, tile.cap);
+        if (on_edge) Ops::mask_tile(tile.st, key.nj, band);
         Bwd::probs_from_lse(tile.st, key.rows_padded, ws.lse2(x.index));
         Ops::scores_tile(v_panels, key.j0, key.nj, ws.dot(x.index), D, tile.dst);
         Bwd::grad_scores(tile.st, tile.dst, key.rows_padded, ws.delta(x.index));
-        if (on_diagonal) Ops::mask_tile(tile.dst, key.nj, diag, 0.0f);
+        if (tile.cap) Bwd::multiply(tile.dst, tile.cap, key.nj);  // through the softcap
+        if (on_edge) Ops::mask_tile(tile.dst, key.nj, band, 0.0f);
         const auto dout = ws.do_rows(x), q = ws.q_rows(x);
         Bwd::rows_accumulate(tile.dv, key.nj, Dp, tile.st, dout.data, dout.stride, x.rows);
         Bwd::rows_accumulate(tile.dk, key.nj, Dp, tile.dst, q.data, q.stride, x.rows);
         Ops::pv_accumulate(k_rows + key.j0 * k_stride, k_stride, key.nj, tile.dst, tile.ones,
-                           D, ws.dq_part(item.chunk, x.index), on_diagonal ? &diag : nullptr);
+                           D, ws.dq_part(item.chunk, x.index), on_edge ? &band : nullptr);
       });
       backward_detail::put_key_grads<S>(p, Dp, ws.subgroups, b, hk, key.j0, key.nj, tile.dk,
                                         tile.dv, [&](int which) {
@@ -175,26 +210,30 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   ws.prepare(exec);
   const std::int64_t D = p.head_dim, Dp = ws.Dp;
 
-  // Stage 1: P.
+  // Stage 1: P, over the keys [k0, n) the tile's rows cover.
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
     const auto x = ws.query_tile(index);
-    const std::int64_t n = ws.keys_covered(x);
-    float* probs = ws.probs(index);
-    Ops::scores_tile(ws.k_panels(x.b, x.hk), 0, n, ws.qt(index), D, probs);
-    if (p.needs_mask(x.i0, n))
-      Ops::mask_tile(probs, n, typename Ops::Diagonal{0, x.i0, p.causal_offset});
-    Bwd::probs_from_lse(probs, n, ws.lse2(index));
+    const std::int64_t k0 = ws.first_key_covered(x), n = ws.keys_covered(x);
+    if (n <= k0) return;
+    float* probs = ws.probs(index) + k0 * Ops::Br;
+    Ops::scores_tile(ws.k_panels(x.b, x.hk), k0, n - k0, ws.qt(index), D, probs);
+    if (p.mods.any()) backward_detail::naive_backward_score_mods<S>(p, x, k0, probs, ws);
+    if (p.needs_mask(x.i0, x.i0 + x.rows, k0, n))
+      Ops::mask_tile(probs, n - k0, Ops::band_of(p, k0, x.i0));
+    Bwd::probs_from_lse(probs, n - k0, ws.lse2(index));
   });
 
   // Stage 2: dS.
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
     const auto x = ws.query_tile(index);
-    const std::int64_t n = ws.keys_covered(x);
-    float* dscores = ws.dscores(index);
-    Ops::scores_tile(ws.v_panels(x.b, x.hk), 0, n, ws.dot(index), D, dscores);
-    Bwd::grad_scores(ws.probs(index), dscores, n, ws.delta(index));
-    if (p.needs_mask(x.i0, n))
-      Ops::mask_tile(dscores, n, typename Ops::Diagonal{0, x.i0, p.causal_offset}, 0.0f);
+    const std::int64_t k0 = ws.first_key_covered(x), n = ws.keys_covered(x);
+    if (n <= k0) return;
+    float* dscores = ws.dscores(index) + k0 * Ops::Br;
+    Ops::scores_tile(ws.v_panels(x.b, x.hk), k0, n - k0, ws.dot(index), D, dscores);
+    Bwd::grad_scores(ws.probs(index) + k0 * Ops::Br, dscores, n - k0, ws.delta(index));
+    if (p.mods.softcap != 0.0) Bwd::multiply(dscores, ws.cap_grads(index) + k0 * Ops::Br, n - k0);
+    if (p.needs_mask(x.i0, x.i0 + x.rows, k0, n))
+      Ops::mask_tile(dscores, n - k0, Ops::band_of(p, k0, x.i0), 0.0f);
   });
 
   // Stage 3: dV and dK, one key tile of one kv head per item.
@@ -222,11 +261,12 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     std::int64_t k_stride;
     const float* k_rows = ws.k_rows(x.b, x.hk, &k_stride);
     const float* dscores = ws.dscores(index);
-    for (std::int64_t j0 = 0; j0 < x.kv_end; j0 += Ops::Bc) {
+    for (std::int64_t j0 = ws.first_key_covered(x); j0 < x.kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
-      const typename Ops::Diagonal diag{j0, x.i0, p.causal_offset};
+      const typename Ops::Band band = Ops::band_of(p, j0, x.i0);
+      const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, j0, j0 + nj);
       Ops::pv_accumulate(k_rows + j0 * k_stride, k_stride, nj, dscores + j0 * Ops::Br,
-                         tile.ones, D, tile.dqt, p.needs_mask(x.i0, j0 + nj) ? &diag : nullptr);
+                         tile.ones, D, tile.dqt, on_edge ? &band : nullptr);
     }
     backward_detail::store_query_grads<S, W::Br>(p, x, 1, [&](std::int64_t) { return tile.dqt; });
   });

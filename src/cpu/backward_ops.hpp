@@ -58,6 +58,12 @@ struct BackwardOps {
       }
   }
 
+  // dst[j][i] ← dst[j][i] · factor[j][i] for nj rows (dS through the softcap).
+  static void multiply(float* dst, const float* factor, std::int64_t nj) {
+    for (std::int64_t e = 0; e < nj * Br; e += L)
+      S::store(dst + e, S::load(dst + e) * S::load(factor + e));
+  }
+
   // acc[r][d0 + ·] += Σ_{i<n} p[r][i] · x[i][d0 + ·] for KR keys × W vectors of dims.
   template <int KR, int W>
   static void rows_block(float* acc, std::int64_t Dp, const float* p, const float* x,

@@ -109,11 +109,10 @@ struct BackwardTiles {
     return query_tile(bh / p.q_heads, bh % p.q_heads, t);
   }
 
-  // The first query tile with a row that sees key j (causal masks hide key j from
-  // the rows before j − causal_offset); q_tiles when none does.
+  // The first query tile with a row that sees key j (the band hides key j from the rows
+  // before j − band_hi); q_tiles when none does.
   std::int64_t first_tile_seeing(std::int64_t j) const {
-    if (p.causal == Causal::none) return 0;
-    const std::int64_t first_row = std::max<std::int64_t>(0, j - p.causal_offset);
+    const std::int64_t first_row = std::max<std::int64_t>(0, j - p.band_hi);
     return std::min(q_tiles, first_row / Br);
   }
 
@@ -156,6 +155,8 @@ struct BackwardTiles {
   std::int64_t keys_covered(const QueryTile& x) const {
     return std::min(p.kv_len, (x.kv_end + Bc - 1) / Bc * Bc);
   }
+  // The first key they cover: the key tile holding the first key the tile sees.
+  std::int64_t first_key_covered(const QueryTile& x) const { return x.kv_begin / Bc * Bc; }
 
   // Calls f(query tile) for every query tile of query heads [h_begin, h_end) of batch b
   // that has a row seeing a key of the key tile, heads in order, then tiles in order.
@@ -165,6 +166,7 @@ struct BackwardTiles {
     for (std::int64_t h = h_begin; h < h_end; ++h)
       for (std::int64_t t = first_tile_seeing(key.j0); t < q_tiles; ++t) {
         const QueryTile x = query_tile(b, h, t);
+        if (x.kv_begin >= key.j0 + key.nj) break;  // this and later tiles: past the window
         if (x.kv_end > key.j0) f(x);  // else only padding rows of the tile reach j0
       }
   }
@@ -186,6 +188,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
 
   struct Worker {
     float *st, *dst, *dk, *dv, *dqt, *ones;
+    float* cap;  // fused, softcap only: 1 − tanh² of the tile's scores [Bc][Br]
   };
   // Query-side rows (Q or dO) of one tile: the first row and the stride between rows.
   struct Rows {
@@ -200,7 +203,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
   std::int64_t panel_head, k_rows_head, tile_t, tile_rows, tile_vec, full_block, worker_floats;
   std::int64_t k_panels_at, v_panels_at, k_rows_at, qt_at, dot_at, q_rows_at, do_rows_at;
   std::int64_t lse2_at, delta_at, dq_parts_at, dkv_parts_at, kv_part, probs_at, dscores_at,
-      workers_at, total;
+      cap_grads_at, cap_floats, workers_at, total;
   float* base = nullptr;
 
   BackwardWorkspace(const detail::Problem& problem, bool is_naive, int workers)
@@ -217,7 +220,8 @@ struct BackwardWorkspace : BackwardTiles<S> {
     tile_rows = Br * Dp;
     tile_vec = align_floats(Br);
     full_block = naive ? n.mul(kv_padded, Br) : 0;
-    worker_floats = (naive ? 0 : 2 * Bc * Br) + 2 * Bc * Dp + tile_t + tile_vec;
+    cap_floats = p.mods.softcap != 0.0 && !naive ? Bc * Br : 0;
+    worker_floats = (naive ? 0 : 2 * Bc * Br) + 2 * Bc * Dp + tile_t + tile_vec + cap_floats;
 
     std::int64_t at = 0;
     auto take = [&](std::int64_t floats) {
@@ -239,6 +243,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
     dkv_parts_at = take(n.mul(this->dkv_blocks(), kv_part));
     probs_at = take(n.mul(tiles, full_block));
     dscores_at = take(n.mul(tiles, full_block));
+    cap_grads_at = take(p.mods.softcap != 0.0 ? n.mul(tiles, full_block) : 0);
     workers_at = take(n.mul(workers, worker_floats));
     total = n.overflow ? -1 : at;
   }
@@ -270,12 +275,16 @@ struct BackwardWorkspace : BackwardTiles<S> {
   }
   float* probs(std::int64_t tile) const { return base + probs_at + tile * full_block; }
   float* dscores(std::int64_t tile) const { return base + dscores_at + tile * full_block; }
+  // The naive backward with softcap: 1 − tanh² of every score of the tile.
+  float* cap_grads(std::int64_t tile) const { return base + cap_grads_at + tile * full_block; }
   Worker worker(int w) const {
     float* s = base + workers_at + w * worker_floats;
     float* st = naive ? nullptr : s;
     float* dst = naive ? nullptr : s + Bc * Br;
     float* dk = s + (naive ? 0 : 2 * Bc * Br);
-    return {st, dst, dk, dk + Bc * Dp, dk + 2 * Bc * Dp, dk + 2 * Bc * Dp + tile_t};
+    float* ones = dk + 2 * Bc * Dp + tile_t;
+    return {st, dst, dk, dk + Bc * Dp, dk + 2 * Bc * Dp, ones,
+            cap_floats ? ones + tile_vec : nullptr};
   }
 
   Rows q_rows(const QueryTile& x) const {

@@ -39,10 +39,13 @@ const Kernels& kernels_for(Isa isa);
 
 // Float64 reference: plain loops, for tests (cpu/reference.cpp).
 void reference_forward(const detail::Problem& p, const detail::Exec& exec);
-// One row of it: writes head_dim values, returns the logsumexp. scores is scratch.
+// One row of it: writes head_dim values, returns the logsumexp.
 double reference_row(const detail::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
-                     double* out_row, std::vector<double>& scores);
+                     double* out_row);
 // The float64 reference backward (a problem from make_backward_problem).
 void reference_backward(const detail::Problem& p, const detail::Exec& exec);
+// The sinks' gradient dsinks[h] = −Σ_(b,i) e^(sink_h − lse) · (dout·out − dlse), from the
+// forward's out and lse (float64 sums in a fixed order): the kernels' backward with sinks.
+void sink_gradients(const detail::Problem& p, const detail::Exec& exec);
 
 }  // namespace fattn::cpu

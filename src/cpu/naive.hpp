@@ -6,16 +6,25 @@
 // Each stage is a separate parallel loop over (batch, head, query tile) that finishes
 // before the next starts — the CPU picture of three kernel launches. The stages use
 // the fused kernel's own tile operations (same register-blocked FMA micro-kernels,
-// same exp2), and skip the same fully masked key tiles, so fused vs naive measures
-// the effect of fusion alone.
+// same exp2), and skip the same key tiles outside the band, so fused vs naive measures
+// the effect of fusion alone. The variants change the scores in stage 1 and the sinks
+// join the softmax in stage 2.
 #pragma once
 
 #include <algorithm>
 
 #include "core/diagnostics.hpp"
+#include "cpu/score_mods.hpp"
 #include "cpu/workspace.hpp"
 
 namespace fattn::cpu {
+
+// The keys a query tile's rows of the score buffer hold: its band's keys, from the key
+// tile (Bc grid) holding the first.
+template <class Tile>
+std::int64_t first_key_held(const Tile& x, std::int64_t key_tile) {
+  return x.kv_begin / key_tile * key_tile;
+}
 
 // Stage 2: softmax of each query row of the score buffer, in place, and the logsumexp.
 // Shared by the FMA and AMX naive paths: ws gives the items and the score buffer,
@@ -23,17 +32,42 @@ namespace fattn::cpu {
 template <class Ops, class Ws, class Scratch>
 void naive_softmax_stage(const detail::Problem& p, const detail::Exec& exec, const Ws& ws,
                          Scratch scratch) {
+  using Mods = ScoreModOps<typename Ops::Simd>;
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
     const auto x = ws.first_tile_of(item, 1);
     const auto tile = scratch(worker);
-    float* scores = ws.scores(x.b, x.h, x.t);
-    if (p.needs_mask(x.i0, x.kv_end))
-      Ops::mask_tile(scores, x.kv_end, typename Ops::Diagonal{0, x.i0, p.causal_offset});
+    const std::int64_t k0 = first_key_held(x, Ops::Bc), n = std::max<std::int64_t>(x.kv_end - k0, 0);
+    float* scores = ws.scores(x.b, x.h, x.t) + k0 * Ops::Br;
+    if (p.needs_mask(x.i0, x.i0 + x.rows, k0, k0 + n))
+      Ops::mask_tile(scores, n, Ops::band_of(p, k0, x.i0));
     Ops::start_rows(tile.m, tile.l, tile.ot, 0);
-    Ops::softmax_update(scores, x.kv_end, tile.m, tile.l, tile.alpha);
-    Ops::normalize_rows(scores, x.kv_end, tile.l);
+    Ops::softmax_update(scores, n, tile.m, tile.l, tile.alpha);
+    if (p.mods.sinks) {
+      Mods::add_sink(p, x.h, tile.m, tile.l, tile.alpha);
+      Mods::scale_rows(scores, n, tile.alpha);
+    }
+    Ops::normalize_rows(scores, n, tile.l);
     Ops::store_lse(tile.m, tile.l, p, x.b, x.h, x.i0, x.rows);
   });
+}
+
+// Stage 1's variants on one query tile's scores (keys [k0, end)), key tile by key tile:
+// a tile the mask hides whole becomes −inf without reading the rest of it.
+template <class S>
+void naive_score_mods(const detail::Problem& p, const QueryTile& x, std::int64_t k0,
+                      float* scores) {
+  using Ops = TileOps<S>;
+  using Mods = ScoreModOps<S>;
+  for (std::int64_t j0 = k0; j0 < x.kv_end; j0 += Ops::Bc) {
+    const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, j0,
+                                    std::min<std::int64_t>(Ops::Bc, x.kv_end - j0)};
+    float* st = scores + (j0 - k0) * Ops::Br;
+    const MaskCover cover = Mods::mask_cover(p, pairs);
+    if (cover == MaskCover::hidden)
+      std::fill_n(st, pairs.nj * Ops::Br, Ops::kNegInf);
+    else
+      Mods::apply(p, pairs, cover, st);
+  }
 }
 
 template <class S>
@@ -50,9 +84,12 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
     const auto x = ws.first_tile_of(item, 1);
     const auto tile = ws.worker(worker);
+    const std::int64_t k0 = first_key_held(x, Ops::Bc);
+    if (x.kv_end <= k0) return;
+    float* scores = ws.scores(x.b, x.h, x.t) + k0 * Ops::Br;
     Ops::load_q_transposed(p.q, p.dtype, x.b, x.h, x.i0, x.rows, p.head_dim, q_factor, tile.qt);
-    Ops::scores_tile(ws.k_panels(x.b, x.hk), 0, x.kv_end, tile.qt, p.head_dim,
-                     ws.scores(x.b, x.h, x.t));
+    Ops::scores_tile(ws.k_panels(x.b, x.hk), k0, x.kv_end - k0, tile.qt, p.head_dim, scores);
+    if (p.mods.any()) naive_score_mods<S>(p, x, k0, scores);
   });
   seconds.scores = clock.lap();
 
@@ -69,11 +106,12 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     const float* v = ws.v_rows(x.b, x.hk, &v_stride);
     Ops::start_rows(tile.m, tile.l, tile.ot, p.head_dim);
     for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
-    for (std::int64_t j0 = 0; j0 < x.kv_end; j0 += Ops::Bc) {
+    for (std::int64_t j0 = first_key_held(x, Ops::Bc); j0 < x.kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
-      const typename Ops::Diagonal diag{j0, x.i0, p.causal_offset};
+      const typename Ops::Band band = Ops::band_of(p, j0, x.i0);
+      const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, j0, j0 + nj);
       Ops::pv_accumulate(v + j0 * v_stride, v_stride, nj, probs + j0 * Ops::Br, tile.ones,
-                         p.head_dim, tile.ot, p.needs_mask(x.i0, j0 + nj) ? &diag : nullptr);
+                         p.head_dim, tile.ot, on_edge ? &band : nullptr);
     }
     Ops::store_output(tile.ot, tile.ones, p, x.b, x.h, x.i0, x.rows);
   });

@@ -1,18 +1,24 @@
 // fattn — the float64 reference: the definition every kernel is tested against.
 //
-// Forward, for each query row: s_j = scale · Σ_d q_d k_jd over visible keys,
-// m = max s_j, p_j = exp(s_j − m), out = Σ_j p_j v_j / Σ_j p_j, lse = m + ln Σ_j p_j.
-// A row that sees no key gives out = 0 and lse = −inf. A NaN score makes its row NaN.
+// Forward, for each query row: s_j = scale · Σ_d q_d k_jd over the keys of its band
+// (causal limit, window), changed by the variants (softcap, ALiBi, attn_mask: row_scores);
+// m = max(s_j, sink), p_j = exp(s_j − m), out = Σ_j p_j v_j / (e^(sink − m) + Σ_j p_j),
+// lse = m + ln(e^(sink − m) + Σ_j p_j), the sink's terms absent without sinks.
+// A row that sees no key (and has no sink) gives out = 0 and lse = −inf. A NaN score
+// makes its row NaN.
 //
 // Backward, for each query row, with P_j = p_j / Σ p and the row's exact output o:
-//   dP_j = dout · v_j,   Δ = dout · o − dlse,   dS_j = P_j (dP_j − Δ)
+//   dP_j = dout · v_j,   Δ = dout · o − dlse,   dS_j = P_j (dP_j − Δ) · (1 − tanh²_j)
+//   (the last factor with a softcap), d sink = −Σ_rows P_sink Δ
 //   dq = scale Σ_j dS_j k_j,   dk_j += scale dS_j q,   dv_j += P_j dout
 // Everything is recomputed in float64 from q, k, v: the forward's saved out and lse
 // are not read, so the reference checks them too.
 //
 // Element type T: float, BFloat16, Float16 (cpu/elements.hpp) or double (float64
 // problems). A 16-bit output is the float64 result rounded to float, then to 16 bits.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -58,45 +64,90 @@ struct Views {
         lse(retype<Lse<T>>(p.lse)) {}
 };
 
-// Keys query row i of sequence b sees (a KV cache's own length and pages included).
-std::int64_t visible_keys(const detail::Problem& p, std::int64_t b, std::int64_t i) {
-  return p.visible_end(b, i);
+// The per-head values of the variants (alibi slopes, sinks): float64 for float64
+// problems, float32 otherwise (the logsumexp's dtype).
+template <class T>
+double per_head(const float* values, std::int64_t index) {
+  return static_cast<double>(reinterpret_cast<const Lse<T>*>(values)[index]);
 }
 
-// probs ← the row's softmax over its visible keys (float64), out_row ← Σ_j P_j v_j;
-// returns the logsumexp (−inf for a row that sees no key).
+// The attn_mask's change to the score of (b, h, i, j): −inf for a hidden pair, else the
+// additive value (0 for a boolean true).
 template <class T>
-double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, std::int64_t h,
-                   std::int64_t i, double* out_row, std::vector<double>& probs) {
+double mask_value(const detail::ScoreMods& m, std::int64_t b, std::int64_t h, std::int64_t i,
+                  std::int64_t j) {
+  const std::int64_t at = b * m.mask_batch + h * m.mask_head + i * m.mask_seq + j * m.mask_key;
+  if (m.mask_dtype == DType::boolean)
+    return static_cast<const std::uint8_t*>(m.mask)[at] ? 0.0 : kNegInf;
+  return wide(static_cast<const T*>(m.mask)[at]);
+}
+
+// One query row: its visible keys [begin, end), the probabilities P_j over them, and
+// with a softcap d(capped score)/d(score) = 1 − tanh² of each.
+struct Row {
+  std::int64_t begin = 0, end = 0;
+  std::vector<double> probs, cap_grads;
+};
+
+// The row's scores, written plainly in Options' order: scale·q·k, softcap, ALiBi,
+// attn_mask, then the band (causal limit and window) decides which keys take part.
+template <class T>
+void row_scores(const detail::Problem& p, const Views<T>& t, std::int64_t b, std::int64_t h,
+                std::int64_t i, Row& row) {
   const std::int64_t hk = p.kv_head_of(h);
-  const std::int64_t visible = visible_keys(p, b, i);
+  row.begin = p.visible_begin(b, i);
+  row.end = std::max(row.begin, p.visible_end(b, i));
+  const auto n = static_cast<std::size_t>(row.end - row.begin);
+  row.probs.assign(n, 0.0);
+  row.cap_grads.assign(n, 1.0);
   const T* q = t.q.row(b, h, i);
-  probs.assign(static_cast<std::size_t>(visible > 0 ? visible : 0), 0.0);
-  double m = kNegInf;
-  for (std::int64_t j = 0; j < visible; ++j) {
+  const detail::ScoreMods& m = p.mods;
+  for (std::int64_t j = row.begin; j < row.end; ++j) {
+    const auto at = static_cast<std::size_t>(j - row.begin);
     const T* k = p.kv_row(t.k, b, hk, j);
     double dot = 0.0;
     for (std::int64_t d = 0; d < p.head_dim; ++d)
       dot += wide(q[d * t.q.dim]) * wide(k[d * t.k.dim]);
-    const double s = dot * p.scale;
-    probs[static_cast<std::size_t>(j)] = s;
-    if (s > m) m = s;
+    double s = dot * p.scale;
+    if (m.softcap != 0.0) {
+      const double tanh = std::tanh(s / m.softcap);
+      s = m.softcap * tanh;
+      row.cap_grads[at] = 1.0 - tanh * tanh;
+    }
+    if (m.alibi) {
+      const double slope = per_head<T>(m.alibi, b * m.alibi_batch + h);
+      s -= slope * std::abs(static_cast<double>(i + p.keys_of(b) - p.q_len - j));
+    }
+    if (m.mask) s += mask_value<T>(m, b, h, i, j);
+    row.probs[at] = s;
   }
+}
+
+// probs ← the row's softmax over its visible keys (and the sink, with sinks; float64),
+// out_row ← Σ_j P_j v_j; returns the logsumexp (−inf for a row that sees no key and has
+// no sink).
+template <class T>
+double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, std::int64_t h,
+                   std::int64_t i, double* out_row, Row& row) {
+  row_scores(p, t, b, h, i, row);
+  const double sink = p.mods.sinks ? per_head<T>(p.mods.sinks, h) : kNegInf;
+  double m = sink;
+  for (const double s : row.probs) m = std::max(m, s);
+  if (std::isnan(sink)) m = sink;
   for (std::int64_t d = 0; d < p.head_dim; ++d) out_row[d] = 0.0;
-  if (visible <= 0) return kNegInf;
   const double m_ref = std::isinf(m) && m < 0 ? 0.0 : m;
-  double sum = 0.0;
-  for (std::int64_t j = 0; j < visible; ++j) {
-    double& e = probs[static_cast<std::size_t>(j)];
+  double sum = std::exp(sink - m_ref);
+  for (double& e : row.probs) {
     e = std::exp(e - m_ref);
     sum += e;
   }
-  for (std::int64_t j = 0; j < visible; ++j) {
-    double& e = probs[static_cast<std::size_t>(j)];
+  if (sum == 0.0) return kNegInf;  // no key visible (or every score −inf), no sink
+  const std::int64_t hk = p.kv_head_of(h);
+  for (std::int64_t j = row.begin; j < row.end; ++j) {
+    double& e = row.probs[static_cast<std::size_t>(j - row.begin)];
     e /= sum;
     const T* v = p.kv_row(t.v, b, hk, j);
-    for (std::int64_t d = 0; d < p.head_dim; ++d)
-      out_row[d] += e * wide(v[d * t.v.dim]);
+    for (std::int64_t d = 0; d < p.head_dim; ++d) out_row[d] += e * wide(v[d * t.v.dim]);
   }
   return m_ref + std::log(sum);
 }
@@ -106,9 +157,10 @@ void forward(const detail::Problem& p, const detail::Exec& exec) {
   const Views<T> t(p);
   detail::parallel_items(exec, p.batch * p.q_heads, [&](std::int64_t item, int) {
     const std::int64_t b = item / p.q_heads, h = item % p.q_heads;
-    std::vector<double> probs, out(static_cast<std::size_t>(p.head_dim));
+    Row row;
+    std::vector<double> out(static_cast<std::size_t>(p.head_dim));
     for (std::int64_t i = 0; i < p.q_len; ++i) {
-      const double lse = softmax_row(p, t, b, h, i, out.data(), probs);
+      const double lse = softmax_row(p, t, b, h, i, out.data(), row);
       T* o = t.out.row(b, h, i);
       for (std::int64_t d = 0; d < p.head_dim; ++d)
         o[d * t.out.dim] = narrow<T>(out[static_cast<std::size_t>(d)]);
@@ -118,37 +170,46 @@ void forward(const detail::Problem& p, const detail::Exec& exec) {
 }
 
 // One work item per (batch, kv head): it owns dk and dv of that head and dq of the
-// query heads that share it, so no two items write one element.
+// query heads that share it, so no two items write one element. With sinks, each item
+// writes the sinks' gradient terms of its query heads to sink_terms[b][h]; the sum over
+// b runs afterwards, in order.
 template <class T>
 void backward(const detail::Problem& p, const detail::Exec& exec) {
   const Views<T> t(p);
   const std::int64_t D = p.head_dim;
+  std::vector<double> sink_terms(static_cast<std::size_t>(p.mods.sinks ? p.batch * p.q_heads : 0));
   detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
     const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-    std::vector<double> probs, out(static_cast<std::size_t>(D)), dq(static_cast<std::size_t>(D));
+    Row row;
+    std::vector<double> out(static_cast<std::size_t>(D)), dq(static_cast<std::size_t>(D));
     std::vector<double> dk(static_cast<std::size_t>(p.kv_len * D), 0.0), dv(dk.size(), 0.0);
     for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
       for (std::int64_t i = 0; i < p.q_len; ++i) {
-        softmax_row(p, t, b, h, i, out.data(), probs);
+        const double lse = softmax_row(p, t, b, h, i, out.data(), row);
         const T* q = t.q.row(b, h, i);
         const T* dout = t.dout.row(b, h, i);
         double delta = t.dlse.data ? -static_cast<double>(*t.dlse.row(b, h, i)) : 0.0;
         for (std::int64_t d = 0; d < D; ++d)
           delta += wide(dout[d * t.dout.dim]) * out[static_cast<std::size_t>(d)];
+        // d lse / d sink = P_sink; d out / d sink = −P_sink·out: the sink's term −P_sink·Δ.
+        if (p.mods.sinks && lse != kNegInf)
+          sink_terms[static_cast<std::size_t>(b * p.q_heads + h)] -=
+              std::exp(per_head<T>(p.mods.sinks, h) - lse) * delta;
         for (double& x : dq) x = 0.0;
-        for (std::size_t j = 0; j < probs.size(); ++j) {
-          const T* k = t.k.row(b, hk, static_cast<std::int64_t>(j));
-          const T* v = t.v.row(b, hk, static_cast<std::int64_t>(j));
+        for (std::int64_t j = row.begin; j < row.end; ++j) {
+          const auto at = static_cast<std::size_t>(j - row.begin);
+          const T* k = t.k.row(b, hk, j);
+          const T* v = t.v.row(b, hk, j);
           double dp = 0.0;
           for (std::int64_t d = 0; d < D; ++d)
             dp += wide(dout[d * t.dout.dim]) * wide(v[d * t.v.dim]);
-          const double ds = probs[j] * (dp - delta) * p.scale;
-          double* dk_row = dk.data() + static_cast<std::int64_t>(j) * D;
-          double* dv_row = dv.data() + static_cast<std::int64_t>(j) * D;
+          const double ds = row.probs[at] * (dp - delta) * row.cap_grads[at] * p.scale;
+          double* dk_row = dk.data() + j * D;
+          double* dv_row = dv.data() + j * D;
           for (std::int64_t d = 0; d < D; ++d) {
             dq[static_cast<std::size_t>(d)] += ds * wide(k[d * t.k.dim]);
             dk_row[d] += ds * wide(q[d * t.q.dim]);
-            dv_row[d] += probs[j] * wide(dout[d * t.dout.dim]);
+            dv_row[d] += row.probs[at] * wide(dout[d * t.dout.dim]);
           }
         }
         T* dq_out = t.dq.row(b, h, i);
@@ -164,6 +225,14 @@ void backward(const detail::Problem& p, const detail::Exec& exec) {
       }
     }
   });
+  if (!p.mods.sinks) return;
+  auto* dsinks = reinterpret_cast<Lse<T>*>(p.dsinks);
+  for (std::int64_t h = 0; h < p.q_heads; ++h) {
+    double sum = 0.0;
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      sum += sink_terms[static_cast<std::size_t>(b * p.q_heads + h)];
+    dsinks[h] = static_cast<Lse<T>>(sum);
+  }
 }
 
 // Calls f with a value of the problem's element type.
@@ -180,9 +249,10 @@ decltype(auto) with_reference_type(DType dtype, F&& f) {
 }  // namespace
 
 double reference_row(const detail::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
-                     double* out_row, std::vector<double>& scores) {
+                     double* out_row) {
   return with_reference_type(p.dtype, [&](auto element) {
-    return softmax_row(p, Views<decltype(element)>(p), b, h, i, out_row, scores);
+    Row row;
+    return softmax_row(p, Views<decltype(element)>(p), b, h, i, out_row, row);
   });
 }
 

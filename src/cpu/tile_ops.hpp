@@ -27,6 +27,7 @@ namespace fattn::cpu {
 
 template <class S>
 struct TileOps {
+  using Simd = S;
   using vec = typename S::vec;
   using T = Tiling<S::lanes * static_cast<int>(sizeof(float))>;
   static constexpr int L = S::lanes;
@@ -37,12 +38,22 @@ struct TileOps {
   static constexpr int MD = T::dim_rows;
   static_assert(Bc % MK == 0, "a key tile is a whole number of key panels");
 
-  // Which (key, query) pairs of a tile are visible, for the tiles that straddle the
-  // causal diagonal: query i0+i sees key j0+j iff i >= first_seeing(j).
-  struct Diagonal {
-    std::int64_t j0, i0, offset;
-    std::int64_t first_seeing(std::int64_t j) const { return j0 + j - offset - i0; }
+  // Which (key, query) pairs of a tile are visible, for the tiles an edge of the band
+  // crosses (Problem: band_lo <= key − query <= band_hi): query i0+i sees key j0+j iff
+  // first_seeing(j) <= i < end_seeing(j), both clamped to [0, Br] by seeing_rows.
+  struct Band {
+    std::int64_t j0, i0, lo, hi;
+    std::int64_t first_seeing(std::int64_t j) const { return j0 + j - hi - i0; }
+    std::int64_t end_seeing(std::int64_t j) const { return j0 + j - lo - i0 + 1; }
+    static std::int64_t clamp_row(std::int64_t i) { return i < 0 ? 0 : i > Br ? Br : i; }
+    void seeing_rows(std::int64_t j, std::int64_t* first, std::int64_t* end) const {
+      *first = clamp_row(first_seeing(j));
+      *end = clamp_row(end_seeing(j));
+    }
   };
+  static Band band_of(const detail::Problem& p, std::int64_t j0, std::int64_t i0) {
+    return {j0, i0, p.band_lo, p.band_hi};
+  }
 
   static constexpr float kLog2e = 1.4426950408889634f;
   static constexpr float kLn2 = 0.6931471805599453f;
@@ -122,14 +133,15 @@ struct TileOps {
       scores_block(kpanels + g * D * MK, qt, D, st + (g * MK - j0) * Br);
   }
 
-  // Hides key j0+j from query i0+i where j0+j > i0+i+offset (causal): the score
-  // becomes `hidden` (−inf; the backward also zeroes its dS this way).
-  static void mask_tile(float* st, std::int64_t nj, const Diagonal& diag,
-                        float hidden = kNegInf) {
+  // Hides key j0+j from the queries i0+i outside the band: the score becomes `hidden`
+  // (−inf; the backward also zeroes its dS this way).
+  static void mask_tile(float* st, std::int64_t nj, const Band& band, float hidden = kNegInf) {
     for (std::int64_t j = 0; j < nj; ++j) {
-      std::int64_t first = diag.first_seeing(j);
-      if (first > Br) first = Br;
+      std::int64_t first, end;
+      band.seeing_rows(j, &first, &end);
+      if (end < first) end = first;
       for (std::int64_t i = 0; i < first; ++i) st[j * Br + i] = hidden;
+      for (std::int64_t i = end; i < Br; ++i) st[j * Br + i] = hidden;
     }
   }
 
@@ -166,11 +178,12 @@ struct TileOps {
   }
 
   // ot[d0+r][·] = alpha·ot[d0+r][·] + Σ_{j<nj} v[j][d0+r] · p[j][·] for R dims.
-  // On a diagonal tile the hidden (key, query) pairs are skipped rather than added
-  // with p = 0, so a NaN or Inf in a value row reaches only the queries that see it.
-  template <int R, bool OnDiagonal>
+  // On a tile an edge of the band crosses, the hidden (key, query) pairs are skipped rather
+  // than added with p = 0, so a NaN or Inf in a value row reaches only the queries that see
+  // it (a boolean attn_mask's hidden pairs are added with p = 0, as torch's math backend).
+  template <int R, bool OnBand>
   static void pv_block(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
-                       const float* alpha, float* ot, const Diagonal& diag) {
+                       const float* alpha, float* ot, const Band& band) {
     using ivec = typename S::ivec;
     vec acc[R][NV] = {};
     ivec lane[NV];
@@ -182,11 +195,13 @@ struct TileOps {
       ivec visible[NV];
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u) pv[u] = S::load(p + j * Br + u * L);
-      if constexpr (OnDiagonal) {
-        std::int64_t first = diag.first_seeing(j);
-        first = first < 0 ? 0 : first > Br ? Br : first;
+      if constexpr (OnBand) {
+        std::int64_t first, end;
+        band.seeing_rows(j, &first, &end);
 #pragma GCC unroll 8
-        for (int u = 0; u < NV; ++u) visible[u] = lane[u] >= static_cast<std::int32_t>(first);
+        for (int u = 0; u < NV; ++u)
+          visible[u] = (lane[u] >= static_cast<std::int32_t>(first)) &
+                       (lane[u] < static_cast<std::int32_t>(end));
       }
       const float* vrow = v + j * v_stride;
 #pragma GCC unroll 16
@@ -195,7 +210,7 @@ struct TileOps {
 #pragma GCC unroll 8
         for (int u = 0; u < NV; ++u) {
           const vec sum = S::fma(vb, pv[u], acc[r][u]);
-          if constexpr (OnDiagonal)
+          if constexpr (OnBand)
             acc[r][u] = visible[u] ? sum : acc[r][u];
           else
             acc[r][u] = sum;
@@ -212,34 +227,34 @@ struct TileOps {
   }
 
   // ot ← alpha·ot + Vᵀ·P over nj keys; v points at key 0 of the tile, dims contiguous.
-  // diag: null for a tile every query sees whole.
+  // band: null for a tile no edge of the band crosses.
   static void pv_accumulate(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
                             const float* alpha, std::int64_t D, float* ot,
-                            const Diagonal* diag = nullptr) {
-    if (diag)
-      pv_rows<true>(v, v_stride, nj, p, alpha, D, ot, *diag);
+                            const Band* band = nullptr) {
+    if (band)
+      pv_rows<true>(v, v_stride, nj, p, alpha, D, ot, *band);
     else
-      pv_rows<false>(v, v_stride, nj, p, alpha, D, ot, Diagonal{});
+      pv_rows<false>(v, v_stride, nj, p, alpha, D, ot, Band{});
   }
 
-  template <bool OnDiagonal>
+  template <bool OnBand>
   static void pv_rows(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
-                      const float* alpha, std::int64_t D, float* ot, const Diagonal& diag) {
+                      const float* alpha, std::int64_t D, float* ot, const Band& band) {
     std::int64_t d = 0;
     for (; d + MD <= D; d += MD)
-      pv_block<MD, OnDiagonal>(v + d, v_stride, nj, p, alpha, ot + d * Br, diag);
+      pv_block<MD, OnBand>(v + d, v_stride, nj, p, alpha, ot + d * Br, band);
     if (d < D)
-      pv_tail<MD - 1, OnDiagonal>(static_cast<int>(D - d), v + d, v_stride, nj, p, alpha,
-                                  ot + d * Br, diag);
+      pv_tail<MD - 1, OnBand>(static_cast<int>(D - d), v + d, v_stride, nj, p, alpha,
+                                  ot + d * Br, band);
   }
 
   // The last D mod MD dims in one block of exactly that many rows.
-  template <int R, bool OnDiagonal>
+  template <int R, bool OnBand>
   static void pv_tail(int rows, const float* v, std::int64_t v_stride, std::int64_t nj,
-                      const float* p, const float* alpha, float* ot, const Diagonal& diag) {
+                      const float* p, const float* alpha, float* ot, const Band& band) {
     if constexpr (R > 0) {
-      if (rows == R) return pv_block<R, OnDiagonal>(v, v_stride, nj, p, alpha, ot, diag);
-      pv_tail<R - 1, OnDiagonal>(rows, v, v_stride, nj, p, alpha, ot, diag);
+      if (rows == R) return pv_block<R, OnBand>(v, v_stride, nj, p, alpha, ot, band);
+      pv_tail<R - 1, OnBand>(rows, v, v_stride, nj, p, alpha, ot, band);
     }
   }
 

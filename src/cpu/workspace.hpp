@@ -40,14 +40,14 @@ struct Sizes {
 // One query tile of one head: the rows it holds and the keys they may see. index
 // numbers the tiles over (batch, query head, tile), for per-tile buffers.
 struct QueryTile {
-  std::int64_t b, h, hk, t, index, i0, rows, kv_end;
+  std::int64_t b, h, hk, t, index, i0, rows, kv_begin, kv_end;
 };
 inline QueryTile query_tile_of(const detail::Problem& p, int rows_per_tile, std::int64_t q_tiles,
                                std::int64_t b, std::int64_t h, std::int64_t t) {
   const std::int64_t i0 = t * rows_per_tile;
   const std::int64_t rows = std::min<std::int64_t>(rows_per_tile, p.q_len - i0);
   return {b, h, p.kv_head_of(h), t, (b * p.q_heads + h) * q_tiles + t, i0, rows,
-          p.kv_end(i0 + rows)};
+          p.kv_begin(i0), p.kv_end(i0 + rows)};
 }
 
 // Work items of `group` consecutive query tiles of one head: how many, and the first

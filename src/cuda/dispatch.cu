@@ -71,7 +71,8 @@ void with_type(DType dtype, F&& f) {
     case DType::float16: f(Tag<__half>{}); return;
     case DType::bfloat16: f(Tag<__nv_bfloat16>{}); return;
     case DType::float64:  // rejected before dispatch (api.cpp)
-    case DType::int32: break;
+    case DType::int32:
+    case DType::boolean: break;
   }
   fail("unknown dtype");
 }

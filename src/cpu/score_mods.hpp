@@ -1,0 +1,202 @@
+// fattn — the variants on the CPU kernels' score tiles: softcap, ALiBi, attn_mask, sinks.
+//
+// Tiles as in tile_ops.hpp: st [Bc][Br], keys × queries, scores in log2 units (Q carries
+// scale·log2(e)), so every change below is made in log2 units too:
+//   softcap  st ← c·tanh(st / c) with c = softcap·log2(e)   (the same function, rescaled)
+//   ALiBi    st ← st − slope·log2(e)·|i + Sk − Sq − j|
+//   mask     boolean false → −inf; additive: st ← st + mask·log2(e)
+// The causal limit and the window are not here: they are the band (tile_ops.hpp), whose
+// tiles outside are never visited.
+//
+// A tile's attn_mask is read once, before its scores are computed (mask_cover): a tile
+// whose mask hides every pair is skipped like a tile outside the band, and a tile whose
+// mask hides none (boolean all true, additive all zero) is left as it is. Reading the
+// mask is a compare per byte (a boolean padding mask broadcast over queries: Bc bytes per
+// tile), against the tile's Bc·Br·D multiply-adds.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/tile_ops.hpp"
+
+namespace fattn::cpu {
+
+// What an attn_mask says of a tile: every pair hidden, every pair unchanged, or mixed.
+enum class MaskCover : std::uint8_t { hidden, unchanged, mixed };
+
+template <class S>
+struct ScoreModOps {
+  using Ops = TileOps<S>;
+  using vec = typename S::vec;
+  static constexpr int L = S::lanes;
+  static constexpr int NV = Ops::NV;
+  static constexpr int Br = Ops::Br;
+
+  // The pairs of one score tile: queries [i0, i0 + rows) of head (b, h), keys [j0, j0 + nj).
+  struct Tile {
+    std::int64_t b, h, i0, rows, j0, nj;
+  };
+
+  // The mask's elements of query row i of the tile: keys j0.. at stride `key`.
+  template <class E>
+  static const E* mask_row(const detail::ScoreMods& m, const Tile& t, std::int64_t i) {
+    return static_cast<const E*>(m.mask) + t.b * m.mask_batch + t.h * m.mask_head +
+           (t.i0 + i) * m.mask_seq + t.j0 * m.mask_key;
+  }
+  // Query rows whose mask rows differ: 1 when the mask is broadcast over queries.
+  static std::int64_t mask_rows(const detail::ScoreMods& m, const Tile& t) {
+    return m.mask_seq == 0 ? 1 : t.rows;
+  }
+
+  // Calls f with a null pointer of the mask's element type.
+  template <class F>
+  static decltype(auto) with_mask_type(const detail::ScoreMods& m, F&& f) {
+    switch (m.mask_dtype) {
+      case DType::boolean: return f(static_cast<const std::uint8_t*>(nullptr));
+      case DType::bfloat16: return f(static_cast<const BFloat16*>(nullptr));
+      case DType::float16: return f(static_cast<const Float16*>(nullptr));
+      default: return f(static_cast<const float*>(nullptr));
+    }
+  }
+
+  static MaskCover mask_cover(const detail::Problem& p, const Tile& t) {
+    const detail::ScoreMods& m = p.mods;
+    if (!m.mask) return MaskCover::unchanged;
+    return with_mask_type(m, [&](auto type) {
+      using E = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
+      bool any_visible = false, any_changed = false;
+      for (std::int64_t i = 0; i < mask_rows(m, t); ++i) {
+        const E* row = mask_row<E>(m, t, i);
+        if constexpr (std::is_same_v<E, std::uint8_t>) {
+          unsigned any = 0, all = 1;  // OR and AND of the bytes: vectorised reductions
+          for (std::int64_t j = 0; j < t.nj; ++j) {
+            any |= row[j * m.mask_key];
+            all &= row[j * m.mask_key] != 0;
+          }
+          any_visible |= any != 0;
+          any_changed |= all == 0;
+        } else {
+          for (std::int64_t j = 0; j < t.nj; ++j) {
+            const float x = to_float(row[j * m.mask_key]);
+            any_visible |= x != -INFINITY;
+            any_changed |= x != 0.0f;
+          }
+        }
+        if (any_visible && any_changed) return MaskCover::mixed;
+      }
+      return !any_visible ? MaskCover::hidden : any_changed ? MaskCover::mixed
+                                                            : MaskCover::unchanged;
+    });
+  }
+
+  // cap2·tanh(u), u = x / cap2, for scores x in log2 units (cap2 = softcap·log2(e));
+  // grad ← 1 − tanh². tanh(u) = sign(u)·(1 − e)/(1 + e) with e = e^(−2|u|) = 2^(−2|x|/softcap)
+  // for |u| >= 1/4; below, where 1 − e
+  // would cancel, its Taylor series to u⁹ (truncation error < 1e-8·|u| there).
+  static vec softcap(vec x, float cap2, float two_over_cap, vec* grad) {
+    const vec magnitude = x < 0.0f ? -x : x;
+    const vec e = exp2<S>(magnitude * S::splat(-two_over_cap));
+    const vec far = (S::splat(1.0f) - e) / (S::splat(1.0f) + e);
+    const vec u = magnitude * S::splat(two_over_cap * 0.5f / Ops::kLog2e), u2 = u * u;
+    vec series = S::splat(62.0f / 2835.0f);
+    series = S::fma(series, u2, S::splat(-17.0f / 315.0f));
+    series = S::fma(series, u2, S::splat(2.0f / 15.0f));
+    series = S::fma(series, u2, S::splat(-1.0f / 3.0f));
+    series = S::fma(series * u2, u, u);
+    vec t = u < 0.25f ? series : far;
+    t = x < 0.0f ? -t : t;
+    if (grad) *grad = S::splat(1.0f) - t * t;
+    return t * S::splat(cap2);
+  }
+
+  // Applies softcap, ALiBi and (unless the cover says unchanged) the mask to the tile's
+  // scores st. cap_grad [nj][Br], when not null, receives d(capped)/d(score) = 1 − tanh²
+  // (the backward's chain rule through the softcap).
+  static void apply(const detail::Problem& p, const Tile& t, MaskCover cover, float* st,
+                    float* cap_grad = nullptr) {
+    const detail::ScoreMods& m = p.mods;
+    if (m.softcap != 0.0) {
+      const float cap2 = static_cast<float>(m.softcap) * Ops::kLog2e;
+      const float two_over_cap = static_cast<float>(2.0 / m.softcap);
+      for (std::int64_t e = 0; e < t.nj * Br; e += L) {
+        vec grad;
+        S::store(st + e, softcap(S::load(st + e), cap2, two_over_cap, cap_grad ? &grad : nullptr));
+        if (cap_grad) S::store(cap_grad + e, grad);
+      }
+    }
+    if (m.alibi) add_alibi(p, t, st);
+    if (m.mask && cover == MaskCover::mixed) apply_mask(p, t, st);
+  }
+
+  // st[j][i] −= slope·log2(e)·|i0 + i + Sk − Sq − j0 − j|.
+  static void add_alibi(const detail::Problem& p, const Tile& t, float* st) {
+    const vec slope2 = S::splat(-static_cast<float>(p.mods.slope(t.b, t.h)) * Ops::kLog2e);
+    vec lane[NV];
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) lane[u] = S::iota() + S::splat(static_cast<float>(u * L));
+    const std::int64_t offset = t.i0 + p.keys_of(t.b) - p.q_len - t.j0;
+    for (std::int64_t j = 0; j < t.nj; ++j) {
+      const vec base = S::splat(static_cast<float>(offset - j));
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) {
+        const vec distance = lane[u] + base;
+        float* s = st + j * Br + u * L;
+        S::store(s, S::fma(distance < 0.0f ? -distance : distance, slope2, S::load(s)));
+      }
+    }
+  }
+
+  // A mixed tile's mask, pair by pair (a mask broadcast over queries: key by key).
+  static void apply_mask(const detail::Problem& p, const Tile& t, float* st) {
+    const detail::ScoreMods& m = p.mods;
+    with_mask_type(m, [&](auto type) {
+      using E = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
+      auto change = [](float s, E x) {
+        if constexpr (std::is_same_v<E, std::uint8_t>)
+          return x ? s : Ops::kNegInf;
+        else
+          return s + to_float(x) * Ops::kLog2e;
+      };
+      if (m.mask_seq == 0) {
+        const E* row = mask_row<E>(m, t, 0);
+        for (std::int64_t j = 0; j < t.nj; ++j)
+          for (int i = 0; i < Br; ++i) st[j * Br + i] = change(st[j * Br + i], row[j * m.mask_key]);
+        return;
+      }
+      for (std::int64_t i = 0; i < t.rows; ++i) {
+        const E* row = mask_row<E>(m, t, i);
+        for (std::int64_t j = 0; j < t.nj; ++j)
+          st[j * Br + i] = change(st[j * Br + i], row[j * m.mask_key]);
+      }
+    });
+  }
+
+  // The sink of head h joins the softmax state of the tile's rows: m ← max(m, sink),
+  // l ← alpha·l + 2^(sink − m), alpha = 2^(m_old − m) (written to alpha; the caller
+  // rescales what it accumulated against m_old: scale_rows).
+  static void add_sink(const detail::Problem& p, std::int64_t h, float* m, float* l,
+                       float* alpha) {
+    const float sink = static_cast<float>(p.mods.sinks[h]) * Ops::kLog2e;
+    for (int i = 0; i < Br; ++i) {
+      const float m_new = m[i] > sink ? m[i] : sink;
+      const float m_ref = m_new == Ops::kNegInf ? 0.0f : m_new;  // no key, sink −inf
+      alpha[i] = std::exp2(m[i] - m_ref);
+      l[i] = l[i] * alpha[i] + std::exp2(sink - m_ref);
+      m[i] = m_new;
+    }
+  }
+
+  // x[r][i] ← x[r][i] · alpha[i] for n rows of Br.
+  static void scale_rows(float* x, std::int64_t n, const float* alpha) {
+    vec a[NV];
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) a[u] = S::load(alpha + u * L);
+    for (std::int64_t r = 0; r < n; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) S::store(x + r * Br + u * L, S::load(x + r * Br + u * L) * a[u]);
+  }
+};
+
+}  // namespace fattn::cpu
