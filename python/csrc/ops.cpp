@@ -23,6 +23,7 @@
 
 #include "fattn/attention.hpp"
 #include "torch_views.hpp"
+#include "variants.hpp"
 
 #ifdef FATTN_WITH_CUDA
 #include <ATen/Context.h>
@@ -111,20 +112,24 @@ fattn::Options options_for(const at::Tensor& q, bool is_causal, bool causal_bott
 //   q: (B, Hq, Sq, D)  k, v: (B, Hkv, Sk, D), any strides; Hq a multiple of Hkv
 //   out: (B, Hq, Sq, D), laid out as empty_output says
 //   lse: (B, Hq, Sq) float32, the natural-log logsumexp of each row's scaled scores
-std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k,
-                                             const at::Tensor& v, bool is_causal,
-                                             bool causal_bottom_right,
-                                             std::optional<double> scale,
-                                             c10::string_view impl) {
+std::tuple<at::Tensor, at::Tensor> attention(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+    bool causal_bottom_right, std::optional<double> scale, c10::string_view impl,
+    const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
+    std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+    const std::optional<at::Tensor>& sinks) {
   check_operands(q, k, v);
-  const fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
+  fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
+  const Variants variants(attn_mask, window_left, window_right, softcap, alibi_slopes, sinks,
+                          &options);
   at::Tensor out = empty_output(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
 
   if (q.numel() == 0 || k.size(2) == 0 || k.size(1) == 0) {
     check_empty_shapes(q, k, v);
-    out.zero_();  // no key at all: a row that sees none is 0, its logsumexp -inf
+    out.zero_();  // no key at all: a row that sees none is 0, its logsumexp -inf (or its sink)
     lse.fill_(-std::numeric_limits<float>::infinity());
+    if (sinks && lse.numel() > 0) lse.copy_(sinks->to(lse.scalar_type()).view({1, -1, 1}).expand_as(lse));
     return {out, lse};
   }
 
@@ -159,31 +164,39 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
 //   the gradients of attention(q, k, v, ...) -> (out, lse) given dout (and dlse, the
 //   gradient of lse, or None); the options must be the forward's. dq is laid out as q's
 //   output would be (empty_output), dk and dv as k and v.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+//   dsinks: the sinks' gradient (lse's dtype, shape of sinks); empty without sinks.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
     bool is_causal, bool causal_bottom_right, std::optional<double> scale,
-    c10::string_view impl) {
+    c10::string_view impl, const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
+    std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+    const std::optional<at::Tensor>& sinks) {
   check_operands(q, k, v);
-  const fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
+  fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
+  const Variants variants(attn_mask, window_left, window_right, softcap, alibi_slopes, sinks,
+                          &options);
   at::Tensor dq = empty_output(q), dk = empty_output(k), dv = empty_output(v);
+  at::Tensor dsinks = at::empty({sinks ? sinks->numel() : 0}, q.options().dtype(lse_dtype(q)));
   if (q.numel() == 0 || k.numel() == 0) {
     check_empty_shapes(q, k, v);
     dq.zero_();  // no (query, key) pair: every gradient is 0
     dk.zero_();
     dv.zero_();
-    return {dq, dk, dv};
+    dsinks.zero_();
+    return {dq, dk, dv, dsinks};
   }
   const fattn::TensorView dlse_view = dlse ? view_of(*dlse, "dlse") : fattn::TensorView{};
+  const fattn::TensorView dsinks_view = sinks ? view_of(dsinks, "dsinks") : fattn::TensorView{};
   try {
     fattn::attention_backward(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
                               view_of(out, "out"), view_of(dout, "dout"), view_of(lse, "lse"),
                               dlse ? &dlse_view : nullptr, view_of(dq, "dq"), view_of(dk, "dk"),
-                              view_of(dv, "dv"), options);
+                              view_of(dv, "dv"), options, sinks ? &dsinks_view : nullptr);
   } catch (const fattn::Error& e) {
     TORCH_CHECK(false, e.what());
   }
-  return {dq, dk, dv};
+  return {dq, dk, dv, dsinks};
 }
 
 // Working memory the operator would allocate for this call (fattn::extra_bytes), with
@@ -214,6 +227,11 @@ std::int64_t backward_extra_bytes(const at::Tensor& q, const at::Tensor& k, cons
 
 }  // namespace
 
+// The variants' arguments, as attention and attention_backward take them.
+#define VARIANT_ARGS                                                                  \
+  "Tensor? attn_mask=None, int window_left=-1, int window_right=-1, float softcap=0.0, " \
+  "Tensor? alibi_slopes=None, Tensor? sinks=None"
+
 TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
 #ifdef FATTN_PYTHON_MODULE
   // Where the fake (meta) kernels live: torch asks for this module to be imported when
@@ -222,13 +240,14 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
 #endif
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, "
-      "bool causal_bottom_right=False, float? scale=None, str impl=\"auto\") "
-      "-> (Tensor out, Tensor lse)",
+      "bool causal_bottom_right=False, float? scale=None, str impl=\"auto\", "
+      VARIANT_ARGS ") -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor? dlse=None, bool is_causal=False, bool causal_bottom_right=False, "
-      "float? scale=None, str impl=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+      "float? scale=None, str impl=\"auto\", " VARIANT_ARGS
+      ") -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       {at::Tag::pt2_compliant_tag});
   // KV cache and packed variable-length sequences: CPU kernels in kv_ops.cpp (layouts and
   // semantics there). attention_kvcache writes k_new and v_new into the caches in place,

@@ -80,32 +80,45 @@ def register(ns: str) -> None:
     backward_qualname = f"{ns}::attention_backward"
 
     def fake_attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None,
-                       impl="auto"):
+                       impl="auto", attn_mask=None, window_left=-1, window_right=-1,
+                       softcap=0.0, alibi_slopes=None, sinks=None):
         check_operands(q, k, v, is_causal, causal_bottom_right)
         b, h, s, _ = q.shape
         return _empty_like_output(q), q.new_empty((b, h, s), dtype=_lse_dtype(q))
 
     def fake_attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
-                                causal_bottom_right=False, scale=None, impl="auto"):
+                                causal_bottom_right=False, scale=None, impl="auto",
+                                attn_mask=None, window_left=-1, window_right=-1, softcap=0.0,
+                                alibi_slopes=None, sinks=None):
         check_operands(q, k, v, is_causal, causal_bottom_right)
-        return _empty_like_output(q), _empty_like_output(k), _empty_like_output(v)
+        dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=_lse_dtype(q))
+        return _empty_like_output(q), _empty_like_output(k), _empty_like_output(v), dsinks
 
     torch.library.register_fake(qualname, fake_attention)
     torch.library.register_fake(backward_qualname, fake_attention_backward)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, is_causal, causal_bottom_right, scale, impl = inputs
+        q, k, v, *options = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (is_causal, causal_bottom_right, scale, impl)
+        ctx.options = options
+        attn_mask = options[4]
+        if attn_mask is not None and attn_mask.requires_grad:
+            raise NotImplementedError(
+                "fattn: attn_mask requires grad, but fattn computes no gradient for the mask; "
+                "pass attn_mask.detach()")
 
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         if grad_out is None:  # only lse was used
             grad_out = torch.zeros_like(out)
         op = getattr(torch.ops, ns).attention_backward
-        dq, dk, dv = op(grad_out, q, k, v, out, lse, grad_lse, *ctx.options)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv, dsinks = op(grad_out, q, k, v, out, lse, grad_lse, *ctx.options)
+        sinks = ctx.options[-1]
+        dsinks = dsinks.to(sinks.dtype) if sinks is not None else None
+        # (is_causal, causal_bottom_right, scale, impl, attn_mask, window_left, window_right,
+        #  softcap, alibi_slopes): no gradient
+        return (dq, dk, dv) + (None,) * (len(ctx.options) - 1) + (dsinks,)
 
     torch.library.register_autograd(qualname, backward, setup_context=setup_context)
 

@@ -7,8 +7,8 @@ arguments fattn does not support) and then passes the tensors to the operator as
 Errors:
   ValueError           the call is invalid for torch too (mismatched shapes, devices,
                        dtypes, ranks, an unknown layout, GQA heads without enable_gqa)
-  NotImplementedError  valid for torch, but not supported by fattn (yet): attn_mask,
-                       dropout_p > 0, dtypes other than float32, bfloat16 and float16
+  NotImplementedError  valid for torch, but not supported by fattn (yet): dropout_p > 0,
+                       a mask that requires grad, dtypes other than float32, bfloat16 and float16
                        (float64 on the CPU: the float64 reference, for gradient checks), a
                        device without fattn kernels, gradients of CUDA tensors (the
                        backward is CPU only)
@@ -115,9 +115,12 @@ def _sdpa(op, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     fn = "scaled_dot_product_attention"
     _check_tensors(fn, (("query", query), ("key", key), ("value", value)))
     if attn_mask is not None:
-        raise NotImplementedError(
-            f"fattn.{fn}: attn_mask is not supported (fattn computes full or causal "
-            "attention); pass attn_mask=None, with is_causal=True for a causal mask")
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"fattn.{fn}: attn_mask must be a torch.Tensor or None, got "
+                            f"{type(attn_mask).__name__}")
+        if is_causal:
+            raise ValueError(f"fattn.{fn}: attn_mask and is_causal=True together are an error "
+                             "in torch too; put the causal limit into the mask or drop the mask")
     if dropout_p != 0.0:
         raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 (fattn has no dropout), "
                                   f"got {dropout_p}")
@@ -143,14 +146,38 @@ def _sdpa(op, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             f"fattn.{fn}: value's head dim ({value.size(-1)}) must equal query's "
             f"({query.size(-1)}); fattn has no separate value head dim")
     _check_heads(fn, q.size(1), k.size(1), enable_gqa, "enable_gqa=True")
-    out, _ = op(q, k, v, bool(is_causal), False, scale, "auto")
+    mask = _mask_as_bhsd(fn, attn_mask, query, key, rank) if attn_mask is not None else None
+    out, _ = op(q, k, v, bool(is_causal), False, scale, "auto", mask)
     return out.view(query.shape) if rank != 4 else out
 
 
+def _mask_as_bhsd(fn, attn_mask, query, key, rank):
+    """attn_mask, broadcastable to (…, L, S), as the operator takes it: up to 4 dimensions,
+    size-1 dimensions broadcast by stride 0 (a view); more leading batch dimensions are
+    expanded and merged like query's."""
+    target = tuple(query.shape[:-1]) + (key.size(-2),)
+    if attn_mask.dim() > rank:
+        raise ValueError(f"fattn.{fn}: attn_mask {tuple(attn_mask.shape)} has more dimensions "
+                         f"than the scores {target}")
+    for got, want in zip(reversed(attn_mask.shape), reversed(target)):
+        if got not in (1, want):
+            raise ValueError(f"fattn.{fn}: attn_mask {tuple(attn_mask.shape)} does not "
+                             f"broadcast to the scores (…, L, S) = {target}")
+    if rank <= 4:
+        return attn_mask
+    return attn_mask.expand(target).reshape((-1,) + target[-3:])
+
+
 def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", return_lse=False,
-           dropout_p=0.0):
+           dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
     fn = "flash_attention"
     _check_tensors(fn, (("q", q), ("k", k), ("v", v)))
+    if len(tuple(window_size)) != 2:
+        raise ValueError(f"fattn.{fn}: window_size must be (left, right), got {window_size!r}")
+    for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"fattn.{fn}: {name} must be a torch.Tensor or None, got "
+                            f"{type(t).__name__}")
     if dropout_p != 0.0:
         raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 (fattn has no dropout), "
                                   f"got {dropout_p}")
@@ -164,10 +191,19 @@ def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", retu
     if layout == "bshd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     _check_heads(fn, q.size(1), k.size(1), True, "")
-    out, lse = op(q, k, v, bool(causal), bool(causal), softmax_scale, "auto")
+    if sinks is not None and sinks.dtype != _per_head_dtype(q):
+        sinks = sinks.to(_per_head_dtype(q))  # Hq values; the gradient flows back through it
+    left, right = (int(w) for w in window_size)
+    out, lse = op(q, k, v, bool(causal), bool(causal), softmax_scale, "auto", None, left, right,
+                  float(softcap), alibi_slopes, sinks)
     if layout == "bshd":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
+
+
+def _per_head_dtype(q):
+    """The dtype of the per-head values (sinks, ALiBi slopes): float32, float64 for float64."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def _attention_forward(op, Q, K, V):
@@ -192,24 +228,34 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     2-D (S, D) or more leading batch dimensions, any strides (no copies up to 4-D).
     is_causal: torch's (top-left) causal mask, query i sees keys j <= i.
     scale: default 1/sqrt(D). enable_gqa: allow Hq a multiple of Hkv, as in torch.
-    attn_mask and dropout_p > 0 are not supported and raise NotImplementedError.
+    attn_mask: torch's: boolean (True takes part) or additive in query's dtype, broadcastable
+    to (…, Hq, L, S), read where it lies (broadcast dimensions are not expanded). A row
+    whose mask hides every key gives 0 (torch's math backend gives NaN there). The mask
+    gets no gradient. dropout_p > 0 raises NotImplementedError.
     """
     return _sdpa(torch.ops.fattn.attention, query, key, value, attn_mask, dropout_p, is_causal,
                  scale, enable_gqa)
 
 
 def flash_attention(q, k, v, *, causal=False, softmax_scale=None, layout="bshd",
-                    return_lse=False, dropout_p=0.0):
+                    return_lse=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, sinks=None):
     """FlashAttention's convention: q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D) with
     layout="bshd" (the default; layout="bhsd" for (B, H, S, D)); Hq a multiple of Hkv
     (MQA/GQA); causal aligned bottom-right (query i sees keys j <= i + Sk - Sq; a query
     that sees no key gives 0). Returns the output in q's layout, and with
     return_lse=True also the (B, Hq, Sq) float32 logsumexp of the scaled scores.
     The options are keyword-only (flash_attn_func's 4th positional argument is dropout_p).
+    window_size=(left, right): query i sees keys j with i + Sk − Sq − left <= j <=
+    i + Sk − Sq + right (−1: unbounded), combined with causal. softcap > 0: scores ←
+    softcap·tanh(scores/softcap). alibi_slopes (Hq) or (B, Hq), float32: scores −=
+    slope·|i + Sk − Sq − j|. sinks (Hq): one logit per head that joins the softmax
+    denominator (gpt-oss); it gets a gradient. The CPU kernels take all of them (CUDA: not yet).
     """
     return _flash(torch.ops.fattn.attention, q, k, v, causal=causal,
                   softmax_scale=softmax_scale, layout=layout, return_lse=return_lse,
-                  dropout_p=dropout_p)
+                  dropout_p=dropout_p, window_size=window_size, softcap=softcap,
+                  alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 def attention_forward(Q, K, V):

@@ -14,10 +14,11 @@ def t(*shape, **kw):
 
 
 # --- unsupported by fattn (valid for torch): NotImplementedError -------------------------
-def test_attn_mask():
+def test_attn_mask_with_grad():
     q, k, v = qkv(1, 2, 2, 8, 8, 32)
-    with pytest.raises(NotImplementedError, match="attn_mask is not supported"):
-        sdpa(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    mask = torch.zeros(8, 8, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="attn_mask requires grad"):
+        sdpa(q, k, v, attn_mask=mask)
 
 
 def test_dropout():

@@ -37,6 +37,9 @@ Output: a table on stdout, and in --out DIR: bench.json (fattn-bench's --json sc
 --decode runs the decode sweep instead (fattn/bench/decode.py: short queries against a KV
 cache, fattn vs torch SDPA with enable_gqa, against the DRAM triad).
 
+--variants runs the variants' rows instead (fattn/bench/variants.py: masks, sliding
+window, softcap, ALiBi, each beside what it should cost).
+
 --pass train times forward + backward instead (fattn/bench/train.py: fattn's fused and
 naive backward vs torch SDPA's and standard attention's autograd), into train.json,
 train.csv, train_time_vs_s.png, train_memory_vs_s.png.
@@ -59,6 +62,9 @@ def main(argv=None):
     if "--decode" in argv:  # the decode sweep (fattn/bench/decode.py)
         from . import decode
         return decode.main([a for a in argv if a != "--decode"])
+    if "--variants" in argv:  # masks, window, softcap, ALiBi (fattn/bench/variants.py)
+        from . import variants
+        return variants.main([a for a in argv if a != "--variants"])
     p = argparse.ArgumentParser(prog="python -m fattn.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes, few calls (CI)")

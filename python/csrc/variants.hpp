@@ -1,0 +1,53 @@
+// fattn — the attention variants of torch.ops.<ns>.attention(_backward) as fattn::Options:
+// attn_mask, window_left/right, softcap, alibi_slopes, sinks (fattn/attention.hpp has their
+// semantics; the library checks every size, dtype and value and names what is wrong).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+
+#include "fattn/attention.hpp"
+#include "torch_views.hpp"
+
+namespace fattn_torch {
+
+// The views the options point at, and the 4-D mask they read (a mask of fewer dimensions
+// gets leading size-1 dimensions: torch's broadcasting, as views, no copy).
+struct Variants {
+  at::Tensor mask;
+  fattn::TensorView mask_view, alibi_view, sinks_view;
+
+  Variants(const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
+           std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi,
+           const std::optional<at::Tensor>& sinks, fattn::Options* options) {
+    options->window_left = window_left;
+    options->window_right = window_right;
+    options->softcap = softcap;
+    if (attn_mask) {
+      mask = *attn_mask;
+      TORCH_CHECK(mask.dim() <= 4, "fattn: attn_mask must have at most 4 dimensions "
+                  "(batch, heads, query, key), got ", mask.dim(), " with shape ", mask.sizes());
+      while (mask.dim() < 4) mask = mask.unsqueeze(0);
+      const auto type = mask.scalar_type();
+      TORCH_CHECK(type == at::kBool || type == at::kFloat || type == at::kHalf ||
+                      type == at::kBFloat16 || type == at::kDouble,
+                  "fattn: attn_mask must have dtype bool or q's dtype, got ", type);
+      mask_view = view_of(mask, "attn_mask",
+                          type == at::kBool ? std::optional(fattn::DType::boolean) : std::nullopt);
+      options->attn_mask = &mask_view;
+    }
+    if (alibi) {
+      alibi_view = view_of(*alibi, "alibi_slopes");
+      options->alibi_slopes = &alibi_view;
+    }
+    if (sinks) {
+      sinks_view = view_of(*sinks, "sinks");
+      options->sinks = &sinks_view;
+    }
+  }
+  Variants(const Variants&) = delete;
+  Variants& operator=(const Variants&) = delete;
+};
+
+}  // namespace fattn_torch
