@@ -292,14 +292,6 @@ TEST(ReferenceBackward, MatchesFiniteDifferences) {
 
 // ---- validation -------------------------------------------------------------------------
 
-void expect_error(const std::function<void()>& call, const std::string& part) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one mentioning '" << part << "'";
-  } catch (const fattn::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
 
 TEST(BackwardValidation, NamesTheArgument) {
   const Problem p(Case{1, 4, 2, 20, 30, 32});

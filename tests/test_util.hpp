@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -484,6 +485,18 @@ inline ::testing::AssertionResult unchanged(const Tensor& now, const Tensor& bef
                   now.storage().size() * sizeof(float)) != 0)
     return ::testing::AssertionFailure() << "an input tensor was modified";
   return ::testing::AssertionSuccess();
+}
+
+// ---- errors ----------------------------------------------------------------------------
+
+// call() throws fattn::Error with `part` in its message.
+inline void expect_error(const std::function<void()>& call, const std::string& part) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning '" << part << "'";
+  } catch (const fattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
 }
 
 // ---- kernel variants -------------------------------------------------------------------

@@ -345,14 +345,6 @@ TEST(VariantSemantics, FullyMaskedRows) {
 
 // ---- validation -----------------------------------------------------------------------
 
-void expect_error(const std::function<void()>& call, const std::string& part) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one mentioning '" << part << "'";
-  } catch (const fattn::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
 
 TEST(VariantValidation, NamesTheArgument) {
   const std::int64_t B = 2, H = 4, Sq = 5, Sk = 7, D = 16;
