@@ -369,7 +369,7 @@ Params make_params(const detail::Problem& pr, const TensorView& q, const TensorV
   p.kv_len = static_cast<int>(pr.kv_len);
   p.head_dim = static_cast<int>(pr.head_dim);
   p.causal = pr.causal != Causal::none;
-  p.causal_offset = static_cast<int>(pr.causal_offset);
+  p.causal_offset = p.causal ? static_cast<int>(pr.band_hi) : 0;  // no window on CUDA yet
   p.scale = pr.scale;
   p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
   p.out_pairs = pair_stores_ok(out);
