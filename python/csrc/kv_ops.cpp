@@ -3,7 +3,9 @@
 // fattn/kv_cache.hpp. Tensors reach the library as views, never copied.
 //
 // attention_kvcache(q, k_cache!, v_cache!, k_new, v_new, cache_seqlens, block_table, causal,
-//                   scale, kv_splits, impl) -> (out, lse)
+//                   scale, kv_splits, impl, window_left, window_right, softcap, alibi_slopes,
+//                   sinks) -> (out, lse)
+//   the variants as in attention (fattn/attention.hpp), each sequence's keys its own Sk
 //   q: (B, Hq, Sq, D) float32, any strides (FlashAttention's (B, Sq, Hq, D) memory arrives
 //      transposed); Hq a multiple of Hkv.
 //   k_cache, v_cache: (B, Hkv, S_cache, D), or with a block_table the pages
@@ -42,6 +44,7 @@
 
 #include "fattn/kv_cache.hpp"
 #include "torch_views.hpp"
+#include "variants.hpp"
 
 #ifndef FATTN_OP_NAMESPACE
 #define FATTN_OP_NAMESPACE fattn
@@ -80,7 +83,9 @@ std::tuple<at::Tensor, at::Tensor> attention_kvcache(
     const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
     const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& block_table,
-    bool causal, std::optional<double> scale, std::int64_t kv_splits, c10::string_view impl) {
+    bool causal, std::optional<double> scale, std::int64_t kv_splits, c10::string_view impl,
+    std::int64_t window_left, std::int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   check_rank(q, "q", 4, "(batch, heads, seq, head_dim)");
   check_rank(k_cache, "k_cache", 4, "(batch or pages, kv heads, seq, head_dim)");
   check_rank(v_cache, "v_cache", 4, "(batch or pages, kv heads, seq, head_dim)");
@@ -92,6 +97,8 @@ std::tuple<at::Tensor, at::Tensor> attention_kvcache(
   fattn::Options options =
       base_options(q, causal ? fattn::Causal::bottom_right : fattn::Causal::none, scale, impl);
   options.kv_splits = static_cast<int>(kv_splits);
+  const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
+                          &options);
   at::Tensor out = empty_output(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
 

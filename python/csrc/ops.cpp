@@ -129,7 +129,8 @@ std::tuple<at::Tensor, at::Tensor> attention(
     check_empty_shapes(q, k, v);
     out.zero_();  // no key at all: a row that sees none is 0, its logsumexp -inf (or its sink)
     lse.fill_(-std::numeric_limits<float>::infinity());
-    if (sinks && lse.numel() > 0) lse.copy_(sinks->to(lse.scalar_type()).view({1, -1, 1}).expand_as(lse));
+    if (sinks && lse.numel() > 0)
+      lse.copy_(sinks->to(lse.scalar_type()).view({1, -1, 1}).expand_as(lse));
     return {out, lse};
   }
 
@@ -255,8 +256,9 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
   m.def(
       "attention_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k_new=None, "
       "Tensor? v_new=None, Tensor? cache_seqlens=None, Tensor? block_table=None, "
-      "bool causal=False, float? scale=None, int kv_splits=0, str impl=\"auto\") "
-      "-> (Tensor out, Tensor lse)",
+      "bool causal=False, float? scale=None, int kv_splits=0, str impl=\"auto\", "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+      "Tensor? sinks=None) -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "

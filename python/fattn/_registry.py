@@ -151,7 +151,9 @@ def _register_kv_ops(ns: str) -> None:
     ops = getattr(torch.ops, ns)
 
     def fake_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None,
-                     block_table=None, causal=False, scale=None, kv_splits=0, impl="auto"):
+                     block_table=None, causal=False, scale=None, kv_splits=0, impl="auto",
+                     window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                     sinks=None):
         _check_rank("q", q, 4, "(batch, heads, seq, head_dim)")
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             _check_rank(name, t, 4, "(batch or pages, kv heads, seq, head_dim)")

@@ -16,8 +16,8 @@ written: a call that raises leaves the KV cache as it was.
 
 Errors:
   NotImplementedError  valid for FlashAttention but not supported by fattn: rotary
-                       embeddings, cache_batch_idx, cache_leftpad, sliding windows,
-                       softcapping, ALiBi, dropout, a paged K/V in the varlen function,
+                       embeddings, cache_batch_idx, cache_leftpad, dropout, sliding windows,
+                       softcapping and ALiBi in the varlen function, a paged K/V there,
                        dtypes other than float32, bfloat16 and float16 (float64 too in the
                        varlen function), devices other than the CPU, inputs requiring grad
                        in flash_attn_with_kvcache
@@ -98,16 +98,17 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
                   cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                   block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                   softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                  return_softmax_lse=False):
+                  return_softmax_lse=False, sinks=None):
     fn = "flash_attn_with_kvcache"
     _unsupported(fn,
                  rotary_cos=(rotary_cos, rotary_cos is None),
                  rotary_sin=(rotary_sin, rotary_sin is None),
                  cache_batch_idx=(cache_batch_idx, cache_batch_idx is None),
-                 cache_leftpad=(cache_leftpad, cache_leftpad is None),
-                 window_size=(window_size, _is_full_window(window_size)),
-                 softcap=(softcap, softcap == 0.0),
-                 alibi_slopes=(alibi_slopes, alibi_slopes is None))
+                 cache_leftpad=(cache_leftpad, cache_leftpad is None))
+    if len(tuple(window_size)) != 2:
+        raise ValueError(f"fattn.{fn}: window_size must be (left, right), got {window_size!r}")
+    if isinstance(sinks, torch.Tensor) and sinks.dtype != torch.float32:
+        sinks = sinks.float()  # Hq logits, as the kernel reads them
     cache_layout = "(num_blocks, block_size, Hkv, D)" if block_table is not None else \
         "(B, S_cache, Hkv, D)"
     layouts = {"q": "(B, Sq, Hq, D)", "k_cache": cache_layout, "v_cache": cache_layout,
@@ -140,7 +141,8 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
     out, lse = op(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                   None if k is None else k.transpose(1, 2),
                   None if v is None else v.transpose(1, 2),
-                  cache_seqlens, block_table, bool(causal), softmax_scale, int(num_splits), "auto")
+                  cache_seqlens, block_table, bool(causal), softmax_scale, int(num_splits), "auto",
+                  int(window_size[0]), int(window_size[1]), float(softcap), alibi_slopes, sinks)
     out = out.transpose(1, 2)
     return (out, lse) if return_softmax_lse else out
 
@@ -188,9 +190,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, sinks=None):
     """Attention of q against a KV cache, after appending k and v to it in place
-    (FlashAttention 2's ``flash_attn_with_kvcache``; CPU, float32, inference only).
+    (FlashAttention 2's ``flash_attn_with_kvcache``; CPU, float32/bfloat16/float16,
+    inference only).
 
     q: (B, Sq, Hq, D). k_cache, v_cache: (B, S_cache, Hkv, D), or with block_table a paged
     cache (num_blocks, block_size, Hkv, D), block_size a multiple of 16 (FlashAttention:
@@ -217,17 +220,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns out (B, Sq, Hq, D), and with return_softmax_lse=True also the logsumexp of the
     scaled scores, (B, Hq, Sq) float32.
 
+    window_size=(left, right), softcap, alibi_slopes ((Hq) or (B, Hq) float32): as
+    FlashAttention's, aligned to each sequence's own length; sinks (Hq): gpt-oss's
+    per-head logits in the softmax denominator (README, docs/variants.md).
+
     Not supported (NotImplementedError naming the argument): rotary_cos/rotary_sin (apply
     the rotary embedding to q and k beforehand; rotary_interleaved is then unused),
-    cache_batch_idx, cache_leftpad, window_size other than (-1, -1), softcap != 0,
-    alibi_slopes; inputs that require grad under grad mode (no backward, as in
-    FlashAttention). Every argument is validated before the append: a call that raises
+    cache_batch_idx, cache_leftpad; inputs that require grad under grad mode (no backward,
+    as in FlashAttention). Every argument is validated before the append: a call that raises
     leaves k_cache and v_cache untouched.
     """
     return _with_kvcache(torch.ops.fattn.attention_kvcache, q, k_cache, v_cache, k, v,
                          rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                          block_table, softmax_scale, causal, window_size, softcap,
-                         rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)
+                         rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -80,15 +80,9 @@ Impl reference_for_float64(Impl impl) {
   return Impl::reference;
 }
 
-// The decode kernel has none of the variants yet: automatic runs fused for them.
-Impl resolve(Impl impl, DType dtype, const detail::Problem& p, const Options& options) {
+Impl resolve(Impl impl, DType dtype, const detail::Problem& p) {
   if (dtype == DType::float64) return reference_for_float64(impl);
-  const bool variants = detail::has_variants(options);
-  if (impl == Impl::decode && variants)
-    throw Error("fattn: impl decode does not take " + detail::variant_names(options) +
-                " yet; impl fused, naive and reference do");
   if (impl != Impl::automatic) return impl;
-  if (variants) return Impl::fused;
   const bool short_queries =
       p.q_len <= kDecodeMaxQueries && p.group_size() * p.q_len <= kDecodeMaxRows;
   return short_queries ? Impl::decode : Impl::fused;
@@ -173,7 +167,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, &out, lse, options);
   const detail::Exec exec = detail::make_exec(options);
-  const Impl impl = resolve(options.impl, q.dtype, p, options);
+  const Impl impl = resolve(options.impl, q.dtype, p);
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
   if (impl == Impl::decode) return run_decode(p, exec, options);
   run(p, exec, forward_pass(cpu_kernels(options, p, Direction::forward)), impl);
@@ -189,7 +183,7 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
 #endif
   require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
-  const Impl impl = resolve(options.impl, q.dtype, p, options);
+  const Impl impl = resolve(options.impl, q.dtype, p);
   const detail::Exec exec = detail::make_exec(options);
   const int workers = exec.workers;
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64

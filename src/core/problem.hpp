@@ -96,7 +96,8 @@ struct Problem {
   }
   std::int64_t band_hi_of(std::int64_t b) const {
     std::int64_t hi = causal == Causal::none ? kUnboundedBand : alignment_of(b);
-    if (window_right >= 0 && alignment_of(b) + window_right < hi) hi = alignment_of(b) + window_right;
+    const std::int64_t right = alignment_of(b) + window_right;
+    if (window_right >= 0 && right < hi) hi = right;
     return hi;
   }
   std::int64_t band_lo_of(std::int64_t b) const {

@@ -154,9 +154,9 @@ void check_append_slots(const KvCache& cache, const Geometry& g,
 KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const TensorView* kn,
                                const TensorView* vn, const TensorView* out, const TensorView* lse,
                                const Options& options) {
-  if (has_variants(options))
-    fail("attention_kvcache does not take " + variant_names(options) +
-         " yet (attention_forward does, on the fused kernel)");
+  if (options.attn_mask)
+    fail("attention_kvcache takes no attn_mask (its keys are each sequence's cache length); "
+         "window, softcap, alibi_slopes and sinks it takes");
   const DType dtype = q.dtype;
   if (dtype != DType::float32 && dtype != DType::bfloat16 && dtype != DType::float16) {
     std::ostringstream m;
@@ -199,8 +199,9 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   if (cache.block_table)
     inputs.push_back(
         {"block_table", check_view("block_table", *cache.block_table, 2, DType::int32, Device::cpu)});
+  Extent out_extent{0, 0};
   if (out) {
-    const Extent out_extent = check_view("out", *out, 4, dtype, Device::cpu);
+    out_extent = check_view("out", *out, 4, dtype, Device::cpu);
     for (int d = 0; d < 4; ++d) expect_size("out", *out, d, "as q", dim_name("q", d), q.size(d));
     expect_no_self_overlap("out", *out);
     for (const Named& in : inputs) expect_disjoint("out", out_extent, in.name, in.extent);
@@ -223,6 +224,9 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   p.scale = checked_scale(options, p.head_dim);
   p.causal = options.causal;
   p.dtype = dtype;
+  const VariantExtents variants = check_variants(options, q, &p);
+  expect_disjoint("out", out_extent, "alibi_slopes", variants.alibi);
+  expect_disjoint("out", out_extent, "sinks", variants.sinks);
   p.q = strided(static_cast<const float*>(q.data), q);
   p.k = strided(static_cast<const float*>(cache.k.data), cache.k);
   p.v = strided(static_cast<const float*>(cache.v.data), cache.v);

@@ -22,8 +22,8 @@ Extent check_per_head(const char* name, const TensorView& t, bool batch_allowed,
                       const Problem& p, DType dtype, Device device) {
   if (t.rank != 1 && !(batch_allowed && t.rank == 2)) {
     std::ostringstream m;
-    m << name << " must have rank 1 (query heads)" << (batch_allowed ? " or 2 (batch, query heads)" : "")
-      << ", got rank " << t.rank;
+    m << name << " must have rank 1 (query heads)"
+      << (batch_allowed ? " or 2 (batch, query heads)" : "") << ", got rank " << t.rank;
     fail(m.str());
   }
   const Extent extent = check_view(name, t, t.rank, dtype, device);

@@ -220,7 +220,8 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
       float* dk = w.dk + j * Dp;
       float* dv = w.dv + j * Dp;
       const typename Fma::Band diag{key.j0, x.i0, p.band_lo, p.band_hi};
-      const auto* on_diagonal = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj) ? &diag : nullptr;
+      const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj);
+      const auto* on_diagonal = on_edge ? &diag : nullptr;
       Ops::scores_tile(w.k, Dp, j, key.nj, ws.operand(w, s, W::q_dims), w.st, on_diagonal,
                        &prefetch);
       Bwd::split_probs(w.st, ws.lse2(w, s), key.nj, on_diagonal, w.p_rows);
@@ -236,8 +237,9 @@ void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, floa
       for (std::int64_t h0 = 0; h0 < key.nj; h0 += Ops::Bc) {
         const typename Fma::Band half{key.j0 + h0, x.i0, p.band_lo, p.band_hi};
         const std::int64_t nh = std::min<std::int64_t>(Ops::Bc, key.nj - h0);
+        const bool half_on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0 + h0, key.j0 + h0 + nh);
         Ops::pv_tile(w.kt, j + h0, nh, w.ds_pairs + h0 / 2 * Ops::kPairRows, Dp, ws.dq(w, s),
-                     p.needs_mask(x.i0, x.i0 + x.rows, key.j0 + h0, key.j0 + h0 + nh) ? &half : nullptr, &prefetch);
+                     half_on_edge ? &half : nullptr, &prefetch);
       }
     };
 

@@ -180,7 +180,8 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
         const auto& t = tile[s];
         nj[s] = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
         diag[s] = {j0, q[s].i0, p.band_lo, p.band_hi};
-        on_diagonal[s] = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + nj[s]) ? &diag[s] : nullptr;
+        const bool on_edge = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + nj[s]);
+        on_diagonal[s] = on_edge ? &diag[s] : nullptr;
         Ops::scores_tile(k, Dp, j0, nj[s], t.q_parts, t.st, on_diagonal[s],
                          x > 0 ? &softmax[live[x - 1]] : nullptr);
         softmax[s].start({t.st, t.m, t.l, t.ot, t.p_parts, nj[s], Dp, on_diagonal[s]});

@@ -123,7 +123,8 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
       const auto x = ws.query_tile(index);
       const std::int64_t n = ws.keys_covered(x);
       const typename Fma::Band diag{0, x.i0, p.band_lo, p.band_hi};
-      stage(index, x, ws.operands(index), n, p.needs_mask(x.i0, x.i0 + x.rows, 0, n) ? &diag : nullptr);
+      const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, 0, n);
+      stage(index, x, ws.operands(index), n, on_edge ? &diag : nullptr);
     });
   };
 

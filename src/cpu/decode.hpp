@@ -26,6 +26,7 @@
 
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
+#include "cpu/decode_mods.hpp"
 #include "cpu/decode_ops.hpp"
 #include "cpu/workspace.hpp"
 
@@ -128,24 +129,31 @@ struct DecodePlan {
                           std::int64_t row_tile, std::int64_t chunk) const {
     return partials_at + (((b * p.kv_heads + hk) * row_tiles + row_tile) * splits + chunk) * partial_floats;
   }
-  // Keys [begin, end) of an item's chunk that its rows may see.
+  // Keys [begin, end) of an item's chunk that its rows may see: the keys from the first
+  // row's first visible one (its key group's start: a window's left edge) to the last
+  // row's last, cut into `splits` chunks of whole key tiles.
   void key_range(const detail::Problem& p, const Item& it, std::int64_t* begin,
                  std::int64_t* end) const {
     const std::int64_t keys = p.keys_of(it.b);
-    const std::int64_t tiles_per_chunk = (keys + Ops::Bk * splits - 1) / (Ops::Bk * splits);
-    const std::int64_t chunk_keys = tiles_per_chunk * Ops::Bk;
+    const std::int64_t first_row_query = it.r0 / p.group_size();
     const std::int64_t last_row_query = (it.r0 + it.rows - 1) / p.group_size();
-    *begin = std::min(keys, it.chunk * chunk_keys);
-    *end = std::min({keys, *begin + chunk_keys, p.visible_end(it.b, last_row_query)});
+    const std::int64_t last = std::min(keys, p.visible_end(it.b, last_row_query));
+    const std::int64_t first = std::min(
+        last, p.visible_begin(it.b, first_row_query) / Ops::kKeyGroup * Ops::kKeyGroup);
+    const std::int64_t tiles_per_chunk = (last - first + Ops::Bk * splits - 1) / (Ops::Bk * splits);
+    const std::int64_t chunk_keys = tiles_per_chunk * Ops::Bk;
+    *begin = std::min(last, first + it.chunk * chunk_keys);
+    *end = std::min(last, *begin + chunk_keys);
   }
 };
 
 // Writes rows [r0, r0 + rows) of kv head hk's group: out ← os / l, lse.
 template <class S>
 void store_group_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t r0,
-                      std::int64_t rows, const float* os, const float* m, const float* l) {
+                      std::int64_t rows, float* os, float* m, float* l) {
   using Ops = DecodeOps<S>;
   const std::int64_t G = p.group_size(), D = p.head_dim, Dp = Ops::padded_dim(D);
+  if (p.mods.sinks) DecodeModOps<S>::add_sink_to_rows(p, hk, r0, rows, Dp, os, m, l);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t h = hk * G + (r0 + r) % G, i = (r0 + r) / G;
     store_row(p.out, p.dtype, b, h, i, D, os + r * Dp, Ops::reciprocal(l[r]));
@@ -249,6 +257,8 @@ struct DecodeWorker {
       const auto k = plan.in_place ? Ops::in_cache(p, p.k, it.b, hk, j0, nj) : Ops::staged(k_stage, slot, D);
       const auto v = plan.in_place ? Ops::in_cache(p, p.v, it.b, hk, j0, nj) : Ops::staged(v_stage, slot, D);
       Ops::tile_scores(h.qs, it.rows, D, k, nj, kt, st, next);
+      if (p.mods.any() || p.has_window())  // a mask hiding the tile from every row: skipped
+        if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) continue;
       Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
       Ops::pv_accumulate(st, it.rows, visible, nj, v, h.alpha, D, h.os);
     }

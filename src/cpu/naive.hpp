@@ -36,7 +36,8 @@ void naive_softmax_stage(const detail::Problem& p, const detail::Exec& exec, con
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
     const auto x = ws.first_tile_of(item, 1);
     const auto tile = scratch(worker);
-    const std::int64_t k0 = first_key_held(x, Ops::Bc), n = std::max<std::int64_t>(x.kv_end - k0, 0);
+    const std::int64_t k0 = first_key_held(x, Ops::Bc);
+    const std::int64_t n = std::max<std::int64_t>(x.kv_end - k0, 0);
     float* scores = ws.scores(x.b, x.h, x.t) + k0 * Ops::Br;
     if (p.needs_mask(x.i0, x.i0 + x.rows, k0, k0 + n))
       Ops::mask_tile(scores, n, Ops::band_of(p, k0, x.i0));

@@ -150,17 +150,21 @@ struct ScoreModOps {
     }
   }
 
+  // A score (log2 units) changed by one mask element: hidden (boolean false) or shifted.
+  template <class E>
+  static float masked(float s, E x) {
+    if constexpr (std::is_same_v<E, std::uint8_t>)
+      return x ? s : Ops::kNegInf;
+    else
+      return s + to_float(x) * Ops::kLog2e;
+  }
+
   // A mixed tile's mask, pair by pair (a mask broadcast over queries: key by key).
   static void apply_mask(const detail::Problem& p, const Tile& t, float* st) {
     const detail::ScoreMods& m = p.mods;
     with_mask_type(m, [&](auto type) {
       using E = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
-      auto change = [](float s, E x) {
-        if constexpr (std::is_same_v<E, std::uint8_t>)
-          return x ? s : Ops::kNegInf;
-        else
-          return s + to_float(x) * Ops::kLog2e;
-      };
+      auto change = [](float s, E x) { return masked(s, x); };
       if (m.mask_seq == 0) {
         const E* row = mask_row<E>(m, t, 0);
         for (std::int64_t j = 0; j < t.nj; ++j)

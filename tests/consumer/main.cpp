@@ -1,5 +1,5 @@
-// Uses the installed fattn package: one fused forward pass checked against the
-// float64 reference row by row. Exits non-zero on any mismatch.
+// Uses the installed fattn package: one fused forward pass (causal, a sliding window, a
+// softcap) checked against the float64 reference row by row. Exits non-zero on any mismatch.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -22,6 +22,8 @@ int main() {
   const auto vv = TensorView::bhsd(v.data(), batch, heads, seq, head_dim);
   fattn::Options options;
   options.causal = fattn::Causal::top_left;
+  options.window_left = 20;  // a sliding window and a softcap, from the installed headers
+  options.softcap = 5.0;
   fattn::attention_forward(qv, kv, vv, TensorView::bhsd(out.data(), batch, heads, seq, head_dim),
                            nullptr, options);
 

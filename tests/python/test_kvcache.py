@@ -275,7 +275,6 @@ def test_failed_call_names_the_argument_and_leaves_the_cache(case):
 UNSUPPORTED = {
     "rotary_cos": torch.ones(8, 8), "rotary_sin": torch.ones(8, 8),
     "cache_batch_idx": int32([0, 1]), "cache_leftpad": int32([0, 0]),
-    "window_size": (4, 0), "softcap": 30.0, "alibi_slopes": torch.ones(4),
 }
 
 

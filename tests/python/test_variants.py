@@ -299,7 +299,54 @@ def test_bad_masks():
         sdpa(q, k, v, attn_mask=[[True]])
 
 
-def test_decode_kernel_says_not_yet():
-    q, k, v = qkv(1, 4, 4, 1, 64, 32)
-    with pytest.raises(RuntimeError, match="impl decode does not take softcap yet"):
-        torch.ops.fattn.attention(q, k, v, False, False, None, "decode", softcap=5.0)
+# --- the decode kernel and the KV cache ----------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_with_variants(dtype, paged):
+    """flash_attn_with_kvcache with a window, softcap, ALiBi and sinks: each sequence
+    against the plain definition on its own keys (the decode kernel, split or not)."""
+    b, hq, hkv, sq, d, cap = 2, 8, 2, 3, 64, 512
+    lens = [500, 137]
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    k_cache = torch.randn(b, cap, hkv, d, generator=g).to(dtype)
+    v_cache = torch.randn(b, cap, hkv, d, generator=g).to(dtype)
+    o = case_options(b, hq, dict(window=(100, -1), softcap=20.0, slopes="heads", sinks=True))
+    kw = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32), causal=True,
+              window_size=o["window"], softcap=o["softcap"], alibi_slopes=o["slopes"],
+              sinks=o["sinks"])
+    if paged:  # pages of 64 keys, the table in reverse order
+        blocks = cap // 64
+        table = torch.arange(b * blocks, dtype=torch.int32).flip(0).view(b, blocks)
+        pages_k = torch.empty(b * blocks, 64, hkv, d, dtype=dtype)
+        pages_v = torch.empty_like(pages_k)
+        for n in range(b):
+            for blk in range(blocks):
+                pages_k[table[n, blk]] = k_cache[n, blk * 64:(blk + 1) * 64]
+                pages_v[table[n, blk]] = v_cache[n, blk * 64:(blk + 1) * 64]
+        out = fattn.flash_attn_with_kvcache(q, pages_k, pages_v, block_table=table, **kw)
+    else:
+        out = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    for n, length in enumerate(lens):
+        ref, _ = plain(q[n:n + 1].transpose(1, 2), k_cache[n:n + 1, :length].transpose(1, 2),
+                       v_cache[n:n + 1, :length].transpose(1, 2), causal="bottom_right", **o)
+        got = out[n:n + 1].transpose(1, 2).double()
+        tol = OUT_TOL if dtype == torch.float32 else 2.0 ** -7
+        assert (got - ref).abs().max() <= tol * max(1.0, ref.abs().max().item()), n
+
+
+@pytest.mark.parametrize("kwargs", [dict(attn_mask=torch.ones(1, 64, dtype=torch.bool)),
+                                    dict(window_left=8), dict(softcap=5.0), dict(sinks=None)])
+def test_decode_kernel_with_variants(kwargs):
+    """impl="decode" (the kernel automatic picks for short queries) with each variant."""
+    q, k, v = qkv(1, 8, 2, 1, 64 * 5 + 7, 32)
+    kwargs = {key: (torch.randn(8) if key == "sinks" else value) for key, value in kwargs.items()}
+    if "attn_mask" in kwargs:
+        kwargs["attn_mask"] = torch.rand(1, 1, 1, k.size(2)) < 0.6
+    out, lse = torch.ops.fattn.attention(q, k, v, True, True, None, "decode", **kwargs)
+    ref, ref_lse = plain(q, k, v, causal="bottom_right",
+                         window=(kwargs.get("window_left", -1), -1),
+                         softcap=kwargs.get("softcap", 0.0), mask=kwargs.get("attn_mask"),
+                         sinks=kwargs.get("sinks"))
+    assert (out.double() - ref).abs().max() <= OUT_TOL * max(1.0, ref.abs().max().item())
+    assert (lse.double() - ref_lse).abs().max() <= 1e-5 * max(1.0, ref_lse.abs().max().item())

@@ -13,11 +13,14 @@ alternating round-robin so that load from elsewhere hits all alike):
                   boolean mask the window means (up to --torch-max-s keys; above, "-")
   softcap         softcap=30 vs the plain kernel
   alibi           ALiBi slopes (Hq) vs the plain kernel
+  decode_window   one new token against a KV cache of --decode-s keys with window (W, 0)
+                  vs the whole cache, scaled by (W+1)/Sk (flash_attn_with_kvcache)
 Output: a table, and variants.json ({"machine": …, "results": […]}) in --out.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -103,6 +106,28 @@ def rows(args):
                    baseline="causal time x visible/causal pairs")
 
 
+def decode_rows(args):
+    """One new token against a KV cache (B=1, Hq=32, Hkv=8, D=128): window (W, 0) vs the
+    whole cache; at the same GB/s the ratio to (W+1)/Sk of the whole-cache time is 1."""
+    dtype = getattr(torch, args.dtype)
+    g = torch.Generator().manual_seed(1)
+    hq, hkv, d, w = 32, 8, 128, args.window
+    for sk in args.decode_s:
+        q = torch.randn(1, 1, hq, d, generator=g).to(dtype)
+        k_cache, v_cache = (torch.randn(1, sk, hkv, d, generator=g).to(dtype) for _ in range(2))
+        lens = torch.tensor([sk], dtype=torch.int32)
+
+        def step(window):
+            return fattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                                 causal=True, window_size=window)
+        windowed, whole = timed([lambda: step((w, 0)), lambda: step((-1, -1))],
+                                (args.min_reps, args.max_reps), args.budget)
+        predicted = whole * min(sk, w + 1) / sk
+        yield dict(row="decode_window", B=1, H=hq, S=sk, D=d, W=w, fattn_s=windowed,
+                   baseline_s=predicted, ratio=windowed / predicted, whole_cache_s=whole,
+                   baseline="whole-cache time x (W+1)/Sk")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m fattn.bench --variants", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,6 +138,8 @@ def main(argv=None):
     p.add_argument("--window", type=int, default=4096, help="W of the window rows")
     p.add_argument("--window-s", type=int, nargs="+", default=[8192, 16384, 32768])
     p.add_argument("--window-heads", type=int, default=4)
+    p.add_argument("--decode-s", type=int, nargs="+", default=[65536],
+                   help="KV-cache lengths of the decode_window rows (Sq = 1)")
     p.add_argument("--torch-max-s", type=int, default=8192,
                    help="longest S for torch's masked SDPA beside the window rows")
     p.add_argument("--threads", type=int, default=0)
@@ -123,6 +150,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.head_dims, args.mask_s, args.window, args.window_s = [32], 256, 64, [384]
+        args.decode_s = [1024]
         args.torch_max_s, args.budget, args.min_reps, args.max_reps = 384, 0.05, 2, 3
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -134,10 +162,12 @@ def main(argv=None):
     contention = Contention()
     results = []
     with torch.inference_mode():
-        for r in rows(args):
+        for r in itertools.chain(rows(args), decode_rows(args)):
             r["dtype"] = args.dtype
             results.append(r)
             extra = ""
+            if r["row"] == "decode_window":
+                extra = f" (W={r['W']}; whole cache {r['whole_cache_s'] * 1e3:.2f} ms)"
             if r["row"] == "window":
                 extra = f" (W={r['W']}; causal {r['causal_s'] * 1e3:.1f} ms" + (
                     f", torch SDPA with the window's mask {r['torch_mask_s'] * 1e3:.1f} ms)"
