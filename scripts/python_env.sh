@@ -38,6 +38,14 @@ python_env_install_fattn() {
   fi
   python_env_require numpy:numpy pytest:pytest matplotlib:matplotlib \
     scikit_build_core:scikit-build-core ninja:ninja
+  # transformers for tests/python/test_transformers.py: the release fattn.transformers names.
+  local transformers_pin
+  transformers_pin=$(sed -n 's/^TESTED_VERSION = "\(.*\)"/\1/p' python/fattn/transformers.py)
+  if ! "$py" -c "import sys, transformers; sys.exit(transformers.__version__ != '$transformers_pin')" \
+      2>/dev/null; then
+    echo "== installing transformers==$transformers_pin"
+    "$py" -m pip install -q "transformers==$transformers_pin"
+  fi
   echo "== pip install --no-build-isolation . (torch $torch_pin)"
   # build-dir in pyproject.toml (build-python/) keeps the objects: a rebuild compiles only
   # what changed. PATH: the environment's ninja and cmake come first.

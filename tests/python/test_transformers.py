@@ -1,0 +1,95 @@
+"""fattn as a transformers attention backend: tiny random models (Llama: GQA; Gemma 2:
+softcap and sliding windows; gpt-oss: sinks) against transformers' own "eager" attention
+(float32, the plain formula) on logits of unpadded and left-padded batches, greedy
+generate() with a KV cache, and the gradients of a training step."""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import fattn.transformers  # noqa: E402
+
+NAME = fattn.transformers.register()
+
+
+def tiny(kind, attn):
+    torch.manual_seed(0)
+    common = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  max_position_embeddings=256, attn_implementation=attn)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**common)
+        model = transformers.LlamaForCausalLM(config)
+    elif kind == "gemma2":
+        config = transformers.Gemma2Config(**common, sliding_window=8,
+                                           attn_logit_softcapping=3.0,  # scores reach it
+                                           final_logit_softcapping=None)
+        model = transformers.Gemma2ForCausalLM(config)
+    else:
+        config = transformers.GptOssConfig(**common, num_local_experts=2, num_experts_per_tok=1,
+                                           sliding_window=8)
+        model = transformers.GptOssForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0, 2)
+    with torch.no_grad():  # scores of order 1-10, not the ~1e-3 of the initial weights
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(12.0)
+            layer.self_attn.k_proj.weight.mul_(12.0)
+    return model.eval()
+
+
+def batch(padded):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 101, (3, 21), generator=g)
+    mask = torch.ones_like(ids)
+    if padded:  # left padding, as generate() pads a batch
+        mask[0, :7] = 0
+        mask[1, :2] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_logits_match_eager(kind, padded):
+    ids, mask = batch(padded)
+    with torch.no_grad():
+        ours = tiny(kind, NAME)(input_ids=ids, attention_mask=mask).logits
+        ref = tiny(kind, "eager")(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()  # logits at padding positions mean nothing
+    err = (ours[keep] - ref[keep]).abs().max().item()
+    assert err <= 1e-4 * max(1.0, ref[keep].abs().max().item()), err
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "gpt_oss"])
+def test_greedy_generate_matches_eager(kind):
+    ids, mask = batch(padded=True)
+    kw = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ours = tiny(kind, NAME).generate(ids, **kw)
+        ref = tiny(kind, "eager").generate(ids, **kw)
+    assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt_oss"])
+def test_training_gradients_match_eager(kind):
+    ids, mask = batch(padded=False)
+    grads = []
+    for attn in (NAME, "eager"):
+        model = tiny(kind, attn).train()
+        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    ours, ref = grads
+    assert ours.keys() == ref.keys()
+    for n in ref:
+        bound = 1e-4 * max(1e-3, ref[n].abs().max().item())
+        assert (ours[n] - ref[n]).abs().max().item() <= bound, n
+
+
+def test_dropout_while_training_is_an_error():
+    model = tiny("llama", NAME).train()
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    ids, mask = batch(padded=False)
+    with pytest.raises(NotImplementedError, match="attention dropout 0.1 is not supported"):
+        model(input_ids=ids, attention_mask=mask)
