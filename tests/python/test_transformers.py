@@ -1,7 +1,8 @@
-"""fattn as a transformers attention backend: tiny random models (Llama: GQA; Gemma 2:
-softcap and sliding windows; gpt-oss: sinks) against transformers' own "eager" attention
-(float32, the plain formula) on logits of unpadded and left-padded batches, greedy
-generate() with a KV cache, and the gradients of a training step."""
+"""fattn as a transformers attention backend: tiny random models (Llama: GQA; Mistral:
+sliding window; Gemma 2: softcap and alternating sliding windows; gpt-oss: sinks) against
+transformers' own "eager" attention (float32, the plain formula) on logits of unpadded
+and left-padded batches, greedy generate() of 32 tokens with a KV cache, bfloat16 logits
+within the 16-bit rule, and the gradients of a training step."""
 import pytest
 import torch
 
@@ -20,6 +21,9 @@ def tiny(kind, attn):
     if kind == "llama":
         config = transformers.LlamaConfig(**common)
         model = transformers.LlamaForCausalLM(config)
+    elif kind == "mistral":
+        config = transformers.MistralConfig(**common, sliding_window=8)
+        model = transformers.MistralForCausalLM(config)
     elif kind == "gemma2":
         config = transformers.Gemma2Config(**common, sliding_window=8,
                                            attn_logit_softcapping=3.0,  # scores reach it
@@ -49,7 +53,10 @@ def batch(padded):
     return ids, mask
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma2", "gpt_oss"])
+KINDS = ["llama", "mistral", "gemma2", "gpt_oss"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("padded", [False, True])
 def test_logits_match_eager(kind, padded):
     ids, mask = batch(padded)
@@ -61,14 +68,34 @@ def test_logits_match_eager(kind, padded):
     assert err <= 1e-4 * max(1.0, ref[keep].abs().max().item()), err
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generate_matches_eager(kind):
-    ids, mask = batch(padded=True)
-    kw = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    ids, mask = batch(padded=True)  # prompts of 14, 19 and 21 tokens
+    kw = dict(attention_mask=mask, max_new_tokens=32, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         ours = tiny(kind, NAME).generate(ids, **kw)
         ref = tiny(kind, "eager").generate(ids, **kw)
     assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_bfloat16_logits_within_rule(kind):
+    """bfloat16 models: the logits' error against the float64 model at most 2x that of
+    transformers' "sdpa" in bfloat16 ("eager" for Gemma 2's softcap), plus one bfloat16 ulp
+    at the largest logit. The float64 model runs fattn's float64 reference (transformers'
+    eager path gives NaN in float64 on padded batches; its float32 logits match fattn's
+    above)."""
+    ids, mask = batch(padded=True)
+    keep = mask.bool()
+    with torch.no_grad():
+        ref = tiny(kind, NAME).double()(input_ids=ids, attention_mask=mask).logits[keep]
+        errors = {}
+        for attn in (NAME, "sdpa" if kind == "llama" else "eager"):
+            logits = tiny(kind, attn).bfloat16()(input_ids=ids, attention_mask=mask).logits
+            errors[attn] = (logits[keep].double() - ref).abs().max().item()
+    theirs = [e for a, e in errors.items() if a != NAME][0]
+    floor = ref.abs().max().item() * 2.0 ** -7
+    assert errors[NAME] <= 2 * theirs + floor, errors
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt_oss"])
