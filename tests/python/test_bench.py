@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 KEYS = {"impl", "dtype", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "ms_median", "ms_min",
         "ms_max", "gflops", "max_abs_err", "extra_bytes"}
 
@@ -63,3 +65,26 @@ def test_bench_cuda_smoke_on_cpu(tmp_path):
             assert r["skipped"] is None and r["ms_median"] > 0 and r["max_abs_err"] < 1e-5
     for r in by_impl["sdpa_cudnn"]:  # no cuDNN attention on the CPU: skipped, with a reason
         assert r["skipped"]
+
+
+def test_bench_variants_quick(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "fattn.bench", "--variants", "--quick", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    results = json.loads((tmp_path / "variants.json").read_text())["results"]
+    assert {r["row"] for r in results} == {"mask_all_true", "mask_padding", "softcap", "alibi",
+                                           "window", "decode_window"}
+    for r in results:
+        assert r["fattn_s"] > 0 and r["baseline_s"] > 0 and r["ratio"] > 0
+
+
+def test_bench_model_quick(tmp_path):
+    pytest.importorskip("transformers")
+    p = subprocess.run([sys.executable, "-m", "fattn.bench", "--model", "--quick", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    results = json.loads((tmp_path / "model.json").read_text())["results"]
+    assert {(r["row"], r["batch"]) for r in results} == {("prefill", 1), ("decode", 1),
+                                                         ("decode", 2)}
+    for r in results:
+        assert 0 < r["fattn_attention_s"] < r["fattn_s"] and 0 < r["sdpa_attention_s"] < r["sdpa_s"]

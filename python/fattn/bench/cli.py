@@ -37,6 +37,9 @@ Output: a table on stdout, and in --out DIR: bench.json (fattn-bench's --json sc
 --decode runs the decode sweep instead (fattn/bench/decode.py: short queries against a KV
 cache, fattn vs torch SDPA with enable_gqa, against the DRAM triad).
 
+--model runs a Llama-shaped transformers model instead (fattn/bench/model.py: prefill and
+decode, fattn vs transformers' sdpa, time in attention and its share).
+
 --variants runs the variants' rows instead (fattn/bench/variants.py: masks, sliding
 window, softcap, ALiBi, each beside what it should cost).
 
@@ -62,6 +65,9 @@ def main(argv=None):
     if "--decode" in argv:  # the decode sweep (fattn/bench/decode.py)
         from . import decode
         return decode.main([a for a in argv if a != "--decode"])
+    if "--model" in argv:  # a transformers model, fattn vs sdpa (fattn/bench/model.py)
+        from . import model
+        return model.main([a for a in argv if a != "--model"])
     if "--variants" in argv:  # masks, window, softcap, ALiBi (fattn/bench/variants.py)
         from . import variants
         return variants.main([a for a in argv if a != "--variants"])
