@@ -52,17 +52,19 @@ std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,
 //   cu_seqlens_q, cu_seqlens_k: (B + 1) int32, starting at 0, non-decreasing, ending at
 //   total_q and total_k.
 // Causal alignment is per sequence. Each sequence runs the kernel Impl::automatic picks
-// for its own shape.
+// for its own shape. The variants (Options) apply per sequence, aligned to its own lengths:
+// window, softcap, sinks (Hq), alibi_slopes (Hq) or (B, Hq); not attn_mask.
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                       const TensorView& out, const TensorView* lse, const Options& options = {});
 
-// Gradients of attention_varlen (the fused backward per sequence), given its out and lse.
+// Gradients of attention_varlen (the fused backward per sequence), given its out and lse;
+// with sinks, dsinks (Hq) float32 sums every sequence's, in order.
 void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& dout,
                                const TensorView& lse, const TensorView& cu_seqlens_q,
                                const TensorView& cu_seqlens_k, const TensorView& dq,
                                const TensorView& dk, const TensorView& dv,
-                               const Options& options = {});
+                               const Options& options = {}, const TensorView* dsinks = nullptr);
 
 }  // namespace fattn

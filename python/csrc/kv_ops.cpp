@@ -22,13 +22,16 @@
 //   Every argument is checked before the append: a call that raises leaves the caches as
 //   they were. Inference only: its Autograd kernel refuses to differentiate.
 //
-// attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, impl) -> (out, lse)
+// attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, impl, window_left,
+//                  window_right, softcap, alibi_slopes, sinks) -> (out, lse)
+//   the variants per sequence, as attention_kvcache's (alibi_slopes (Hq) or (B, Hq))
 //   FlashAttention's packed layout: q (total_q, Hq, D), k and v (total_k, Hkv, D), any
 //   strides; cu_seqlens_q, cu_seqlens_k (B + 1) int32 offsets. causal: bottom-right per
 //   sequence. out: contiguous (total_q, Hq, D); lse: contiguous (Hq, total_q) (float64 for
 //   float64 inputs, which run the float64 reference).
 // attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal,
-//                           scale, impl) -> (dq, dk, dv), contiguous like q, k and v.
+//                           scale, impl, <variants>) -> (dq, dk, dv, dsinks), dq, dk and dv
+//   contiguous like q, k and v; dsinks empty without sinks.
 //
 // Errors are RuntimeErrors starting "fattn: ". The library's messages count dimensions of
 // its views: (B, H, S, D) above, and (1, H, total, D) for the packed tensors.
@@ -152,20 +155,22 @@ fattn::Options varlen_options(const at::Tensor& q, bool causal, std::optional<do
   return base_options(q, causal ? fattn::Causal::bottom_right : fattn::Causal::none, scale, impl);
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_varlen(const at::Tensor& q, const at::Tensor& k,
-                                                    const at::Tensor& v,
-                                                    const at::Tensor& cu_seqlens_q,
-                                                    const at::Tensor& cu_seqlens_k, bool causal,
-                                                    std::optional<double> scale,
-                                                    c10::string_view impl) {
+std::tuple<at::Tensor, at::Tensor> attention_varlen(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, bool causal, std::optional<double> scale,
+    c10::string_view impl, std::int64_t window_left, std::int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   check_packed(q, k, v);
-  const fattn::Options options = varlen_options(q, causal, scale, impl);
+  fattn::Options options = varlen_options(q, causal, scale, impl);
+  const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
+                          &options);
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
   if (q.numel() == 0) return {out, lse};  // no query row
-  if (k.size(0) == 0) {                    // no key at all: every row is 0, its lse -inf
+  if (k.size(0) == 0) {  // no key at all: every row is 0, its lse -inf (or its head's sink)
     out.zero_();
     lse.fill_(-std::numeric_limits<double>::infinity());
+    if (sinks) lse.copy_(sinks->to(lse.scalar_type()).view({-1, 1}).expand_as(lse));
     return {out, lse};
   }
   const fattn::TensorView lse_view = packed_lse_view(lse, "lse");
@@ -178,33 +183,40 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen(const at::Tensor& q, const a
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_varlen_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_varlen_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, bool causal, std::optional<double> scale,
-    c10::string_view impl) {
+    c10::string_view impl, std::int64_t window_left, std::int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   check_packed(q, k, v);
   check_rank(dout, "dout", 3, "(total_q, heads, head_dim)");
   check_rank(out, "out", 3, "(total_q, heads, head_dim)");
   check_rank(lse, "lse", 2, "(heads, total_q)");
-  const fattn::Options options = varlen_options(q, causal, scale, impl);
+  fattn::Options options = varlen_options(q, causal, scale, impl);
+  const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
+                          &options);
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());
+  at::Tensor dsinks = at::empty({sinks ? sinks->numel() : 0}, q.options().dtype(lse_dtype(q)));
   if (q.numel() == 0 || k.numel() == 0) {  // no (query, key) pair: every gradient is 0
     dq.zero_();
     dk.zero_();
     dv.zero_();
-    return {dq, dk, dv};
+    dsinks.zero_();
+    return {dq, dk, dv, dsinks};
   }
+  const fattn::TensorView dsinks_view = sinks ? view_of(dsinks, "dsinks") : fattn::TensorView{};
   call_fattn([&] {
     fattn::attention_varlen_backward(
         packed_view(q, "q"), packed_view(k, "k"), packed_view(v, "v"), packed_view(out, "out"),
         packed_view(dout, "dout"), packed_lse_view(lse, "lse"),
         int32_view_of(cu_seqlens_q, "cu_seqlens_q"), int32_view_of(cu_seqlens_k, "cu_seqlens_k"),
-        packed_view(dq, "dq"), packed_view(dk, "dk"), packed_view(dv, "dv"), options);
+        packed_view(dq, "dq"), packed_view(dk, "dk"), packed_view(dv, "dv"), options,
+        sinks ? &dsinks_view : nullptr);
   });
-  return {dq, dk, dv};
+  return {dq, dk, dv, dsinks};
 }
 
 }  // namespace

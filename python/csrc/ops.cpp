@@ -228,10 +228,12 @@ std::int64_t backward_extra_bytes(const at::Tensor& q, const at::Tensor& k, cons
 
 }  // namespace
 
-// The variants' arguments, as attention and attention_backward take them.
-#define VARIANT_ARGS                                                                  \
-  "Tensor? attn_mask=None, int window_left=-1, int window_right=-1, float softcap=0.0, " \
-  "Tensor? alibi_slopes=None, Tensor? sinks=None"
+// The variants' arguments: every one but attn_mask (the KV-cache and varlen operators,
+// whose sequences have their own lengths), and all (attention and its backward).
+#define SEQUENCE_VARIANT_ARGS                                                              \
+  "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, " \
+  "Tensor? sinks=None"
+#define VARIANT_ARGS "Tensor? attn_mask=None, " SEQUENCE_VARIANT_ARGS
 
 TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
 #ifdef FATTN_PYTHON_MODULE
@@ -257,17 +259,18 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
       "attention_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k_new=None, "
       "Tensor? v_new=None, Tensor? cache_seqlens=None, Tensor? block_table=None, "
       "bool causal=False, float? scale=None, int kv_splits=0, str impl=\"auto\", "
-      "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
-      "Tensor? sinks=None) -> (Tensor out, Tensor lse)",
+      SEQUENCE_VARIANT_ARGS ") -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-      "bool causal=False, float? scale=None, str impl=\"auto\") -> (Tensor out, Tensor lse)",
+      "bool causal=False, float? scale=None, str impl=\"auto\", " SEQUENCE_VARIANT_ARGS
+      ") -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, bool causal=False, "
-      "float? scale=None, str impl=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+      "float? scale=None, str impl=\"auto\", " SEQUENCE_VARIANT_ARGS
+      ") -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       {at::Tag::pt2_compliant_tag});
 }
 

@@ -172,26 +172,29 @@ def _register_kv_ops(ns: str) -> None:
         _check_rank("v", v, 3, "(total_k, kv heads, head_dim)")
 
     def fake_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,
-                    impl="auto"):
+                    impl="auto", window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                    sinks=None):
         check_packed(q, k, v)
         _check_int32("cu_seqlens_q", cu_seqlens_q)
         _check_int32("cu_seqlens_k", cu_seqlens_k)
         return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=_lse_dtype(q))
 
     def fake_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
-                             scale=None, impl="auto"):
+                             scale=None, impl="auto", window_left=-1, window_right=-1,
+                             softcap=0.0, alibi_slopes=None, sinks=None):
         check_packed(q, k, v)
-        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+        dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=_lse_dtype(q))
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
     torch.library.register_fake(f"{ns}::attention_kvcache", fake_kvcache)
     torch.library.register_fake(f"{ns}::attention_varlen", fake_varlen)
     torch.library.register_fake(f"{ns}::attention_varlen_backward", fake_varlen_backward)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, impl = inputs
+        q, k, v, cu_seqlens_q, cu_seqlens_k, *options = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.options = (causal, scale, impl)
+        ctx.options = options  # causal, scale, impl, window_left/right, softcap, slopes, sinks
         # The logsumexp carries no gradient (attention_varlen_backward takes none), as in
         # FlashAttention: it is marked so, rather than given a silently wrong gradient.
         ctx.mark_non_differentiable(lse)
@@ -200,9 +203,12 @@ def _register_kv_ops(ns: str) -> None:
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        dq, dk, dv = ops.attention_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q,
-                                                   cu_seqlens_k, *ctx.options)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv, dsinks = ops.attention_varlen_backward(grad_out, q, k, v, out, lse,
+                                                           cu_seqlens_q, cu_seqlens_k,
+                                                           *ctx.options)
+        sinks = ctx.options[-1]
+        dsinks = dsinks.to(sinks.dtype) if sinks is not None else None
+        return (dq, dk, dv, None, None) + (None,) * (len(ctx.options) - 1) + (dsinks,)
 
     torch.library.register_autograd(f"{ns}::attention_varlen", backward,
                                     setup_context=setup_context)

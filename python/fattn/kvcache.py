@@ -16,8 +16,8 @@ written: a call that raises leaves the KV cache as it was.
 
 Errors:
   NotImplementedError  valid for FlashAttention but not supported by fattn: rotary
-                       embeddings, cache_batch_idx, cache_leftpad, dropout, sliding windows,
-                       softcapping and ALiBi in the varlen function, a paged K/V there,
+                       embeddings, cache_batch_idx, cache_leftpad, dropout, a paged K/V in
+                       the varlen function,
                        dtypes other than float32, bfloat16 and float16 (float64 too in the
                        varlen function), devices other than the CPU, inputs requiring grad
                        in flash_attn_with_kvcache
@@ -147,6 +147,10 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
     return (out, lse) if return_softmax_lse else out
 
 
+def _per_head_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def _longest(cu_seqlens) -> int:
     if cu_seqlens.numel() < 2:
         return 0
@@ -155,14 +159,16 @@ def _longest(cu_seqlens) -> int:
 
 def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-            alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+            alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
+            sinks=None):
     fn = "flash_attn_varlen_func"
     _unsupported(fn,
                  dropout_p=(dropout_p, dropout_p == 0.0),
-                 window_size=(window_size, _is_full_window(window_size)),
-                 softcap=(softcap, softcap == 0.0),
-                 alibi_slopes=(alibi_slopes, alibi_slopes is None),
                  block_table=(block_table, block_table is None))
+    if len(tuple(window_size)) != 2:
+        raise ValueError(f"fattn.{fn}: window_size must be (left, right), got {window_size!r}")
+    if isinstance(sinks, torch.Tensor) and sinks.dtype != _per_head_dtype(q):
+        sinks = sinks.to(_per_head_dtype(q))  # the gradient flows back through the cast
     layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
     _check_floats(fn, [("q", q), ("k", k), ("v", v)], CPU_KERNEL_DTYPES + (torch.float64,), 3,
                   layouts)
@@ -180,7 +186,8 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             if given < longest:
                 raise ValueError(f"fattn.{fn}: {name} = {given} is less than the longest "
                                  f"sequence in {'cu_seqlens_' + name[-1]}, {longest}")
-    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto")
+    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto",
+                  int(window_size[0]), int(window_size[1]), float(softcap), alibi_slopes, sinks)
     # deterministic: fattn's backward always is (each sequence's gradients in a fixed order).
     return (out, lse, None) if return_attn_probs else out
 
@@ -239,7 +246,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None,
+                           sinks=None):
     """Attention over a batch of sequences packed along one axis, without padding
     (FlashAttention 2's ``flash_attn_varlen_func``; CPU; differentiable).
 
@@ -266,12 +274,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     FlashAttention), and fattn never forms the attention probabilities, so the third
     element, FlashAttention's S_dmask, is None.
 
-    Not supported (NotImplementedError naming the argument): dropout_p > 0,
-    window_size other than (-1, -1), softcap != 0, alibi_slopes, block_table (paged K/V).
+    window_size, softcap, alibi_slopes ((Hq) or (B, Hq)) and sinks (Hq, with a gradient):
+    FlashAttention's and gpt-oss's semantics, per sequence (README, docs/variants.md).
+
+    Not supported (NotImplementedError naming the argument): dropout_p > 0, block_table
+    (paged K/V).
     """
     return _varlen(torch.ops.fattn.attention_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k,
                    max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
-                   softcap, alibi_slopes, deterministic, return_attn_probs, block_table)
+                   softcap, alibi_slopes, deterministic, return_attn_probs, block_table, sinks)
 
 
 def bind(ops):

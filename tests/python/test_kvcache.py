@@ -418,8 +418,7 @@ def test_varlen_errors():
         f(q, k, v, cu_q, cu_k, 5, 5)
     with pytest.raises(ValueError, match="max_seqlen_k = 4"):
         f(q, k, v, cu_q, cu_k, 6, 4)
-    for name, value in (("dropout_p", 0.1), ("window_size", (8, 0)), ("softcap", 5.0),
-                        ("alibi_slopes", torch.ones(2)), ("block_table", int32([[0]]))):
+    for name, value in (("dropout_p", 0.1), ("block_table", int32([[0]]))):
         with pytest.raises(NotImplementedError, match=f"{name} is not supported by fattn"):
             f(q, k, v, cu_q, cu_k, 6, 5, **{name: value})
     with pytest.raises(ValueError, match="cu_seqlens_k.dtype must be torch.int32, got torch.int64"):

@@ -350,3 +350,48 @@ def test_decode_kernel_with_variants(kwargs):
                          sinks=kwargs.get("sinks"))
     assert (out.double() - ref).abs().max() <= OUT_TOL * max(1.0, ref.abs().max().item())
     assert (lse.double() - ref_lse).abs().max() <= 1e-5 * max(1.0, ref_lse.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_varlen_with_variants(dtype):
+    """flash_attn_varlen_func with a window, softcap, (B, Hq) ALiBi slopes and sinks: each
+    sequence against the plain definition, forward and gradients (dsinks summed over the
+    sequences); a sequence without keys gives 0 and lse = its head's sink."""
+    lens_q, lens_k = [5, 40, 3, 0], [70, 33, 0, 9]
+    hq, hkv, d = 4, 2, 32
+    g = torch.Generator().manual_seed(21)
+    q = torch.randn(sum(lens_q), hq, d, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lens_k), hkv, d, generator=g, dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lens_k), hkv, d, generator=g, dtype=dtype, requires_grad=True)
+    cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    o = case_options(len(lens_q), hq, dict(window=(20, 2), softcap=5.0, slopes="batch",
+                                            sinks=True))
+    sinks = o["sinks"].detach().to(dtype).requires_grad_()
+    out, lse, _ = fattn.flash_attn_varlen_func(
+        q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k), causal=True,
+        window_size=o["window"], softcap=o["softcap"], alibi_slopes=o["slopes"].to(
+            torch.float64 if dtype == torch.float64 else torch.float32),
+        sinks=sinks, return_attn_probs=True)
+    grad = torch.randn(out.shape, generator=g, dtype=dtype)
+    (out * grad).sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s64 = o["sinks"].detach().double().requires_grad_()
+    total = 0.0
+    qs = ks = 0
+    for n, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        if lq:
+            sl = o["slopes"][n]
+            ref, ref_lse = plain(q64[qs:qs + lq].transpose(0, 1)[None],
+                                 k64[ks:ks + lk].transpose(0, 1)[None],
+                                 v64[ks:ks + lk].transpose(0, 1)[None], causal="bottom_right",
+                                 window=o["window"], softcap=o["softcap"], slopes=sl,
+                                 sinks=s64)
+            got = out[qs:qs + lq].transpose(0, 1)[None].double()
+            assert (got - ref).abs().max() <= 2e-5 * max(1.0, ref.abs().max().item()), n
+            assert torch.allclose(lse[:, qs:qs + lq].double(), ref_lse[0], atol=1e-5), n
+            total = total + (ref * grad[qs:qs + lq].transpose(0, 1)[None].double()).sum()
+        qs, ks = qs + lq, ks + lk
+    total.backward()
+    for ours, ref in ((q, q64), (k, k64), (v, v64), (sinks, s64)):
+        bound = 2e-5 * max(1.0, ref.grad.abs().max().item())
+        assert (ours.grad.double() - ref.grad).abs().max() <= bound
