@@ -37,6 +37,9 @@ Output: a table on stdout, and in --out DIR: bench.json (fattn-bench's --json sc
 --decode runs the decode sweep instead (fattn/bench/decode.py: short queries against a KV
 cache, fattn vs torch SDPA with enable_gqa, against the DRAM triad).
 
+--ring runs ring attention across processes instead (fattn/bench/ring.py: P ranks beside one
+process with as many threads).
+
 --model runs a Llama-shaped transformers model instead (fattn/bench/model.py: prefill and
 decode, fattn vs transformers' sdpa, time in attention and its share).
 
@@ -65,6 +68,9 @@ def main(argv=None):
     if "--decode" in argv:  # the decode sweep (fattn/bench/decode.py)
         from . import decode
         return decode.main([a for a in argv if a != "--decode"])
+    if "--ring" in argv:  # ring attention across processes (fattn/bench/ring.py)
+        from . import ring
+        return ring.main([a for a in argv if a != "--ring"])
     if "--model" in argv:  # a transformers model, fattn vs sdpa (fattn/bench/model.py)
         from . import model
         return model.main([a for a in argv if a != "--model"])
