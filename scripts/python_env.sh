@@ -38,6 +38,13 @@ python_env_install_fattn() {
   fi
   python_env_require numpy:numpy pytest:pytest matplotlib:matplotlib \
     scikit_build_core:scikit-build-core ninja:ninja
+  # Triton for tests/python/test_triton.py, on the CPU through its interpreter: triton 3.6
+  # (what torch 2.11's CUDA wheels pin), whose interpreter needs numpy < 2.4.
+  python_env_require triton:triton==3.6.0
+  if ! "$py" -c "import sys, numpy; sys.exit(tuple(map(int, numpy.__version__.split('.')[:2])) >= (2, 4))"; then
+    echo "== installing numpy<2.4 (triton 3.6's interpreter)"
+    "$py" -m pip install -q "numpy<2.4"
+  fi
   # transformers for tests/python/test_transformers.py: the release fattn.transformers names.
   local transformers_pin
   transformers_pin=$(sed -n 's/^TESTED_VERSION = "\(.*\)"/\1/p' python/fattn/transformers.py)
