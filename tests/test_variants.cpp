@@ -258,22 +258,33 @@ INSTANTIATE_TEST_SUITE_P(Grid, VariantTest,
                                   case_name(std::get<1>(info.param));
                          });
 
+// Contiguous random q, k, v (B, H, S, D) and one forward call into contiguous outputs.
+struct Small {
+  std::int64_t B, H, Sq, Sk, D;
+  Tensor q, k, v;
+  Small(std::int64_t b, std::int64_t h, std::int64_t sq, std::int64_t sk, std::int64_t d)
+      : B(b), H(h), Sq(sq), Sk(sk), D(d) {
+    Rng rng;
+    q = make_input(Layout::bhsd, B, H, Sq, D, rng);
+    k = make_input(Layout::bhsd, B, H, Sk, D, rng);
+    v = make_input(Layout::bhsd, B, H, Sk, D, rng);
+  }
+  Result run(Options o, Impl impl) const {
+    o.impl = impl;
+    Result r{make_output(Layout::bhsd, B, H, Sq, D), make_lse(LseLayout::contiguous, B, H, Sq)};
+    fattn::attention_forward(q.view(), k.view(), v.view(), r.out.view(), r.lse.view_ptr(), o);
+    return r;
+  }
+};
+
 // The reference against rows written out here for the simplest instances of each variant,
 // so that a mistake shared by the reference and the kernels cannot pass unseen: a window
 // equals the boolean mask of the same band, softcap → ∞ is no softcap, a sink of −inf is no
 // sink, ALiBi equals the additive mask of its bias.
 TEST(VariantSemantics, EquivalentFormsAgree) {
   const std::int64_t B = 2, H = 2, Sq = 37, Sk = 53, D = 32;
-  Rng rng;
-  const Tensor q = make_input(Layout::bhsd, B, H, Sq, D, rng);
-  const Tensor k = make_input(Layout::bhsd, B, H, Sk, D, rng);
-  const Tensor v = make_input(Layout::bhsd, B, H, Sk, D, rng);
-  auto run = [&](Options o, Impl impl) {
-    o.impl = impl;
-    Result r{make_output(Layout::bhsd, B, H, Sq, D), make_lse(LseLayout::contiguous, B, H, Sq)};
-    fattn::attention_forward(q.view(), k.view(), v.view(), r.out.view(), r.lse.view_ptr(), o);
-    return r;
-  };
+  const Small p(B, H, Sq, Sk, D);
+  auto run = [&](const Options& o, Impl impl) { return p.run(o, impl); };
   for (Impl impl : {Impl::reference, Impl::fused, Impl::naive}) {
     // window (left 5, right 3, bottom-right aligned) == boolean band mask
     Options window;
@@ -324,10 +335,7 @@ TEST(VariantSemantics, EquivalentFormsAgree) {
 // A row whose mask hides every key: out 0, lse −inf; with a sink: out 0, lse = the sink.
 TEST(VariantSemantics, FullyMaskedRows) {
   const std::int64_t B = 1, H = 2, Sq = 70, Sk = 200, D = 32;
-  Rng rng;
-  const Tensor q = make_input(Layout::bhsd, B, H, Sq, D, rng);
-  const Tensor k = make_input(Layout::bhsd, B, H, Sk, D, rng);
-  const Tensor v = make_input(Layout::bhsd, B, H, Sk, D, rng);
+  const Small p(B, H, Sq, Sk, D);
   std::vector<std::uint8_t> keep(static_cast<std::size_t>(Sq * Sk), 1);
   for (std::int64_t j = 0; j < Sk; ++j) keep[static_cast<std::size_t>(5 * Sk + j)] = 0;  // row 5
   TensorView mask{keep.data(), 4, {1, 1, Sq, Sk}, {0, 0, Sk, 1}, fattn::DType::boolean};
@@ -339,8 +347,7 @@ TEST(VariantSemantics, FullyMaskedRows) {
       o.impl = impl;
       o.attn_mask = &mask;
       if (with_sinks) o.sinks = &sinks;
-      Result r{make_output(Layout::bhsd, B, H, Sq, D), make_lse(LseLayout::contiguous, B, H, Sq)};
-      fattn::attention_forward(q.view(), k.view(), v.view(), r.out.view(), r.lse.view_ptr(), o);
+      const Result r = p.run(o, impl);
       for (std::int64_t h = 0; h < H; ++h) {
         for (std::int64_t d = 0; d < D; ++d) EXPECT_EQ(r.out.at(0, h, 5, d), 0.0f);
         EXPECT_EQ(r.lse.at(0, h, 5), with_sinks ? sink_values[static_cast<std::size_t>(h)] : -kInf)
