@@ -8,12 +8,18 @@
                                         cache_seqlens=lens, causal=True)  # KV cache, in place
     out = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)  # packed sequences
     out, lse = torch.ops.fattn.attention(q, k, v, is_causal, causal_bottom_right, scale, impl)
+    out = fattn.scaled_dot_product_attention(q, k, v, attn_mask=mask)     # masks, and:
+    out = fattn.flash_attention(q, k, v, window_size=(w, 0), softcap=30.0, sinks=sinks)
+
+Optional modules, imported on use: ``fattn.transformers`` (a Hugging Face attention
+backend), ``fattn.distributed`` (ring attention over torch.distributed), ``fattn.triton``
+(a Triton cross-check kernel).
 
 The operator ``torch.ops.fattn.attention`` is registered by the C++ extension ``fattn._C``
 (built from the same sources as the C++ library), with a fake kernel for
 ``torch.compile`` and an autograd formula (``torch.ops.fattn.attention_backward``, the
-fused CPU backward), so training works on the CPU. On the CPU it runs float32 on
-``torch.get_num_threads()`` threads of torch's own pool; float64 runs the float64
+fused CPU backward), so training works on the CPU. On the CPU it runs float32, bfloat16 and
+float16 on ``torch.get_num_threads()`` threads of torch's own pool; float64 runs the float64
 reference (for ``torch.autograd.gradcheck``). ``torch.ops.fattn.attention_kvcache`` (in-place
 append, inference only) and ``torch.ops.fattn.attention_varlen`` (differentiable) back
 FlashAttention's ``flash_attn_with_kvcache`` and ``flash_attn_varlen_func``
