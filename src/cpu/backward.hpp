@@ -29,6 +29,7 @@
 #include <algorithm>
 
 #include "cpu/backward_workspace.hpp"
+#include "cpu/naive.hpp"
 #include "cpu/score_mods.hpp"
 
 namespace fattn::cpu {
@@ -116,34 +117,6 @@ void sum_partials(const detail::Problem& p, const detail::Exec& exec, const W& w
     });
 }
 
-// The naive backward's variants on one query tile's scores (keys [k0, keys_covered)), key
-// tile by key tile, with 1 − tanh² kept for stage 2 when there is a softcap. A tile the
-// mask hides whole becomes −inf (and its softcap factor 0).
-template <class S, class W>
-void naive_backward_score_mods(const detail::Problem& p, const QueryTile& x, std::int64_t k0,
-                               float* scores, const W& ws) {
-  using Ops = TileOps<S>;
-  using Mods = ScoreModOps<S>;
-  const bool capped = p.mods.softcap != 0.0;
-  for (std::int64_t j0 = k0; j0 < x.kv_end; j0 += Ops::Bc) {
-    const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, j0,
-                                    std::min<std::int64_t>(Ops::Bc, x.kv_end - j0)};
-    float* st = scores + (j0 - k0) * Ops::Br;
-    float* cap = capped ? ws.cap_grads(x.index) + j0 * Ops::Br : nullptr;
-    const MaskCover cover = Mods::mask_cover(p, pairs);
-    if (cover == MaskCover::hidden) {
-      std::fill_n(st, pairs.nj * Ops::Br, Ops::kNegInf);
-      if (cap) std::fill_n(cap, pairs.nj * Ops::Br, 0.0f);
-    } else {
-      Mods::apply(p, pairs, cover, st, cap);
-    }
-  }
-  // Keys past the band's end in the last key tile: hidden by the band, factor 0.
-  const std::int64_t n = ws.keys_covered(x);
-  if (capped && n > x.kv_end)
-    std::fill_n(ws.cap_grads(x.index) + x.kv_end * Ops::Br, (n - x.kv_end) * Ops::Br, 0.0f);
-}
-
 }  // namespace backward_detail
 
 template <class S>
@@ -213,11 +186,17 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   // Stage 1: P, over the keys [k0, n) the tile's rows cover.
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
     const auto x = ws.query_tile(index);
-    const std::int64_t k0 = ws.first_key_covered(x), n = ws.keys_covered(x);
+    const std::int64_t k0 = x.first_key_tile(Ops::Bc), n = ws.keys_covered(x);
     if (n <= k0) return;
     float* probs = ws.probs(index) + k0 * Ops::Br;
     Ops::scores_tile(ws.k_panels(x.b, x.hk), k0, n - k0, ws.qt(index), D, probs);
-    if (p.mods.any()) backward_detail::naive_backward_score_mods<S>(p, x, k0, probs, ws);
+    if (p.mods.any()) {
+      const bool capped = p.mods.softcap != 0.0;
+      naive_score_mods<S>(p, x, k0, probs, capped ? ws.cap_grads(index) + k0 * Ops::Br : nullptr);
+      // Keys past the band's end in the last key tile: hidden by the band, factor 0.
+      if (capped && n > x.kv_end)
+        std::fill_n(ws.cap_grads(index) + x.kv_end * Ops::Br, (n - x.kv_end) * Ops::Br, 0.0f);
+    }
     if (p.needs_mask(x.i0, x.i0 + x.rows, k0, n))
       Ops::mask_tile(probs, n - k0, Ops::band_of(p, k0, x.i0));
     Bwd::probs_from_lse(probs, n - k0, ws.lse2(index));
@@ -226,7 +205,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   // Stage 2: dS.
   detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
     const auto x = ws.query_tile(index);
-    const std::int64_t k0 = ws.first_key_covered(x), n = ws.keys_covered(x);
+    const std::int64_t k0 = x.first_key_tile(Ops::Bc), n = ws.keys_covered(x);
     if (n <= k0) return;
     float* dscores = ws.dscores(index) + k0 * Ops::Br;
     Ops::scores_tile(ws.v_panels(x.b, x.hk), k0, n - k0, ws.dot(index), D, dscores);
@@ -261,7 +240,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     std::int64_t k_stride;
     const float* k_rows = ws.k_rows(x.b, x.hk, &k_stride);
     const float* dscores = ws.dscores(index);
-    for (std::int64_t j0 = ws.first_key_covered(x); j0 < x.kv_end; j0 += Ops::Bc) {
+    for (std::int64_t j0 = x.first_key_tile(Ops::Bc); j0 < x.kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
       const typename Ops::Band band = Ops::band_of(p, j0, x.i0);
       const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, j0, j0 + nj);

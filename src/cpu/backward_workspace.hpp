@@ -155,8 +155,6 @@ struct BackwardTiles {
   std::int64_t keys_covered(const QueryTile& x) const {
     return std::min(p.kv_len, (x.kv_end + Bc - 1) / Bc * Bc);
   }
-  // The first key they cover: the key tile holding the first key the tile sees.
-  std::int64_t first_key_covered(const QueryTile& x) const { return x.kv_begin / Bc * Bc; }
 
   // Calls f(query tile) for every query tile of query heads [h_begin, h_end) of batch b
   // that has a row seeing a key of the key tile, heads in order, then tiles in order.

@@ -76,12 +76,7 @@ struct DecodeModOps {
                                float* l) {
     const std::int64_t G = p.group_size();
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float sink = static_cast<float>(p.mods.sinks[hk * G + (r0 + r) % G]) * Ops::kLog2e;
-      const float m_new = m[r] > sink ? m[r] : sink;
-      const float m_ref = m_new == Ops::kNegInf ? 0.0f : m_new;
-      const float alpha = std::exp2(m[r] - m_ref);
-      l[r] = l[r] * alpha + std::exp2(sink - m_ref);
-      m[r] = m_new;
+      const float alpha = Mods::join_sink(Mods::sink_log2(p, hk * G + (r0 + r) % G), &m[r], &l[r]);
       for (std::int64_t d = 0; d < Dp; ++d) os[r * Dp + d] *= alpha;
     }
   }

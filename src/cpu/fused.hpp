@@ -42,18 +42,17 @@ void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     typename Workspace<S>::QueryTile q[kGroup];
     typename Workspace<S>::Worker tile[kGroup];
     int n = 0;
-    std::int64_t kv_min = p.kv_len, kv_max = 0;
+    std::int64_t first_key = p.kv_len, kv_max = 0;
     for (; n < kGroup && first.t + n < ws.q_tiles; ++n) {
       q[n] = ws.query_tile(first.b, first.h, first.t + n);
       tile[n] = ws.worker(worker * kGroup + n);
-      kv_min = std::min(kv_min, q[n].kv_begin);
+      first_key = std::min(first_key, q[n].first_key_tile(Ops::Bc));
       kv_max = std::max(kv_max, q[n].kv_end);
       Ops::load_q_transposed(p.q, p.dtype, q[n].b, q[n].h, q[n].i0, q[n].rows, p.head_dim, q_factor,
                              tile[n].qt);
       Ops::start_rows(tile[n].m, tile[n].l, tile[n].ot, p.head_dim);
     }
-    // Key tiles sit on the grid of Bc keys from key 0 (the K panels' grid).
-    for (std::int64_t j0 = kv_min / Ops::Bc * Ops::Bc; j0 < kv_max; j0 += Ops::Bc) {
+    for (std::int64_t j0 = first_key; j0 < kv_max; j0 += Ops::Bc) {
       for (int s = 0; s < n; ++s) {
         if (j0 >= q[s].kv_end || j0 + Ops::Bc <= q[s].kv_begin) continue;
         const typename Mods::Tile pairs{q[s].b, q[s].h, q[s].i0, q[s].rows, j0,

@@ -19,13 +19,6 @@
 
 namespace fattn::cpu {
 
-// The keys a query tile's rows of the score buffer hold: its band's keys, from the key
-// tile (Bc grid) holding the first.
-template <class Tile>
-std::int64_t first_key_held(const Tile& x, std::int64_t key_tile) {
-  return x.kv_begin / key_tile * key_tile;
-}
-
 // Stage 2: softmax of each query row of the score buffer, in place, and the logsumexp.
 // Shared by the FMA and AMX naive paths: ws gives the items and the score buffer,
 // scratch(worker) the per-worker m, l, alpha, ot.
@@ -36,7 +29,7 @@ void naive_softmax_stage(const detail::Problem& p, const detail::Exec& exec, con
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
     const auto x = ws.first_tile_of(item, 1);
     const auto tile = scratch(worker);
-    const std::int64_t k0 = first_key_held(x, Ops::Bc);
+    const std::int64_t k0 = x.first_key_tile(Ops::Bc);
     const std::int64_t n = std::max<std::int64_t>(x.kv_end - k0, 0);
     float* scores = ws.scores(x.b, x.h, x.t) + k0 * Ops::Br;
     if (p.needs_mask(x.i0, x.i0 + x.rows, k0, k0 + n))
@@ -52,22 +45,27 @@ void naive_softmax_stage(const detail::Problem& p, const detail::Exec& exec, con
   });
 }
 
-// Stage 1's variants on one query tile's scores (keys [k0, end)), key tile by key tile:
-// a tile the mask hides whole becomes −inf without reading the rest of it.
+// The naive paths' variants on one query tile's scores of keys [k0, kv_end) (scores and
+// cap_grads hold key k0 first), key tile by key tile: a tile the mask hides whole becomes
+// −inf without reading the rest of it. cap_grads (the backward with a softcap, else null)
+// receives 1 − tanh², 0 on hidden tiles.
 template <class S>
 void naive_score_mods(const detail::Problem& p, const QueryTile& x, std::int64_t k0,
-                      float* scores) {
+                      float* scores, float* cap_grads = nullptr) {
   using Ops = TileOps<S>;
   using Mods = ScoreModOps<S>;
   for (std::int64_t j0 = k0; j0 < x.kv_end; j0 += Ops::Bc) {
     const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, j0,
                                     std::min<std::int64_t>(Ops::Bc, x.kv_end - j0)};
     float* st = scores + (j0 - k0) * Ops::Br;
+    float* cap = cap_grads ? cap_grads + (j0 - k0) * Ops::Br : nullptr;
     const MaskCover cover = Mods::mask_cover(p, pairs);
-    if (cover == MaskCover::hidden)
+    if (cover == MaskCover::hidden) {
       std::fill_n(st, pairs.nj * Ops::Br, Ops::kNegInf);
-    else
-      Mods::apply(p, pairs, cover, st);
+      if (cap) std::fill_n(cap, pairs.nj * Ops::Br, 0.0f);
+    } else {
+      Mods::apply(p, pairs, cover, st, cap);
+    }
   }
 }
 
@@ -85,7 +83,7 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
   detail::parallel_items(exec, ws.items(1), [&](std::int64_t item, int worker) {
     const auto x = ws.first_tile_of(item, 1);
     const auto tile = ws.worker(worker);
-    const std::int64_t k0 = first_key_held(x, Ops::Bc);
+    const std::int64_t k0 = x.first_key_tile(Ops::Bc);
     if (x.kv_end <= k0) return;
     float* scores = ws.scores(x.b, x.h, x.t) + k0 * Ops::Br;
     Ops::load_q_transposed(p.q, p.dtype, x.b, x.h, x.i0, x.rows, p.head_dim, q_factor, tile.qt);
@@ -107,7 +105,7 @@ void naive_forward(const detail::Problem& p, const detail::Exec& exec, float* me
     const float* v = ws.v_rows(x.b, x.hk, &v_stride);
     Ops::start_rows(tile.m, tile.l, tile.ot, p.head_dim);
     for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
-    for (std::int64_t j0 = first_key_held(x, Ops::Bc); j0 < x.kv_end; j0 += Ops::Bc) {
+    for (std::int64_t j0 = x.first_key_tile(Ops::Bc); j0 < x.kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
       const typename Ops::Band band = Ops::band_of(p, j0, x.i0);
       const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, j0, j0 + nj);

@@ -179,19 +179,30 @@ struct ScoreModOps {
     });
   }
 
-  // The sink of head h joins the softmax state of the tile's rows: m ← max(m, sink),
-  // l ← alpha·l + 2^(sink − m), alpha = 2^(m_old − m) (written to alpha; the caller
-  // rescales what it accumulated against m_old: scale_rows).
+  // Head h's sink in log2 units, as the kernels' scores.
+  static float sink_log2(const detail::Problem& p, std::int64_t h) {
+    return static_cast<float>(p.mods.sinks[h]) * Ops::kLog2e;
+  }
+
+  // One row's softmax state (m: running max, log2 units; l: running sum) joined by a sink:
+  // m ← max(m, sink), l ← alpha·l + 2^(sink − m); returns alpha = 2^(m_old − m), the
+  // rescale of what the row accumulated against m_old. A row with no key and a sink of
+  // −inf keeps m = −inf, l = 0.
+  static float join_sink(float sink, float* m, float* l) {
+    const float m_new = *m > sink ? *m : sink;
+    const float m_ref = m_new == Ops::kNegInf ? 0.0f : m_new;
+    const float alpha = std::exp2(*m - m_ref);
+    *l = *l * alpha + std::exp2(sink - m_ref);
+    *m = m_new;
+    return alpha;
+  }
+
+  // The sink of head h joins the softmax state of the tile's rows (join_sink); alpha
+  // receives each row's rescale, for what it accumulated against the old max (scale_rows).
   static void add_sink(const detail::Problem& p, std::int64_t h, float* m, float* l,
                        float* alpha) {
-    const float sink = static_cast<float>(p.mods.sinks[h]) * Ops::kLog2e;
-    for (int i = 0; i < Br; ++i) {
-      const float m_new = m[i] > sink ? m[i] : sink;
-      const float m_ref = m_new == Ops::kNegInf ? 0.0f : m_new;  // no key, sink −inf
-      alpha[i] = std::exp2(m[i] - m_ref);
-      l[i] = l[i] * alpha[i] + std::exp2(sink - m_ref);
-      m[i] = m_new;
-    }
+    const float sink = sink_log2(p, h);
+    for (int i = 0; i < Br; ++i) alpha[i] = join_sink(sink, &m[i], &l[i]);
   }
 
   // x[r][i] ← x[r][i] · alpha[i] for n rows of Br.

@@ -41,6 +41,9 @@ struct Sizes {
 // numbers the tiles over (batch, query head, tile), for per-tile buffers.
 struct QueryTile {
   std::int64_t b, h, hk, t, index, i0, rows, kv_begin, kv_end;
+  // The first key of the key tile (grid of key_tile keys from key 0, the K panels' grid)
+  // that holds the first key the rows see: where the tile's visit of the keys starts.
+  std::int64_t first_key_tile(std::int64_t key_tile) const { return kv_begin / key_tile * key_tile; }
 };
 inline QueryTile query_tile_of(const detail::Problem& p, int rows_per_tile, std::int64_t q_tiles,
                                std::int64_t b, std::int64_t h, std::int64_t t) {
