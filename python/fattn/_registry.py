@@ -68,7 +68,9 @@ def _empty_like_output(t):
     return t.new_empty((b, h, s, d))
 
 
-def _lse_dtype(q):
+def lse_dtype(q):
+    """The logsumexp's dtype, also that of per-head values (sinks, ALiBi slopes) and
+    their gradients: float32, float64 for float64 problems."""
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
@@ -84,14 +86,14 @@ def register(ns: str) -> None:
                        softcap=0.0, alibi_slopes=None, sinks=None):
         check_operands(q, k, v, is_causal, causal_bottom_right)
         b, h, s, _ = q.shape
-        return _empty_like_output(q), q.new_empty((b, h, s), dtype=_lse_dtype(q))
+        return _empty_like_output(q), q.new_empty((b, h, s), dtype=lse_dtype(q))
 
     def fake_attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
                                 causal_bottom_right=False, scale=None, impl="auto",
                                 attn_mask=None, window_left=-1, window_right=-1, softcap=0.0,
                                 alibi_slopes=None, sinks=None):
         check_operands(q, k, v, is_causal, causal_bottom_right)
-        dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=_lse_dtype(q))
+        dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=lse_dtype(q))
         return _empty_like_output(q), _empty_like_output(k), _empty_like_output(v), dsinks
 
     torch.library.register_fake(qualname, fake_attention)
@@ -177,13 +179,13 @@ def _register_kv_ops(ns: str) -> None:
         check_packed(q, k, v)
         _check_int32("cu_seqlens_q", cu_seqlens_q)
         _check_int32("cu_seqlens_k", cu_seqlens_k)
-        return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=_lse_dtype(q))
+        return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=lse_dtype(q))
 
     def fake_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
                              scale=None, impl="auto", window_left=-1, window_right=-1,
                              softcap=0.0, alibi_slopes=None, sinks=None):
         check_packed(q, k, v)
-        dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=_lse_dtype(q))
+        dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=lse_dtype(q))
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
     torch.library.register_fake(f"{ns}::attention_kvcache", fake_kvcache)

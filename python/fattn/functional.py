@@ -29,6 +29,7 @@ import functools
 import torch
 
 from . import _C
+from ._registry import lse_dtype
 
 # Device types with a fattn kernel in this build: the CPU, the fake kernel (meta), and
 # CUDA once the extension is built with the library's CUDA backend (ops.cpp).
@@ -172,8 +173,7 @@ def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", retu
            dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
     fn = "flash_attention"
     _check_tensors(fn, (("q", q), ("k", k), ("v", v)))
-    if len(tuple(window_size)) != 2:
-        raise ValueError(f"fattn.{fn}: window_size must be (left, right), got {window_size!r}")
+    left, right = window_of(fn, window_size)
     for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"fattn.{fn}: {name} must be a torch.Tensor or None, got "
@@ -191,19 +191,26 @@ def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", retu
     if layout == "bshd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     _check_heads(fn, q.size(1), k.size(1), True, "")
-    if sinks is not None and sinks.dtype != _per_head_dtype(q):
-        sinks = sinks.to(_per_head_dtype(q))  # Hq values; the gradient flows back through it
-    left, right = (int(w) for w in window_size)
     out, lse = op(q, k, v, bool(causal), bool(causal), softmax_scale, "auto", None, left, right,
-                  float(softcap), alibi_slopes, sinks)
+                  float(softcap), alibi_slopes, per_head(sinks, q))
     if layout == "bshd":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
 
 
-def _per_head_dtype(q):
-    """The dtype of the per-head values (sinks, ALiBi slopes): float32, float64 for float64."""
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
+def window_of(fn: str, window_size):
+    """FlashAttention's window_size = (left, right) as the operator's two ints."""
+    if len(tuple(window_size)) != 2:
+        raise ValueError(f"fattn.{fn}: window_size must be (left, right), got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def per_head(values, q):
+    """Per-head values (sinks: Hq logits) in the dtype the operator reads them in, the
+    logsumexp's (float32; float64 for float64 q); the gradient flows back through the cast."""
+    if isinstance(values, torch.Tensor) and values.dtype != lse_dtype(q):
+        return values.to(lse_dtype(q))
+    return values
 
 
 def _attention_forward(op, Q, K, V):

@@ -35,7 +35,7 @@ import functools
 
 import torch
 
-from .functional import CPU_KERNEL_DTYPES, check_one_device_and_dtype
+from .functional import CPU_KERNEL_DTYPES, check_one_device_and_dtype, per_head, window_of
 
 # The C++ KV-cache and varlen entry points run on the CPU; meta is the fake kernel's.
 _DEVICE_TYPES = ("cpu", "meta")
@@ -105,10 +105,7 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
                  rotary_sin=(rotary_sin, rotary_sin is None),
                  cache_batch_idx=(cache_batch_idx, cache_batch_idx is None),
                  cache_leftpad=(cache_leftpad, cache_leftpad is None))
-    if len(tuple(window_size)) != 2:
-        raise ValueError(f"fattn.{fn}: window_size must be (left, right), got {window_size!r}")
-    if isinstance(sinks, torch.Tensor) and sinks.dtype != torch.float32:
-        sinks = sinks.float()  # Hq logits, as the kernel reads them
+    left, right = window_of(fn, window_size)
     cache_layout = "(num_blocks, block_size, Hkv, D)" if block_table is not None else \
         "(B, S_cache, Hkv, D)"
     layouts = {"q": "(B, Sq, Hq, D)", "k_cache": cache_layout, "v_cache": cache_layout,
@@ -142,13 +139,9 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
                   None if k is None else k.transpose(1, 2),
                   None if v is None else v.transpose(1, 2),
                   cache_seqlens, block_table, bool(causal), softmax_scale, int(num_splits), "auto",
-                  int(window_size[0]), int(window_size[1]), float(softcap), alibi_slopes, sinks)
+                  left, right, float(softcap), alibi_slopes, per_head(sinks, q))
     out = out.transpose(1, 2)
     return (out, lse) if return_softmax_lse else out
-
-
-def _per_head_dtype(q):
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def _longest(cu_seqlens) -> int:
@@ -165,10 +158,7 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     _unsupported(fn,
                  dropout_p=(dropout_p, dropout_p == 0.0),
                  block_table=(block_table, block_table is None))
-    if len(tuple(window_size)) != 2:
-        raise ValueError(f"fattn.{fn}: window_size must be (left, right), got {window_size!r}")
-    if isinstance(sinks, torch.Tensor) and sinks.dtype != _per_head_dtype(q):
-        sinks = sinks.to(_per_head_dtype(q))  # the gradient flows back through the cast
+    left, right = window_of(fn, window_size)
     layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
     _check_floats(fn, [("q", q), ("k", k), ("v", v)], CPU_KERNEL_DTYPES + (torch.float64,), 3,
                   layouts)
@@ -187,7 +177,7 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 raise ValueError(f"fattn.{fn}: {name} = {given} is less than the longest "
                                  f"sequence in {'cu_seqlens_' + name[-1]}, {longest}")
     out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto",
-                  int(window_size[0]), int(window_size[1]), float(softcap), alibi_slopes, sinks)
+                  left, right, float(softcap), alibi_slopes, per_head(sinks, q))
     # deterministic: fattn's backward always is (each sequence's gradients in a fixed order).
     return (out, lse, None) if return_attn_probs else out
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from .functional import per_head
+
 # The transformers release the tests run (scripts/python_env.sh installs it).
 TESTED_VERSION = "5.24.0"
 
@@ -55,17 +57,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         window = (int(sliding_window) - 1, 0 if causal else -1)
     if causal and kv_len > q_len:  # transformers' empty static-cache prefill: top-left keys
         key, value = key[:, :, :q_len], value[:, :, :q_len]
-    sinks = None
-    if s_aux is not None:
-        sinks = s_aux if s_aux.dtype == _per_head_dtype(query) else s_aux.to(_per_head_dtype(query))
     out, _ = torch.ops.fattn.attention(
         query, key, value, causal, False, scaling, "auto", attention_mask, window[0], window[1],
-        float(softcap) if softcap else 0.0, None, sinks)
+        float(softcap) if softcap else 0.0, None, per_head(s_aux, query))
     return out.transpose(1, 2).contiguous(), None
-
-
-def _per_head_dtype(query):
-    return torch.float64 if query.dtype == torch.float64 else torch.float32
 
 
 def register(name: str = "fattn") -> str:
