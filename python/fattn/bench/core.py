@@ -34,6 +34,26 @@ def element_size(dtype: str) -> int:
     return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
 
 
+def reps_for(first_seconds, args) -> int:
+    """Timed calls per impl: about args.budget seconds of each, from their first calls'
+    times, within [args.min_reps, args.max_reps]."""
+    first_seconds = list(first_seconds)
+    return max(args.min_reps, min(args.max_reps, int(args.budget * max(1, len(first_seconds)) /
+                                                     max(sum(first_seconds), 1e-6))))
+
+
+def round_robin(calls, reps: int):
+    """Seconds of `reps` calls of each of `calls`, one of each in turn, so that a burst of
+    load from elsewhere lands on all of them alike."""
+    times = [[] for _ in calls]
+    for _ in range(reps):
+        for call, t in zip(calls, times):
+            start = time.perf_counter()
+            call()
+            t.append(time.perf_counter() - start)
+    return times
+
+
 def standard_attention(q, k, v, causal: bool, scale: float):
     s = torch.matmul(q, k.transpose(-2, -1))
     s.mul_(scale)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 import fattn
 
-from .core import FLOAT, element_size, fmt_bytes, meminfo_bytes, reference_rows, standard_attention
+from .core import (FLOAT, element_size, fmt_bytes, meminfo_bytes, reference_rows, reps_for,
+                   round_robin, standard_attention)
 
 def runner(impl: str, q, k, v, causal: bool):
     if impl == "fattn_fused":
@@ -89,17 +90,9 @@ def bench_shape(sweep, b, h, s, d, causal, impls, args, peak_rss, rows_out):
                           extra_bytes_method=("fattn::extra_bytes" if exact is not None
                                               else "peak_rss"),
                           peak_rss_extra_bytes=extra_rss, estimated_bytes=need, skipped=None)
-    # Timed calls round-robin over the impls, so that a burst of load from elsewhere
-    # lands on all of them alike.
-    total = sum(first.values())
-    reps = max(args.min_reps, min(args.max_reps, int(args.budget * max(1, len(first)) /
-                                                     max(total, 1e-6))))
-    times = {impl: [] for impl in fns}
-    for _ in range(reps):
-        for impl, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[impl].append((time.perf_counter() - t0) * 1e3)
+    reps = reps_for(first.values(), args)
+    times = {impl: [t * 1e3 for t in ts]
+             for impl, ts in zip(fns, round_robin(list(fns.values()), reps))}
     for impl in fns:
         med = statistics.median(times[impl])
         results[impl] = dict(warm[impl], ms_median=med, ms_min=min(times[impl]),

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import fattn
-from .core import FLOAT, IMPLS, fmt_bytes, meminfo_bytes, standard_attention
+from .core import FLOAT, IMPLS, fmt_bytes, meminfo_bytes, reps_for, round_robin, standard_attention
 
 SHORT = {"fattn_fused": "fused", "fattn_naive": "naive", "torch_sdpa": "sdpa",
          "torch_standard": "std"}
@@ -107,14 +107,9 @@ def bench_shape(b, h, s, d, causal, impls, args, peak_rss, rows_out):
                              extra_bytes_method=("fattn::extra_bytes, backward_extra_bytes"
                                                  if exact is not None else "peak_rss"))
     timed = [i for i in impls if i in first]
-    reps = max(args.min_reps, min(args.max_reps, int(args.budget * max(1, len(timed)) /
-                                                     max(sum(first.values()), 1e-6))))
-    times = {impl: [] for impl in timed}
-    for _ in range(reps):  # round-robin: load from elsewhere hits every impl alike
-        for impl in timed:
-            t0 = time.perf_counter()
-            step(impl, q, k, v, dout, causal)
-            times[impl].append((time.perf_counter() - t0) * 1e3)
+    reps = reps_for((first[i] for i in timed), args)
+    calls = [lambda impl=impl: step(impl, q, k, v, dout, causal) for impl in timed]
+    times = {impl: [t * 1e3 for t in ts] for impl, ts in zip(timed, round_robin(calls, reps))}
     for impl in timed:
         med = statistics.median(times[impl])
         results[impl].update(ms_median=med, ms_min=min(times[impl]), ms_max=max(times[impl]),

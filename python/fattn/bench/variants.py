@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import fattn
-from .core import DTYPES, Contention, machine_info
+from .core import DTYPES, Contention, machine_info, round_robin
 
 
 def timed(calls, reps, budget):
@@ -41,10 +41,8 @@ def timed(calls, reps, budget):
     start = time.perf_counter()
     while len(times[0]) < reps[0] or (len(times[0]) < reps[1] and
                                        time.perf_counter() - start < budget):
-        for c, t in zip(calls, times):
-            t0 = time.perf_counter()
-            c()
-            t.append(time.perf_counter() - t0)
+        for t, one in zip(times, round_robin(calls, 1)):
+            t.extend(one)
     return [statistics.median(t) for t in times]
 
 
