@@ -11,9 +11,10 @@
 //                                    keys each row sees)
 //        os ← alpha·os + st·V       (pv_accumulate)
 //   out ← os / l, lse ← ln(2)·(m + log2 l)            (or a partial, with split keys)
-// K and V are read where they lie when each row holds D contiguous floats, D a whole
-// number of vectors; otherwise (strided dims, odd head dims) each key tile is first
-// staged in address order, zero-padded.
+// K and V are read where they lie when each row holds D contiguous elements, D a whole
+// number of vectors (16-bit elements widened to float32 as they are loaded, so a 16-bit
+// cache moves half the bytes); otherwise (strided dims, odd head dims) each key tile is
+// first staged as float32 in address order, zero-padded.
 // Split-KV (flash-decoding): when sequences × kv heads × row tiles cannot keep every
 // worker busy, each sequence's keys are cut into `splits` chunks computed in parallel;
 // each chunk leaves (os, m, l) and a second pass merges them in chunk order, so the
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
@@ -186,25 +188,59 @@ void merge_partials(const DecodePlan<S>& plan, std::int64_t rows, const float* p
   }
 }
 
-// The rows an item reads after kv head hk's tile at j0: the next head's, or after the
-// item's last head the first head's next tile (none after the item's last tile).
-template <class S>
-typename DecodeOps<S>::Prefetch next_head_tile(const detail::Problem& p,
-                                               const typename DecodePlan<S>::Item& it,
-                                               std::int64_t hk, std::int64_t j0,
-                                               std::int64_t kv_end) {
+// Where an item's key tiles come from: the cache itself, rows of E read in place ...
+template <class S, class E>
+struct TilesInCache {
   using Ops = DecodeOps<S>;
-  const bool wraps = hk + 1 == it.hk_end;
-  const std::int64_t head = wraps ? it.hk_begin : hk + 1, j = wraps ? j0 + Ops::Bk : j0;
-  const std::int64_t rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
-  typename Ops::Prefetch next;
-  if (rows <= 0) return next;
-  next.k = Ops::in_cache(p, p.k, it.b, head, j, rows);
-  next.v = Ops::in_cache(p, p.v, it.b, head, j, rows);
-  next.rows = rows;
-  next.dims = p.head_dim;
-  return next;
-}
+  using Item = typename DecodePlan<S>::Item;
+  const detail::Problem& p;
+  detail::Strided<const E> k, v;  // p.k and p.v retyped to their element type
+
+  void prepare(const Item&, std::int64_t, std::int64_t) const {}
+  typename Ops::template Rows<E> k_rows(const Item& it, std::int64_t hk, std::int64_t j0,
+                                        std::int64_t nj) const {
+    return Ops::in_cache(p, k, it.b, hk, j0, nj);
+  }
+  typename Ops::template Rows<E> v_rows(const Item& it, std::int64_t hk, std::int64_t j0,
+                                        std::int64_t nj) const {
+    return Ops::in_cache(p, v, it.b, hk, j0, nj);
+  }
+  // The rows read after kv head hk's tile at j0: the next head's, or after the item's
+  // last head the first head's next tile (none after the item's last tile).
+  typename Ops::Prefetch next(const Item& it, std::int64_t hk, std::int64_t j0,
+                              std::int64_t kv_end) const {
+    const bool wraps = hk + 1 == it.hk_end;
+    const std::int64_t head = wraps ? it.hk_begin : hk + 1, j = wraps ? j0 + Ops::Bk : j0;
+    const std::int64_t rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
+    if (rows <= 0) return {};
+    return {k_rows(it, head, j, rows), v_rows(it, head, j, rows), rows, p.head_dim};
+  }
+};
+
+// ... or float32 copies, each key tile of the item's heads staged before its compute.
+template <class S>
+struct StagedTiles {
+  using Ops = DecodeOps<S>;
+  using Item = typename DecodePlan<S>::Item;
+  const detail::Problem& p;
+  float *k_stage, *v_stage;  // the worker's staging buffers
+
+  void prepare(const Item& it, std::int64_t j0, std::int64_t nj) const {
+    Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
+    Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
+  }
+  typename Ops::template Rows<float> k_rows(const Item& it, std::int64_t hk, std::int64_t,
+                                            std::int64_t) const {
+    return Ops::staged(k_stage, hk - it.hk_begin, p.head_dim);
+  }
+  typename Ops::template Rows<float> v_rows(const Item& it, std::int64_t hk, std::int64_t,
+                                            std::int64_t) const {
+    return Ops::staged(v_stage, hk - it.hk_begin, p.head_dim);
+  }
+  typename Ops::Prefetch next(const Item&, std::int64_t, std::int64_t, std::int64_t) const {
+    return {};
+  }
+};
 
 // One kv head's running state within a worker's memory.
 struct HeadState {
@@ -235,27 +271,27 @@ struct DecodeWorker {
     }
   }
 
-  // Keys [j0, j0 + nj) for every head of the item: scores, online softmax, P·V.
+  StagedTiles<S> staged_tiles() const {
+    return {p, w + plan.k_stage_at, w + plan.v_stage_at};
+  }
+
+  // Keys [j0, j0 + nj) for every head of the item: scores, online softmax, P·V; the
+  // tiles from `tiles` (TilesInCache or StagedTiles).
+  template <class Tiles>
   void key_tile(const typename Plan::Item& it, std::int64_t j0, std::int64_t nj,
-                std::int64_t kv_end) const {
+                std::int64_t kv_end, const Tiles& tiles) const {
     const std::int64_t D = p.head_dim;
     float *kt = w + plan.kt_at, *st = w + plan.st_at;
-    float *k_stage = w + plan.k_stage_at, *v_stage = w + plan.v_stage_at;
     std::int32_t visible[Plan::kRowTile];
     for (std::int64_t r = 0; r < it.rows; ++r)
       visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
           p.visible_end(it.b, (it.r0 + r) / p.group_size()) - j0, 0, nj));
-    if (!plan.in_place) {
-      Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
-      Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
-    }
+    tiles.prepare(it, j0, nj);
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
-      const std::int64_t slot = hk - it.hk_begin;
-      const HeadState h = state(slot);
-      typename Ops::Prefetch next;
-      if (plan.in_place) next = next_head_tile<S>(p, it, hk, j0, kv_end);
-      const auto k = plan.in_place ? Ops::in_cache(p, p.k, it.b, hk, j0, nj) : Ops::staged(k_stage, slot, D);
-      const auto v = plan.in_place ? Ops::in_cache(p, p.v, it.b, hk, j0, nj) : Ops::staged(v_stage, slot, D);
+      const HeadState h = state(hk - it.hk_begin);
+      typename Ops::Prefetch next = tiles.next(it, hk, j0, kv_end);
+      const auto k = tiles.k_rows(it, hk, j0, nj);
+      const auto v = tiles.v_rows(it, hk, j0, nj);
       Ops::tile_scores(h.qs, it.rows, D, k, nj, kt, st, next);
       if (p.mods.any() || p.has_window())  // a mask hiding the tile from every row: skipped
         if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) continue;
@@ -294,16 +330,34 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
     return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats};
   };
 
-  detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
-    const DecodeWorker<S> run = worker_of(worker);
-    const auto it = plan.item(p, index);
-    std::int64_t kv_begin, kv_end;
-    plan.key_range(p, it, &kv_begin, &kv_end);
-    run.start(it, q_factor);
-    for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk)
-      run.key_tile(it, j0, std::min<std::int64_t>(Ops::Bk, kv_end - j0), kv_end);
-    run.finish(it, memory);
-  });
+  // in_place: a cache of elements E read where it lies; else tiles staged as float32.
+  auto run_items = [&](auto in_place, auto element) {
+    using E = decltype(element);
+    const TilesInCache<S, E> cache{p, detail::retype<const E>(p.k), detail::retype<const E>(p.v)};
+    detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
+      const DecodeWorker<S> run = worker_of(worker);
+      const auto it = plan.item(p, index);
+      std::int64_t kv_begin, kv_end;
+      plan.key_range(p, it, &kv_begin, &kv_end);
+      run.start(it, q_factor);
+      for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk) {
+        const std::int64_t nj = std::min<std::int64_t>(Ops::Bk, kv_end - j0);
+        if constexpr (decltype(in_place)::value)
+          run.key_tile(it, j0, nj, kv_end, cache);
+        else
+          run.key_tile(it, j0, nj, kv_end, run.staged_tiles());
+      }
+      run.finish(it, memory);
+    });
+  };
+  if (!plan.in_place)
+    run_items(std::false_type{}, float{});
+  else if (p.dtype == DType::bfloat16)
+    run_items(std::true_type{}, BFloat16{});
+  else if (p.dtype == DType::float16)
+    run_items(std::true_type{}, Float16{});
+  else
+    run_items(std::true_type{}, float{});
   if (plan.splits == 1) return;
   // Each (sequence, kv head, row tile): its chunks' partials merged in chunk order.
   detail::parallel_items(exec, p.batch * p.kv_heads * plan.row_tiles, [&](std::int64_t tile, int worker) {

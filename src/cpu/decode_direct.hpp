@@ -14,6 +14,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "cpu/elements.hpp"
+#include "cpu/simd.hpp"
 
 #if defined(FATTN_AVX512)
 #include <immintrin.h>
@@ -44,9 +49,12 @@ namespace fattn::cpu {
                        _mm512_shuffle_f32x4(d[0], d[1], kOdd));
 }
 
-// Rows: the decode kernel's key rows (row(j): Dp contiguous floats, zero-padded past D).
+// Rows: the decode kernel's key rows (row(j): Dp contiguous elements, float32 or 16-bit,
+// widened as they are loaded).
 template <class Rows>
 struct DirectScores {
+  using S = Simd<64>;
+  using Element = std::remove_cv_t<std::remove_pointer_t<decltype(std::declval<Rows>().row(0))>>;
   static constexpr int kLanes = 16;
   static constexpr int kSums = 16;  // dot products per sum_lanes16
 
@@ -55,14 +63,14 @@ struct DirectScores {
   static void block(const float* qs, std::int64_t Dp, const Rows& k, std::int64_t j,
                     std::int64_t st_stride, float* st) {
     constexpr int KB = kSums / R;
-    const float* krow[KB];
+    const Element* krow[KB];
     for (int kk = 0; kk < KB; ++kk) krow[kk] = k.row(j + kk);
     __m512 acc[kSums];
     for (auto& a : acc) a = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < Dp; d += kLanes) {
       __m512 kv[KB];
 #pragma GCC unroll 16
-      for (int kk = 0; kk < KB; ++kk) kv[kk] = _mm512_loadu_ps(krow[kk] + d);
+      for (int kk = 0; kk < KB; ++kk) kv[kk] = load_vec<S>(krow[kk] + d);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const __m512 qv = _mm512_loadu_ps(qs + r * Dp + d);
@@ -82,7 +90,7 @@ struct DirectScores {
       for (std::int64_t r = 0; r < rows; ++r) {
         __m512 acc = _mm512_setzero_ps();
         for (std::int64_t d = 0; d < Dp; d += kLanes)
-          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs + r * Dp + d), _mm512_loadu_ps(k.row(j) + d), acc);
+          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs + r * Dp + d), load_vec<S>(k.row(j) + d), acc);
         st[r * st_stride + j] = _mm512_reduce_add_ps(acc);
       }
   }

@@ -51,11 +51,13 @@ struct DecodeOps {
 
   static std::int64_t padded_dim(std::int64_t D) { return (D + L - 1) / L * L; }
 
-  // Rows of one key tile of K or V: group g's first row and the stride between rows.
+  // Rows of one key tile of K or V, elements of type E (the cache's dtype when read in
+  // place, float32 when staged): group g's first row and the stride between rows.
+  template <class E>
   struct Rows {
-    const float* group[kGroups];
+    const E* group[kGroups];
     std::int64_t stride, dim_stride;
-    const float* row(std::int64_t j) const { return group[j / kKeyGroup] + (j % kKeyGroup) * stride; }
+    const E* row(std::int64_t j) const { return group[j / kKeyGroup] + (j % kKeyGroup) * stride; }
   };
   // qs[r][d] = q[i][h][d] · factor for the rows [r0, r0 + rows) of kv head hk's group.
   static void load_q_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk,
@@ -74,30 +76,45 @@ struct DecodeOps {
   // overlap the arithmetic of the one before, where the hardware prefetchers alone left
   // the core waiting after each tile (decode, Sk = 64k: 23 → 31 GB/s, docs/perf-log.md).
   struct Prefetch {
-    static constexpr int kLineFloats = 64 / static_cast<int>(sizeof(float));
+    static constexpr std::int64_t kLineBytes = 64;
     // Rows asked for after each 16×16 block of the transpose: 2 rows (32.5 GB/s), 4 (30.6),
     // 8 (30.1), 16 (27.0); the rows left are asked for before the scores.
     static constexpr std::int64_t kRowsPerBlock = 2;
     // ... and after each block of direct scores (cpu/decode_direct.hpp; 16 blocks per
     // tile at 4 rows): 8 rows (41.4 GB/s), 2 (38.1).
     static constexpr std::int64_t kRowsPerDirectBlock = 8;
-    Rows k{}, v{};
-    std::int64_t rows = 0, next = 0, dims = 0;  // next: of 2·rows (K's, then V's)
+    // The tiles' rows as bytes: a 16-bit row is half a float32 row's lines.
+    Rows<char> k{}, v{};
+    std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of 2·rows (K's, then V's)
+
+    template <class E>
+    static Rows<char> bytes_of(const Rows<E>& r) {
+      Rows<char> b{{}, r.stride * static_cast<std::int64_t>(sizeof(E)), 0};
+      for (int g = 0; g < kGroups; ++g) b.group[g] = reinterpret_cast<const char*>(r.group[g]);
+      return b;
+    }
+    template <class E>
+    Prefetch(const Rows<E>& k_rows, const Rows<E>& v_rows, std::int64_t n, std::int64_t dims)
+        : k(bytes_of(k_rows)), v(bytes_of(v_rows)), rows(n),
+          row_bytes(dims * static_cast<std::int64_t>(sizeof(E))) {}
+    Prefetch() = default;
 
     // Every line of a row: every other line (the adjacent-line prefetcher's pair) was
     // slower, 31.2 → 24.1 GB/s.
     [[gnu::always_inline]] void issue(std::int64_t n) {
       for (; n > 0 && next < 2 * rows; --n, ++next) {
-        const float* row = next < rows ? k.row(next) : v.row(next - rows);
-        for (std::int64_t d = 0; d < dims; d += kLineFloats) __builtin_prefetch(row + d, 0, 3);
+        const char* row = next < rows ? k.row(next) : v.row(next - rows);
+        for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) __builtin_prefetch(row + d, 0, 3);
       }
     }
     void issue_rest() { issue(2 * rows - next); }
   };
 
   // kt[d][j] = k[j][d] for the tile's nj keys; keys past nj are zero.
-  // With AVX-512 and contiguous dims, whole 16-key × 16-dim blocks go through registers.
-  static void transpose_keys(const Rows& k, std::int64_t nj, std::int64_t D, float* kt,
+  // With AVX-512 and contiguous dims, whole 16-key × 16-dim blocks go through registers
+  // (16-bit rows widened on the way in).
+  template <class E>
+  static void transpose_keys(const Rows<E>& k, std::int64_t nj, std::int64_t D, float* kt,
                              Prefetch& next) {
     for (int g = 0; g < kGroups; ++g) {
       const std::int64_t n = std::clamp<std::int64_t>(nj - g * kKeyGroup, 0, kKeyGroup);
@@ -108,7 +125,10 @@ struct DecodeOps {
         if (n == kKeyGroup && k.dim_stride == 1) {
           dims_done = D / 16 * 16;
           for (std::int64_t d = 0; d < dims_done; d += 16) {
-            transpose_block16(k.group[g] + d, k.stride, dst + d * Bk, Bk, _mm512_set1_ps(1.0f));
+            __m512 r[kKeyGroup];
+            for (int j = 0; j < kKeyGroup; ++j) r[j] = load_vec<S>(k.group[g] + j * k.stride + d);
+            transpose16x16(r);
+            for (int j = 0; j < kKeyGroup; ++j) _mm512_storeu_ps(dst + (d + j) * Bk, r[j]);
             next.issue(Prefetch::kRowsPerBlock);
           }
         }
@@ -116,7 +136,7 @@ struct DecodeOps {
 #endif
       for (std::int64_t d = dims_done; d < D; ++d)
         for (std::int64_t j = 0; j < kKeyGroup; ++j)
-          dst[d * Bk + j] = j < n ? k.group[g][j * k.stride + d * k.dim_stride] : 0.0f;
+          dst[d * Bk + j] = j < n ? to_float(k.group[g][j * k.stride + d * k.dim_stride]) : 0.0f;
       next.issue(Prefetch::kRowsPerBlock);
     }
     next.issue_rest();
@@ -141,26 +161,27 @@ struct DecodeOps {
         }
     });
   }
-  // Whether the cache's K and V rows are read where they are (each row Dp contiguous
-  // floats: float32, dims contiguous, D a whole number of vectors) rather than staged.
+  // Whether the cache's K and V rows are read where they are (dims contiguous, D a whole
+  // number of vectors; float32 or 16-bit elements, widened as they are loaded) rather
+  // than staged.
   static bool reads_in_place(const detail::Problem& p) {
-    return rows_in_place(p.k, p.dtype) && rows_in_place(p.v, p.dtype) &&
-           padded_dim(p.head_dim) == p.head_dim;
+    return p.k.dim == 1 && p.v.dim == 1 && padded_dim(p.head_dim) == p.head_dim;
   }
-  // Keys [j0, j0 + nj) of kv head hk where they lie in the cache. A key group sits in
-  // one page (block sizes are multiples of 16, j0 of Bk); groups past nj are not looked
-  // up, so no block-table entry past the sequence is read.
-  static Rows in_cache(const detail::Problem& p, const detail::Strided<const float>& t,
-                       std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nj) {
-    Rows r{{}, t.seq, t.dim};
+  // Keys [j0, j0 + nj) of kv head hk where they lie in the cache (t retyped to its
+  // element type). A key group sits in one page (block sizes are multiples of 16, j0 of
+  // Bk); groups past nj are not looked up, so no block-table entry past the sequence is read.
+  template <class E>
+  static Rows<E> in_cache(const detail::Problem& p, const detail::Strided<const E>& t,
+                          std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nj) {
+    Rows<E> r{{}, t.seq, t.dim};
     for (int g = 0; g < kGroups; ++g)
       r.group[g] = g * kKeyGroup < nj ? p.kv_row(t, b, hk, j0 + g * kKeyGroup) : nullptr;
     return r;
   }
   // One head's staged rows.
-  static Rows staged(const float* stage, std::int64_t head, std::int64_t D) {
+  static Rows<float> staged(const float* stage, std::int64_t head, std::int64_t D) {
     const std::int64_t Dp = padded_dim(D);
-    Rows r{{}, Dp, 1};
+    Rows<float> r{{}, Dp, 1};
     for (int g = 0; g < kGroups; ++g) r.group[g] = stage + (head * Bk + g * kKeyGroup) * Dp;
     return r;
   }
@@ -207,12 +228,13 @@ struct DecodeOps {
   // Scores of one key tile: straight from the key rows for a few rows (AVX-512,
   // cpu/decode_direct.hpp), else through the transposed tile kt. Either way `next` is
   // asked for between blocks, and for the rest at the end.
-  static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows& k,
+  template <class E>
+  static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows<E>& k,
                           std::int64_t nj, float* kt, float* st, Prefetch& next) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       if (rows <= kDirectRows && k.dim_stride == 1) {
-        DirectScores<Rows>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);
+        DirectScores<Rows<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);
         next.issue_rest();
         return;
       }
@@ -276,19 +298,19 @@ struct DecodeOps {
   // os[r][d0 + ·] = alpha·os + Σ_j p[r][j] · v[j][d0 + ·] for R rows and NDV dim vectors.
   // Keys a row does not see (causal, on the diagonal tile) are skipped, not added with
   // p = 0, so a NaN or Inf in a value row reaches only the rows that see it.
-  template <int R, int NDV, bool Masked>
+  template <int R, int NDV, bool Masked, class E>
   static void pv_block(const float* p, const std::int32_t* visible, std::int64_t nj,
-                       const Rows& v, std::int64_t d0, const float* alpha, std::int64_t Dp,
+                       const Rows<E>& v, std::int64_t d0, const float* alpha, std::int64_t Dp,
                        float* os) {
     vec acc[R][NDV] = {};
     // Key group by key group: within one, the rows are a pointer step apart.
     for (std::int64_t j0 = 0; j0 < nj; j0 += kKeyGroup) {
-      const float* vrow = v.group[j0 / kKeyGroup] + d0;
+      const E* vrow = v.group[j0 / kKeyGroup] + d0;
       const std::int64_t j1 = std::min<std::int64_t>(nj, j0 + kKeyGroup);
       for (std::int64_t j = j0; j < j1; ++j, vrow += v.stride) {
         vec vv[NDV];
 #pragma GCC unroll 8
-        for (int u = 0; u < NDV; ++u) vv[u] = S::load(vrow + u * L);
+        for (int u = 0; u < NDV; ++u) vv[u] = load_vec<S>(vrow + u * L);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           if (Masked && j >= visible[r]) continue;
@@ -307,16 +329,16 @@ struct DecodeOps {
       }
   }
 
-  template <int R, bool Masked>
+  template <int R, bool Masked, class E>
   static void pv_rows(const float* p, const std::int32_t* visible, std::int64_t nj,
-                      const Rows& v, const float* alpha, std::int64_t Dp, float* os) {
+                      const Rows<E>& v, const float* alpha, std::int64_t Dp, float* os) {
     std::int64_t d = 0;
     for (; d + DV * L <= Dp; d += DV * L) pv_block<R, DV, Masked>(p, visible, nj, v, d, alpha, Dp, os);
     for (; d < Dp; d += L) pv_block<R, 1, Masked>(p, visible, nj, v, d, alpha, Dp, os);
   }
-  template <int R>
+  template <int R, class E>
   static void pv_tail(int rows, const float* p, const std::int32_t* visible, std::int64_t nj,
-                      bool masked, const Rows& v, const float* alpha, std::int64_t Dp, float* os) {
+                      bool masked, const Rows<E>& v, const float* alpha, std::int64_t Dp, float* os) {
     if constexpr (R > 0) {
       if (rows != R) return pv_tail<R - 1>(rows, p, visible, nj, masked, v, alpha, Dp, os);
       if (masked) return pv_rows<R, true>(p, visible, nj, v, alpha, Dp, os);
@@ -325,9 +347,10 @@ struct DecodeOps {
   }
 
   // os ← alpha·os + P·V over the keys each row sees (visible[r] ≤ nj, nj ≤ Bk).
-  // V rows must hold Dp contiguous floats (stage_rows).
+  // V rows must hold Dp contiguous elements (in place, or stage_rows).
+  template <class E>
   static void pv_accumulate(const float* p, std::int64_t rows, const std::int32_t* visible,
-                            std::int64_t nj, const Rows& v, const float* alpha, std::int64_t D,
+                            std::int64_t nj, const Rows<E>& v, const float* alpha, std::int64_t D,
                             float* os) {
     const std::int64_t Dp = padded_dim(D);
     for (std::int64_t r = 0; r < rows; r += MR) {

@@ -95,6 +95,38 @@ inline Float16 from_float<Float16>(float x) {
   return {static_cast<std::uint16_t>(sign | (r >> 13))};
 }
 
+// S::lanes contiguous elements as a vector of floats: one load for float32; for 16-bit
+// elements a load and a widening (a shift for bfloat16, vcvtph2ps for float16) where the
+// unit has the instructions, else element by element.
+template <class S, class E>
+typename S::vec load_vec(const E* src) {
+  if constexpr (std::is_same_v<E, float>) {
+    return S::load(src);
+  } else {
+#if defined(FATTN_AVX512)
+    if constexpr (S::lanes == 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+      if constexpr (std::is_same_v<E, BFloat16>)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      else
+        return _mm512_cvtph_ps(h);
+    }
+#endif
+#if defined(FATTN_AVX)
+    if constexpr (S::lanes == 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      if constexpr (std::is_same_v<E, BFloat16>)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      else
+        return _mm256_cvtph_ps(h);
+    }
+#endif
+    typename S::vec v;
+    for (int i = 0; i < S::lanes; ++i) v[i] = to_float(src[i]);
+    return v;
+  }
+}
+
 // dst[d] = src[d · stride] as float for d < n; whole vectors where the elements are
 // contiguous and the unit has the instructions.
 template <class E>

@@ -78,12 +78,15 @@ def test_bench_variants_quick(tmp_path):
         assert r["fattn_s"] > 0 and r["baseline_s"] > 0 and r["ratio"] > 0
 
 
-def test_bench_model_quick(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_model_quick(tmp_path, dtype):
     pytest.importorskip("transformers")
-    p = subprocess.run([sys.executable, "-m", "fattn.bench", "--model", "--quick", "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "fattn.bench", "--model", "--quick", "--dtype", dtype,
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    results = json.loads((tmp_path / "model.json").read_text())["results"]
+    report = json.loads((tmp_path / "model.json").read_text())
+    assert report["machine"]["model"]["dtype"] == dtype
+    results = report["results"]
     assert {(r["row"], r["batch"]) for r in results} == {("prefill", 1), ("decode", 1),
                                                          ("decode", 2)}
     for r in results:

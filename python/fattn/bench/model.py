@@ -1,11 +1,12 @@
 """What a user feels: a Llama-shaped transformers model on the CPU with fattn and with
 transformers' "sdpa", side by side in one process: ``python -m fattn.bench --model``.
 
-The model (random weights, float32, --threads threads): hidden 1024, 4 layers, 16 query
-heads and 4 kv heads of 64 dims, MLP 2816, vocabulary 32000 (CONFIG). The table's header
-prints its parameter bytes (what a decode step reads besides the cache) and its KV-cache
-bytes per token of context per sequence (layers · 2 · 4 · 64 · 4 B = 8 KiB): at 16k
-context and batch 8 the cache read is 1 GiB, three quarters of the bytes of a step.
+The model (random weights in --dtype, float32 by default, --threads threads): hidden
+1024, 4 layers, 16 query heads and 4 kv heads of 64 dims, MLP 2816, vocabulary 32000
+(CONFIG). The table's header prints its parameter bytes (what a decode step reads besides
+the cache) and its KV-cache bytes per token of context per sequence (layers · 2 · 4 · 64
+elements: 8 KiB in float32, 4 KiB in bfloat16): at 16k context and batch 8 the cache read
+is three quarters of the bytes of a step in either dtype (weights and cache scale alike).
 
 Rows:
   prefill  one forward pass over a batch of `context` tokens (causal, no padding)
@@ -60,12 +61,12 @@ class AttentionClock:
         return timed
 
 
-def build(impl, layers):
+def build(impl, layers, dtype):
     import transformers
     torch.manual_seed(0)
     config = transformers.LlamaConfig(**dict(CONFIG, num_hidden_layers=layers),
                                       attn_implementation=f"{impl}_timed")
-    return transformers.LlamaForCausalLM(config).eval()
+    return transformers.LlamaForCausalLM(config).to(dtype).eval()
 
 
 def filled_cache(model, batch, context):
@@ -75,7 +76,8 @@ def filled_cache(model, batch, context):
     g = torch.Generator().manual_seed(2)
     for layer in range(cfg.num_hidden_layers):
         shape = (batch, cfg.num_key_value_heads, context, cfg.head_dim)
-        cache.update(torch.randn(shape, generator=g), torch.randn(shape, generator=g), layer)
+        kv = [torch.randn(shape, generator=g).to(model.dtype) for _ in range(2)]
+        cache.update(*kv, layer)
     return cache
 
 
@@ -110,6 +112,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"])
     p.add_argument("--steps", type=int, default=5, help="decode steps timed per point")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="of the weights, activations and KV cache (both backends)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CI)")
     p.add_argument("--out", default="fattn-bench-model")
     args = p.parse_args(argv)
@@ -120,12 +124,14 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     clock = AttentionClock()
-    models = {impl: build(impl, args.layers) for impl in ("fattn", "sdpa")}
+    dtype = getattr(torch, args.dtype)
+    models = {impl: build(impl, args.layers, dtype) for impl in ("fattn", "sdpa")}
     weights = sum(t.numel() * t.element_size() for t in models["fattn"].parameters())
     cfg = models["fattn"].config
-    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+    kv_per_token = (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim
+                    * dtype.itemsize)
     print(f"fattn {fattn.__version__} vs transformers sdpa, torch {torch.__version__}, "
-          f"{threads} threads; Llama-shaped model, {args.layers} layers, "
+          f"{threads} threads; Llama-shaped model in {args.dtype}, {args.layers} layers, "
           f"{weights / 2**20:.0f} MiB of weights, KV cache {kv_per_token / 1024:.0f} KiB per token "
           "(see --help)")
     print(f"{'row':<8} {'batch':>5} {'context':>7} {'fattn ms':>9} {'sdpa ms':>9} {'speedup':>7} "
@@ -152,7 +158,7 @@ def main(argv=None):
     args.min_reps = args.max_reps = args.steps
     args.budget = 0.0
     machine = machine_info(threads, args, contention.result())
-    machine["model"] = dict(CONFIG, num_hidden_layers=args.layers, weight_bytes=weights,
+    machine["model"] = dict(CONFIG, num_hidden_layers=args.layers, dtype=args.dtype, weight_bytes=weights,
                             kv_bytes_per_token=kv_per_token)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
