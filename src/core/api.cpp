@@ -39,10 +39,10 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
   if (options.isa == Isa::amx && variants)
     throw Error("fattn: isa amx does not take " + detail::variant_names(options) +
                 " yet; they run on avx512, avx2 or portable");
-  if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa);
+  if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa, p.dtype);
   Isa isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
   if (isa == Isa::amx && (sixteen_bit || variants)) isa = Isa::avx512;  // every AMX CPU has it
-  return cpu::kernels_for(isa);
+  return cpu::kernels_for(isa, p.dtype);
 }
 
 void require_cpu(const TensorView& q) {

@@ -55,15 +55,18 @@ struct DecodePlan {
   // K and V read where they lie (DecodeOps::reads_in_place), else staged tile by tile.
   bool in_place;
   std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
-  // Floats from the start of the working memory; per head: qs, os, m, l, alpha.
+  // Floats from the start of the working memory; per head: qs, os, m, l, alpha, and the
+  // query rows' bfloat16 bits qb where the scores use them (DecodeOps::dot_bf16).
   std::int64_t worker_floats, head_floats, kt_at, st_at, heads_at, k_stage_at, v_stage_at;
-  std::int64_t qs_at, os_at, m_at, l_at, alpha_at;  // within a head's state
+  std::int64_t qs_at, os_at, m_at, l_at, alpha_at, qb_at;  // within a head's state
+  bool dot_bf16;
   std::int64_t partial_floats, partials_at, total;
 
   // splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key tile).
   DecodePlan(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
     Sizes n;
     in_place = Ops::reads_in_place(p);
+    dot_bf16 = Ops::dot_bf16(p);
     D = p.head_dim;
     Dp = Ops::padded_dim(D);
     rows = n.mul(p.group_size(), p.q_len);
@@ -80,6 +83,7 @@ struct DecodePlan {
     m_at = take(tile_rows);
     l_at = take(tile_rows);
     alpha_at = take(tile_rows);
+    qb_at = take(dot_bf16 ? n.div_up(tile_rows * Dp, 2) : 0);  // two bfloat16 per float
     head_floats = at;
     const std::int64_t stage_floats = Ops::Bk * Dp;  // one head's key tile of K or V
     heads_per_item = std::clamp<std::int64_t>(kItemFloats / (head_floats + 2 * stage_floats), 1,
@@ -245,6 +249,7 @@ struct StagedTiles {
 // One kv head's running state within a worker's memory.
 struct HeadState {
   float *qs, *os, *m, *l, *alpha;
+  std::uint16_t* qb;  // null unless the plan's dot_bf16
 };
 
 // A worker running one item: its kv heads' running states and its tiles, in the worker's
@@ -255,18 +260,21 @@ struct DecodeWorker {
   using Plan = DecodePlan<S>;
   const detail::Problem& p;
   const Plan& plan;
-  float* w;  // this worker's memory
+  float* w;        // this worker's memory
+  float q_factor;  // scale·log2(e)
 
   HeadState state(std::int64_t slot) const {
     float* h = w + plan.heads_at + slot * plan.head_floats;
-    return {h + plan.qs_at, h + plan.os_at, h + plan.m_at, h + plan.l_at, h + plan.alpha_at};
+    return {h + plan.qs_at, h + plan.os_at, h + plan.m_at, h + plan.l_at, h + plan.alpha_at,
+            plan.dot_bf16 ? reinterpret_cast<std::uint16_t*>(h + plan.qb_at) : nullptr};
   }
 
-  // Each head's query rows, scaled by scale·log2(e), and fresh (m, l, os).
-  void start(const typename Plan::Item& it, float q_factor) const {
+  // Each head's query rows, scaled by scale·log2(e) (and their bits, for dot_bf16), and
+  // fresh (m, l, os).
+  void start(const typename Plan::Item& it) const {
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
-      Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.qs);
+      Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.qs, h.qb);
       Ops::start_rows(it.rows, p.head_dim, h.m, h.l, h.os);
     }
   }
@@ -292,7 +300,7 @@ struct DecodeWorker {
       typename Ops::Prefetch next = tiles.next(it, hk, j0, kv_end);
       const auto k = tiles.k_rows(it, hk, j0, nj);
       const auto v = tiles.v_rows(it, hk, j0, nj);
-      Ops::tile_scores(h.qs, it.rows, D, k, nj, kt, st, next);
+      Ops::tile_scores(h.qs, h.qb, q_factor, it.rows, D, k, nj, kt, st, next);
       if (p.mods.any() || p.has_window())  // a mask hiding the tile from every row: skipped
         if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) continue;
       Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
@@ -327,7 +335,7 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
   const Plan plan(p, exec.workers, requested_splits);
   const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
   auto worker_of = [&](int worker) {
-    return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats};
+    return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats, q_factor};
   };
 
   // in_place: a cache of elements E read where it lies; else tiles staged as float32.
@@ -339,7 +347,7 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
       const auto it = plan.item(p, index);
       std::int64_t kv_begin, kv_end;
       plan.key_range(p, it, &kv_begin, &kv_end);
-      run.start(it, q_factor);
+      run.start(it);
       for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk) {
         const std::int64_t nj = std::min<std::int64_t>(Ops::Bk, kv_end - j0);
         if constexpr (decltype(in_place)::value)

@@ -5,6 +5,8 @@
 // elements). Here each key row is multiplied where it lies, dims along the lanes:
 //   acc[r][k] += qs[r][d..d+15] · k[j + k][d..d+15]     R rows × 16/R keys, over d
 //   st[r][j + k] = Σ lanes acc[r][k]                    16 sums at once (sum_lanes16)
+// With AVX512-BF16 and a bfloat16 cache the products are vdpbf16ps on the query rows' own
+// bits (DotBf16Products), 32 dims per instruction.
 // (decode, Sq = 1, GQA 4:1, D = 128: compute alone 37.7 → 48.9 GB/s per core, keys in L2;
 // in DRAM 30.6-33.0 → 38.1-42.2 GB/s with its prefetch, docs/perf-log.md "Decode kernel").
 // AVX-512 only; the other ISAs transpose.
@@ -49,76 +51,121 @@ namespace fattn::cpu {
                        _mm512_shuffle_f32x4(d[0], d[1], kOdd));
 }
 
-// Rows: the decode kernel's key rows (row(j): Dp contiguous elements, float32 or 16-bit,
-// widened as they are loaded).
-template <class Rows>
+// The products of the direct scores, one policy per kind of key row:
+//   FmaProducts: float32 query rows (pre-scaled by scale·log2(e)) against key rows of
+//     float32 or 16-bit elements widened as they are loaded, 16 dims per FMA;
+//   DotBf16Products (AVX512-BF16): the query rows' own bfloat16 bits (unscaled) against
+//     bfloat16 key rows, 32 dims per vdpbf16ps: products of two bfloat16 are exact in
+//     float32 and are added to float32 accumulators, so K is never widened and half the
+//     instructions remain; scale·log2(e) goes on the sums after.
+template <class Element>
+struct FmaProducts {
+  using Query = float;
+  using Operand = __m512;
+  static constexpr int kDims = 16;  // per instruction
+  template <class T>  // float (the query rows) or Element
+  static Operand load(const T* at, bool) { return load_vec<Simd<64>>(at); }
+  static __m512 add_products(__m512 acc, Operand q, Operand k) { return _mm512_fmadd_ps(q, k, acc); }
+};
+
+#if defined(FATTN_AVX512_BF16)
+struct DotBf16Products {
+  using Query = std::uint16_t;  // bfloat16 bits
+  using Operand = __m512bh;
+  static constexpr int kDims = 32;
+  // 32 elements, or where only 16 are left (Dp an odd number of 16s) those and zeros,
+  // whose products add nothing.
+  static Operand load(const void* at, bool half) {
+    const __m512i x = half ? _mm512_zextsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(at)))
+                           : _mm512_loadu_si512(at);
+    return reinterpret_cast<const __m512bh&>(x);
+  }
+  static __m512 add_products(__m512 acc, Operand q, Operand k) { return _mm512_dpbf16_ps(acc, q, k); }
+};
+#endif
+
+// Rows: the decode kernel's key rows (row(j): Dp contiguous elements, zero-padded past D).
+// q: the query rows (Dp elements each) in the form Products takes; each score is
+// multiplied by `factor` (1 where the rows are pre-scaled).
+template <class Rows, class Products>
 struct DirectScores {
-  using S = Simd<64>;
-  using Element = std::remove_cv_t<std::remove_pointer_t<decltype(std::declval<Rows>().row(0))>>;
-  static constexpr int kLanes = 16;
+  using Query = typename Products::Query;
+  static constexpr int kStep = Products::kDims;
   static constexpr int kSums = 16;  // dot products per sum_lanes16
 
   // st[r][j + k] for R rows and 16/R keys starting at j.
   template <int R>
-  static void block(const float* qs, std::int64_t Dp, const Rows& k, std::int64_t j,
-                    std::int64_t st_stride, float* st) {
+  static void block(const Query* q, std::int64_t Dp, const Rows& k, std::int64_t j,
+                    std::int64_t st_stride, float factor, float* st) {
     constexpr int KB = kSums / R;
-    const Element* krow[KB];
+    decltype(k.row(0)) krow[KB];
     for (int kk = 0; kk < KB; ++kk) krow[kk] = k.row(j + kk);
     __m512 acc[kSums];
-    for (auto& a : acc) a = _mm512_setzero_ps();
-    for (std::int64_t d = 0; d < Dp; d += kLanes) {
-      __m512 kv[KB];
+    // The first step starts the sums from zero in registers (zeroing the array first
+    // became a `rep stos` to the stack).
+    auto step = [&](std::int64_t d, auto first) {
+      const bool half = d + kStep > Dp;
+      typename Products::Operand kv[KB];
 #pragma GCC unroll 16
-      for (int kk = 0; kk < KB; ++kk) kv[kk] = load_vec<S>(krow[kk] + d);
+      for (int kk = 0; kk < KB; ++kk) kv[kk] = Products::load(krow[kk] + d, half);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const __m512 qv = _mm512_loadu_ps(qs + r * Dp + d);
+        const auto qv = Products::load(q + r * Dp + d, half);
 #pragma GCC unroll 16
-        for (int kk = 0; kk < KB; ++kk) acc[r * KB + kk] = _mm512_fmadd_ps(qv, kv[kk], acc[r * KB + kk]);
+        for (int kk = 0; kk < KB; ++kk) {
+          __m512& a = acc[r * KB + kk];
+          a = Products::add_products(decltype(first)::value ? _mm512_setzero_ps() : a, qv, kv[kk]);
+        }
       }
-    }
+    };
+    step(0, std::true_type{});
+    for (std::int64_t d = kStep; d < Dp; d += kStep) step(d, std::false_type{});
     alignas(64) float sums[kSums];
-    _mm512_store_ps(sums, sum_lanes16(acc));
+    _mm512_store_ps(sums, _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(factor)));
     for (int r = 0; r < R; ++r) std::memcpy(st + r * st_stride + j, sums + r * KB, KB * sizeof(float));
   }
 
   // st[r][j] for keys [j0, nj) one at a time (the tile's last keys).
-  static void keys(const float* qs, std::int64_t rows, std::int64_t Dp, const Rows& k,
-                   std::int64_t j0, std::int64_t nj, std::int64_t st_stride, float* st) {
+  static void keys(const Query* q, std::int64_t rows, std::int64_t Dp, const Rows& k,
+                   std::int64_t j0, std::int64_t nj, std::int64_t st_stride, float factor, float* st) {
     for (std::int64_t j = j0; j < nj; ++j)
       for (std::int64_t r = 0; r < rows; ++r) {
         __m512 acc = _mm512_setzero_ps();
-        for (std::int64_t d = 0; d < Dp; d += kLanes)
-          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs + r * Dp + d), load_vec<S>(k.row(j) + d), acc);
-        st[r * st_stride + j] = _mm512_reduce_add_ps(acc);
+        for (std::int64_t d = 0; d < Dp; d += kStep) {
+          const bool half = d + kStep > Dp;
+          acc = Products::add_products(acc, Products::load(q + r * Dp + d, half),
+                                       Products::load(k.row(j) + d, half));
+        }
+        st[r * st_stride + j] = _mm512_reduce_add_ps(acc) * factor;
       }
   }
 
   // R rows against keys [0, nj), after each block of keys asking `next` for a few rows.
   template <int R, class Prefetch>
-  static void rows_block(const float* qs, std::int64_t Dp, const Rows& k, std::int64_t nj,
-                         std::int64_t st_stride, float* st, Prefetch& next) {
+  static void rows_block(const Query* q, std::int64_t Dp, const Rows& k, std::int64_t nj,
+                         std::int64_t st_stride, float factor, float* st, Prefetch& next) {
     constexpr int KB = kSums / R;
     std::int64_t j = 0;
     for (; j + KB <= nj; j += KB) {
-      block<R>(qs, Dp, k, j, st_stride, st);
-      next.issue(Prefetch::kRowsPerDirectBlock);
+      block<R>(q, Dp, k, j, st_stride, factor, st);
+      next.issue_after_direct_block();
     }
-    keys(qs, R, Dp, k, j, nj, st_stride, st);
+    keys(q, R, Dp, k, j, nj, st_stride, factor, st);
   }
 
-  // st[r][j] = qs[r]·k[j] for rows ≤ 4·n (in blocks of 4, then 2, then 1 rows).
+  // st[r][j] = factor · q[r]·k[j] for rows ≤ 4·n (in blocks of 4, then 2, then 1 rows).
   template <class Prefetch>
-  static void scores(const float* qs, std::int64_t rows, std::int64_t Dp, const Rows& k,
-                     std::int64_t nj, std::int64_t st_stride, float* st, Prefetch& next) {
+  static void scores(const Query* q, std::int64_t rows, std::int64_t Dp, const Rows& k,
+                     std::int64_t nj, std::int64_t st_stride, float factor, float* st,
+                     Prefetch& next) {
     std::int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) rows_block<4>(qs + r * Dp, Dp, k, nj, st_stride, st + r * st_stride, next);
+    for (; r + 4 <= rows; r += 4)
+      rows_block<4>(q + r * Dp, Dp, k, nj, st_stride, factor, st + r * st_stride, next);
     if (r + 2 <= rows) {
-      rows_block<2>(qs + r * Dp, Dp, k, nj, st_stride, st + r * st_stride, next);
+      rows_block<2>(q + r * Dp, Dp, k, nj, st_stride, factor, st + r * st_stride, next);
       r += 2;
     }
-    if (r < rows) rows_block<1>(qs + r * Dp, Dp, k, nj, st_stride, st + r * st_stride, next);
+    if (r < rows) rows_block<1>(q + r * Dp, Dp, k, nj, st_stride, factor, st + r * st_stride, next);
   }
 };
 

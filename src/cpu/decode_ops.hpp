@@ -59,16 +59,31 @@ struct DecodeOps {
     std::int64_t stride, dim_stride;
     const E* row(std::int64_t j) const { return group[j / kKeyGroup] + (j % kKeyGroup) * stride; }
   };
-  // qs[r][d] = q[i][h][d] · factor for the rows [r0, r0 + rows) of kv head hk's group.
+  // qs[r][d] = q[i][h][d] · factor for the rows [r0, r0 + rows) of kv head hk's group,
+  // and where qb is given (bfloat16 inputs) qb[r][d] = the bits of q[i][h][d], zero past D.
   static void load_q_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk,
-                          std::int64_t r0, std::int64_t rows, float factor, float* qs) {
+                          std::int64_t r0, std::int64_t rows, float factor, float* qs,
+                          std::uint16_t* qb) {
     const std::int64_t G = p.group_size(), D = p.head_dim, Dp = padded_dim(D);
     for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t h = hk * G + (r0 + r) % G, i = (r0 + r) / G;
       float* row = qs + r * Dp;
-      load_row(p.q, p.dtype, b, hk * G + (r0 + r) % G, (r0 + r) / G, D, row);
+      load_row(p.q, p.dtype, b, h, i, D, row);
       for (std::int64_t d = 0; d < D; ++d) row[d] *= factor;
       for (std::int64_t d = D; d < Dp; ++d) row[d] = 0.0f;
+      if (!qb) continue;
+      const auto q16 = detail::retype<const BFloat16>(p.q);
+      const BFloat16* from = q16.row(b, h, i);
+      for (std::int64_t d = 0; d < Dp; ++d) qb[r * Dp + d] = d < D ? from[d * q16.dim].bits : 0;
     }
+  }
+  // Whether the scores of a bfloat16 cache run on vdpbf16ps from the query rows' bits
+  // (load_q_rows's qb): this unit has AVX512-BF16 and the inputs are bfloat16.
+  static bool dot_bf16([[maybe_unused]] const detail::Problem& p) {
+#if defined(FATTN_AVX512_BF16)
+    if constexpr (L == 16) return p.dtype == DType::bfloat16;
+#endif
+    return false;
   }
 
   // Asks the memory for the rows of the key tile a worker reads next (K, then V), a few
@@ -80,12 +95,17 @@ struct DecodeOps {
     // Rows asked for after each 16×16 block of the transpose: 2 rows (32.5 GB/s), 4 (30.6),
     // 8 (30.1), 16 (27.0); the rows left are asked for before the scores.
     static constexpr std::int64_t kRowsPerBlock = 2;
-    // ... and after each block of direct scores (cpu/decode_direct.hpp; 16 blocks per
-    // tile at 4 rows): 8 rows (41.4 GB/s), 2 (38.1).
-    static constexpr std::int64_t kRowsPerDirectBlock = 8;
+    // ... and after each block of direct scores (cpu/decode_direct.hpp; 24 blocks per
+    // tile at 4 rows), rows of this many cache lines in all: the bytes, not the rows,
+    // set the best pace. Sq = 1, GQA 4:1, D = 128, 64k keys, 2 threads, dev-zen5, FA's
+    // (B, S, H, D) cache: bfloat16 (4 lines a row) 16 lines 24-25 GB/s, 32: 28-29;
+    // float32 (8 lines a row) 32 lines 28-31, 64: 28. (B, H, S, D): bfloat16 16 lines
+    // 33 GB/s, 32: 32-33.
+    static constexpr std::int64_t kLinesPerDirectBlock = 32;
     // The tiles' rows as bytes: a 16-bit row is half a float32 row's lines.
     Rows<char> k{}, v{};
     std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of 2·rows (K's, then V's)
+    std::int64_t rows_per_direct_block = 0;
 
     template <class E>
     static Rows<char> bytes_of(const Rows<E>& r) {
@@ -96,7 +116,8 @@ struct DecodeOps {
     template <class E>
     Prefetch(const Rows<E>& k_rows, const Rows<E>& v_rows, std::int64_t n, std::int64_t dims)
         : k(bytes_of(k_rows)), v(bytes_of(v_rows)), rows(n),
-          row_bytes(dims * static_cast<std::int64_t>(sizeof(E))) {}
+          row_bytes(dims * static_cast<std::int64_t>(sizeof(E))),
+          rows_per_direct_block(std::max<std::int64_t>(1, kLinesPerDirectBlock * kLineBytes / row_bytes)) {}
     Prefetch() = default;
 
     // Every line of a row: every other line (the adjacent-line prefetcher's pair) was
@@ -108,6 +129,7 @@ struct DecodeOps {
       }
     }
     void issue_rest() { issue(2 * rows - next); }
+    void issue_after_direct_block() { issue(rows_per_direct_block); }
   };
 
   // kt[d][j] = k[j][d] for the tile's nj keys; keys past nj are zero.
@@ -228,13 +250,26 @@ struct DecodeOps {
   // Scores of one key tile: straight from the key rows for a few rows (AVX-512,
   // cpu/decode_direct.hpp), else through the transposed tile kt. Either way `next` is
   // asked for between blocks, and for the rest at the end.
+  // qb, factor: the query rows' bfloat16 bits and scale·log2(e), for dot_bf16 problems.
   template <class E>
-  static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows<E>& k,
-                          std::int64_t nj, float* kt, float* st, Prefetch& next) {
+  static void tile_scores(const float* qs, const std::uint16_t* qb, float factor,
+                          std::int64_t rows, std::int64_t D, const Rows<E>& k, std::int64_t nj,
+                          float* kt, float* st, Prefetch& next) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       if (rows <= kDirectRows && k.dim_stride == 1) {
-        DirectScores<Rows<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);
+#if defined(FATTN_AVX512_BF16)
+        if constexpr (std::is_same_v<E, BFloat16>) {
+          if (qb) {
+            DirectScores<Rows<E>, DotBf16Products>::scores(qb, rows, padded_dim(D), k, nj, Bk,
+                                                           factor, st, next);
+            next.issue_rest();
+            return;
+          }
+        }
+#endif
+        DirectScores<Rows<E>, FmaProducts<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, 1.0f,
+                                                      st, next);
         next.issue_rest();
         return;
       }

@@ -76,14 +76,28 @@ int cpu_query_tile(Isa isa) { return cpu::kernels_for(isa).query_tile; }
 
 namespace cpu {
 
-const Kernels& kernels_for(Isa isa) {
+bool cpu_has_avx512_bf16() {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(FATTN_HAVE_AVX512_BF16)
+  return cpu_supports(Isa::avx512) && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+const Kernels& kernels_for(Isa isa, DType dtype) {
   if (isa == Isa::automatic) isa = best_cpu_isa();
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
 #if defined(FATTN_HAVE_AMX)
     case Isa::amx: return amx_kernels;
 #endif
+#if defined(FATTN_HAVE_AVX512_BF16)
+    case Isa::avx512:
+      return dtype == DType::bfloat16 && cpu_has_avx512_bf16() ? avx512_bf16_kernels : avx512_kernels;
+#else
     case Isa::avx512: return avx512_kernels;
+#endif
     case Isa::avx2: return avx2_kernels;
 #endif
     default: return portable_kernels;

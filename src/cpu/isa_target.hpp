@@ -14,5 +14,9 @@
 #if defined(__AVX__) || defined(FATTN_TARGET_AVX)
 #define FATTN_AVX 1
 #endif
+// AVX512-BF16 (vdpbf16ps): the avx512_bf16 unit (and the AMX unit, whose CPUs have it).
+#if defined(__AVX512BF16__) || defined(FATTN_TARGET_AVX512_BF16)
+#define FATTN_AVX512_BF16 1
+#endif
 // The AVX2 and AVX-512 units are built with F16C too (isa_flags.json): the 16-bit
 // conversions of cpu/elements.hpp use it wherever FATTN_AVX is defined.

@@ -28,14 +28,20 @@ struct Kernels {
 };
 
 // Built from kernels_isa.cpp, once per instruction set. avx512 and avx2 exist only on x86-64;
-// amx (kernels_amx.cpp) where the compiler has AMX intrinsics (FATTN_HAVE_AMX).
+// avx512_bf16 (avx512 built with AVX512-BF16, for bfloat16 inputs) where the compiler has
+// it (FATTN_HAVE_AVX512_BF16); amx (kernels_amx.cpp) where the compiler has AMX
+// intrinsics (FATTN_HAVE_AMX).
 extern const Kernels amx_kernels;
 extern const Kernels avx512_kernels;
+extern const Kernels avx512_bf16_kernels;
 extern const Kernels avx2_kernels;
 extern const Kernels portable_kernels;
 
-// The table for an ISA this CPU supports (the caller checks), or the best one.
-const Kernels& kernels_for(Isa isa);
+// The table for an ISA this CPU supports (the caller checks), or the best one; for
+// bfloat16 inputs on avx512, the avx512_bf16 table where the CPU has AVX512-BF16.
+const Kernels& kernels_for(Isa isa, DType dtype = DType::float32);
+// Whether bfloat16 inputs on avx512 run the avx512_bf16 table (vdpbf16ps) here.
+bool cpu_has_avx512_bf16();
 
 // Float64 reference: plain loops, for tests (cpu/reference.cpp).
 void reference_forward(const detail::Problem& p, const detail::Exec& exec);

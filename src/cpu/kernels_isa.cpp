@@ -1,12 +1,14 @@
 // fattn — instantiates the CPU kernels for one instruction set.
 //
-// The build compiles this file once per ISA with that ISA's flags, defining
+// The build compiles this file once per unit of src/cpu/isa_flags.json with its flags,
+// defining
 //   FATTN_VECTOR_BYTES  64 (AVX-512), 32 (AVX2+FMA) or 16 (portable)
-//   FATTN_KERNELS       the name of the table: avx512_kernels, avx2_kernels, portable_kernels
-//   FATTN_ISA           the Isa enumerator
-// Everything here is a template instantiated on Simd<FATTN_VECTOR_BYTES>, a type
-// unique to this unit, so code built with wide instructions never leaks into
-// another unit's symbols.
+//   FATTN_KERNELS       the name of the table: avx512_kernels, avx512_bf16_kernels,
+//                       avx2_kernels, portable_kernels
+//   FATTN_ISA           the Isa enumerator (avx512 for both 64-byte tables)
+// Everything here is a template instantiated on UnitSimd, a type of this unit alone, so
+// code built with one unit's instructions never stands in for another unit's copy of the
+// same template (avx512 and avx512_bf16 both have 64-byte vectors).
 #include "cpu/backward.hpp"
 #include "cpu/decode.hpp"
 #include "cpu/fused.hpp"
@@ -16,7 +18,8 @@
 namespace fattn::cpu {
 namespace {
 
-using S = Simd<FATTN_VECTOR_BYTES>;
+struct UnitSimd : Simd<FATTN_VECTOR_BYTES> {};
+using S = UnitSimd;
 
 std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
   return Workspace<S>(p, naive, workers).total;
