@@ -15,6 +15,9 @@
 // with the visible pairs; only the tiles an edge crosses are masked.
 // A work item is query_tiles_per_item consecutive query tiles of one head that take
 // each K/V tile in turn, so a K/V tile is read from L3 once for all of them.
+// The products (scores_tile, pv_accumulate and the layouts they read) are the mainloop's
+// policy: float32 FMAs (FmaMainloop) or, for bfloat16 with AVX512-BF16, bfloat16 dot
+// products (cpu/dot_bf16.hpp).
 #pragma once
 
 #include <algorithm>
@@ -24,32 +27,62 @@
 
 namespace fattn::cpu {
 
+// The products of the loop, on float32 FMAs: K panels and V rows of the workspace, the
+// query tile transposed and pre-scaled (TileOps). The other mainloop is
+// cpu/dot_bf16.hpp's, on bfloat16 dot products.
 template <class S>
-void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+struct FmaMainloop {
+  using Ops = TileOps<S>;
+  using Tile = typename Workspace<S>::Worker;  // qt, ot, m, l, alpha, st
+  const Workspace<S>& ws;
+  float q_factor;  // scale·log2(e)
+
+  struct Head {
+    const float* k_panels;
+    const float* v;
+    std::int64_t v_stride;
+  };
+  Head head(std::int64_t b, std::int64_t hk) const {
+    Head h{ws.k_panels(b, hk), nullptr, 0};
+    h.v = ws.v_rows(b, hk, &h.v_stride);
+    return h;
+  }
+  Tile tile(int slot) const { return ws.worker(slot); }
+  void load_q(const QueryTile& q, const Tile& t) const {
+    const detail::Problem& p = ws.p;
+    Ops::load_q_transposed(p.q, p.dtype, q.b, q.h, q.i0, q.rows, p.head_dim, q_factor, t.qt);
+  }
+  void scores(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t) const {
+    Ops::scores_tile(h.k_panels, j0, nj, t.qt, ws.p.head_dim, t.st);
+  }
+  void pv(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t,
+          const typename Ops::Band* band) const {
+    Ops::pv_accumulate(h.v + j0 * h.v_stride, h.v_stride, nj, t.st, t.alpha, ws.p.head_dim, t.ot, band);
+  }
+};
+
+// The loop above, its products from `mainloop` (FmaMainloop, DotBf16Mainloop), which holds
+// the prepared workspace.
+template <class S, class Mainloop>
+void fused_loop(const detail::Problem& p, const detail::Exec& exec, const Mainloop& mainloop) {
   using Ops = TileOps<S>;
   using Mods = ScoreModOps<S>;
   constexpr int kGroup = Ops::T::query_tiles_per_item;
-  Workspace<S> ws(p, /*is_naive=*/false, exec.workers);
-  ws.base = memory;
-  ws.prepare_kv(exec);
-  const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
+  const auto& ws = mainloop.ws;
 
   detail::parallel_items(exec, ws.items(kGroup), [&](std::int64_t item, int worker) {
-    const auto first = ws.first_tile_of(item, kGroup);
-    std::int64_t v_stride;
-    const float* v = ws.v_rows(first.b, first.hk, &v_stride);
-    const float* k_panels = ws.k_panels(first.b, first.hk);
-    typename Workspace<S>::QueryTile q[kGroup];
-    typename Workspace<S>::Worker tile[kGroup];
+    const QueryTile first = ws.first_tile_of(item, kGroup);
+    const auto head = mainloop.head(first.b, first.hk);
+    QueryTile q[kGroup];
+    typename Mainloop::Tile tile[kGroup];
     int n = 0;
     std::int64_t first_key = p.kv_len, kv_max = 0;
     for (; n < kGroup && first.t + n < ws.q_tiles; ++n) {
       q[n] = ws.query_tile(first.b, first.h, first.t + n);
-      tile[n] = ws.worker(worker * kGroup + n);
+      tile[n] = mainloop.tile(worker * kGroup + n);
       first_key = std::min(first_key, q[n].first_key_tile(Ops::Bc));
       kv_max = std::max(kv_max, q[n].kv_end);
-      Ops::load_q_transposed(p.q, p.dtype, q[n].b, q[n].h, q[n].i0, q[n].rows, p.head_dim, q_factor,
-                             tile[n].qt);
+      mainloop.load_q(q[n], tile[n]);
       Ops::start_rows(tile[n].m, tile[n].l, tile[n].ot, p.head_dim);
     }
     for (std::int64_t j0 = first_key; j0 < kv_max; j0 += Ops::Bc) {
@@ -61,12 +94,11 @@ void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* me
         if (cover == MaskCover::hidden) continue;
         const typename Ops::Band band = Ops::band_of(p, j0, q[s].i0);
         const bool on_edge = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + pairs.nj);
-        Ops::scores_tile(k_panels, j0, pairs.nj, tile[s].qt, p.head_dim, tile[s].st);
+        mainloop.scores(head, j0, pairs.nj, tile[s]);
         if (p.mods.any()) Mods::apply(p, pairs, cover, tile[s].st);
         if (on_edge) Ops::mask_tile(tile[s].st, pairs.nj, band);
         Ops::softmax_update(tile[s].st, pairs.nj, tile[s].m, tile[s].l, tile[s].alpha);
-        Ops::pv_accumulate(v + j0 * v_stride, v_stride, pairs.nj, tile[s].st, tile[s].alpha,
-                           p.head_dim, tile[s].ot, on_edge ? &band : nullptr);
+        mainloop.pv(head, j0, pairs.nj, tile[s], on_edge ? &band : nullptr);
       }
     }
     for (int s = 0; s < n; ++s) {
@@ -78,6 +110,14 @@ void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* me
       Ops::store_lse(tile[s].m, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
     }
   });
+}
+
+template <class S>
+void fused_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  Workspace<S> ws(p, /*is_naive=*/false, exec.workers);
+  ws.base = memory;
+  ws.prepare_kv(exec);
+  fused_loop<S>(p, exec, FmaMainloop<S>{ws, static_cast<float>(p.scale) * TileOps<S>::kLog2e});
 }
 
 }  // namespace fattn::cpu

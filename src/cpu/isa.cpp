@@ -74,9 +74,7 @@ Isa automatic_cpu_isa(std::int64_t kv_len) {
 
 int cpu_query_tile(Isa isa) { return cpu::kernels_for(isa).query_tile; }
 
-namespace cpu {
-
-bool cpu_has_avx512_bf16() {
+bool cpu_has_bf16_dot_products() {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(FATTN_HAVE_AVX512_BF16)
   return cpu_supports(Isa::avx512) && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512bf16");
@@ -84,6 +82,8 @@ bool cpu_has_avx512_bf16() {
   return false;
 #endif
 }
+
+namespace cpu {
 
 const Kernels& kernels_for(Isa isa, DType dtype) {
   if (isa == Isa::automatic) isa = best_cpu_isa();
@@ -94,7 +94,8 @@ const Kernels& kernels_for(Isa isa, DType dtype) {
 #endif
 #if defined(FATTN_HAVE_AVX512_BF16)
     case Isa::avx512:
-      return dtype == DType::bfloat16 && cpu_has_avx512_bf16() ? avx512_bf16_kernels : avx512_kernels;
+      return dtype == DType::bfloat16 && cpu_has_bf16_dot_products() ? avx512_bf16_kernels
+                                                                      : avx512_kernels;
 #else
     case Isa::avx512: return avx512_kernels;
 #endif

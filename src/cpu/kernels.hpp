@@ -38,10 +38,8 @@ extern const Kernels avx2_kernels;
 extern const Kernels portable_kernels;
 
 // The table for an ISA this CPU supports (the caller checks), or the best one; for
-// bfloat16 inputs on avx512, the avx512_bf16 table where the CPU has AVX512-BF16.
+// bfloat16 inputs on avx512, the avx512_bf16 table where cpu_has_bf16_dot_products().
 const Kernels& kernels_for(Isa isa, DType dtype = DType::float32);
-// Whether bfloat16 inputs on avx512 run the avx512_bf16 table (vdpbf16ps) here.
-bool cpu_has_avx512_bf16();
 
 // Float64 reference: plain loops, for tests (cpu/reference.cpp).
 void reference_forward(const detail::Problem& p, const detail::Exec& exec);

@@ -11,6 +11,7 @@
 // same template (avx512 and avx512_bf16 both have 64-byte vectors).
 #include "cpu/backward.hpp"
 #include "cpu/decode.hpp"
+#include "cpu/dot_bf16.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/naive.hpp"
@@ -21,8 +22,28 @@ namespace {
 struct UnitSimd : Simd<FATTN_VECTOR_BYTES> {};
 using S = UnitSimd;
 
+// The fused kernel: with AVX512-BF16 (the avx512_bf16 unit) bfloat16 inputs run on
+// bfloat16 dot products (cpu/dot_bf16.hpp), everything else on float32 FMAs.
+bool on_dot_products([[maybe_unused]] const detail::Problem& p) {
+#if defined(FATTN_AVX512_BF16)
+  return p.dtype == DType::bfloat16;
+#else
+  return false;
+#endif
+}
+
 std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
+#if defined(FATTN_AVX512_BF16)
+  if (!naive && on_dot_products(p)) return dot_bf16_workspace_floats<S>(p, workers);
+#endif
   return Workspace<S>(p, naive, workers).total;
+}
+
+void fused(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+#if defined(FATTN_AVX512_BF16)
+  if (on_dot_products(p)) return dot_bf16_forward<S>(p, exec, memory);
+#endif
+  fused_forward<S>(p, exec, memory);
 }
 
 std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
@@ -36,7 +57,7 @@ std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std:
 }  // namespace
 
 const Kernels FATTN_KERNELS = {Isa::FATTN_ISA,        TileOps<S>::Br,     workspace_floats,
-                               fused_forward<S>,      naive_forward<S>,   backward_workspace_floats,
+                               fused,                 naive_forward<S>,   backward_workspace_floats,
                                fused_backward<S>,     naive_backward<S>,  decode_workspace_floats,
                                decode_forward<S>};
 

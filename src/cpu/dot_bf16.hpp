@@ -1,0 +1,146 @@
+// fattn — the fused kernel for bfloat16 inputs on bfloat16 dot products (AVX512-BF16):
+// cpu/fused.hpp's loop with DotBf16Mainloop, the products of cpu/dot_bf16_ops.hpp.
+//
+// Working memory (one allocation, every piece 64-byte aligned; a pair is 4 bytes):
+//   K pairs  B·Hkv · ceil(Sk/key_rows)·key_rows · ceil(D/2)   key panels   (O(S))
+//   V pairs  B·Hkv · ceil(Sk/2) · D                           value pairs  (O(S))
+//   per slot: qp [D/2][Br], ot [D][Br], m, l, alpha [Br], st [Bc][Br], pp [Bc/2][Br]
+// When a value is infinite or NaN the float32 kernel runs instead, in the same memory
+// (a hidden pair's p = 0 times an infinite value would be NaN in a dot product, where the
+// float32 loop skips hidden pairs); the kernel table sizes the memory for both.
+#pragma once
+
+#include "cpu/isa_target.hpp"
+
+#if defined(FATTN_AVX512_BF16)
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "core/parallel.hpp"
+#include "cpu/dot_bf16_ops.hpp"
+#include "cpu/fused.hpp"
+#include "cpu/workspace.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+struct DotBf16Workspace {
+  using Ops = TileOps<S>;
+  using Dot = DotBf16Ops<S>;
+  using Pair = typename Dot::Pair;
+  static constexpr int Br = Ops::Br;
+
+  struct Worker {
+    Pair* qp;
+    float *ot, *m, *l, *alpha, *st;
+    Pair* pp;
+  };
+
+  const detail::Problem& p;
+  std::int64_t q_tiles, k_pairs_head, v_pairs_head, worker_floats, qp_floats, ot_floats;
+  std::int64_t k_pairs_at, v_pairs_at, workers_at, total;
+  float* base = nullptr;
+
+  DotBf16Workspace(const detail::Problem& problem, int workers) : p(problem) {
+    static_assert(sizeof(Pair) == sizeof(float), "the memory is counted in floats");
+    Sizes n;
+    const std::int64_t D = p.head_dim, D2 = Dot::pairs_of(D);
+    q_tiles = n.div_up(p.q_len, Br);
+    k_pairs_head = n.align(n.mul(n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK), D2));
+    v_pairs_head = n.align(n.mul(Dot::pairs_of(p.kv_len), D));
+    qp_floats = align_floats(D2 * Br);
+    ot_floats = align_floats(D * Br);
+    worker_floats = qp_floats + ot_floats + align_floats(Br) * 3 + Ops::Bc * Br + Ops::Bc / 2 * Br;
+    const std::int64_t kv_heads = p.batch * p.kv_heads;
+    k_pairs_at = 0;
+    v_pairs_at = n.mul(kv_heads, k_pairs_head);
+    workers_at = n.add(v_pairs_at, n.mul(kv_heads, v_pairs_head));
+    total = n.add(workers_at, n.mul(workers * Ops::T::query_tiles_per_item, worker_floats));
+    if (n.overflow) total = -1;
+  }
+
+  Pair* k_pairs(std::int64_t b, std::int64_t hk) const {
+    return reinterpret_cast<Pair*>(base + k_pairs_at + (b * p.kv_heads + hk) * k_pairs_head);
+  }
+  Pair* v_pairs(std::int64_t b, std::int64_t hk) const {
+    return reinterpret_cast<Pair*>(base + v_pairs_at + (b * p.kv_heads + hk) * v_pairs_head);
+  }
+  Worker worker(int slot) const {
+    float* s = base + workers_at + slot * worker_floats;
+    const std::int64_t vec = align_floats(Br);
+    float* st = s + qp_floats + ot_floats + 3 * vec;
+    return {reinterpret_cast<Pair*>(s), s + qp_floats, s + qp_floats + ot_floats,
+            s + qp_floats + ot_floats + vec, s + qp_floats + ot_floats + 2 * vec, st,
+            reinterpret_cast<Pair*>(st + Ops::Bc * Br)};
+  }
+
+  // Pre-pass: every kv head's keys and values into pairs. False if a value is not finite.
+  bool prepare_kv(const detail::Exec& exec) const {
+    std::atomic<bool> finite{true};
+    detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
+      const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
+      Dot::pack_k_pairs(p, b, hk, p.kv_len, k_pairs(b, hk));
+      if (!Dot::pack_v_pairs(p, b, hk, p.kv_len, v_pairs(b, hk)))
+        finite.store(false, std::memory_order_relaxed);
+    });
+    return finite.load();
+  }
+
+  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    return query_tile_of(p, Br, q_tiles, b, h, t);
+  }
+  std::int64_t items(int group) const { return work_items(p, q_tiles, group); }
+  QueryTile first_tile_of(std::int64_t item, int group) const {
+    return first_tile_of_item(p, Br, q_tiles, item, group);
+  }
+};
+
+// The products of fused_loop on bfloat16 dot products.
+template <class S>
+struct DotBf16Mainloop {
+  using Ops = TileOps<S>;
+  using Dot = DotBf16Ops<S>;
+  using Pair = typename Dot::Pair;
+  using Tile = typename DotBf16Workspace<S>::Worker;
+  const DotBf16Workspace<S>& ws;
+  float q_factor;  // scale·log2(e), applied to the sums
+
+  struct Head {
+    const Pair *k_pairs, *v_pairs;
+  };
+  Head head(std::int64_t b, std::int64_t hk) const { return {ws.k_pairs(b, hk), ws.v_pairs(b, hk)}; }
+  Tile tile(int slot) const { return ws.worker(slot); }
+  void load_q(const QueryTile& q, const Tile& t) const {
+    Dot::load_q_pairs(ws.p, q.b, q.h, q.i0, q.rows, t.qp);
+  }
+  void scores(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t) const {
+    Dot::scores_tile(h.k_pairs, j0, nj, t.qp, ws.p.head_dim, q_factor, t.st);
+  }
+  // Hidden pairs (band) have p = 0 and finite values here: added, they add nothing.
+  void pv(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t,
+          const typename Ops::Band*) const {
+    Dot::round_p_pairs(t.st, nj, t.pp);
+    Dot::pv_accumulate(h.v_pairs + j0 / 2 * ws.p.head_dim, nj, t.pp, t.alpha, ws.p.head_dim, t.ot);
+  }
+};
+
+// Floats of working memory for dot_bf16_forward: room for its own layout or the float32
+// kernel's (-1: a size overflowed).
+template <class S>
+std::int64_t dot_bf16_workspace_floats(const detail::Problem& p, int workers) {
+  const std::int64_t own = DotBf16Workspace<S>(p, workers).total;
+  const std::int64_t fma = Workspace<S>(p, /*is_naive=*/false, workers).total;
+  return own < 0 || fma < 0 ? -1 : std::max(own, fma);
+}
+
+template <class S>
+void dot_bf16_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  DotBf16Workspace<S> ws(p, exec.workers);
+  ws.base = memory;
+  if (!ws.prepare_kv(exec)) return fused_forward<S>(p, exec, memory);
+  fused_loop<S>(p, exec, DotBf16Mainloop<S>{ws, static_cast<float>(p.scale) * TileOps<S>::kLog2e});
+}
+
+}  // namespace fattn::cpu
+#endif

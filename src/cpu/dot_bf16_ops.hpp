@@ -1,0 +1,202 @@
+// fattn — the tile operations of the fused kernel on bfloat16 dot products (AVX512-BF16).
+//
+// vdpbf16ps multiplies 16 lane pairs of bfloat16 and adds both products to a float32 lane:
+// twice the products of vfmadd231ps per instruction, and exact (8-bit significands). The
+// operands are therefore laid out in pairs along the sum's index:
+//   qp  [D/2][Br]       query pairs (q[i][2d], q[i][2d+1]), the inputs' own bits, unscaled
+//   kp  [D/2][key_rows] per panel: key pairs (k[j][2d], k[j][2d+1]), one 32-bit broadcast
+//   st  [Bc][Br]        float32 scores ← scale·log2(e) · Σ (the softmax is TileOps')
+//   pp  [Bc/2][Br]      probability pairs (p[2j][i], p[2j+1][i]), rounded to bfloat16
+//   vp  [Sk/2][D]       value pairs (v[2j][d], v[2j+1][d]), per kv head
+//   ot  [D][Br]         float32 output accumulator, as TileOps'
+// so scores and P·V have TileOps' register blocks (key_rows × query_vecs and
+// dim_rows × query_vecs accumulators) over half as many steps. P is rounded to bfloat16
+// for P·V, as FlashAttention does on GPUs; the running sum l stays float32.
+#pragma once
+
+#include "cpu/isa_target.hpp"
+
+#if defined(FATTN_AVX512_BF16)
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "core/problem.hpp"
+#include "cpu/elements.hpp"
+#include "cpu/tile_ops.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+struct DotBf16Ops {
+  using Ops = TileOps<S>;
+  static constexpr int L = S::lanes;
+  static_assert(L == 16, "vdpbf16ps works on 512-bit vectors here");
+  static constexpr int NV = Ops::NV, Br = Ops::Br, Bc = Ops::Bc, MK = Ops::MK, MD = Ops::MD;
+  static_assert(Bc % 2 == 0, "a key tile is a whole number of key pairs");
+  using Pair = std::uint32_t;  // two bfloat16, the lower index in the low half
+
+  static std::int64_t pairs_of(std::int64_t n) { return (n + 1) / 2; }
+  static Pair pair(std::uint16_t lo, std::uint16_t hi) {
+    return static_cast<Pair>(lo) | static_cast<Pair>(hi) << 16;
+  }
+  static __m512bh as_pairs(__m512i x) { return reinterpret_cast<const __m512bh&>(x); }
+
+  // qp[d][i] = (q[i0+i][2d], q[i0+i][2d+1]); rows past the sequence and a last odd dim 0.
+  static void load_q_pairs(const detail::Problem& p, std::int64_t b, std::int64_t h,
+                           std::int64_t i0, std::int64_t rows, Pair* qp) {
+    const auto q = detail::retype<const BFloat16>(p.q);
+    const std::int64_t D = p.head_dim;
+    for (std::int64_t d = 0; d < pairs_of(D); ++d)
+      for (std::int64_t i = 0; i < Br; ++i) {
+        const BFloat16* row = i < rows ? q.row(b, h, i0 + i) : nullptr;
+        qp[d * Br + i] = row ? pair(row[2 * d * q.dim].bits,
+                                    2 * d + 1 < D ? row[(2 * d + 1) * q.dim].bits : 0)
+                             : 0;
+      }
+  }
+
+  // Keys [0, n) of head (b, h) in panels of MK keys: kp[g][d][r] = (k[j][2d], k[j][2d+1]),
+  // j = g·MK + r; the last panel's missing keys are 0.
+  static void pack_k_pairs(const detail::Problem& p, std::int64_t b, std::int64_t h,
+                           std::int64_t n, Pair* kp) {
+    const auto k = detail::retype<const BFloat16>(p.k);
+    const std::int64_t D = p.head_dim, D2 = pairs_of(D);
+    for (std::int64_t g = 0; g * MK < n; ++g, kp += D2 * MK)
+      for (int r = 0; r < MK; ++r) {
+        const std::int64_t j = g * MK + r;
+        const BFloat16* row = j < n ? k.row(b, h, j) : nullptr;
+        for (std::int64_t d = 0; d < D2; ++d)
+          kp[d * MK + r] = row ? pair(row[2 * d * k.dim].bits,
+                                      2 * d + 1 < D ? row[(2 * d + 1) * k.dim].bits : 0)
+                               : 0;
+      }
+  }
+
+  // vp[j][d] = (v[2j][d], v[2j+1][d]) for keys [0, n) of head (b, h); a last odd key's
+  // partner is 0. Returns whether every value is finite: a hidden pair's product p = 0
+  // times an infinite value would be NaN, where the float32 kernels skip hidden pairs.
+  static bool pack_v_pairs(const detail::Problem& p, std::int64_t b, std::int64_t h,
+                           std::int64_t n, Pair* vp) {
+    const auto v = detail::retype<const BFloat16>(p.v);
+    const std::int64_t D = p.head_dim;
+    constexpr std::uint16_t kExponent = 0x7f80;  // all ones: inf or NaN
+    std::uint16_t not_finite = 0;
+    for (std::int64_t j = 0; j < pairs_of(n); ++j) {
+      const BFloat16* even = v.row(b, h, 2 * j);
+      const BFloat16* odd = 2 * j + 1 < n ? v.row(b, h, 2 * j + 1) : nullptr;
+      for (std::int64_t d = 0; d < D; ++d) {
+        const std::uint16_t lo = even[d * v.dim].bits, hi = odd ? odd[d * v.dim].bits : 0;
+        not_finite |= static_cast<std::uint16_t>(((lo & kExponent) == kExponent) |
+                                                 ((hi & kExponent) == kExponent));
+        vp[j * D + d] = pair(lo, hi);
+      }
+    }
+    return not_finite == 0;
+  }
+
+  // st[r][·] = factor · Σ_d kp[d][r] · qp[d][·] for the MK keys of one panel.
+  static void scores_block(const Pair* kp, const Pair* qp, std::int64_t D2, float factor,
+                           float* st) {
+    __m512 acc[MK][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < MK; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (std::int64_t d = 0; d < D2; ++d) {
+      __m512bh qv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) qv[v] = as_pairs(_mm512_load_si512(qp + d * Br + v * L));
+#pragma GCC unroll 16
+      for (int r = 0; r < MK; ++r) {
+        const __m512bh kb = as_pairs(_mm512_set1_epi32(static_cast<int>(kp[d * MK + r])));
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kb, qv[v]);
+      }
+    }
+    const __m512 scale = _mm512_set1_ps(factor);
+#pragma GCC unroll 16
+    for (int r = 0; r < MK; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) _mm512_store_ps(st + r * Br + v * L, _mm512_mul_ps(acc[r][v], scale));
+  }
+
+  // Scores of keys [j0, j0 + nj) against the query tile: nj rows of st (whole panels).
+  static void scores_tile(const Pair* kpanels, std::int64_t j0, std::int64_t nj, const Pair* qp,
+                          std::int64_t D, float factor, float* st) {
+    const std::int64_t D2 = pairs_of(D);
+    for (std::int64_t g = j0 / MK; g * MK < j0 + nj; ++g)
+      scores_block(kpanels + g * D2 * MK, qp, D2, factor, st + (g * MK - j0) * Br);
+  }
+
+  // pp[j][·] = (p[2j][·], p[2j+1][·]) rounded to bfloat16 (nearest even) for nj keys;
+  // a last odd key's partner is 0. vcvtne2ps2bf16 puts the 16 even keys' values in the
+  // low half and the odd keys' in the high half; vpermw interleaves them.
+  static void round_p_pairs(const float* st, std::int64_t nj, Pair* pp) {
+    alignas(64) static constexpr std::uint16_t kInterleave[32] = {
+        0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(kInterleave);
+    for (std::int64_t j = 0; j < pairs_of(nj); ++j)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const __m512 even = _mm512_load_ps(st + 2 * j * Br + v * L);
+        const __m512 odd = 2 * j + 1 < nj ? _mm512_load_ps(st + (2 * j + 1) * Br + v * L)
+                                          : _mm512_setzero_ps();
+        const __m512bh halves = _mm512_cvtne2ps_pbh(odd, even);
+        _mm512_store_si512(pp + j * Br + v * L,
+                           _mm512_permutexvar_epi16(interleave, reinterpret_cast<const __m512i&>(halves)));
+      }
+  }
+
+  // ot[d0+r][·] = alpha·ot[d0+r][·] + Σ_j vp[j][d0+r] · pp[j][·] for R dims, over the
+  // key pairs [0, n2).
+  template <int R>
+  static void pv_block(const Pair* vp, std::int64_t D, std::int64_t n2, const Pair* pp,
+                       const float* alpha, float* ot) {
+    __m512 acc[R][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) acc[r][u] = _mm512_setzero_ps();
+    for (std::int64_t j = 0; j < n2; ++j) {
+      __m512bh pv[NV];
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) pv[u] = as_pairs(_mm512_load_si512(pp + j * Br + u * L));
+      const Pair* vrow = vp + j * D;
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m512bh vb = as_pairs(_mm512_set1_epi32(static_cast<int>(vrow[r])));
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], vb, pv[u]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) {
+        float* o = ot + r * Br + u * L;
+        _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_load_ps(o), _mm512_load_ps(alpha + u * L), acc[r][u]));
+      }
+  }
+
+  // ot ← alpha·ot + Vᵀ·P over nj keys; vp points at the tile's first key pair.
+  static void pv_accumulate(const Pair* vp, std::int64_t nj, const Pair* pp, const float* alpha,
+                            std::int64_t D, float* ot) {
+    const std::int64_t n2 = pairs_of(nj);
+    std::int64_t d = 0;
+    for (; d + MD <= D; d += MD) pv_block<MD>(vp + d, D, n2, pp, alpha, ot + d * Br);
+    if (d < D) pv_tail<MD - 1>(static_cast<int>(D - d), vp + d, D, n2, pp, alpha, ot + d * Br);
+  }
+  template <int R>
+  static void pv_tail(int rows, const Pair* vp, std::int64_t D, std::int64_t n2, const Pair* pp,
+                      const float* alpha, float* ot) {
+    if constexpr (R > 0) {
+      if (rows == R) return pv_block<R>(vp, D, n2, pp, alpha, ot);
+      pv_tail<R - 1>(rows, vp, D, n2, pp, alpha, ot);
+    }
+  }
+};
+
+}  // namespace fattn::cpu
+#endif
