@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "amx_loops.hpp"
+#include "dot_loops.hpp"
 #include "fma_loops.hpp"
 
 namespace fattn_bench {
@@ -145,6 +146,9 @@ Ceilings measure_ceilings(fattn::Isa isa, int threads, bool roofline) {
       (roofline || isa == fattn::Isa::amx))
     c.amx_bf16_peak_gflops =
         peak_gflops(amx_tile_loop.loop, amx_tile_loop.bf16_flops_per_iteration, threads);
+  if (bf16_dot_loop.loop && fattn::cpu_has_bf16_dot_products())
+    c.bf16_dot_peak_gflops =
+        peak_gflops(bf16_dot_loop.loop, bf16_dot_loop.bf16_flops_per_iteration, threads);
   if (roofline) {
     c.fma_peaks = all_isa_peaks(c, threads);
     c.bandwidth_levels = measure_cache_bandwidth(isa, threads, detect_data_caches());

@@ -12,6 +12,9 @@
 //               bandwidth at L1, L2 and L3 (cache_bandwidth.hpp) besides DRAM.
 //   AMX peak    bfloat16 GFLOP/s of register-resident TDPBF16PS (amx_loops.cpp), where
 //               the CPU has AMX: the amx kernels' roof (a sixth of it, see below).
+//   16-bit dot  bfloat16 GFLOP/s of register-resident VDPBF16PS (dot_loops.cpp), where
+//               fattn::cpu_has_bf16_dot_products(): the roof of the kernels that run
+//               bfloat16 inputs on it (the fused forward).
 // Each figure is the best of several repetitions.
 #pragma once
 
@@ -45,6 +48,8 @@ struct Ceilings {
   // is a sixth of it: each float32 product is six bfloat16 partial products
   // (src/cpu/amx_ops.hpp), the vector work beside them not counted.
   double amx_bf16_peak_gflops = 0;
+  // VDPBF16PS, all threads (0 where the CPU or the build has none): bfloat16 GFLOP/s.
+  double bf16_dot_peak_gflops = 0;
   double amx_fp32_roof_gflops() const { return amx_bf16_peak_gflops / kAmxPartialProducts; }
   static constexpr int kAmxPartialProducts = 6;
 };

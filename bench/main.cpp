@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,13 +29,16 @@ const char* kCeilingsHelp =
     "triad a = b + s*c over 3 x 256 MiB of double, counting 24 B/element (read b, c; write\n"
     "a; the write-allocate read of a is not counted: JSON gives both); on CPUs with AMX,\n"
     "the tile unit's bfloat16 peak (TDPBF16PS in registers) and the amx kernels' float32\n"
-    "roof, a sixth of it (six partial products per float32 product).";
+    "roof, a sixth of it (six partial products per float32 product); on CPUs with\n"
+    "AVX512-BF16, the bfloat16 dot-product peak (VDPBF16PS chains in registers), the roof of\n"
+    "the fused kernel on bfloat16 inputs.";
 
 const char* kJsonSchema =
     "--json FILE writes {\"machine\": {device, cpu, isa, threads, fma_peak_gflops,\n"
-    "bandwidth_gbs, date, ...}, \"results\": [{impl, dtype, B, Hq, Hkv, Sq, Sk, D, causal,\n"
-    "causal_alignment, ms_median, ms_min, ms_max, gflops, max_abs_err, err_rows,\n"
-    "extra_bytes, ai_model, flops, model_bytes, pct_fma_peak, lse_written,\n"
+    "bf16_dot_peak_gflops (0: none), bandwidth_gbs, date, ...}, \"results\": [{impl, dtype,\n"
+    "B, Hq, Hkv, Sq, Sk, D, causal, causal_alignment, ms_median, ms_min, ms_max, gflops,\n"
+    "max_abs_err, err_rows, extra_bytes, ai_model, flops, model_bytes, pct_fma_peak, roof\n"
+    "(fma|bf16_dot), pct_roof, lse_written,\n"
     "fused_ai_kv_reread (fused only), stages (naive only: qk_gemm, softmax, pv_gemm, each\n"
     "{ms_median, flops, model_bytes, ai_model, gflops}), ...}], \"model\": [the AI model at\n"
     "S = 128..4096, fp32 and 16-bit, per stage]}; machine.roofline: FMA peak per ISA and\n"
@@ -103,8 +107,9 @@ int main(int argc, char** argv) {
   fattn_bench::DecodeConfig decode_config;
 
   CLI::App app{
-      "fattn-bench: fp32 attention kernels against this machine's measured FMA peak\n"
-      "and memory bandwidth, with FLOPs, arithmetic intensity and accuracy."};
+      "fattn-bench: attention kernels against this machine's measured peaks (fp32 FMA,\n"
+      "bfloat16 dot products) and memory bandwidth, with FLOPs, arithmetic intensity and\n"
+      "accuracy."};
   app.footer(std::string("\n") + kCeilingsHelp + "\n\n" + fattn_bench::model_help() + "\n\n" +
              kJsonSchema);
   app.add_option("--batch", config.batch, "batch size B")
@@ -138,6 +143,15 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->delimiter(',');
   app.add_option("--isa", isa_name, "auto|amx|avx512|avx2|portable")->capture_default_str();
+  const std::map<std::string, fattn::DType> dtypes{{"float32", fattn::DType::float32},
+                                                   {"bfloat16", fattn::DType::bfloat16},
+                                                   {"float16", fattn::DType::float16}};
+  app.add_option("--dtype", config.dtype,
+                 "float32|bfloat16|float16: of q, k, v and the output (the sweep; the "
+                 "reference reads the same values in float32); %pk is against the peak of the "
+                 "instructions the kernel runs (\"dot\": VDPBF16PS)")
+      ->transform(CLI::CheckedTransformer(dtypes))
+      ->capture_default_str();
   app.add_option("--reps", config.reps, "timed runs per point (median, min, max)")
       ->capture_default_str()
       ->check(CLI::Range(kMinTimedRuns, kMaxTimedRuns));

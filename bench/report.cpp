@@ -64,7 +64,7 @@ bool is_causal(const Shape& s) { return s.causal != fattn::Causal::none; }
 nlohmann::ordered_json result_json(const Result& r) {
   nlohmann::ordered_json j;
   j["impl"] = fattn::to_string(r.impl);
-  j["dtype"] = "float32";
+  j["dtype"] = fattn::to_string(r.dtype);
   j["B"] = r.shape.batch;
   j["Hq"] = r.shape.q_heads;
   j["Hkv"] = r.shape.kv_heads;
@@ -88,6 +88,8 @@ nlohmann::ordered_json result_json(const Result& r) {
   j["flops"] = r.flops;
   j["model_bytes"] = r.model_bytes;
   j["pct_fma_peak"] = r.pct_fma_peak;
+  j["roof"] = r.roof;
+  j["pct_roof"] = r.pct_roof;
   j["lse_written"] = r.shape.lse_written;
   if (r.impl == fattn::Impl::fused) {
     j["fused_ai_kv_reread"] = r.fused_ai_kv_reread;
@@ -126,6 +128,7 @@ nlohmann::ordered_json roofline_json(const Machine& m) {
     roof["amx"] = {{"bf16_gflops", c.amx_bf16_peak_gflops},
                    {"fp32_split_gflops", c.amx_fp32_roof_gflops()},
                    {"partial_products", Ceilings::kAmxPartialProducts}};
+  if (c.bf16_dot_peak_gflops > 0) roof["bf16_dot_gflops"] = c.bf16_dot_peak_gflops;
   roof["bandwidth_levels"] = levels;
   roof["bytes_counted"] = "triad: read b, read c, write a (no write-allocate)";
   roof["hardware_counters"] = m.hardware_counters;
@@ -165,6 +168,10 @@ void print_machine(std::FILE* out, const Machine& m) {
                  "  AMX tiles       %8.1f GFLOP/s  (bfloat16 TDPBF16PS in registers; the amx\n"
                  "                                     kernels' float32 roof, 1/%d of it: %.1f)\n",
                  c.amx_bf16_peak_gflops, Ceilings::kAmxPartialProducts, c.amx_fp32_roof_gflops());
+  if (c.bf16_dot_peak_gflops > 0)
+    std::fprintf(out, "  bf16 dot peak   %8.1f GFLOP/s  (VDPBF16PS in registers: the roof of bfloat16\n"
+                      "                                     inputs on the fused kernel)\n",
+                 c.bf16_dot_peak_gflops);
   for (const LevelBandwidth& l : c.bandwidth_levels)
     std::fprintf(out, "  triad %-9s %8.1f GB/s     (working set %s%s)\n", l.level.c_str(),
                  l.bandwidth_gbs, bytes_label(l.working_set_bytes).c_str(),
@@ -224,7 +231,9 @@ void print_table(std::FILE* out, const Machine& m, const std::vector<Result>& re
          return format("%s%.2f (%.2f-%.2f)", busy, r.ms_median, r.ms_min, r.ms_max);
        }},
       {"GF/s", [](const Result& r) { return format("%.1f", r.gflops); }},
-      {"%pk", [](const Result& r) { return format("%.1f%%", r.pct_fma_peak); }},
+      {"%pk", [](const Result& r) {  // of the peak of the instructions it runs
+         return format("%.1f%%%s", r.pct_roof, r.roof == "fma" ? "" : " dot");
+       }},
       {"AI", [](const Result& r) { return format("%.1f", r.ai_model); }},
       {"extra", [](const Result& r) { return bytes_label(r.extra_bytes); }},
       {"err", [](const Result& r) { return format("%.1e", r.max_abs_err); }},
@@ -260,17 +269,19 @@ void print_table(std::FILE* out, const Machine& m, const std::vector<Result>& re
   }
 
   const Shape& s = results.front().shape;
-  std::fprintf(out, "B=%lld Hq=%lld Hkv=%lld D=%lld float32, %d timed runs (+%d warm-up)%s\n",
+  std::fprintf(out, "B=%lld Hq=%lld Hkv=%lld D=%lld %s, %d timed runs (+%d warm-up)%s\n",
                static_cast<long long>(s.batch), static_cast<long long>(s.q_heads),
-               static_cast<long long>(s.kv_heads), static_cast<long long>(s.head_dim), m.reps,
-               m.warmup, s.lse_written ? ", logsumexp written" : "");
+               static_cast<long long>(s.kv_heads), static_cast<long long>(s.head_dim),
+               fattn::to_string(results.front().dtype), m.reps, m.warmup,
+               s.lse_written ? ", logsumexp written" : "");
   print_cells(out, rows);
   std::fprintf(
       out,
       "\nms = median (min-max) wall time, ! = other processes used > %.1f core meanwhile;\n"
       "fused/naive = naive median / fused median.\n"
-      "GF/s = 4*B*Hq*visible_pairs*D / median time; %%pk = share of the measured FMA "
-      "peak\n(amx rows too: their own float32 roof is the ceilings' AMX line).\n"
+      "GF/s = 4*B*Hq*visible_pairs*D / median time; %%pk = share of the measured peak of the\n"
+      "instructions the kernel runs: fp32 FMA, or \"dot\": the bf16 dot-product peak (VDPBF16PS)\n"
+      "(amx rows: FMA too; their own float32 roof is the ceilings' AMX line).\n"
       "AI = FLOP per DRAM byte (model.hpp): fused counts Q, K, V, O once; "
       "naive adds 7 passes over the scores.\nextra = fattn::extra_bytes. err rows: "
       "all = whole output vs Impl::reference (B*Hq*Sq*Sk <= 2^26);\n"
@@ -300,6 +311,7 @@ nlohmann::ordered_json machine_json(const Machine& m) {
       {"fma_peak_isa", c.isa},
       {"threads", c.threads},
       {"fma_peak_gflops", c.fma_peak_gflops},
+      {"bf16_dot_peak_gflops", c.bf16_dot_peak_gflops},
       {"bandwidth_gbs", c.bandwidth_gbs},
       {"date", m.date},
       {"scalar_fma_peak_gflops", c.scalar_fma_peak_gflops},
@@ -332,11 +344,12 @@ void write_csv(const std::string& path, const std::vector<Result>& results) {
   std::ofstream file(path);
   file << "impl,dtype,B,Hq,Hkv,Sq,Sk,D,causal,causal_alignment,ms_median,ms_min,ms_max,gflops,"
           "max_abs_err,err_rows,extra_bytes,ai_model,flops,model_bytes,pct_fma_peak,lse_written,"
-          "page_faults_per_run,sys_ms_per_run,other_processes_cores,fused_ai_kv_reread,isa\n";
+          "page_faults_per_run,sys_ms_per_run,other_processes_cores,fused_ai_kv_reread,isa,roof,"
+          "pct_roof\n";
   file.precision(9);
   for (const Result& r : results) {
     const Shape& s = r.shape;
-    file << fattn::to_string(r.impl) << ",float32," << s.batch << ',' << s.q_heads << ','
+    file << fattn::to_string(r.impl) << ',' << fattn::to_string(r.dtype) << ',' << s.batch << ',' << s.q_heads << ','
          << s.kv_heads << ',' << s.q_len << ',' << s.kv_len << ',' << s.head_dim << ','
          << (is_causal(s) ? "true" : "false") << ',' << fattn::to_string(s.causal) << ','
          << r.ms_median << ',' << r.ms_min << ',' << r.ms_max << ',' << r.gflops << ','
@@ -345,7 +358,7 @@ void write_csv(const std::string& path, const std::vector<Result>& results) {
          << ',' << (s.lse_written ? "true" : "false") << ',' << r.page_faults_per_run << ','
          << r.sys_ms_per_run << ',' << r.others_cores << ',';
     if (r.impl == fattn::Impl::fused) file << r.fused_ai_kv_reread;
-    file << ',' << fattn::to_string(r.isa) << '\n';
+    file << ',' << fattn::to_string(r.isa) << ',' << r.roof << ',' << r.pct_roof << '\n';
   }
   if (!file) throw std::runtime_error("cannot write " + path);
 }

@@ -21,11 +21,16 @@ struct StageResult {
 
 struct Result {
   fattn::Impl impl = fattn::Impl::fused;
+  fattn::DType dtype = fattn::DType::float32;  // of q, k, v and the output
   Shape shape;
   double ms_median = 0, ms_min = 0, ms_max = 0;
   std::int64_t flops = 0;                // model.hpp
   double gflops = 0;                     // flops / median time
   double pct_fma_peak = 0;               // gflops / Ceilings::fma_peak_gflops × 100
+  // The peak of the instructions the kernel runs: "fma" (fp32 FMA), or "bf16_dot"
+  // (VDPBF16PS: the fused kernel on bfloat16 inputs where the CPU has it); gflops / it × 100.
+  std::string roof = "fma";
+  double pct_roof = 0;
   double max_abs_err = 0;                // vs the float64 reference; NaN if any value was NaN
   bool err_all_rows = true;              // false: sampled rows (accuracy.hpp)
   std::int64_t extra_bytes = 0;          // fattn::extra_bytes

@@ -98,14 +98,14 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
   options.isa = c.isa_automatic ? fattn::Isa::automatic : c.isa;
   options.num_threads = c.threads;
 
-  Outputs out = make_outputs(s);
+  Outputs out = make_outputs(s, c.dtype);
   poison(out);
   const KernelUse kernel_before = KernelUse::now();
   const CpuSharing sharing;
   std::vector<fattn::NaiveStageSeconds> stage_seconds;  // every run's, naive only
   const Timing t = time_runs(
       [&] {
-        fattn::attention_forward(in.q_view, in.k_view, in.v_view, out.out_view, out.lse_or_null,
+        fattn::attention_forward(in.q_in, in.k_in, in.v_in, out.out_view, out.lse_or_null,
                                  options);
         if (impl == fattn::Impl::naive) stage_seconds.push_back(fattn::last_naive_stage_seconds());
       },
@@ -115,6 +115,7 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
 
   Result r;
   r.impl = impl;
+  r.dtype = c.dtype;
   r.shape = s;
   r.ms_median = t.median_ms;
   r.ms_min = t.min_ms;
@@ -123,14 +124,18 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
   constexpr double kGigaPerMilli = 1e-6;  // FLOP/ms → GFLOP/s
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
+  r.isa = c.isa_automatic ? fattn::automatic_cpu_isa(s.kv_len) : c.isa;
+  const bool on_bf16_dot = c.dtype == fattn::DType::bfloat16 && impl == fattn::Impl::fused &&
+                           r.isa == fattn::Isa::avx512 && ceilings.bf16_dot_peak_gflops > 0;
+  r.roof = on_bf16_dot ? "bf16_dot" : "fma";
+  r.pct_roof = on_bf16_dot ? 100.0 * r.gflops / ceilings.bf16_dot_peak_gflops : r.pct_fma_peak;
   r.others_cores = others_cores;
   const int runs = c.warmup + c.reps;
   r.page_faults_per_run = (kernel_after.minor_faults - kernel_before.minor_faults) / runs;
   r.sys_ms_per_run = (kernel_after.system_ms - kernel_before.system_ms) / runs;
-  r.max_abs_err = check.max_abs_err(out.out);
+  r.max_abs_err = check.max_abs_err(out.out_values());
   r.err_all_rows = check.all_rows();
-  r.extra_bytes = fattn::extra_bytes(in.q_view, in.k_view, in.v_view, options);
-  r.isa = c.isa_automatic ? fattn::automatic_cpu_isa(s.kv_len) : c.isa;
+  r.extra_bytes = fattn::extra_bytes(in.q_in, in.k_in, in.v_in, options);
   r.query_tile_rows = query_tile_rows(r.isa);
   r.fused_ai_kv_reread = fused_ai_kv_reread(s, r.query_tile_rows);
   // The reference is modelled like fused: it reads each input once and keeps no scores.
@@ -148,8 +153,9 @@ std::vector<Result> run_sweep(const SweepConfig& c, const Ceilings& ceilings) {
   Progress progress(static_cast<int>(c.q_lens.size() * c.causal.size() * c.impls.size()));
   for (std::size_t n = 0; n < c.q_lens.size(); ++n) {
     Shape shape{c.batch,          c.q_heads,  c.kv_heads,          c.q_lens[n],
-                kv_len_for(c, n), c.head_dim, fattn::Causal::none, c.lse};
-    const Inputs inputs = make_inputs(shape, c.seed + n);
+                kv_len_for(c, n), c.head_dim, fattn::Causal::none, c.lse,
+                c.dtype == fattn::DType::float32 ? kFloatBytes : kHalfBytes};
+    const Inputs inputs = make_inputs(shape, c.seed + n, c.dtype);
     for (fattn::Causal causal : c.causal) {
       shape.causal = causal;
       fattn::Options reference_options;

@@ -20,6 +20,7 @@ struct SweepConfig {
   int threads = 0;                         // resolved before the sweep
   int reps = 5, warmup = 1;
   bool lse = false;  // also write the logsumexp
+  fattn::DType dtype = fattn::DType::float32;  // of q, k, v and the output
   std::uint64_t seed = 0x5eed;
 };
 

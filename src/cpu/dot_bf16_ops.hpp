@@ -20,10 +20,12 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/problem.hpp"
 #include "cpu/elements.hpp"
 #include "cpu/tile_ops.hpp"
+#include "cpu/transpose.hpp"
 
 namespace fattn::cpu {
 
@@ -42,18 +44,41 @@ struct DotBf16Ops {
   }
   static __m512bh as_pairs(__m512i x) { return reinterpret_cast<const __m512bh&>(x); }
 
+  // Pair d of a row: where the dims are contiguous it is the row's 32-bit word d (the
+  // even element in the low half, little-endian); a last odd dim pairs with 0.
+  static Pair pair_at(const detail::Strided<const BFloat16>& t, const BFloat16* row, std::int64_t d,
+                      std::int64_t D) {
+    if (t.dim == 1 && 2 * d + 1 < D) {
+      Pair word;
+      std::memcpy(&word, row + 2 * d, sizeof word);
+      return word;
+    }
+    return pair(row[2 * d * t.dim].bits, 2 * d + 1 < D ? row[(2 * d + 1) * t.dim].bits : 0);
+  }
+
   // qp[d][i] = (q[i0+i][2d], q[i0+i][2d+1]); rows past the sequence and a last odd dim 0.
+  // With contiguous dims, 16 rows × 16 pairs at a time through the 16×16 transpose (of
+  // 32-bit lanes: the pairs move whole).
   static void load_q_pairs(const detail::Problem& p, std::int64_t b, std::int64_t h,
                            std::int64_t i0, std::int64_t rows, Pair* qp) {
     const auto q = detail::retype<const BFloat16>(p.q);
-    const std::int64_t D = p.head_dim;
-    for (std::int64_t d = 0; d < pairs_of(D); ++d)
-      for (std::int64_t i = 0; i < Br; ++i) {
-        const BFloat16* row = i < rows ? q.row(b, h, i0 + i) : nullptr;
-        qp[d * Br + i] = row ? pair(row[2 * d * q.dim].bits,
-                                    2 * d + 1 < D ? row[(2 * d + 1) * q.dim].bits : 0)
-                             : 0;
-      }
+    const std::int64_t D = p.head_dim, D2 = pairs_of(D);
+    std::int64_t rows_done = 0, pairs_done = 0;  // the block-transposed corner
+    if (q.dim == 1 && D % 2 == 0) {
+      rows_done = rows / L * L;
+      pairs_done = D2 / L * L;
+      for (std::int64_t i = 0; i < rows_done; i += L)
+        for (std::int64_t d = 0; d < pairs_done; d += L) {
+          __m512 block[L];
+          for (int r = 0; r < L; ++r)
+            block[r] = _mm512_loadu_ps(reinterpret_cast<const float*>(q.row(b, h, i0 + i + r) + 2 * d));
+          transpose16x16(block);
+          for (int r = 0; r < L; ++r) _mm512_store_ps(reinterpret_cast<float*>(qp + (d + r) * Br + i), block[r]);
+        }
+    }
+    for (std::int64_t d = 0; d < D2; ++d)
+      for (std::int64_t i = d < pairs_done ? rows_done : 0; i < Br; ++i)
+        qp[d * Br + i] = i < rows ? pair_at(q, q.row(b, h, i0 + i), d, D) : 0;
   }
 
   // Keys [0, n) of head (b, h) in panels of MK keys: kp[g][d][r] = (k[j][2d], k[j][2d+1]),
@@ -66,33 +91,45 @@ struct DotBf16Ops {
       for (int r = 0; r < MK; ++r) {
         const std::int64_t j = g * MK + r;
         const BFloat16* row = j < n ? k.row(b, h, j) : nullptr;
-        for (std::int64_t d = 0; d < D2; ++d)
-          kp[d * MK + r] = row ? pair(row[2 * d * k.dim].bits,
-                                      2 * d + 1 < D ? row[(2 * d + 1) * k.dim].bits : 0)
-                               : 0;
+        for (std::int64_t d = 0; d < D2; ++d) kp[d * MK + r] = row ? pair_at(k, row, d, D) : 0;
       }
   }
 
   // vp[j][d] = (v[2j][d], v[2j+1][d]) for keys [0, n) of head (b, h); a last odd key's
   // partner is 0. Returns whether every value is finite: a hidden pair's product p = 0
   // times an infinite value would be NaN, where the float32 kernels skip hidden pairs.
+  // With contiguous dims, 16 dims of both rows at a time (vpermt2w interleaves them).
   static bool pack_v_pairs(const detail::Problem& p, std::int64_t b, std::int64_t h,
                            std::int64_t n, Pair* vp) {
     const auto v = detail::retype<const BFloat16>(p.v);
     const std::int64_t D = p.head_dim;
     constexpr std::uint16_t kExponent = 0x7f80;  // all ones: inf or NaN
+    alignas(64) static constexpr std::uint16_t kInterleave[32] = {
+        0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i interleave = _mm512_load_si512(kInterleave), exponent = _mm512_set1_epi16(kExponent);
+    const std::int64_t dims_done = v.dim == 1 ? D / L * L : 0;
+    __mmask32 not_finite_lanes = 0;
     std::uint16_t not_finite = 0;
     for (std::int64_t j = 0; j < pairs_of(n); ++j) {
       const BFloat16* even = v.row(b, h, 2 * j);
       const BFloat16* odd = 2 * j + 1 < n ? v.row(b, h, 2 * j + 1) : nullptr;
-      for (std::int64_t d = 0; d < D; ++d) {
-        const std::uint16_t lo = even[d * v.dim].bits, hi = odd ? odd[d * v.dim].bits : 0;
-        not_finite |= static_cast<std::uint16_t>(((lo & kExponent) == kExponent) |
-                                                 ((hi & kExponent) == kExponent));
-        vp[j * D + d] = pair(lo, hi);
+      for (std::int64_t d = 0; d < dims_done; d += L) {
+        const __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + d)));
+        const __m512i hi = odd ? _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + d)))
+                               : _mm512_setzero_si512();
+        const __m512i pairs = _mm512_permutex2var_epi16(lo, interleave, hi);
+        not_finite_lanes |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(pairs, exponent), exponent);
+        _mm512_storeu_si512(vp + j * D + d, pairs);
+      }
+      for (std::int64_t d = dims_done; d < D; ++d) {
+        const std::uint16_t x = even[d * v.dim].bits, y = odd ? odd[d * v.dim].bits : 0;
+        not_finite |= static_cast<std::uint16_t>(((x & kExponent) == kExponent) |
+                                                 ((y & kExponent) == kExponent));
+        vp[j * D + d] = pair(x, y);
       }
     }
-    return not_finite == 0;
+    return not_finite == 0 && not_finite_lanes == 0;
   }
 
   // st[r][·] = factor · Σ_d kp[d][r] · qp[d][·] for the MK keys of one panel.
