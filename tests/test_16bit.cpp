@@ -193,6 +193,14 @@ struct Inputs16 {
 
 class Kernel16 : public ::testing::TestWithParam<std::tuple<DType, Variant, Case16>> {};
 
+// An output-shaped tensor (B, Hq, Sq, D) copied into the case's layout, to compare with
+// the kernel's output element by element.
+Tensor in_case_layout(const Case16& c, const Tensor& t) {
+  Tensor r = make_output(c.layout, c.B, c.Hq, c.Sq, c.D);
+  r.for_each([&](auto a, auto b, auto s, auto d) { r.at(a, b, s, d) = t.at(a, b, s, d); });
+  return r;
+}
+
 TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
   const auto& [dtype, variant, c] = GetParam();
   FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
@@ -207,8 +215,7 @@ TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
   Tensor16 out = output_like(make_output(c.layout, c.B, c.Hq, c.Sq, c.D), dtype);
   Tensor lse = make_lse(LseLayout::contiguous, c.B, c.Hq, c.Sq);
   fattn::attention_forward(in.q16.view, in.k16.view, in.v16.view, out.view, lse.view_ptr(), options);
-  Tensor ref_out = make_output(c.layout, c.B, c.Hq, c.Sq, c.D);  // the reference in out's layout
-  ref_out.for_each([&](auto a, auto b, auto s, auto d) { ref_out.at(a, b, s, d) = ref.out.at(a, b, s, d); });
+  const Tensor ref_out = in_case_layout(c, ref.out);
   // On bfloat16 dot products the fused kernel rounds P to bfloat16 (unit roundoff 2^-8)
   // for P·V: each term p_j·v_j moves by at most 2^-8·p_j·|v_j|, the output by at most
   // 2^-8·Σ_j p_j·|v_j| / l, which is the reference's output for |v|.
@@ -322,8 +329,7 @@ TEST_P(Kernel16, InfiniteHiddenValueReachesOnlyTheRowsThatSeeIt) {
   options.isa = variant.isa;
   Tensor16 out = output_like(make_output(c.layout, c.B, c.Hq, c.Sq, c.D), dtype);
   fattn::attention_forward(in.q16.view, in.k16.view, in.v16.view, out.view, nullptr, options);
-  Tensor ref_out = make_output(c.layout, c.B, c.Hq, c.Sq, c.D);
-  ref_out.for_each([&](auto a, auto b, auto s, auto d) { ref_out.at(a, b, s, d) = ref.out.at(a, b, s, d); });
+  const Tensor ref_out = in_case_layout(c, ref.out);
   // Row Sq−1 sees the last key; rows before it do not (bottom-right, Sq ≤ Sk).
   for (std::int64_t h = 0; h < c.Hq; ++h)
     for (std::int64_t i = 0; i + 1 < c.Sq; ++i) {

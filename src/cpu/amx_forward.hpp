@@ -28,7 +28,7 @@
 namespace fattn::cpu {
 
 template <class S>
-struct AmxWorkspace {
+struct AmxWorkspace : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br> {
   using Ops = AmxOps<S>;
   static constexpr int Br = Ops::Br, Bc = Ops::Bc;
 
@@ -123,14 +123,6 @@ struct AmxWorkspace {
         splittable.store(false, std::memory_order_relaxed);
     });
     return splittable.load();
-  }
-
-  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    return query_tile_of(p, Br, q_tiles, b, h, t);
-  }
-  std::int64_t items(int group) const { return work_items(p, q_tiles, group); }
-  QueryTile first_tile_of(std::int64_t item, int group) const {
-    return first_tile_of_item(p, Br, q_tiles, item, group);
   }
 
   // One query tile in: Q rows scaled and transposed (the FMA kernel's loader), then split.

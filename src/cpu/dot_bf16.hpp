@@ -25,7 +25,7 @@
 namespace fattn::cpu {
 
 template <class S>
-struct DotBf16Workspace {
+struct DotBf16Workspace : QueryTiling<DotBf16Workspace<S>, TileOps<S>::Br> {
   using Ops = TileOps<S>;
   using Dot = DotBf16Ops<S>;
   using Pair = typename Dot::Pair;
@@ -85,14 +85,6 @@ struct DotBf16Workspace {
         finite.store(false, std::memory_order_relaxed);
     });
     return finite.load();
-  }
-
-  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    return query_tile_of(p, Br, q_tiles, b, h, t);
-  }
-  std::int64_t items(int group) const { return work_items(p, q_tiles, group); }
-  QueryTile first_tile_of(std::int64_t item, int group) const {
-    return first_tile_of_item(p, Br, q_tiles, item, group);
   }
 };
 

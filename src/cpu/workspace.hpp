@@ -69,6 +69,22 @@ inline QueryTile first_tile_of_item(const detail::Problem& p, int rows_per_tile,
                        (groups - 1 - item % groups) * group);
 }
 
+// The query tiles of a fused kernel's workspace W (members p and q_tiles, tiles of Br rows),
+// as fused_loop walks them: one base for every workspace instead of a copy in each.
+template <class W, int Br>
+struct QueryTiling {
+  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    return query_tile_of(self().p, Br, self().q_tiles, b, h, t);
+  }
+  std::int64_t items(int group) const { return work_items(self().p, self().q_tiles, group); }
+  QueryTile first_tile_of(std::int64_t item, int group) const {
+    return first_tile_of_item(self().p, Br, self().q_tiles, item, group);
+  }
+
+ private:
+  const W& self() const { return static_cast<const W&>(*this); }
+};
+
 // Rows of one head with contiguous dims, for the operands read a row at a time (V in
 // P·V, K in the backward's dS·K): the tensor's own rows when its dims are contiguous
 // (copy == nullptr), else the copy that copy_head_rows made.
@@ -84,7 +100,7 @@ inline const float* head_rows(const detail::Strided<const float>& t, std::int64_
 }
 
 template <class S>
-struct Workspace {
+struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br> {
   using Ops = TileOps<S>;
   static constexpr int Br = Ops::Br;
 
@@ -161,14 +177,6 @@ struct Workspace {
   }
 
   using QueryTile = cpu::QueryTile;
-  QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    return query_tile_of(p, Br, q_tiles, b, h, t);
-  }
-
-  std::int64_t items(int group) const { return work_items(p, q_tiles, group); }
-  QueryTile first_tile_of(std::int64_t item, int group) const {
-    return first_tile_of_item(p, Br, q_tiles, item, group);
-  }
 };
 
 }  // namespace fattn::cpu
