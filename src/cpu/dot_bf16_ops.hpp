@@ -87,10 +87,15 @@ struct DotBf16Ops {
                            std::int64_t n, Pair* kp) {
     const auto k = detail::retype<const BFloat16>(p.k);
     const std::int64_t D = p.head_dim, D2 = pairs_of(D);
+    const bool words = k.dim == 1 && D % 2 == 0;  // each row's pairs are its 32-bit words
     for (std::int64_t g = 0; g * MK < n; ++g, kp += D2 * MK)
       for (int r = 0; r < MK; ++r) {
         const std::int64_t j = g * MK + r;
         const BFloat16* row = j < n ? k.row(b, h, j) : nullptr;
+        if (row && words) {
+          for (std::int64_t d = 0; d < D2; ++d) std::memcpy(kp + d * MK + r, row + 2 * d, sizeof(Pair));
+          continue;
+        }
         for (std::int64_t d = 0; d < D2; ++d) kp[d * MK + r] = row ? pair_at(k, row, d, D) : 0;
       }
   }

@@ -156,6 +156,26 @@ void convert_row(const E* src, std::int64_t stride, std::int64_t n, float* dst) 
   for (; d < n; ++d) dst[d] = to_float(src[d * stride]);
 }
 
+#if defined(FATTN_AVX512)
+// dst[0..15] = 16 floats rounded to E (to nearest even; NaN stays a quiet NaN, overflow
+// becomes ±inf), as from_float<E> does element by element.
+template <class E>
+void store_rounded16(__m512 x, E* dst) {
+  if constexpr (std::is_same_v<E, float>) {
+    _mm512_storeu_ps(dst, x);
+  } else if constexpr (std::is_same_v<E, Float16>) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r));
+  }
+}
+#endif
+
 // Calls f with the view retyped to its element type: float, BFloat16 or Float16 (the
 // Problem keeps every operand behind a float pointer; a 16-bit view's row() must be
 // taken on the retyped view, where the strides count 16-bit elements).

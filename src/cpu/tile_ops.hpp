@@ -290,21 +290,26 @@ struct TileOps {
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) S::store(inv + v * L, reciprocal(S::load(l + v * L)));
     const std::int64_t D = p.head_dim;
-    std::int64_t rows_done = 0, dims_done = 0;  // the block-transposed corner, as load_q
-#if defined(FATTN_AVX512)
-    if constexpr (L == 16) {
-      if (p.out.dim == 1 && p.dtype == DType::float32) {
-        rows_done = rows / L * L;
-        dims_done = D / L * L;
-        for (std::int64_t i = 0; i < rows_done; i += L)
-          for (std::int64_t d = 0; d < dims_done; d += L)
-            transpose_block16(ot + d * Br + i, Br, p.out.row(b, h, i0 + i) + d, p.out.seq,
-                              _mm512_load_ps(inv + i));
-      }
-    }
-#endif
     with_element_type(p.out, p.dtype, [&](const auto& e) {
       using E = std::remove_reference_t<decltype(*e.data)>;
+      std::int64_t rows_done = 0, dims_done = 0;  // the block-transposed corner, as load_q
+#if defined(FATTN_AVX512)
+      if constexpr (L == 16) {
+        // 16 rows × 16 dims through the registers, each row rounded to E 16 at a time.
+        if (e.dim == 1) {
+          rows_done = rows / L * L;
+          dims_done = D / L * L;
+          for (std::int64_t i = 0; i < rows_done; i += L)
+            for (std::int64_t d = 0; d < dims_done; d += L) {
+              __m512 block[L];
+              for (int k = 0; k < L; ++k) block[k] = _mm512_load_ps(ot + (d + k) * Br + i);
+              transpose16x16(block);
+              for (int r = 0; r < L; ++r)
+                store_rounded16(_mm512_mul_ps(block[r], _mm512_set1_ps(inv[i + r])), e.row(b, h, i0 + i + r) + d);
+            }
+        }
+      }
+#endif
       for (std::int64_t i = 0; i < rows; ++i) {
         E* orow = e.row(b, h, i0 + i);
         for (std::int64_t d = i < rows_done ? dims_done : 0; d < D; ++d)
