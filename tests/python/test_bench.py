@@ -86,6 +86,7 @@ def test_bench_model_quick(tmp_path, dtype):
     assert p.returncode == 0, p.stdout + p.stderr
     report = json.loads((tmp_path / "model.json").read_text())
     assert report["machine"]["model"]["dtype"] == dtype
+    assert (tmp_path / "model.png").stat().st_size > 0
     results = report["results"]
     assert {(r["row"], r["batch"]) for r in results} == {("prefill", 1), ("decode", 1),
                                                          ("decode", 2)}

@@ -15,7 +15,8 @@ Rows:
            median over --steps steps; tokens/s = batch / time
 For each, the time in attention (the attention function's calls, timed around them) and
 its share of the whole, fattn / sdpa speedups end to end and in attention.
-Output: a table and model.json in --out.
+Output: a table, model.json and model.png (per row, fattn's and sdpa's time split into
+attention and the rest) in --out.
 """
 from __future__ import annotations
 
@@ -102,6 +103,39 @@ def measure(model, clock, kind, batch, context, steps):
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
+def plot(out: Path, results: list, title: str) -> None:
+    """model.png: one pair of bars (fattn, sdpa) per row, each split into the time in
+    attention and the rest of the model."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("fattn.bench --model: matplotlib is not installed; no plot")
+        return
+    kinds = [k for k in ("prefill", "decode") if any(r["row"] == k for r in results)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.2), squeeze=False)
+    for ax, kind in zip(axes.flat, kinds):
+        rows = [r for r in results if r["row"] == kind]
+        for n, r in enumerate(rows):
+            for side, (impl, color) in enumerate((("fattn", "tab:blue"), ("sdpa", "tab:orange"))):
+                total, attention = r[f"{impl}_s"] * 1e3, r[f"{impl}_attention_s"] * 1e3
+                x = n + (side - 0.5) * 0.38
+                ax.bar(x, attention, 0.36, color=color, label=f"{impl}: attention" if n == 0 else None)
+                ax.bar(x, total - attention, 0.36, bottom=attention, color=color, alpha=0.35,
+                       label=f"{impl}: rest of the model" if n == 0 else None)
+                ax.annotate(f"{total:.0f}", (x, total), ha="center", va="bottom", fontsize=6)
+        ax.set_xticks(range(len(rows)), [f"B={r['batch']}\n{r['context']}" for r in rows], fontsize=7)
+        ax.set_ylabel("ms per " + ("forward pass" if kind == "prefill" else "decode step"))
+        ax.set_title(f"{kind}: batch / context", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "model.png", dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m fattn.bench --model", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,5 +197,7 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "model.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1))
-    print(f"\nwrote {out / 'model.json'}")
+    plot(out, results, f"fattn vs transformers sdpa, Llama-shaped model in {args.dtype}, "
+                       f"{threads} threads ({machine.get('cpu', 'cpu')})")
+    print(f"\nwrote {out / 'model.json'}, {out / 'model.png'}")
     return 0
