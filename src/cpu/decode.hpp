@@ -72,32 +72,28 @@ struct DecodePlan {
     rows = n.mul(p.group_size(), p.q_len);
     tile_rows = std::min(rows, kRowTile);
     row_tiles = n.div_up(rows, kRowTile);
-    std::int64_t at = 0;
-    auto take = [&](std::int64_t floats) {
-      const std::int64_t here = at;
-      at = n.add(at, n.align(floats));
-      return here;
-    };
-    qs_at = take(tile_rows * Dp);
-    os_at = take(tile_rows * Dp);
-    m_at = take(tile_rows);
-    l_at = take(tile_rows);
-    alpha_at = take(tile_rows);
-    qb_at = take(dot_bf16 ? n.div_up(tile_rows * Dp, 2) : 0);  // two bfloat16 per float
-    head_floats = at;
+    Layout head;  // tile_rows ≤ 64, Dp ≤ 256: no overflow
+    qs_at = head.take(tile_rows * Dp);
+    os_at = head.take(tile_rows * Dp);
+    m_at = head.take(tile_rows);
+    l_at = head.take(tile_rows);
+    alpha_at = head.take(tile_rows);
+    qb_at = head.take(dot_bf16 ? n.div_up(tile_rows * Dp, 2) : 0);  // two bfloat16 per float
+    head_floats = head.end;
     const std::int64_t stage_floats = Ops::Bk * Dp;  // one head's key tile of K or V
     heads_per_item = std::clamp<std::int64_t>(kItemFloats / (head_floats + 2 * stage_floats), 1,
                                               p.kv_heads);
     head_groups = n.div_up(p.kv_heads, heads_per_item);
-    at = 0;
-    kt_at = take(D * Ops::Bk);
-    st_at = take(tile_rows * Ops::Bk);
-    heads_at = take(n.mul(head_floats, heads_per_item));
+    Layout worker;
+    kt_at = worker.take(D * Ops::Bk);
+    st_at = worker.take(tile_rows * Ops::Bk);
+    heads_at = worker.take(n.mul(head_floats, heads_per_item));
     // The staging buffers only where tiles are staged (no room taken when read in place).
     const std::int64_t staged_floats = in_place ? 0 : n.mul(stage_floats, heads_per_item);
-    k_stage_at = take(staged_floats);
-    v_stage_at = take(staged_floats);
-    worker_floats = at;
+    k_stage_at = worker.take(staged_floats);
+    v_stage_at = worker.take(staged_floats);
+    worker_floats = worker.end;
+    n.overflow |= worker.n.overflow;
 
     const std::int64_t base = n.mul(n.mul(p.batch, head_groups), row_tiles);
     std::int64_t max_keys = 0;

@@ -38,8 +38,9 @@ struct DotBf16Workspace : QueryTiling<DotBf16Workspace<S>, TileOps<S>::Br> {
   };
 
   const detail::Problem& p;
-  std::int64_t q_tiles, k_pairs_head, v_pairs_head, worker_floats, qp_floats, ot_floats;
+  std::int64_t q_tiles, k_pairs_head, v_pairs_head, worker_floats;
   std::int64_t k_pairs_at, v_pairs_at, workers_at, total;
+  std::int64_t qp_at, ot_at, m_at, l_at, alpha_at, st_at, pp_at;  // within a worker's slot
   float* base = nullptr;
 
   DotBf16Workspace(const detail::Problem& problem, int workers) : p(problem) {
@@ -49,15 +50,21 @@ struct DotBf16Workspace : QueryTiling<DotBf16Workspace<S>, TileOps<S>::Br> {
     q_tiles = n.div_up(p.q_len, Br);
     k_pairs_head = n.align(n.mul(n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK), D2));
     v_pairs_head = n.align(n.mul(Dot::pairs_of(p.kv_len), D));
-    qp_floats = align_floats(D2 * Br);
-    ot_floats = align_floats(D * Br);
-    worker_floats = qp_floats + ot_floats + align_floats(Br) * 3 + Ops::Bc * Br + Ops::Bc / 2 * Br;
+    Layout slot;  // head_dim <= 256: no overflow
+    qp_at = slot.take(D2 * Br);
+    ot_at = slot.take(D * Br);
+    m_at = slot.take(Br);
+    l_at = slot.take(Br);
+    alpha_at = slot.take(Br);
+    st_at = slot.take(Ops::Bc * Br);
+    pp_at = slot.take(Ops::Bc / 2 * Br);
+    worker_floats = slot.end;
     const std::int64_t kv_heads = p.batch * p.kv_heads;
-    k_pairs_at = 0;
-    v_pairs_at = n.mul(kv_heads, k_pairs_head);
-    workers_at = n.add(v_pairs_at, n.mul(kv_heads, v_pairs_head));
-    total = n.add(workers_at, n.mul(workers * Ops::T::query_tiles_per_item, worker_floats));
-    if (n.overflow) total = -1;
+    Layout all;
+    k_pairs_at = all.take(n.mul(kv_heads, k_pairs_head));
+    v_pairs_at = all.take(n.mul(kv_heads, v_pairs_head));
+    workers_at = all.take(n.mul(workers * Ops::T::query_tiles_per_item, worker_floats));
+    total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
   Pair* k_pairs(std::int64_t b, std::int64_t hk) const {
@@ -68,11 +75,8 @@ struct DotBf16Workspace : QueryTiling<DotBf16Workspace<S>, TileOps<S>::Br> {
   }
   Worker worker(int slot) const {
     float* s = base + workers_at + slot * worker_floats;
-    const std::int64_t vec = align_floats(Br);
-    float* st = s + qp_floats + ot_floats + 3 * vec;
-    return {reinterpret_cast<Pair*>(s), s + qp_floats, s + qp_floats + ot_floats,
-            s + qp_floats + ot_floats + vec, s + qp_floats + ot_floats + 2 * vec, st,
-            reinterpret_cast<Pair*>(st + Ops::Bc * Br)};
+    return {reinterpret_cast<Pair*>(s + qp_at), s + ot_at, s + m_at, s + l_at, s + alpha_at,
+            s + st_at, reinterpret_cast<Pair*>(s + pp_at)};
   }
 
   // Pre-pass: every kv head's keys and values into pairs. False if a value is not finite.

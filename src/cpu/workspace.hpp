@@ -37,6 +37,18 @@ struct Sizes {
   std::int64_t align(std::int64_t a) { return mul(div_up(a, 16), 16); }
 };
 
+// Pieces of working memory laid one after another, each 64-byte aligned: a piece's size is
+// stated once, where it is taken, and its offset kept, so no accessor adds sizes again.
+struct Layout {
+  Sizes n;
+  std::int64_t end = 0;
+  std::int64_t take(std::int64_t floats) {
+    const std::int64_t at = end;
+    end = n.add(end, n.align(floats));
+    return at;
+  }
+};
+
 // One query tile of one head: the rows it holds and the keys they may see. index
 // numbers the tiles over (batch, query head, tile), for per-tile buffers.
 struct QueryTile {
@@ -113,6 +125,7 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br> {
   bool naive;
   std::int64_t q_tiles, kv_padded, k_panel_head, v_rows_head, scores_block, worker_floats;
   std::int64_t k_panels_at, v_rows_at, scores_at, workers_at, total;
+  std::int64_t qt_at, ot_at, m_at, l_at, alpha_at, ones_at, st_at;  // within a worker's slot
   float* base = nullptr;
 
   Workspace(const detail::Problem& problem, bool is_naive, int workers)
@@ -125,18 +138,25 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br> {
     k_panel_head = n.align(n.mul(kv_padded, p.head_dim));
     v_rows_head = rows_in_place(p.v, p.dtype) ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
     scores_block = n.mul(kv_padded, Br);
-    worker_floats = n.align(p.head_dim * Br) * 2 + align_floats(Br) * 4 +
-                    (naive ? 0 : Ops::Bc * Br);  // head_dim <= 256: no overflow
+    Layout slot;  // head_dim <= 256: no overflow
+    qt_at = slot.take(p.head_dim * Br);
+    ot_at = slot.take(p.head_dim * Br);
+    m_at = slot.take(Br);
+    l_at = slot.take(Br);
+    alpha_at = slot.take(Br);
+    ones_at = slot.take(Br);
+    st_at = slot.take(naive ? 0 : Ops::Bc * Br);  // one key tile of scores (fused only)
+    worker_floats = slot.end;
     const std::int64_t kv_heads = p.batch * p.kv_heads;  // <= elements of k
-    k_panels_at = 0;
-    v_rows_at = n.add(k_panels_at, n.mul(kv_heads, k_panel_head));
-    scores_at = n.add(v_rows_at, n.mul(kv_heads, v_rows_head));
     const std::int64_t scores = naive ? n.mul(n.mul(p.batch * p.q_heads, q_tiles), scores_block) : 0;
-    workers_at = n.add(scores_at, scores);
     // The fused kernel gives each worker one slot per query tile of its work item.
     const std::int64_t slots = naive ? workers : workers * Ops::T::query_tiles_per_item;
-    total = n.add(workers_at, n.mul(slots, worker_floats));
-    if (n.overflow) total = -1;
+    Layout all;
+    k_panels_at = all.take(n.mul(kv_heads, k_panel_head));
+    v_rows_at = all.take(n.mul(kv_heads, v_rows_head));
+    scores_at = all.take(scores);
+    workers_at = all.take(n.mul(slots, worker_floats));
+    total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
   const float* k_panels(std::int64_t b, std::int64_t hk) const {
@@ -154,14 +174,8 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br> {
   // Scratch slot w: [0, workers) for naive, [0, workers·query_tiles_per_item) for fused.
   Worker worker(int w) const {
     float* s = base + workers_at + w * worker_floats;
-    const std::int64_t tile = align_floats(p.head_dim * Br), vec = align_floats(Br);
-    return {s,
-            s + tile,
-            s + 2 * tile,
-            s + 2 * tile + vec,
-            s + 2 * tile + 2 * vec,
-            s + 2 * tile + 3 * vec,
-            naive ? nullptr : s + 2 * tile + 4 * vec};
+    return {s + qt_at, s + ot_at, s + m_at, s + l_at, s + alpha_at, s + ones_at,
+            naive ? nullptr : s + st_at};
   }
 
   // Pre-pass: every kv head's keys into panels (and V into contiguous rows if needed).
