@@ -94,10 +94,12 @@ def test_bench_model_quick(tmp_path, dtype):
         assert 0 < r["fattn_attention_s"] < r["fattn_s"] and 0 < r["sdpa_attention_s"] < r["sdpa_s"]
 
 
-def test_bench_ring_quick(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "fattn.bench", "--ring", "--quick", "--out",
+@pytest.mark.parametrize("pass_", ["forward", "train"])
+def test_bench_ring_quick(tmp_path, pass_):
+    p = subprocess.run([sys.executable, "-m", "fattn.bench", "--ring", "--quick", "--pass", pass_, "--out",
                         str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     (row,) = json.loads((tmp_path / "ring.json").read_text())["results"]
+    assert row["pass"] == pass_
     assert row["ring_s"] > 0 and row["single_s"] > 0 and row["waited_s"] >= 0
     assert row["rank_qkv_bytes"] * 2 == row["single_qkv_bytes"]  # O(S/P) per rank
