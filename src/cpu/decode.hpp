@@ -56,7 +56,7 @@ struct DecodePlan {
   bool in_place;
   std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
   // Floats from the start of the working memory; per head: qs, os, m, l, alpha, and the
-  // query rows' bfloat16 bits qb where the scores use them (DecodeOps::dot_bf16).
+  // query rows' bfloat16 bits qb where the scores use them (on_bf16_dot_products).
   std::int64_t worker_floats, head_floats, kt_at, st_at, heads_at, k_stage_at, v_stage_at;
   std::int64_t qs_at, os_at, m_at, l_at, alpha_at, qb_at;  // within a head's state
   bool dot_bf16;
@@ -66,7 +66,7 @@ struct DecodePlan {
   DecodePlan(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
     Sizes n;
     in_place = Ops::reads_in_place(p);
-    dot_bf16 = Ops::dot_bf16(p);
+    dot_bf16 = on_bf16_dot_products<S>(p.dtype);  // the scores from the query rows' bits
     D = p.head_dim;
     Dp = Ops::padded_dim(D);
     rows = n.mul(p.group_size(), p.q_len);
@@ -334,34 +334,30 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
     return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats, q_factor};
   };
 
-  // in_place: a cache of elements E read where it lies; else tiles staged as float32.
-  auto run_items = [&](auto in_place, auto element) {
-    using E = decltype(element);
-    const TilesInCache<S, E> cache{p, detail::retype<const E>(p.k), detail::retype<const E>(p.v)};
+  // tiles_of(worker): where its key tiles come from, TilesInCache (the cache's elements
+  // read where they lie) or its StagedTiles (float32 copies in its own buffers).
+  auto run_items = [&](auto tiles_of) {
     detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
       const DecodeWorker<S> run = worker_of(worker);
+      const auto tiles = tiles_of(run);
       const auto it = plan.item(p, index);
       std::int64_t kv_begin, kv_end;
       plan.key_range(p, it, &kv_begin, &kv_end);
       run.start(it);
-      for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk) {
-        const std::int64_t nj = std::min<std::int64_t>(Ops::Bk, kv_end - j0);
-        if constexpr (decltype(in_place)::value)
-          run.key_tile(it, j0, nj, kv_end, cache);
-        else
-          run.key_tile(it, j0, nj, kv_end, run.staged_tiles());
-      }
+      for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk)
+        run.key_tile(it, j0, std::min<std::int64_t>(Ops::Bk, kv_end - j0), kv_end, tiles);
       run.finish(it, memory);
     });
   };
-  if (!plan.in_place)
-    run_items(std::false_type{}, float{});
-  else if (p.dtype == DType::bfloat16)
-    run_items(std::true_type{}, BFloat16{});
-  else if (p.dtype == DType::float16)
-    run_items(std::true_type{}, Float16{});
-  else
-    run_items(std::true_type{}, float{});
+  if (!plan.in_place) {
+    run_items([](const DecodeWorker<S>& run) { return run.staged_tiles(); });
+  } else {
+    with_element_type(p.k, p.dtype, [&](const auto& k) {
+      using E = std::remove_const_t<std::remove_reference_t<decltype(*k.data)>>;
+      const TilesInCache<S, E> cache{p, k, detail::retype<const E>(p.v)};
+      run_items([&](const DecodeWorker<S>&) { return cache; });
+    });
+  }
   if (plan.splits == 1) return;
   // Each (sequence, kv head, row tile): its chunks' partials merged in chunk order.
   detail::parallel_items(exec, p.batch * p.kv_heads * plan.row_tiles, [&](std::int64_t tile, int worker) {

@@ -77,14 +77,6 @@ struct DecodeOps {
       for (std::int64_t d = 0; d < Dp; ++d) qb[r * Dp + d] = d < D ? from[d * q16.dim].bits : 0;
     }
   }
-  // Whether the scores of a bfloat16 cache run on vdpbf16ps from the query rows' bits
-  // (load_q_rows's qb): this unit has AVX512-BF16 and the inputs are bfloat16.
-  static bool dot_bf16([[maybe_unused]] const detail::Problem& p) {
-#if defined(FATTN_AVX512_BF16)
-    if constexpr (L == 16) return p.dtype == DType::bfloat16;
-#endif
-    return false;
-  }
 
   // Asks the memory for the rows of the key tile a worker reads next (K, then V), a few
   // rows at a time between blocks of the current tile's compute: the loads of one tile

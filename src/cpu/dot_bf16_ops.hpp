@@ -140,11 +140,7 @@ struct DotBf16Ops {
   // st[r][·] = factor · Σ_d kp[d][r] · qp[d][·] for the MK keys of one panel.
   static void scores_block(const Pair* kp, const Pair* qp, std::int64_t D2, float factor,
                            float* st) {
-    __m512 acc[MK][NV];
-#pragma GCC unroll 16
-    for (int r = 0; r < MK; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    __m512 acc[MK][NV] = {};
     for (std::int64_t d = 0; d < D2; ++d) {
       __m512bh qv[NV];
 #pragma GCC unroll 8
@@ -196,11 +192,7 @@ struct DotBf16Ops {
   template <int R>
   static void pv_block(const Pair* vp, std::int64_t D, std::int64_t n2, const Pair* pp,
                        const float* alpha, float* ot) {
-    __m512 acc[R][NV];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int u = 0; u < NV; ++u) acc[r][u] = _mm512_setzero_ps();
+    __m512 acc[R][NV] = {};
     for (std::int64_t j = 0; j < n2; ++j) {
       __m512bh pv[NV];
 #pragma GCC unroll 8

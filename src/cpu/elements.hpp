@@ -24,6 +24,7 @@
 
 #include "core/checks.hpp"
 #include "core/problem.hpp"
+#include "cpu/simd.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -95,6 +96,17 @@ inline Float16 from_float<Float16>(float x) {
   return {static_cast<std::uint16_t>(sign | (r >> 13))};
 }
 
+// Whether a kernel unit whose vectors are S runs bfloat16 inputs on bfloat16 dot products
+// (vdpbf16ps): it was built with AVX512-BF16 (the avx512_bf16 table) and has 512-bit
+// vectors. The fused forward (kernels_isa.cpp) and the decode scores ask it.
+template <class S>
+bool on_bf16_dot_products([[maybe_unused]] DType dtype) {
+#if defined(FATTN_AVX512_BF16)
+  if constexpr (S::lanes == 16) return dtype == DType::bfloat16;
+#endif
+  return false;
+}
+
 // S::lanes contiguous elements as a vector of floats: one load for float32; for 16-bit
 // elements a load and a widening (a shift for bfloat16, vcvtph2ps for float16) where the
 // unit has the instructions, else element by element.
@@ -134,22 +146,13 @@ void convert_row(const E* src, std::int64_t stride, std::int64_t n, float* dst) 
   std::int64_t d = 0;
   if constexpr (!std::is_same_v<E, float>) {
     if (stride == 1) {
+#if defined(FATTN_AVX512) || defined(FATTN_AVX)
 #if defined(FATTN_AVX512)
-      for (; d + 16 <= n; d += 16) {
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d));
-        if constexpr (std::is_same_v<E, BFloat16>)
-          _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-        else
-          _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(h));
-      }
-#elif defined(FATTN_AVX)
-      for (; d + 8 <= n; d += 8) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d));
-        if constexpr (std::is_same_v<E, BFloat16>)
-          _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-        else
-          _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(h));
-      }
+      using S = Simd<64>;
+#else
+      using S = Simd<32>;
+#endif
+      for (; d + S::lanes <= n; d += S::lanes) S::store(dst + d, load_vec<S>(src + d));
 #endif
     }
   }

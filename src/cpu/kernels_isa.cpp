@@ -22,26 +22,18 @@ namespace {
 struct UnitSimd : Simd<FATTN_VECTOR_BYTES> {};
 using S = UnitSimd;
 
-// The fused kernel: with AVX512-BF16 (the avx512_bf16 unit) bfloat16 inputs run on
-// bfloat16 dot products (cpu/dot_bf16.hpp), everything else on float32 FMAs.
-bool on_dot_products([[maybe_unused]] const detail::Problem& p) {
-#if defined(FATTN_AVX512_BF16)
-  return p.dtype == DType::bfloat16;
-#else
-  return false;
-#endif
-}
-
+// The fused kernel: in the avx512_bf16 unit bfloat16 inputs run on bfloat16 dot products
+// (cpu/dot_bf16.hpp, on_bf16_dot_products), everything else on float32 FMAs.
 std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
 #if defined(FATTN_AVX512_BF16)
-  if (!naive && on_dot_products(p)) return dot_bf16_workspace_floats<S>(p, workers);
+  if (!naive && on_bf16_dot_products<S>(p.dtype)) return dot_bf16_workspace_floats<S>(p, workers);
 #endif
   return Workspace<S>(p, naive, workers).total;
 }
 
 void fused(const detail::Problem& p, const detail::Exec& exec, float* memory) {
 #if defined(FATTN_AVX512_BF16)
-  if (on_dot_products(p)) return dot_bf16_forward<S>(p, exec, memory);
+  if (on_bf16_dot_products<S>(p.dtype)) return dot_bf16_forward<S>(p, exec, memory);
 #endif
   fused_forward<S>(p, exec, memory);
 }
