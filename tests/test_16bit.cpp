@@ -201,21 +201,33 @@ Tensor in_case_layout(const Case16& c, const Tensor& t) {
   return r;
 }
 
-TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
-  const auto& [dtype, variant, c] = GetParam();
-  FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
-  Rng rng;
-  const Inputs16 in(c, dtype, rng);
+// A case's forward through the kernel under test (into a poisoned output, with the
+// logsumexp) beside the float64 reference on the same values.
+struct Forward16 {
+  Result ref;
+  Tensor ref_out;  // ref.out in the case's layout
+  Tensor16 out;
+  Tensor lse;
+};
+Forward16 run_forward16(const Inputs16& in, const Case16& c, DType dtype, const Variant& variant) {
   Options options;
   options.causal = c.causal;
-  const Result ref = run_reference(in.q, in.k, in.v, options);
-
+  Result ref = run_reference(in.q, in.k, in.v, options);
+  Tensor ref_out = in_case_layout(c, ref.out);
   options.impl = variant.impl;
   options.isa = variant.isa;
   Tensor16 out = output_like(make_output(c.layout, c.B, c.Hq, c.Sq, c.D), dtype);
   Tensor lse = make_lse(LseLayout::contiguous, c.B, c.Hq, c.Sq);
   fattn::attention_forward(in.q16.view, in.k16.view, in.v16.view, out.view, lse.view_ptr(), options);
-  const Tensor ref_out = in_case_layout(c, ref.out);
+  return {std::move(ref), std::move(ref_out), std::move(out), std::move(lse)};
+}
+
+TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
+  const auto& [dtype, variant, c] = GetParam();
+  FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
+  Rng rng;
+  const Inputs16 in(c, dtype, rng);
+  const auto [ref, ref_out, out, lse] = run_forward16(in, c, dtype, variant);
   // On bfloat16 dot products the fused kernel rounds P to bfloat16 (unit roundoff 2^-8)
   // for P·V: each term p_j·v_j moves by at most 2^-8·p_j·|v_j|, the output by at most
   // 2^-8·Σ_j p_j·|v_j| / l, which is the reference's output for |v|.
@@ -322,14 +334,7 @@ TEST_P(Kernel16, InfiniteHiddenValueReachesOnlyTheRowsThatSeeIt) {
     const auto at = static_cast<std::size_t>(in.v.offset_of(0, h, last, 0));
     in.v16.storage[at] = bits_of(dtype, std::numeric_limits<float>::infinity());
   }
-  Options options;
-  options.causal = c.causal;
-  const Result ref = run_reference(in.q, in.k, in.v, options);
-  options.impl = variant.impl;
-  options.isa = variant.isa;
-  Tensor16 out = output_like(make_output(c.layout, c.B, c.Hq, c.Sq, c.D), dtype);
-  fattn::attention_forward(in.q16.view, in.k16.view, in.v16.view, out.view, nullptr, options);
-  const Tensor ref_out = in_case_layout(c, ref.out);
+  const auto [ref, ref_out, out, lse] = run_forward16(in, c, dtype, variant);
   // Row Sq−1 sees the last key; rows before it do not (bottom-right, Sq ≤ Sk).
   for (std::int64_t h = 0; h < c.Hq; ++h)
     for (std::int64_t i = 0; i + 1 < c.Sq; ++i) {
