@@ -75,6 +75,29 @@ elseif(_fattn_wgmma_mode MATCHES "^(OFF|FALSE|NO|N|0)$")
 else()
   message(FATAL_ERROR "FATTN_CUDA_WGMMA must be AUTO, ON or OFF, got '${FATTN_CUDA_WGMMA}'")
 endif()
+# The fused kernel families, one instance per element type: name, header, launcher
+# (params.hpp declares every launcher with one signature, instantiate.cu.in writes it).
+# One translation unit per instance and head dim, so the build runs them in parallel.
+set(_fattn_fused_instances
+  "mma_f16|fused_mma.cuh|launch_fused_mma<__half, @D@>"
+  "mma_bf16|fused_mma.cuh|launch_fused_mma<__nv_bfloat16, @D@>"
+  "tf32|fused_tf32.cuh|launch_fused_tf32<@D@>"
+  "fma|fused_fma.cuh|launch_fused_fma<@D@>")
+set(_fattn_wgmma_instances
+  "wgmma_f16|fused_wgmma.cuh|launch_fused_wgmma<__half, @D@>"
+  "wgmma_bf16|fused_wgmma.cuh|launch_fused_wgmma<__nv_bfloat16, @D@>")
+# Writes the translation unit of `instance` at head dim `dim`; its path into out_var.
+function(_fattn_instance_file instance dim out_var)
+  string(REPLACE "|" ";" parts "${instance}")
+  list(GET parts 0 name)
+  list(GET parts 1 FATTN_GEN_HEADER)
+  list(GET parts 2 launcher)
+  string(REPLACE "@D@" "${dim}" FATTN_GEN_LAUNCHER "${launcher}")
+  set(file ${_fattn_gen}/fused_${name}_d${dim}.cu)
+  configure_file(${PROJECT_SOURCE_DIR}/src/cuda/instantiate.cu.in ${file} @ONLY)
+  set(${out_var} ${file} PARENT_SCOPE)
+endfunction()
+
 foreach(d IN LISTS _fattn_dims)
   if(NOT d MATCHES "^[0-9]+$")
     message(FATAL_ERROR "FATTN_CUDA_HEAD_DIMS: '${d}' is not a number")
@@ -84,38 +107,16 @@ foreach(d IN LISTS _fattn_dims)
     message(FATAL_ERROR "FATTN_CUDA_HEAD_DIMS: ${d} must be a multiple of 16 in [16, 256]")
   endif()
   string(APPEND FATTN_GEN_HEAD_DIM_ITEMS " X(${d})")
-  foreach(family IN ITEMS mma_f16 mma_bf16 tf32x3 fma)
-    if(family STREQUAL "mma_f16")
-      set(FATTN_GEN_HEADER fused_mma.cuh)
-      set(FATTN_GEN_LAUNCHER "launch_fused_mma<__half, ${d}>")
-      set(FATTN_GEN_ARGS "const Params&, int, cudaStream_t")
-    elseif(family STREQUAL "mma_bf16")
-      set(FATTN_GEN_HEADER fused_mma.cuh)
-      set(FATTN_GEN_LAUNCHER "launch_fused_mma<__nv_bfloat16, ${d}>")
-      set(FATTN_GEN_ARGS "const Params&, int, cudaStream_t")
-    elseif(family STREQUAL "tf32x3")
-      set(FATTN_GEN_HEADER fused_tf32.cuh)
-      set(FATTN_GEN_LAUNCHER "launch_fused_tf32x3<${d}>")
-      set(FATTN_GEN_ARGS "const Params&, bool, int, cudaStream_t")
-    else()
-      set(FATTN_GEN_HEADER fused_fma.cuh)
-      set(FATTN_GEN_LAUNCHER "launch_fused_fma<${d}>")
-      set(FATTN_GEN_ARGS "const Params&, cudaStream_t")
-    endif()
-    set(_file ${_fattn_gen}/fused_${family}_d${d}.cu)
-    configure_file(${PROJECT_SOURCE_DIR}/src/cuda/instantiate.cu.in ${_file} @ONLY)
+  foreach(instance IN LISTS _fattn_fused_instances)
+    _fattn_instance_file(${instance} ${d} _file)
     list(APPEND _fattn_gen_sources ${_file})
   endforeach()
   # The wgmma kernel exists for the dims of its instructions (tile_config.hpp,
   # wgmma_head_dim): 64 and 128.
   if(_fattn_with_wgmma AND (d EQUAL 64 OR d EQUAL 128))
     string(APPEND FATTN_GEN_WGMMA_HEAD_DIM_ITEMS " X(${d})")
-    set(FATTN_GEN_HEADER fused_wgmma.cuh)
-    set(FATTN_GEN_ARGS "const Params&, bool, cudaStream_t")
-    foreach(type IN ITEMS __half __nv_bfloat16)
-      set(FATTN_GEN_LAUNCHER "launch_fused_wgmma<${type}, ${d}>")
-      set(_file ${_fattn_gen}/fused_wgmma${type}_d${d}.cu)
-      configure_file(${PROJECT_SOURCE_DIR}/src/cuda/instantiate.cu.in ${_file} @ONLY)
+    foreach(instance IN LISTS _fattn_wgmma_instances)
+      _fattn_instance_file(${instance} ${d} _file)
       list(APPEND _fattn_wgmma_sources ${_file})
     endforeach()
   endif()
@@ -128,14 +129,18 @@ configure_file(${PROJECT_SOURCE_DIR}/src/cuda/head_dims.hpp.in ${_fattn_gen}/cud
 # fattn's cxx_std_20 to CUDA too, and it knows no C++20 flag for nvcc. The CUDA
 # sources are C++17.
 add_library(fattn_cuda STATIC
+  src/cuda/device.cpp
   src/cuda/dispatch.cu
+  src/cuda/kernels.cpp
+  src/cuda/plan.cpp
   src/cuda/naive.cu
   src/cuda/reference.cu
   src/cuda/repack.cu
   ${_fattn_gen_sources})
 target_include_directories(fattn_cuda PRIVATE include src ${_fattn_gen})
 set_target_properties(fattn_cuda PROPERTIES
-  CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON POSITION_INDEPENDENT_CODE ON)
+  CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
+  POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(fattn_cuda PUBLIC CUDA::cudart)
 
 # The wgmma instantiations: sm_90a machine code only ("a": no other GPU runs it; the

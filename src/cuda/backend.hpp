@@ -55,7 +55,7 @@ int max_tall_head_dim();
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView* lse, const Options& options);
 // tile_rows: query rows per block of the fused tensor-core kernels (fused_mma,
-// fused_tf32x3, fused_tf32): 0 chooses per problem (dispatch.cu, tall_tiles_pay);
+// fused_tf32x3, fused_tf32): 0 chooses per problem (plan.cpp, tall_tiles_pay);
 // 64 or 128 force one (128: head dims up to max_tall_head_dim()), for tests and
 // the benchmark that sets the choice.
 void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,

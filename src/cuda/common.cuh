@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cuda/params.hpp"
+#include "cuda/visibility.cuh"
 
 namespace fattn::cuda {
 
@@ -169,8 +170,13 @@ __device__ __forceinline__ FusedBlock<T> fused_block(const Params& p, int rows_p
   f.k = head_ptr<T>(p.k, p.k_stride, f.c.b, f.c.kv_head);
   f.v = head_ptr<T>(p.v, p.v_stride, f.c.b, f.c.kv_head);
   f.q_rows = min(rows_per_tile, p.q_len - f.c.q0);
-  f.tiles = (p.kv_end(f.c.q0 + f.q_rows) + keys_per_tile - 1) / keys_per_tile;
+  f.tiles = (visibility(p).kv_end(f.c.q0 + f.q_rows) + keys_per_tile - 1) / keys_per_tile;
   return f;
+}
+
+// The logsumexp row of (batch b, head h), or null when the caller asked for none.
+__device__ __forceinline__ float* lse_head(const Params& p, int b, int h) {
+  return p.lse ? p.lse + b * p.lse_stride.batch + h * p.lse_stride.head : nullptr;
 }
 
 // Natural-log logsumexp from a running max m (log2 units) and sum l; -inf when the

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
   }
 
   float* const out = head_ptr<float>(p.out, p.out_stride, c.b, c.h);
-  float* const lse = p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr;
+  float* const lse = lse_head(p, c.b, c.h);
 #pragma unroll
   for (int i = 0; i < S::kRows; ++i) {
     const float total = half_warp_sum(l[i]);
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
 }
 
 template <int D>
-void launch_fused_fma(const Params& p, cudaStream_t stream) {
+void launch_fused_fma(const Params& p, const FusedLaunch&, cudaStream_t stream) {
   launch_per_query_tile<FmaShape<D>>(fused_fma_kernel<D>, "fused_fma_kernel", p, stream);
 }
 

@@ -27,20 +27,14 @@ namespace fattn::cuda {
 
 // kM: 16-row slices per warp (1: Br = 64, 2: Br = 128 with 4 warps; tile_config.hpp).
 template <class T, int kD, int kM>
-struct MmaShape {
-  static constexpr int kWarps = mma_tiles(kD).warps;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBr = 16 * kM * kWarps;  // query rows per block
-  static constexpr int kBc = kM == 1 ? mma_tiles(kD).bc : mma_tiles(kD).bc_tall;  // keys per tile
-  static constexpr int kPitch = kD + 8;         // shared row pitch: +16 bytes (tile_config.hpp)
-  static constexpr int kNS = kBc / 8;           // 16×8 score blocks per slice
-  static constexpr int kDB = kD / 8;            // 16×8 output blocks per slice
-  static constexpr int kTileElems = kBc * kPitch;
+struct MmaShape : SliceShape<kD, kM, mma_tiles(kD).warps, mma_tiles(kD).keys_per_tile(kM)> {
+  using Slices = SliceShape<kD, kM, mma_tiles(kD).warps, mma_tiles(kD).keys_per_tile(kM)>;
+  static constexpr int kPitch = kD + 8;  // shared row pitch: +16 bytes (tile_config.hpp)
+  static constexpr int kTileElems = Slices::kBc * kPitch;
   // Q, then 2 stages of K, then 2 stages of V.
   static constexpr int kSmemBytes =
-      (kBr + 4 * kBc) * kPitch * static_cast<int>(sizeof(T));
-  static_assert(kD % 16 == 0 && kBc % 16 == 0, "whole 16-wide mma steps");
-  static_assert(kM == 1 || kM == 2, "one or two 16-row slices per warp");
+      (Slices::kBr + 4 * Slices::kBc) * kPitch * static_cast<int>(sizeof(T));
+  static_assert(kD % 16 == 0 && Slices::kBc % 16 == 0, "whole 16-wide mma steps");
 };
 
 // acc[m][n] and acc[m][n + 1] += a[m]·b for every slice m: one ldmatrix_x4 of B (two
@@ -200,16 +194,16 @@ __global__ void __launch_bounds__(MmaShape<T, kD, kM>::kThreads, 1)
   }
 
   T* const out = head_ptr<T>(p.out, p.out_stride, c.b, c.h);
-  float* const lse = p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr;
+  float* const lse = lse_head(p, c.b, c.h);
 #pragma unroll
   for (int m = 0; m < kM; ++m) store_rows<T>(o[m], rows[m], p, out, lse, row0 + m * 16, lane);
 }
 
-// rows_per_block: 64 or 128 (dispatch.cu chooses; 128 only where mma_tiles allows it).
+// launch.tile_rows: 64 or 128 (plan.hpp chooses; 128 only where mma_tiles allows it).
 template <class T, int D>
-void launch_fused_mma(const Params& p, int rows_per_block, cudaStream_t stream) {
+void launch_fused_mma(const Params& p, const FusedLaunch& launch, cudaStream_t stream) {
   if constexpr (mma_tiles(D).max_slices >= 2) {
-    if (rows_per_block == MmaShape<T, D, 2>::kBr) {
+    if (launch.tile_rows == MmaShape<T, D, 2>::kBr) {
       launch_per_query_tile<MmaShape<T, D, 2>>(fused_mma_kernel<T, D, 2>, "fused_mma_kernel", p,
                                                stream);
       return;

@@ -40,17 +40,13 @@ namespace fattn::cuda {
 
 // kM: 16-row slices per warp (tile_config.hpp).
 template <int kD, int kM>
-struct Tf32Shape {
-  static constexpr int kWarps = tf32_tiles(kD).warps;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBr = 16 * kM * kWarps;
-  static constexpr int kBc = kM == 1 ? tf32_tiles(kD).bc : tf32_tiles(kD).bc_tall;
+struct Tf32Shape : SliceShape<kD, kM, tf32_tiles(kD).warps, tf32_tiles(kD).keys_per_tile(kM)> {
+  using Slices = SliceShape<kD, kM, tf32_tiles(kD).warps, tf32_tiles(kD).keys_per_tile(kM)>;
   static constexpr int kPitch = kD + 4;  // +4 floats: conflict-free fragment loads
-  static constexpr int kNS = kBc / 8;
-  static constexpr int kDB = kD / 8;
-  static constexpr int kSmemBytes = (kBr + 2 * kBc) * kPitch * 4;  // Q, K, V
-  static_assert(kD % 8 == 0 && kBc % 8 == 0, "whole 8-wide mma steps");
-  static_assert(kM == 1 || kM == 2, "one or two 16-row slices per warp");
+  // Q, K, V: one stage each (tile_config.hpp).
+  static constexpr int kSmemBytes =
+      (Slices::kBr + 2 * Slices::kBc) * kPitch * static_cast<int>(sizeof(float));
+  static_assert(kD % 8 == 0 && Slices::kBc % 8 == 0, "whole 8-wide mma steps");
 };
 
 // S = Q·Kᵀ for the warp's kM slices: each K fragment is loaded and split once for
@@ -112,7 +108,7 @@ __device__ __forceinline__ void pv_tf32(const float (&s)[kM][kNS][4], float (&o)
 }
 
 template <int kD, bool kExact, int kM>
-__global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32x3_kernel(const Params p) {
+__global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32_kernel(const Params p) {
   using S = Tf32Shape<kD, kM>;
   extern __shared__ __align__(16) unsigned char smem[];
   float* const sq = reinterpret_cast<float*>(smem);
@@ -197,31 +193,31 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32x3_k
   }
 
   float* const out = head_ptr<float>(p.out, p.out_stride, c.b, c.h);
-  float* const lse = p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr;
+  float* const lse = lse_head(p, c.b, c.h);
 #pragma unroll
   for (int m = 0; m < kM; ++m) store_rows<float>(o[m], rows[m], p, out, lse, row0 + m * 16, lane);
 }
 
 template <int D, bool kExact>
-void launch_tf32(const Params& p, int rows_per_block, cudaStream_t stream) {
-  const char* const name = kExact ? "fused_tf32x3_kernel" : "fused_tf32_kernel";
+void launch_tf32_mode(const Params& p, int tile_rows, cudaStream_t stream) {
+  const char* const name = kExact ? "fused_tf32_kernel (3xTF32)" : "fused_tf32_kernel (TF32)";
   if constexpr (tf32_tiles(D).max_slices >= 2) {
-    if (rows_per_block == Tf32Shape<D, 2>::kBr) {
-      launch_per_query_tile<Tf32Shape<D, 2>>(fused_tf32x3_kernel<D, kExact, 2>, name, p, stream);
+    if (tile_rows == Tf32Shape<D, 2>::kBr) {
+      launch_per_query_tile<Tf32Shape<D, 2>>(fused_tf32_kernel<D, kExact, 2>, name, p, stream);
       return;
     }
   }
-  launch_per_query_tile<Tf32Shape<D, 1>>(fused_tf32x3_kernel<D, kExact, 1>, name, p, stream);
+  launch_per_query_tile<Tf32Shape<D, 1>>(fused_tf32_kernel<D, kExact, 1>, name, p, stream);
 }
 
-// exact: 3xTF32 (true) or the TF32 mode (false); rows_per_block: 64, or 128 where
-// tf32_tiles(D) allows it (dispatch.cu chooses).
+// Kernel::fused_tf32x3: 3xTF32, Kernel::fused_tf32: the TF32 mode; launch.tile_rows: 64,
+// or 128 where tf32_tiles(D) allows it (plan.hpp chooses).
 template <int D>
-void launch_fused_tf32x3(const Params& p, bool exact, int rows_per_block, cudaStream_t stream) {
-  if (exact)
-    launch_tf32<D, true>(p, rows_per_block, stream);
+void launch_fused_tf32(const Params& p, const FusedLaunch& launch, cudaStream_t stream) {
+  if (launch.kernel == Kernel::fused_tf32x3)
+    launch_tf32_mode<D, true>(p, launch.tile_rows, stream);
   else
-    launch_tf32<D, false>(p, rows_per_block, stream);
+    launch_tf32_mode<D, false>(p, launch.tile_rows, stream);
 }
 
 }  // namespace fattn::cuda

@@ -150,7 +150,7 @@ __device__ __forceinline__ void pv_visible_keys_shared(const std::uint32_t (&a)[
 #pragma unroll 1
       for (int key = 0; key < kBc; ++key) {
         const int col = k0 + key;
-        if (col >= p.kv_len || (p.causal && col > row + p.causal_offset)) continue;
+        if (visibility(p).hidden(row, col)) continue;
         const float pe = to_float(prow[key]);
         // Columns 8d + 2t, +1 of this key's row: one pair per core matrix, 64 elements
         // apart (core_index), so the offsets are immediates and hold no registers.
@@ -201,11 +201,12 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
   };
   // Whether key tile j crosses the causal limit of a row from `first_row` on, and whether
   // it hides any key (that, or the sequence end) from such a row.
+  const Visibility visible = visibility(p);
   auto crosses_diagonal = [&](int j, int first_row) {
-    return p.causal && (j + 1) * S::kBc - 1 > first_row + p.causal_offset;
+    return visible.crosses_limit(j * S::kBc, S::kBc, first_row);
   };
   auto hides_keys = [&](int j, int first_row) {
-    return (j + 1) * S::kBc > p.kv_len || crosses_diagonal(j, first_row);
+    return visible.tile_hides_keys(j * S::kBc, S::kBc, first_row);
   };
   // Whether tile j's V must skip the tensor cores (header comment). Block-uniform: every
   // thread enters the block-wide scan or none; the zero-filled rows past kv_len are finite.
@@ -243,9 +244,8 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
 
   // out = o / l and lse for the thread's rows (store_rows).
   auto finish = [&]() {
-    float* const lse =
-        p.lse ? p.lse + c.b * p.lse_stride.batch + c.h * p.lse_stride.head : nullptr;
-    store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h), lse, row0, lane);
+    store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h), lse_head(p, c.b, c.h),
+                  row0, lane);
   };
   if (tiles == 0) {  // no key visible to any row of the tile: 0 and lse = -inf
     finish();
@@ -351,9 +351,11 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
   finish();
 }
 
+// Kernel::fused_wgmma_pipelined: FlashAttention-3's overlapped schedule; fused_wgmma:
+// the serial one (top of this file).
 template <class T, int D>
-void launch_fused_wgmma(const Params& p, bool pipelined, cudaStream_t stream) {
-  if (pipelined)
+void launch_fused_wgmma(const Params& p, const FusedLaunch& launch, cudaStream_t stream) {
+  if (launch.kernel == Kernel::fused_wgmma_pipelined)
     launch_per_query_tile<WgmmaShape<T, D>>(fused_wgmma_kernel<T, D, true>,
                                             "fused_wgmma_kernel (pipelined)", p, stream);
   else

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) naive_scores_kernel(const Params p, 
   const int tiles_q = (p.q_len + kTile - 1) / kTile, tiles_k = (p.kv_len + kTile - 1) / kTile;
   const Tile3 t = tile3(tiles_q, tiles_k);
   const int i0 = t.a * kTile, j0 = t.b * kTile;
-  if (j0 >= p.kv_end(min(i0 + kTile, p.q_len))) return;  // no query of the tile sees these keys
+  if (j0 >= visibility(p).kv_end(min(i0 + kTile, p.q_len))) return;  // no query of the tile sees these keys
 
   const int b = t.bh / p.q_heads, h = t.bh % p.q_heads;
   const T* const q = head_ptr<T>(p.q, p.q_stride, b, h);
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarps) naive_softmax_kernel(const
   if (row_id >= static_cast<std::int64_t>(p.batch) * p.q_heads * p.q_len) return;
   const int i = static_cast<int>(row_id % p.q_len);
   const int bh = static_cast<int>(row_id / p.q_len);
-  const int visible = p.kv_end(i + 1);
+  const int visible = visibility(p).kv_end(i + 1);
   float* const row = scores + row_id * p.kv_len;
 
   float m = neg_inf();
@@ -137,11 +137,8 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarps) naive_softmax_kernel(const
   l = warp_sum(l);
   const float inv = reciprocal_or_zero(l);
   for (int j = lane; j < visible; j += 32) row[j] = exp2f(row[j] - m_ref) * inv;
-  if (p.lse && lane == 0) {
-    const int b = bh / p.q_heads, h = bh % p.q_heads;
-    p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.seq] =
-        logsumexp(m, l);
-  }
+  if (p.lse && lane == 0)
+    lse_head(p, bh / p.q_heads, bh % p.q_heads)[i * p.lse_stride.seq] = logsumexp(m, l);
 }
 
 template <class T>
@@ -155,7 +152,8 @@ __global__ void __launch_bounds__(kThreads) naive_pv_kernel(const Params p, cons
   const T* const v = head_ptr<T>(p.v, p.v_stride, b, h / p.group);
   const float* const rows = probs + static_cast<std::int64_t>(t.bh) * p.q_len * p.kv_len;
   const int tid = static_cast<int>(threadIdx.x), ty = tid / 16, tx = tid % 16;
-  const int end = p.kv_end(min(i0 + kTile, p.q_len));
+  const Visibility visible = visibility(p);
+  const int end = visible.kv_end(min(i0 + kTile, p.q_len));
 
   float acc[4][4] = {};
   for (int j0 = 0; j0 < end; j0 += kStep) {
@@ -164,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) naive_pv_kernel(const Params p, cons
       const int idx = tid + e * kThreads;
       {  // P: query r, key jj; keys the query does not see are 0
         const int r = idx / kStep, jj = idx % kStep, row = i0 + r, col = j0 + jj;
-        sp[jj][r] = row < p.q_len && col < p.kv_end(row + 1)
+        sp[jj][r] = row < p.q_len && col < visible.kv_end(row + 1)
                         ? rows[static_cast<std::int64_t>(row) * p.kv_len + col]
                         : 0.0f;
       }
@@ -182,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) naive_pv_kernel(const Params p, cons
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = i0 + ty + 16 * i;
-          if (j0 + jj >= p.kv_end(row + 1)) continue;
+          if (j0 + jj >= visible.kv_end(row + 1)) continue;
 #pragma unroll
           for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(sp[jj][ty + 16 * i], sv[jj][tx + 16 * j], acc[i][j]);
         }

@@ -1,6 +1,6 @@
 // fattn — what every CUDA kernel receives: one problem, raw pointers, element strides.
 //
-// The dispatcher (dispatch.cu) fills this from the validated detail::Problem. Data
+// The plan (plan.cpp, make_params) fills this from the validated detail::Problem. Data
 // pointers are untyped here: the kernels are templates on the element type. Every
 // row of head_dim elements is contiguous (the dispatcher checks stride(3) == 1), so
 // only the batch, head and sequence strides are kept.
@@ -9,6 +9,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "cuda/backend.hpp"
 
 namespace fattn::cuda {
 
@@ -30,39 +32,39 @@ struct Params {
   int head_dim = 0;  // the real head dim; kernels compiled for a larger one zero-pad
 
   bool causal = false;
-  // Key j is visible to query i iff j <= i + causal_offset (causal problems only).
+  // Key j is visible to query i iff j <= i + causal_offset (causal problems only;
+  // visibility.cuh asks every question about it).
   int causal_offset = 0;
 
   double scale = 0.0;       // softmax scale (natural units; the float64 reference uses it)
   float scale_log2 = 0.0f;  // scale · log2(e): scores are kept in log2 units
   bool out_pairs = false;   // out allows 2-element vector stores (alignment, even strides)
+};
 
-  // One past the last key that query rows [.., q_end) may see, clamped to [0, kv_len].
-  __host__ __device__ int kv_end(int q_end) const {
-    if (!causal) return kv_len;
-    const long long last = static_cast<long long>(q_end) - 1 + causal_offset;
-    if (last < 0) return 0;
-    return last + 1 < kv_len ? static_cast<int>(last + 1) : kv_len;
-  }
+// What a fused launcher takes besides Params: the kernel it runs (the 3xTF32 or TF32
+// mode, the serial or pipelined wgmma schedule) and the query rows per block of the
+// warp-slice kernels (64, or 128 where the head dim allows it; plan.hpp chooses).
+struct FusedLaunch {
+  Kernel kernel = Kernel::automatic;
+  int tile_rows = 0;
 };
 
 // Launchers. Each is explicitly instantiated in exactly one translation unit: the
 // fused ones per head dim in the files cmake/cuda.cmake generates from
-// FATTN_CUDA_HEAD_DIMS, the others in their own .cu file. They launch on `stream`
-// and check the launch (cudaGetLastError), throwing fattn::Error.
-// T = __half or __nv_bfloat16; rows_per_block 64, or 128 where mma_tiles(D) allows it.
+// FATTN_CUDA_HEAD_DIMS (src/cuda/instantiate.cu.in writes this one signature), the
+// others in their own .cu file. They launch on `stream` and check the launch
+// (cudaGetLastError), throwing fattn::Error.
+// T = __half or __nv_bfloat16.
 template <class T, int D>
-void launch_fused_mma(const Params& p, int rows_per_block, cudaStream_t stream);
+void launch_fused_mma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
 // wgmma (sm_90a; compiled in their own library for that target, cmake/cuda.cmake): T as
-// above, D = 64 or 128 (wgmma_head_dim); run only on compute capability 9.0. pipelined:
-// FlashAttention-3's overlapped schedule, else the serial one (fused_wgmma.cuh).
+// above, D = 64 or 128 (wgmma_head_dim); run only on compute capability 9.0.
 template <class T, int D>
-void launch_fused_wgmma(const Params& p, bool pipelined, cudaStream_t stream);
+void launch_fused_wgmma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
 template <int D>
-void launch_fused_tf32x3(const Params& p, bool exact, int rows_per_block,
-                         cudaStream_t stream);  // exact = false: the TF32 mode
+void launch_fused_tf32(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
 template <int D>
-void launch_fused_fma(const Params& p, cudaStream_t stream);
+void launch_fused_fma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
 
 // `scores` holds batch·q_heads·q_len·kv_len floats.
 template <class T>

@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(32 * kWarps) reference_kernel(const Params p) 
     return warp_sum(dot) * p.scale;
   };
 
-  const int visible = p.kv_end(i + 1);
+  const int visible = visibility(p).kv_end(i + 1);
   double m = -CUDART_INF;
   for (int j = 0; j < visible; ++j) {
     const double s = score(j);
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(32 * kWarps) reference_kernel(const Params p) 
     if (d < p.head_dim) out[d] = from_float<T>(visible > 0 ? static_cast<float>(acc[c] / sum) : 0.0f);
   }
   if (p.lse && lane == 0)
-    p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.seq] =
+    lse_head(p, b, h)[i * p.lse_stride.seq] =
         visible > 0 ? static_cast<float>(m_ref + log(sum)) : -CUDART_INF_F;
 }
 

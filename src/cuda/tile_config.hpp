@@ -9,6 +9,31 @@
 
 namespace fattn::cuda {
 
+// The warp-slice kernels (mma.sync 16-bit and 3xTF32/TF32) share one layout: each warp
+// owns `slices` slices of 16 query rows (1 or 2, so a tile has 16·slices·warps rows) and
+// keeps the row softmax inside the warp. Their tiles per head dim, with the reasons below:
+struct SliceTiles {
+  int warps;       // warps per block
+  int bc;          // keys per tile with one slice per warp
+  int max_slices;  // 2: the 128-row (tall) tile exists for this head dim
+  int bc_tall;     // keys per tile with two slices per warp
+  constexpr int keys_per_tile(int slices) const { return slices == 1 ? bc : bc_tall; }
+  constexpr int tile_rows(int slices) const { return 16 * slices * warps; }
+};
+
+// The compile-time shape of a warp-slice kernel with kM slices per warp (the kernels add
+// their shared-memory layout: MmaShape, Tf32Shape).
+template <int kD, int kM, int kWarpCount, int kKeysPerTile>
+struct SliceShape {
+  static constexpr int kWarps = kWarpCount;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBr = 16 * kM * kWarps;  // query rows per block: the tile's rows
+  static constexpr int kBc = kKeysPerTile;      // keys per tile
+  static constexpr int kNS = kBc / 8;           // 16×8 score blocks per slice
+  static constexpr int kDB = kD / 8;            // 16×8 output blocks per slice
+  static_assert(kM == 1 || kM == 2, "one or two 16-row slices per warp");
+};
+
 // FlashAttention-2 on mma.sync m16n8k16 (float16 / bfloat16).
 // Each warp owns kM slices of 16 query rows (m16), so the row softmax stays inside
 // the warp; Br = 16·kM·warps. Per thread: o = kM·16·D/32 floats, s = kM·16·Bc/32
@@ -19,7 +44,7 @@ namespace fattn::cuda {
 //             H100 run (2026-11-23, results/report/gpu/history/run1-bench.json, D = 128
 //             fp16, S >= 4096): 218-250 TFLOP/s.
 //   kM = 2 (Br = 128, as FlashAttention-2 for D <= 128): each fragment feeds 4 MMAs,
-//             halving shared-memory reads per FLOP. Half as many blocks: dispatch.cu
+//             halving shared-memory reads per FLOP. Half as many blocks: plan.cpp
 //             picks it only when the grid still fills the GPU (tall_tiles_pay there).
 //             Measured (results/report/gpu/bench.json): D = 128 fp16 S >= 4096
 //             250-262 TFLOP/s, D = 64 218-234, 1.03-1.33x of kM = 1 on full grids.
@@ -32,11 +57,10 @@ namespace fattn::cuda {
 //             halved to keep s at 16; 101 KB of shared memory.
 // Shared rows are padded by 8 elements (16 bytes): the 8 row addresses of one
 // ldmatrix 8×8 matrix then start in 8 different 16-byte bank groups (no conflicts).
-struct MmaTiles {
-  int warps, bc, max_slices, bc_tall;  // bc_tall: keys per tile with two slices per warp
-};
-constexpr MmaTiles mma_tiles(int d) {
-  return d <= 64 ? MmaTiles{4, 64, 2, 64} : d <= 128 ? MmaTiles{4, 64, 2, 32} : MmaTiles{4, 32, 1, 32};
+constexpr SliceTiles mma_tiles(int d) {
+  return d <= 64    ? SliceTiles{4, 64, 2, 64}
+         : d <= 128 ? SliceTiles{4, 64, 2, 32}
+                    : SliceTiles{4, 32, 1, 32};
 }
 
 // FlashAttention on Hopper's wgmma (sm_90a, float16 / bfloat16; fused_wgmma.cuh).
@@ -70,11 +94,10 @@ constexpr WgmmaTiles wgmma_tiles(int) { return WgmmaTiles{2, 128}; }
 //             kM = 2: Bc = 64 up to D = 64 (70 KB), 32 above (o + s registers, as
 //             for the 16-bit kernel): (128 + 2·32)·132·4 B = 101 KB at D = 128.
 //   D = 256:  Bc = 32 (o is 128 registers), 133 KB; kM = 1 only.
-struct Tf32Tiles {
-  int warps, bc, max_slices, bc_tall;
-};
-constexpr Tf32Tiles tf32_tiles(int d) {
-  return d <= 64 ? Tf32Tiles{4, 64, 2, 64} : d <= 128 ? Tf32Tiles{4, 64, 2, 32} : Tf32Tiles{4, 32, 1, 32};
+constexpr SliceTiles tf32_tiles(int d) {
+  return d <= 64    ? SliceTiles{4, 64, 2, 64}
+         : d <= 128 ? SliceTiles{4, 64, 2, 32}
+                    : SliceTiles{4, 32, 1, 32};
 }
 
 // Exact float32 with FMAs (no tensor cores). 256 threads as 16 × 16: thread (r, c)

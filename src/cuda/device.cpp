@@ -1,0 +1,105 @@
+// fattn — device queries of the CUDA backend (device.hpp) and its error checks
+// (params.hpp: check_cuda, check_launch).
+#include "cuda/device.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "cuda/host_checks.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/params.hpp"
+
+namespace fattn::cuda {
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();  // clear it, so the next call does not report it again
+  fail(std::string(what) + " failed: " + error_text(status));
+}
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail(std::string("launching ") + what + " failed: " + error_text(e));
+}
+
+ComputeCapability compute_capability(int device) {
+  ComputeCapability c;
+  if (cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&c.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return c;
+}
+
+int multiprocessors(int device) {
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute(multiProcessorCount)");
+  return sms;
+}
+
+namespace {
+
+std::string text(ComputeCapability c) {
+  return std::to_string(c.major) + "." + std::to_string(c.minor);
+}
+
+}  // namespace
+
+int usable_device() {
+  int device = -1;
+  const cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("q is on cuda, but no CUDA device is usable: " + error_text(e));
+  }
+  const ComputeCapability cc = compute_capability(device);
+  if (cc.major < 8)
+    fail("the CUDA kernels need compute capability 8.0 or newer (cp.async, bf16 and tf32 "
+         "mma.sync); CUDA device " + std::to_string(device) + " is " + text(cc));
+  return device;
+}
+
+void expect_wgmma_device(Kernel kernel, int device) {
+  const ComputeCapability cc = compute_capability(device);
+  if (cc.major != kWgmmaCapability.major || cc.minor != kWgmmaCapability.minor)
+    fail(std::string("the ") + to_string(kernel) +
+         " CUDA kernel is built for sm_90a and runs on compute capability " +
+         text(kWgmmaCapability) + " (Hopper) only; CUDA device " + std::to_string(device) +
+         " is " + text(cc));
+}
+
+void expect_device_memory(const char* name, const void* data, int device) {
+  cudaPointerAttributes a{};
+  const cudaError_t e = cudaPointerGetAttributes(&a, data);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail(std::string(name) + " is marked Device::cuda, but CUDA does not know its data pointer (" +
+         error_text(e) + ")");
+  }
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    fail(std::string(name) + " is marked Device::cuda, but its data pointer is " +
+         (a.type == cudaMemoryTypeHost ? "page-locked host memory" : "host memory") +
+         "; CUDA views need device memory (cudaMalloc, or a CUDA tensor's data pointer)");
+  if (a.type == cudaMemoryTypeDevice && a.device != device)
+    fail(std::string(name) + " is memory of CUDA device " + std::to_string(a.device) +
+         ", but the current device is " + std::to_string(device) +
+         " (cudaSetDevice to the tensors' device first)");
+}
+
+bool runs_on_current_device(Kernel kernel) {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const ComputeCapability cc = compute_capability(device);
+  if (is_wgmma(kernel))
+    return !wgmma_head_dims().empty() && cc.major == kWgmmaCapability.major &&
+           cc.minor == kWgmmaCapability.minor;
+  return cc.major >= 8;
+}
+
+}  // namespace fattn::cuda

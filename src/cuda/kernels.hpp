@@ -1,0 +1,84 @@
+// fattn — the CUDA kernel families in one table: name, method and the inputs each takes.
+// The dispatcher's dtype checks, the plan's tile heights, to_string and the
+// benchmark's kernel names all read it (backend.hpp's Kernel names the rows).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+
+#include "cuda/backend.hpp"
+#include "cuda/tile_config.hpp"
+
+namespace fattn::cuda {
+
+// How a family computes; it decides the tiles (tile_config.hpp) and the launcher.
+enum class Method : std::uint8_t {
+  chosen_per_call,  // Kernel::automatic: resolved by kernel_for before anything runs
+  reference,        // float64, one warp per query row
+  naive,            // three kernels, the score matrix in global memory
+  mma_slices,       // mma.sync m16n8k16 in 16-row warp slices (fused_mma.cuh)
+  tf32_slices,      // mma.sync m16n8k8 in 16-row warp slices (fused_tf32.cuh)
+  fma,              // float32 FMAs, no tensor cores (fused_fma.cuh)
+  wgmma,            // Hopper warpgroup MMA, sm_90a (fused_wgmma.cuh)
+};
+
+enum class Inputs : std::uint8_t { any, sixteen_bit, float32 };
+
+struct KernelFamily {
+  Kernel kernel;
+  const char* name;
+  Method method;
+  Inputs inputs;
+};
+
+inline constexpr KernelFamily kKernelFamilies[] = {
+    {Kernel::automatic, "automatic", Method::chosen_per_call, Inputs::any},
+    {Kernel::reference, "reference", Method::reference, Inputs::any},
+    {Kernel::naive, "naive", Method::naive, Inputs::any},
+    {Kernel::fused_mma, "fused_mma", Method::mma_slices, Inputs::sixteen_bit},
+    {Kernel::fused_wgmma, "fused_wgmma", Method::wgmma, Inputs::sixteen_bit},
+    {Kernel::fused_wgmma_pipelined, "fused_wgmma_pipelined", Method::wgmma, Inputs::sixteen_bit},
+    {Kernel::fused_tf32x3, "fused_tf32x3", Method::tf32_slices, Inputs::float32},
+    {Kernel::fused_tf32, "fused_tf32", Method::tf32_slices, Inputs::float32},
+    {Kernel::fused_fma, "fused_fma", Method::fma, Inputs::float32},
+};
+
+constexpr const KernelFamily& family(Kernel kernel) {
+  for (const KernelFamily& f : kKernelFamilies)
+    if (f.kernel == kernel) return f;
+  return kKernelFamilies[0];  // unreachable: every Kernel has a row (static_assert below)
+}
+
+constexpr bool every_kernel_has_one_row() {
+  for (std::size_t i = 0; i < std::size(kKernelFamilies); ++i)
+    if (static_cast<std::size_t>(kKernelFamilies[i].kernel) != i) return false;
+  return true;
+}
+static_assert(every_kernel_has_one_row(), "kKernelFamilies lists Kernel's values in order");
+
+constexpr bool is_wgmma(Kernel kernel) { return family(kernel).method == Method::wgmma; }
+constexpr bool is_tf32(Kernel kernel) { return family(kernel).method == Method::tf32_slices; }
+// The warp-slice kernels: 64- or 128-row tiles (one or two slices per warp).
+constexpr bool is_slice_kernel(Kernel kernel) {
+  return family(kernel).method == Method::mma_slices || is_tf32(kernel);
+}
+constexpr SliceTiles slice_tiles(Kernel kernel, int dim) {
+  return is_tf32(kernel) ? tf32_tiles(dim) : mma_tiles(dim);
+}
+// Tile rows of the wgmma kernel (one 64-row warpgroup each).
+constexpr int wgmma_tile_rows(int dim) { return 64 * wgmma_tiles(dim).warpgroups; }
+
+// The fewest query rows per block the kernel may use (its largest grid); 1 for the
+// per-row kernels.
+constexpr int smallest_tile_rows(Kernel kernel, int dim) {
+  switch (family(kernel).method) {
+    case Method::wgmma: return wgmma_tile_rows(dim);
+    case Method::mma_slices:
+    case Method::tf32_slices: return slice_tiles(kernel, dim).tile_rows(1);
+    case Method::fma: return fma_tiles(dim).br;
+    default: return 1;
+  }
+}
+
+}  // namespace fattn::cuda

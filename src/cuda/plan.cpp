@@ -1,0 +1,196 @@
+// fattn — the CUDA backend's plan (plan.hpp): checks, kernel and tile choice, working
+// memory, Params.
+#include "cuda/plan.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "cuda/host_checks.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/tile_config.hpp"
+
+namespace fattn::cuda {
+
+Strides3 strides3(const TensorView& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+namespace {
+
+void expect_contiguous_rows(const char* name, const TensorView& t) {
+  if (t.stride(3) != 1)
+    fail(std::string(name) + ".stride(3) (head dim) must be 1 for CUDA tensors, got " +
+         std::to_string(t.stride(3)) +
+         ": the CUDA kernels read and write each row of head_dim elements contiguously "
+         "(make the tensor contiguous in its last dimension)");
+}
+
+// Whether the fused kernels can read t with 16-byte cp.async chunks as it is.
+bool cp_async_ready(const TensorView& t) {
+  const int chunk = 16 / element_size(t.dtype);
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0 || t.size(3) % chunk != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.size(d) > 1 && t.stride(d) % chunk != 0) return false;
+  return true;
+}
+
+bool pair_stores_ok(const TensorView& t) {
+  const int bytes = 2 * element_size(t.dtype);
+  if (reinterpret_cast<std::uintptr_t>(t.data) % static_cast<unsigned>(bytes) != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.size(d) > 1 && t.stride(d) % 2 != 0) return false;
+  return true;
+}
+
+
+}  // namespace
+
+// 128-row query tiles (two 16-row slices per warp, tile_config.hpp) load each K/V
+// fragment once for twice the MMAs, but make half as many blocks. They are taken when
+// their grid still fills every SM's kBlocksPerSm slots at least once. Measured on the
+// H100 (2026-11-23, results/report/gpu/bench.json, fused_br64 vs fused_br128, all three
+// dtypes): where B·H·tiles >= 264 (132 SMs x 2) 128 rows are 1.03-1.33x faster (one
+// exception: causal S = 512, D = 64, 0.97x); where the grid is smaller (B=2, H=8,
+// S <= 1024: 16-128 blocks) they are 0.63-0.96x.
+constexpr int kBlocksPerSm = 2;  // registers (~230 per thread) allow two blocks per SM
+
+namespace {
+
+bool tall_tiles_pay(const Params& p, int tall_rows, int device) {
+  const long long blocks =
+      static_cast<long long>(p.batch) * p.q_heads * ((p.q_len + tall_rows - 1) / tall_rows);
+  return blocks >= static_cast<long long>(multiprocessors(device)) * kBlocksPerSm;
+}
+
+}  // namespace
+
+int tile_rows_for(const Plan& plan, const Params& p, int dim, int device) {
+  if (plan.tile_rows) return plan.tile_rows;
+  const SliceTiles tiles = slice_tiles(plan.kernel, dim);
+  const int rows = tiles.tile_rows(1);
+  if (tiles.max_slices < 2) return rows;
+  return tall_tiles_pay(p, tiles.tile_rows(2), device) ? tiles.tile_rows(2) : rows;
+}
+
+Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& k,
+               const TensorView& v, Kernel kernel) {
+  const DType dtype = q.dtype;
+  Plan plan;
+  plan.kernel = kernel == Kernel::automatic ? kernel_for(Impl::automatic, dtype) : kernel;
+  const Inputs inputs = family(plan.kernel).inputs;
+  const bool fp32 = dtype == DType::float32;
+  if (inputs == Inputs::sixteen_bit && fp32)
+    fail(std::string("the ") + to_string(plan.kernel) +
+         " CUDA kernel takes float16 or bfloat16, got float32");
+  if (inputs == Inputs::float32 && !fp32)
+    fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes float32, got " +
+         to_string(dtype));
+
+  expect_int("q.size(0) (batch)", p.batch);
+  expect_int("q.size(1) (query heads)", p.q_heads);
+  expect_int("q.size(2) (query sequence)", p.q_len);
+  expect_int("k.size(2) (kv sequence)", p.kv_len);
+  const std::int64_t bh = checked_product({p.batch, p.q_heads}, "batch · heads");
+
+  if (plan.kernel == Kernel::naive) {
+    plan.scores_bytes = checked_product({bh, p.q_len, p.kv_len, 4},
+                                         "the naive implementation's Sq×Sk score buffer");
+  } else if (plan.kernel == Kernel::reference) {
+    expect_int("batch · heads · query sequence / 8 (reference grid)",
+               checked_product({bh, p.q_len}, "the reference grid") / 8);
+  } else {
+    const bool wgmma = is_wgmma(plan.kernel);
+    const std::vector<int> dims = wgmma ? wgmma_head_dims() : supported_head_dims();
+    const auto it = std::lower_bound(dims.begin(), dims.end(), static_cast<int>(p.head_dim));
+    const std::string name = to_string(plan.kernel);
+    if (wgmma && dims.empty())
+      fail("head dim " + std::to_string(p.head_dim) + ": this build has no " + name +
+           " CUDA kernel (the wgmma kernels are built when CMAKE_CUDA_ARCHITECTURES has 90 "
+           "and FATTN_CUDA_WGMMA is not OFF)");
+    if (wgmma && it == dims.end())
+      fail("head dim " + std::to_string(p.head_dim) + " is larger than every head dim the " +
+           name + " CUDA kernel is built for (" + join(dims) + "); use the fused_mma kernel");
+    if (it == dims.end())
+      fail("head dim " + std::to_string(p.head_dim) +
+           " is larger than every head dim the fused CUDA kernels are built for (" +
+           supported_head_dims_text() +
+           "); rebuild with it in FATTN_CUDA_HEAD_DIMS, or use Impl::naive");
+    plan.kernel_dim = *it;
+    const std::int64_t rows = smallest_tile_rows(plan.kernel, plan.kernel_dim);
+    expect_int("the fused grid (batch · heads · query tiles)",
+               checked_product({bh, (p.q_len + rows - 1) / rows}, "the fused grid"));
+    const int chunk = 16 / element_size(dtype);
+    plan.row = static_cast<int>(round_up(p.head_dim, chunk));
+    const TensorView* views[3] = {&q, &k, &v};
+    for (int i = 0; i < 3; ++i) {
+      plan.repack[i] = !cp_async_ready(*views[i]);
+      if (plan.repack[i])
+        plan.repack_bytes[i] =
+            checked_product({views[i]->size(0), views[i]->size(1), views[i]->size(2), plan.row,
+                             element_size(dtype)},
+                            "a repacked input's size");
+    }
+  }
+  return plan;
+}
+
+void force_tile_rows(Plan& plan, int tile_rows, std::int64_t head_dim) {
+  if (tile_rows == 0) return;
+if (is_wgmma(plan.kernel)) {
+  if (tile_rows != wgmma_tile_rows(plan.kernel_dim))
+    fail("tile_rows = " + std::to_string(tile_rows) + " is not a tile height of the " +
+         to_string(plan.kernel) + " CUDA kernel (0, or " +
+         std::to_string(wgmma_tile_rows(plan.kernel_dim)) + ")");
+} else {
+  const int rows = slice_tiles(plan.kernel, plan.kernel_dim).tile_rows(1);
+  if (!is_slice_kernel(plan.kernel) || (tile_rows != rows && tile_rows != 2 * rows))
+    fail("tile_rows = " + std::to_string(tile_rows) + " is not a tile height of the " +
+         to_string(plan.kernel) + " CUDA kernel (0, or " + std::to_string(rows) + " or " +
+         std::to_string(2 * rows) + " for the tensor-core kernels)");
+  if (tile_rows == 2 * rows && slice_tiles(plan.kernel, plan.kernel_dim).max_slices < 2)
+    fail("tile_rows = " + std::to_string(tile_rows) + " needs a head dim of at most " +
+         std::to_string(max_tall_head_dim()) + ", got " + std::to_string(head_dim));
+  plan.tile_rows = tile_rows;
+}
+}
+
+detail::Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView* out, const TensorView* lse, const Options& options) {
+  const detail::Problem p = detail::make_problem(q, k, v, out, lse, options);
+  expect_contiguous_rows("q", q);
+  expect_contiguous_rows("k", k);
+  expect_contiguous_rows("v", v);
+  if (out) expect_contiguous_rows("out", *out);
+  return p;
+}
+
+Params make_params(const detail::Problem& pr, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const TensorView& out, const TensorView* lse) {
+  Params p;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = out.data;
+  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  p.q_stride = strides3(q);
+  p.k_stride = strides3(k);
+  p.v_stride = strides3(v);
+  p.out_stride = strides3(out);
+  if (lse) p.lse_stride = {lse->stride(0), lse->stride(1), lse->stride(2)};
+  p.batch = static_cast<int>(pr.batch);
+  p.q_heads = static_cast<int>(pr.q_heads);
+  p.kv_heads = static_cast<int>(pr.kv_heads);
+  p.group = static_cast<int>(pr.group_size());
+  p.q_len = static_cast<int>(pr.q_len);
+  p.kv_len = static_cast<int>(pr.kv_len);
+  p.head_dim = static_cast<int>(pr.head_dim);
+  p.causal = pr.causal != Causal::none;
+  p.causal_offset = p.causal ? static_cast<int>(pr.band_hi) : 0;  // no window on CUDA yet
+  p.scale = pr.scale;
+  p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
+  p.out_pairs = pair_stores_ok(out);
+  return p;
+}
+
+}  // namespace fattn::cuda

@@ -1,0 +1,51 @@
+// fattn — the CUDA backend's plan for one call: which kernel at which compiled head
+// dim, which inputs are repacked, how much working memory, and the kernels' Params.
+// Everything here runs before any launch and fails with an Error naming the argument.
+#pragma once
+
+#include <cstdint>
+
+#include "core/problem.hpp"
+#include "cuda/backend.hpp"
+#include "cuda/params.hpp"
+#include "cuda/work_memory.hpp"
+
+namespace fattn::cuda {
+
+struct Plan {
+  Kernel kernel = Kernel::automatic;
+  int kernel_dim = 0;             // fused: the compiled head dim (>= the problem's)
+  int tile_rows = 0;              // warp-slice kernels: rows per block (0: chosen at launch)
+  bool repack[3] = {};            // q, k, v copied to contiguous padded memory first
+  int row = 0;                    // elements per repacked row
+  std::int64_t repack_bytes[3] = {};
+  std::int64_t scores_bytes = 0;  // naive: the Sq×Sk buffers
+
+  std::int64_t total_bytes() const {
+    std::int64_t total = round_up(scores_bytes, kWorkAlignment);
+    for (std::int64_t b : repack_bytes) total += round_up(b, kWorkAlignment);
+    return total;
+  }
+};
+
+// The shared validation (detail::make_problem) and what only the CUDA path needs.
+detail::Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView* out, const TensorView* lse, const Options& options);
+
+Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& k,
+               const TensorView& v, Kernel kernel);
+
+// A tile height asked for by forward_with (0: chosen per problem); an Error when the
+// plan's kernel has no such tile at this head dim.
+void force_tile_rows(Plan& plan, int tile_rows, std::int64_t head_dim);
+
+// Query rows per block of a warp-slice kernel at compiled head dim `dim`: the forced
+// height, else 128 when that grid still fills the device, else 64.
+int tile_rows_for(const Plan& plan, const Params& p, int dim, int device);
+
+Params make_params(const detail::Problem& pr, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const TensorView& out, const TensorView* lse);
+
+Strides3 strides3(const TensorView& t);
+
+}  // namespace fattn::cuda
