@@ -1,18 +1,18 @@
 // fattn-gpu-bench — times the CUDA kernels with CUDA events and writes JSON.
 //
-//   fattn_gpu_bench [--out results.json] [--driver STRING] [--suite assignment|flash|all]
+//   fattn_gpu_bench [--out results.json] [--driver STRING] [--suite b2h8|flash|all]
 //                   [--budget-s SECONDS] [--profile] [--impls NAME,NAME,...]
 //
 // Suites (Sq = Sk = S, Hq = Hkv = H, contiguous (B, H, S, D) tensors):
-//   assignment  B=2, H=8, D=64, S in {128, 512, 1024, 4096}, causal and not
-//   flash       FlashAttention's sweep at hidden 2048: D=64 × 32 heads and D=128 × 16
-//               heads, S in {512, ..., 16384}, B = 16384 / S, causal and not
+//   b2h8   B=2, H=8, D=64, S in {128, 512, 1024, 4096}, causal and not
+//   flash  FlashAttention's sweep at hidden 2048: D=64 × 32 heads and D=128 × 16
+//          heads, S in {512, ..., 16384}, B = 16384 / S, causal and not
 // Variants: naive and fused for float32 (fused = 3xTF32), float16 and bfloat16; the
 // TF32 mode ("fused_tf32", what Options::allow_tf32 runs); for 16-bit types at D <= 128 the
 // fused kernel forced to 64- and to 128-row query tiles ("fused_br64", "fused_br128"),
 // whose ratio sets the automatic choice; on compute capability 9.0 the Hopper wgmma
 // kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; 16-bit, D <= 128);
-// in the assignment suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in
+// in the b2h8 suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in
 // the flash suite above S = 4096 (its score buffer alone is 2·16384·H·S bytes there).
 //
 // Method: inputs are random (never zeros); each timed call uses the next of several
@@ -27,7 +27,7 @@
 //
 // --impls: run only the variants with these names (e.g. fused,fused_wgmma), in the
 // usual order; an unknown name is an error.
-// --profile: for ncu. Runs each naive and fused variant once at the assignment shape
+// --profile: for ncu. Runs each naive and fused variant once at the b2h8 shape
 // (B=2, H=8, D=64) with S = 1024 and 4096, not causal, and the float16 fused kernels
 // (fused_mma, both fused_wgmma schedules) at B=4, H=16, S=4096, D=128; nothing else.
 //
@@ -150,7 +150,7 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
       // TF32 mode (Options::allow_tf32): its max_err on these shapes decides whether
       // it may count for the fp32 comparison (the goal: max_err < 1e-3)
       out.push_back({"fused_tf32", Kernel::fused_tf32, t, B, H, S, D, causal, suite});
-      if (suite == "assignment")
+      if (suite == "b2h8")
         out.push_back({"fused_fma", Kernel::fused_fma, t, B, H, S, D, causal, suite});
     }
     if (t != DType::float32 && fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) {
@@ -187,10 +187,10 @@ std::vector<Config> make_configs(const std::string& suite, bool profile) {
       if (c.dtype == DType::float16 && c.tile_rows == 0) configs.push_back(c);
     return configs;
   }
-  if (suite == "assignment" || suite == "all")
+  if (suite == "b2h8" || suite == "all")
     for (int S : {128, 512, 1024, 4096})
       for (bool causal : {false, true})
-        for (Config c : variants(2, 8, S, 64, causal, "assignment", true)) configs.push_back(c);
+        for (Config c : variants(2, 8, S, 64, causal, "b2h8", true)) configs.push_back(c);
   if (suite == "flash" || suite == "all")
     for (int D : {64, 128})
       for (int S : {512, 1024, 2048, 4096, 8192, 16384})
@@ -408,7 +408,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: fattn_gpu_bench [--out FILE] [--driver STR] "
-                   "[--suite assignment|flash|all] [--budget-s S] [--profile] [--impls A,B,...]\n");
+                   "[--suite b2h8|flash|all] [--budget-s S] [--profile] [--impls A,B,...]\n");
       return 2;
     }
   }

@@ -4,7 +4,7 @@
 #   (torch 2.11 + cu130, scikit-build-core, ninja and CMake are there; no network needed),
 #   then runs python -m fattn.bench_cuda (fattn naive/fused vs SDPA flash, efficient, cudnn,
 #   math; every dtype) and writes bench_cuda.json / .csv and the logs into $OUT.
-# Usage: OUT=dir scripts/gpu-torch-bench.sh [bench_cuda arguments, e.g. --suite assignment]
+# Usage: OUT=dir scripts/gpu-torch-bench.sh [bench_cuda arguments, e.g. --suite b2h8]
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-torch-bench-out}
