@@ -15,6 +15,10 @@ NCU_SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 NCU_KERNEL = "Kernel Name"
 
 MIB = 1 << 20
+
+# bench.json's names (its "impl", gpu/gpu_bench.cu's variants) for the dispatched 16-bit fused
+# kernel forced to 64- and to 128-row query tiles.
+TILE_IMPLS = {64: "fused_br64", 128: "fused_br128"}
 SDPA_BACKENDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")
 # SDPA backends the fattn fused kernel is compared with, column by column.
 SDPA_COMPARED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
@@ -130,7 +134,7 @@ def tile_table(bench: dict, dtype: str = "float16") -> str:
     """The 64-row and the 128-row query tiles side by side, and what dispatch got."""
     rows, taller, shapes = [], 0, 0
     for (suite, dt, d, causal, s, b, h), impls in by_shape(bench.get("results", [])).items():
-        small, tall = impls.get("fused_br64"), impls.get("fused_br128")
+        small, tall = impls.get(TILE_IMPLS[64]), impls.get(TILE_IMPLS[128])
         if dt != dtype or not ran(small) or not ran(tall):
             continue
         shapes += 1
@@ -468,7 +472,8 @@ def section(sources) -> str:
                   "HBM bandwidth), so the H100 roofline is not drawn.", "",
                   "#### 128-row vs 64-row query tiles", "",
                   "Dispatch picks the query-tile height per shape; bench.json times both "
-                  "(fused_br64, fused_br128) and what dispatch chose (fused), float16:", "",
+                  f"({', '.join(TILE_IMPLS.values())}) and what dispatch chose (fused), "
+                  "float16:", "",
                   tile_table(bench), "",
                   "#### The Hopper wgmma kernel", "",
                   "fused_wgmma and fused_wgmma_pipelined (sm_90a, `src/cuda/fused_wgmma.cuh`: "

@@ -45,6 +45,7 @@ case "$FOCUS" in
     MEM_FILTER="Small/CudaSanitize.*wgmma*"
     RACE_FILTER="Small/CudaSanitize.*wgmma*_D64_*"
     SYNC_FILTER="$RACE_FILTER"
+    # fattn_gpu_bench's variant names: gpu/gpu_bench.cu, namespace variant
     BENCH_IMPLS=(--impls fused,fused_br128,fused_wgmma,fused_wgmma_pipelined) ;;
   *) echo "FOCUS must be empty or wgmma, got '$FOCUS'" >&2; exit 2 ;;
 esac

@@ -273,11 +273,12 @@ def test_gpu_bar_fused_vs_naive():
 
 def test_gpu_query_tile_table():
     from report import gpu_section
-    rows = [bench_row("fused_br64", 2.0, Sq=4096), bench_row("fused_br128", 1.0, Sq=4096),
+    br64, br128 = gpu_section.TILE_IMPLS[64], gpu_section.TILE_IMPLS[128]
+    rows = [bench_row(br64, 2.0, Sq=4096), bench_row(br128, 1.0, Sq=4096),
             bench_row("fused", 1.0, Sq=4096),
-            bench_row("fused_br64", 1.0, Sq=512), bench_row("fused_br128", 2.0, Sq=512),
-            bench_row("fused_br64", 1.0, Sq=512, dtype="bfloat16"),
-            bench_row("fused_br128", 2.0, Sq=512, dtype="bfloat16")]
+            bench_row(br64, 1.0, Sq=512), bench_row(br128, 2.0, Sq=512),
+            bench_row(br64, 1.0, Sq=512, dtype="bfloat16"),
+            bench_row(br128, 2.0, Sq=512, dtype="bfloat16")]
     text = gpu_section.tile_table({"results": rows})
     assert "| flash | 4 | 16 | 128 | no | 4096 | 275 | 550 | 2.00× | 550 |" in text
     assert "| flash | 4 | 16 | 128 | no | 512 | 8.59 | 4.29 | 0.50× | – |" in text  # no fused
