@@ -1,18 +1,18 @@
 // fattn-gpu-bench — times the CUDA kernels with CUDA events and writes JSON.
 //
-//   fattn_gpu_bench [--out results.json] [--driver STRING] [--suite assignment|flash|all]
+//   fattn_gpu_bench [--out results.json] [--driver STRING] [--suite b2h8|flash|all]
 //                   [--budget-s SECONDS] [--profile] [--impls NAME,NAME,...]
 //
 // Suites (Sq = Sk = S, Hq = Hkv = H, contiguous (B, H, S, D) tensors):
-//   assignment  B=2, H=8, D=64, S in {128, 512, 1024, 4096}, causal and not
-//   flash       FlashAttention's sweep at hidden 2048: D=64 × 32 heads and D=128 × 16
-//               heads, S in {512, ..., 16384}, B = 16384 / S, causal and not
+//   b2h8   B=2, H=8, D=64, S in {128, 512, 1024, 4096}, causal and not
+//   flash  FlashAttention's sweep at hidden 2048: D=64 × 32 heads and D=128 × 16
+//          heads, S in {512, ..., 16384}, B = 16384 / S, causal and not
 // Variants: naive and fused for float32 (fused = 3xTF32), float16 and bfloat16; the
 // TF32 mode ("fused_tf32", what Options::allow_tf32 runs); for 16-bit types at D <= 128 the
 // fused kernel forced to 64- and to 128-row query tiles ("fused_br64", "fused_br128"),
 // whose ratio sets the automatic choice; on compute capability 9.0 the Hopper wgmma
 // kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; 16-bit, D <= 128);
-// in the assignment suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in
+// in the b2h8 suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in
 // the flash suite above S = 4096 (its score buffer alone is 2·16384·H·S bytes there).
 //
 // Method: inputs are random (never zeros); each timed call uses the next of several
@@ -27,7 +27,7 @@
 //
 // --impls: run only the variants with these names (e.g. fused,fused_wgmma), in the
 // usual order; an unknown name is an error.
-// --profile: for ncu. Runs each naive and fused variant once at the assignment shape
+// --profile: for ncu. Runs each naive and fused variant once at the b2h8 shape
 // (B=2, H=8, D=64) with S = 1024 and 4096, not causal, and the float16 fused kernels
 // (fused_mma, both fused_wgmma schedules) at B=4, H=16, S=4096, D=128; nothing else.
 //
@@ -127,9 +127,50 @@ float host_float(DType dtype, const std::uint8_t* p) {
   return __bfloat162float(h);
 }
 
+// ---- names -------------------------------------------------------------------------------
+// The variants (the JSON's "impl", what --impls takes) and the suites (the JSON's "suite",
+// what --suite takes), defined here only.
+namespace variant {
+constexpr const char* naive = "naive";
+constexpr const char* fused = "fused";                    // what Impl::fused dispatches to
+constexpr const char* fused_tf32 = "fused_tf32";          // float32, Options::allow_tf32
+constexpr const char* fused_fma = "fused_fma";            // float32, exact FMA
+constexpr const char* fused_wgmma = "fused_wgmma";        // Hopper wgmma, serial schedule
+constexpr const char* fused_wgmma_pipelined = "fused_wgmma_pipelined";  // overlapped schedule
+// The dispatched 16-bit kernel forced to one query-tile height (rows per block).
+struct ForcedTile {
+  const char* name;
+  int rows;
+};
+constexpr ForcedTile forced_tiles[] = {{"fused_br64", 64}, {"fused_br128", 128}};
+}  // namespace variant
+
+bool is_variant(const std::string& name) {
+  for (const char* v : {variant::naive, variant::fused, variant::fused_tf32, variant::fused_fma,
+                        variant::fused_wgmma, variant::fused_wgmma_pipelined})
+    if (name == v) return true;
+  for (const variant::ForcedTile& f : variant::forced_tiles)
+    if (name == f.name) return true;
+  return false;
+}
+
+std::string variant_list() {
+  std::string out = std::string(variant::naive) + ", " + variant::fused + ", " +
+                    variant::fused_tf32 + ", " + variant::fused_fma;
+  for (const variant::ForcedTile& f : variant::forced_tiles) out += std::string(", ") + f.name;
+  return out + ", " + variant::fused_wgmma + ", " + variant::fused_wgmma_pipelined;
+}
+
+namespace suite_name {
+constexpr const char* b2h8 = "b2h8";        // B=2, H=8, D=64
+constexpr const char* flash = "flash";      // FlashAttention's sweep at hidden 2048
+constexpr const char* all = "all";          // both
+constexpr const char* profile = "profile";  // --profile's configurations
+}  // namespace suite_name
+
 // ---- configurations ----------------------------------------------------------------------
 struct Config {
-  std::string impl;  // naive, fused, fused_fma
+  std::string impl;  // a name from namespace variant
   Kernel kernel;
   DType dtype;
   int B, H, S, D;
@@ -144,31 +185,32 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
                              bool with_naive) {
   std::vector<Config> out;
   for (DType t : {DType::float16, DType::bfloat16, DType::float32}) {
-    if (with_naive) out.push_back({"naive", Kernel::naive, t, B, H, S, D, causal, suite});
-    out.push_back({"fused", fattn::cuda::kernel_for(fattn::Impl::fused, t), t, B, H, S, D, causal, suite});
+    if (with_naive) out.push_back({variant::naive, Kernel::naive, t, B, H, S, D, causal, suite});
+    out.push_back({variant::fused, fattn::cuda::kernel_for(fattn::Impl::fused, t), t, B, H, S, D,
+                   causal, suite});
     if (t == DType::float32) {
       // TF32 mode (Options::allow_tf32): its max_err on these shapes decides whether
       // it may count for the fp32 comparison (the goal: max_err < 1e-3)
-      out.push_back({"fused_tf32", Kernel::fused_tf32, t, B, H, S, D, causal, suite});
-      if (suite == "assignment")
-        out.push_back({"fused_fma", Kernel::fused_fma, t, B, H, S, D, causal, suite});
+      out.push_back({variant::fused_tf32, Kernel::fused_tf32, t, B, H, S, D, causal, suite});
+      if (suite == suite_name::b2h8)
+        out.push_back({variant::fused_fma, Kernel::fused_fma, t, B, H, S, D, causal, suite});
     }
     if (t != DType::float32 && fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) {
       // the Hopper wgmma kernel beside fused_mma (docs/cuda.md): it becomes the default on
       // compute capability 9.0 once these numbers say it should
       const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
       if (!dims.empty() && D <= dims.back()) {
-        out.push_back({"fused_wgmma", Kernel::fused_wgmma, t, B, H, S, D, causal, suite});
-        out.push_back({"fused_wgmma_pipelined", Kernel::fused_wgmma_pipelined, t, B, H, S, D,
-                       causal, suite});
+        out.push_back({variant::fused_wgmma, Kernel::fused_wgmma, t, B, H, S, D, causal, suite});
+        out.push_back({variant::fused_wgmma_pipelined, Kernel::fused_wgmma_pipelined, t, B, H, S,
+                       D, causal, suite});
       }
     }
     if (D <= fattn::cuda::max_tall_head_dim()) {
       // both query-tile heights of the default fused kernel, side by side: they set
       // dispatch.cu's choice (tall_tiles_pay)
       const Kernel k = fattn::cuda::kernel_for(fattn::Impl::fused, t);
-      out.push_back({"fused_br64", k, t, B, H, S, D, causal, suite, 64});
-      out.push_back({"fused_br128", k, t, B, H, S, D, causal, suite, 128});
+      for (const variant::ForcedTile& f : variant::forced_tiles)
+        out.push_back({f.name, k, t, B, H, S, D, causal, suite, f.rows});
     }
   }
   return out;
@@ -178,24 +220,27 @@ std::vector<Config> make_configs(const std::string& suite, bool profile) {
   std::vector<Config> configs;
   if (profile) {
     for (int S : {1024, 4096})
-      for (Config c : variants(2, 8, S, 64, false, "profile", true)) configs.push_back(c);
+      for (Config c : variants(2, 8, S, 64, false, suite_name::profile, true))
+        configs.push_back(c);
     for (DType t : {DType::float32})
       for (int S : {1024, 4096})
-        configs.push_back({"fused_fma", Kernel::fused_fma, t, 2, 8, S, 64, false, "profile"});
+        configs.push_back(
+            {variant::fused_fma, Kernel::fused_fma, t, 2, 8, S, 64, false, suite_name::profile});
     // the 300 TFLOP/s goal's shape (D = 128, S = 4096, B·H = 64): the 16-bit kernels
-    for (Config c : variants(4, 16, 4096, 128, false, "profile", false))
+    for (Config c : variants(4, 16, 4096, 128, false, suite_name::profile, false))
       if (c.dtype == DType::float16 && c.tile_rows == 0) configs.push_back(c);
     return configs;
   }
-  if (suite == "assignment" || suite == "all")
+  if (suite == suite_name::b2h8 || suite == suite_name::all)
     for (int S : {128, 512, 1024, 4096})
       for (bool causal : {false, true})
-        for (Config c : variants(2, 8, S, 64, causal, "assignment", true)) configs.push_back(c);
-  if (suite == "flash" || suite == "all")
+        for (Config c : variants(2, 8, S, 64, causal, suite_name::b2h8, true))
+          configs.push_back(c);
+  if (suite == suite_name::flash || suite == suite_name::all)
     for (int D : {64, 128})
       for (int S : {512, 1024, 2048, 4096, 8192, 16384})
         for (bool causal : {false, true})
-          for (Config c : variants(16384 / S, 2048 / D, S, D, causal, "flash", S <= 4096))
+          for (Config c : variants(16384 / S, 2048 / D, S, D, causal, suite_name::flash, S <= 4096))
             configs.push_back(c);
   return configs;
 }
@@ -383,7 +428,7 @@ double percentile(std::vector<float> v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "gpu_bench.json", driver = "unknown", suite = "all";
+  std::string out_path = "gpu_bench.json", driver = "unknown", suite = suite_name::all;
   double budget_s = 240.0;
   bool profile = false;
   std::vector<std::string> impls;  // empty: every variant
@@ -408,17 +453,19 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: fattn_gpu_bench [--out FILE] [--driver STR] "
-                   "[--suite assignment|flash|all] [--budget-s S] [--profile] [--impls A,B,...]\n");
+                   "[--suite b2h8|flash|all] [--budget-s S] [--profile] [--impls A,B,...]\n");
       return 2;
     }
   }
+  if (suite != suite_name::b2h8 && suite != suite_name::flash && suite != suite_name::all) {
+    std::fprintf(stderr, "fattn_gpu_bench: --suite: unknown suite '%s' (%s, %s, %s)\n",
+                 suite.c_str(), suite_name::b2h8, suite_name::flash, suite_name::all);
+    return 2;
+  }
   for (const std::string& name : impls)
-    if (name != "naive" && name != "fused" && name != "fused_tf32" && name != "fused_fma" &&
-        name != "fused_br64" && name != "fused_br128" && name != "fused_wgmma" &&
-        name != "fused_wgmma_pipelined") {
-      std::fprintf(stderr, "fattn_gpu_bench: --impls: unknown variant '%s' (naive, fused, "
-                           "fused_tf32, fused_fma, fused_br64, fused_br128, fused_wgmma, "
-                           "fused_wgmma_pipelined)\n", name.c_str());
+    if (!is_variant(name)) {
+      std::fprintf(stderr, "fattn_gpu_bench: --impls: unknown variant '%s' (%s)\n", name.c_str(),
+                   variant_list().c_str());
       return 2;
     }
 

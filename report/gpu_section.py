@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from .fmt import num, ratio, table
+from .sources import GPU_TORCH_B2H8, GPU_TORCH_FLASH
 
 # ncu metrics of the Speed-of-Light section (scripts/gpu-check.sh).
 NCU_MEMORY = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
@@ -14,6 +15,10 @@ NCU_SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 NCU_KERNEL = "Kernel Name"
 
 MIB = 1 << 20
+
+# bench.json's names (its "impl", gpu/gpu_bench.cu's variants) for the dispatched 16-bit fused
+# kernel forced to 64- and to 128-row query tiles.
+TILE_IMPLS = {64: "fused_br64", 128: "fused_br128"}
 SDPA_BACKENDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")
 # SDPA backends the fattn fused kernel is compared with, column by column.
 SDPA_COMPARED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
@@ -129,7 +134,7 @@ def tile_table(bench: dict, dtype: str = "float16") -> str:
     """The 64-row and the 128-row query tiles side by side, and what dispatch got."""
     rows, taller, shapes = [], 0, 0
     for (suite, dt, d, causal, s, b, h), impls in by_shape(bench.get("results", [])).items():
-        small, tall = impls.get("fused_br64"), impls.get("fused_br128")
+        small, tall = impls.get(TILE_IMPLS[64]), impls.get(TILE_IMPLS[128])
         if dt != dtype or not ran(small) or not ran(tall):
             continue
         shapes += 1
@@ -299,24 +304,24 @@ def bar_tflops(bench: dict | None, flash: dict | None = None) -> list[str]:
         return [title, "", "Not evaluated: bench.json has no such fused row."]
     header = ["dtype", "B", "H", "S", "fused TFLOP/s (bench.json)", "bar"]
     if flash:
-        header.insert(5, "same shape through torch (bench_cuda_flash.json)")
+        header.insert(5, f"same shape through torch ({GPU_TORCH_FLASH})")
     summary = (f"Bar a: {_verdict(all(met))} — {sum(met)} of {len(met)} shapes reach "
                f"{num(BAR_TFLOPS)} TFLOP/s; the best is {num(max(values))} TFLOP/s "
                f"({num(100 * max(values) / BAR_TFLOPS)} % of the bar).")
     return [title, "", table(header, rows), "", summary]
 
 
-def bar_fp32(assignment: dict | None) -> list[str]:
+def bar_fp32(b2h8: dict | None) -> list[str]:
     """b: fp32 at B = 2, H = 8, D = 64, S = 4096: fattn >= 2x SDPA (efficient), err < 1e-3."""
     shape = BAR_SPEEDUP_SHAPE
     title = (f"**b. fp32, B = {shape['B']}, H = {shape['Hq']}, D = {shape['D']}, "
              f"S = {shape['Sq']}, causal and not: fattn ≥ {num(BAR_SPEEDUP, 2)}× faster than "
              f"`F.scaled_dot_product_attention` (its float32 default, "
              f"{BAR_SPEEDUP_SDPA.removeprefix('sdpa_')}), max_abs_err < {BAR_MAX_ERR:g}**")
-    if assignment is None:
-        return [title, "", "Not evaluated: no bench_cuda_assignment.json."]
+    if b2h8 is None:
+        return [title, "", f"Not evaluated: no {GPU_TORCH_B2H8}."]
     rows, verdicts = [], []
-    for key, impls in by_shape(assignment.get("results", [])).items():
+    for key, impls in by_shape(b2h8.get("results", [])).items():
         values = dict(zip(SHAPE, key))
         if any(values[k] != v for k, v in shape.items()):
             continue
@@ -340,7 +345,7 @@ def bar_fp32(assignment: dict | None) -> list[str]:
                          ratio(speedup) if speedup is not None else "–",
                          f"{err:.1e}" if err is not None else "–", "met" if met else "not met"])
     if not rows:
-        return [title, "", "Not evaluated: bench_cuda_assignment.json has no such shape."]
+        return [title, "", f"Not evaluated: {GPU_TORCH_B2H8} has no such shape."]
     said = []
     for impl in dict.fromkeys(i for i, _ in verdicts):
         mine = [m for i, m in verdicts if i == impl]
@@ -438,8 +443,8 @@ def bar_fused_vs_naive(bench: dict | None, torch_docs: dict[str, dict]) -> list[
 
 def bars(bench: dict | None, torch_docs: dict[str, dict]) -> str:
     parts = ["#### The GPU performance goals, evaluated from the data", ""]
-    parts += bar_tflops(bench, torch_docs.get("bench_cuda_flash.json")) + [""]
-    parts += bar_fp32(torch_docs.get("bench_cuda_assignment.json")) + [""]
+    parts += bar_tflops(bench, torch_docs.get(GPU_TORCH_FLASH)) + [""]
+    parts += bar_fp32(torch_docs.get(GPU_TORCH_B2H8)) + [""]
     parts += bar_fused_vs_naive(bench, torch_docs)
     return "\n".join(parts)
 
@@ -467,7 +472,8 @@ def section(sources) -> str:
                   "HBM bandwidth), so the H100 roofline is not drawn.", "",
                   "#### 128-row vs 64-row query tiles", "",
                   "Dispatch picks the query-tile height per shape; bench.json times both "
-                  "(fused_br64, fused_br128) and what dispatch chose (fused), float16:", "",
+                  f"({', '.join(TILE_IMPLS.values())}) and what dispatch chose (fused), "
+                  "float16:", "",
                   tile_table(bench), "",
                   "#### The Hopper wgmma kernel", "",
                   "fused_wgmma and fused_wgmma_pipelined (sm_90a, `src/cuda/fused_wgmma.cuh`: "

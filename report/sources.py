@@ -8,7 +8,7 @@
   <results>/launches.json      python -m fattn.launches: operator counts (torch.profiler)
   <results>/gpu/               GPU evidence (scripts/gpu-check.sh: bench.json,
                                ncu_raw.csv; python -m fattn.bench_cuda:
-                               bench_cuda_assignment.json, bench_cuda_flash.json);
+                               bench_cuda_b2h8.json, bench_cuda_flash.json);
                                each optional
 Missing or malformed inputs raise ReportInputError naming the file and the key.
 """
@@ -100,7 +100,10 @@ def load(results_dir: Path) -> Sources:
     return sources
 
 
-GPU_TORCH_FILES = ("bench_cuda_assignment.json", "bench_cuda_flash.json")
+# python -m fattn.bench_cuda's output (bench_cuda.json) per suite, as committed under gpu/.
+GPU_TORCH_B2H8 = "bench_cuda_b2h8.json"     # --suite b2h8: B=2, H=8, D=64
+GPU_TORCH_FLASH = "bench_cuda_flash.json"   # --suite flash: FlashAttention's sweep
+GPU_TORCH_FILES = (GPU_TORCH_B2H8, GPU_TORCH_FLASH)
 GPU_TORCH_KEYS = {
     "machine": ["device", "date"],
     "results": ["impl", "suite", "dtype", "B", "Hq", "Sq", "D", "causal", "skipped"],

@@ -1,38 +1,84 @@
 #!/usr/bin/env bash
-# fattn — the one script a GPU session runs on the device machine (repo root = cwd).
+# fattn — build, test, sanitize, benchmark and profile the CUDA backend on a machine with an
+# NVIDIA GPU (CUDA toolkit, CMake; compute-sanitizer and Nsight Compute where installed).
 #
-#   scripts/gpu-check.sh            writes at most 8 files into $OUT (default ./gpu-check-out)
+#   scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma] [--arch SM]
+#                        [--gtest-source DIR]
 #
-# Steps, each with its own time cap, all inside 9 minutes (DEADLINE_S, default 530 s):
-#   1 build      CUDA for sm_90 only (Release, ptxas -v into build.log): the library,
-#                fattn_cuda_tests (tests/cuda) and fattn_gpu_bench (gpu/). The tests are
-#                configured through a small harness project (repo as a subdirectory +
-#                tests/cuda), so this script does not depend on tests/CMakeLists.txt.
-#                GoogleTest: the system's, else .gpu-deps/googletest carried from the
-#                workstation (scripts/gpu-deps.sh stages it; name .gpu-deps in `carry`).
-#   2 tests      the whole CUDA test suite                             -> tests.log
+#   --out DIR         where the results go (default: gpu-check-out in the repository root;
+#                     env OUT)
+#   --deadline-s S    finish within S seconds (env DEADLINE_S): each step gets at most its
+#                     own cap, less what the later steps keep in reserve; below about 330 s
+#                     the build is starved. Default: no limit; the benchmark then runs with
+#                     its own time budget.
+#   --focus wgmma     the Hopper wgmma kernels only (env FOCUS; docs/cuda.md): tests *wgmma*
+#                     and CudaBehaviour.*, compute-sanitizer on their Small cases, the
+#                     benchmark of fused (and its 128-row tiles) against fused_wgmma and
+#                     fused_wgmma_pipelined, ncu as usual; minutes less than the whole check
+#   --arch SM         CUDA architecture to build for, e.g. 90 (env CUDA_ARCH; default: the
+#                     compute capability of GPU 0 as nvidia-smi reports it, else 90)
+#   --gtest-source DIR  GoogleTest source tree to build when the system has no GoogleTest
+#                     package (env GTEST_SOURCE; see below)
+#   env BUILD         build directory (default /tmp/fattn-gpu-build); JOBS: parallel jobs
+#
+# Steps:
+#   1 build      the library, fattn_cuda_tests (tests/cuda) and fattn_gpu_bench (gpu/),
+#                Release, ptxas -v into build.log. The tests are configured through a
+#                small wrapper project (repo as a subdirectory + tests/cuda), so this
+#                script does not depend on tests/CMakeLists.txt. GoogleTest: the system's
+#                package (libgtest-dev), else built from a source tree: --gtest-source,
+#                .gpu-deps/googletest (scripts/gpu-deps.sh stages it, for a machine that
+#                cannot download) or /usr/src/googletest; else cloned from GitHub.
+#   2 tests      the wgmma probe, then the whole CUDA test suite         -> tests.log
 #   3 sanitizer  compute-sanitizer on the Small/CudaSanitize subset: memcheck (+leaks)
 #                on all of it, racecheck and synccheck on its D=64 cases -> sanitizer.log
-#   4 bench      fattn_gpu_bench, both suites, time-budgeted           -> bench.json
+#   4 bench      fattn_gpu_bench, both suites                            -> bench.json
 #   5 ncu        --clock-control none; SpeedOfLight, roofline, launch, occupancy and
 #                compute sections + DRAM bytes, flop and tensor-pipe counters, bank
 #                conflicts, of every naive and fused kernel at S = 1024 and 4096
 #                                                  -> ncu_raw.csv, ncu_details.csv, fattn.ncu-rep
-# FOCUS=wgmma: the Hopper wgmma kernels only (docs/cuda.md): tests *wgmma* and
-# CudaBehaviour.*, compute-sanitizer on their Small cases, the benchmark of fused (and its
-# 128-row tiles) against fused_wgmma and fused_wgmma_pipelined, ncu as usual. Minutes less
-# than the whole check, for the first device call after a change to those kernels.
 # summary.txt (also printed last) holds the machine, step results, spills and the bench
-# table. Files in $OUT: summary.txt build.log tests.log sanitizer.log bench.json
-# ncu_raw.csv ncu_details.csv fattn.ncu-rep (8).
+# table. Files in the output directory: summary.txt build.log tests.log sanitizer.log
+# bench.json ncu_raw.csv ncu_details.csv fattn.ncu-rep.
 set -u
+usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma] [--arch SM] [--gtest-source DIR]"
+OUT=${OUT:-}
+DEADLINE_S=${DEADLINE_S:-}
+FOCUS=${FOCUS:-}
+CUDA_ARCH=${CUDA_ARCH:-}
+GTEST_SOURCE=${GTEST_SOURCE:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out|--deadline-s|--focus|--arch|--gtest-source)
+      [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+      case "$1" in
+        --out) OUT=$2 ;;
+        --deadline-s) DEADLINE_S=$2 ;;
+        --focus) FOCUS=$2 ;;
+        --arch) CUDA_ARCH=$2 ;;
+        --gtest-source) GTEST_SOURCE=$2 ;;
+      esac
+      shift 2 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+done
+case "$DEADLINE_S" in
+  *[!0-9]*|0) echo "--deadline-s (DEADLINE_S): a number of seconds, got '$DEADLINE_S'" >&2; exit 2 ;;
+esac
+# Relative paths given here are relative to the caller's directory, not the repository's.
+absolute() { case "$1" in ""|/*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+OUT=$(absolute "$OUT")
+GTEST_SOURCE=$(absolute "$GTEST_SOURCE")
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-check-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-/tmp/fattn-gpu-build}
-DEADLINE_S=${DEADLINE_S:-530}
-FOCUS=${FOCUS:-}
+if [ -z "$CUDA_ARCH" ]; then
+  CUDA_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  case "$CUDA_ARCH" in ""|*[!0-9]*) CUDA_ARCH=90 ;; esac
+fi
 case "$FOCUS" in
   "")
     TEST_FILTER="*"
@@ -45,8 +91,9 @@ case "$FOCUS" in
     MEM_FILTER="Small/CudaSanitize.*wgmma*"
     RACE_FILTER="Small/CudaSanitize.*wgmma*_D64_*"
     SYNC_FILTER="$RACE_FILTER"
-    BENCH_IMPLS=(--impls fused,fused_br128,fused_wgmma,fused_wgmma_pipelined) ;;
-  *) echo "FOCUS must be empty or wgmma, got '$FOCUS'" >&2; exit 2 ;;
+    # fattn_gpu_bench's variant names: gpu/gpu_bench.cu, namespace variant
+    BENCH_IMPLS=(--impls "fused,fused_br128,fused_wgmma,fused_wgmma_pipelined") ;;
+  *) echo "--focus (FOCUS) must be empty or wgmma, got '$FOCUS'" >&2; exit 2 ;;
 esac
 JOBS=${JOBS:-$(nproc)}
 START=$(date +%s)
@@ -55,8 +102,10 @@ SUMMARY=$OUT/summary.txt
 
 elapsed() { echo $(($(date +%s) - START)); }
 say() { echo "[gpu-check +$(elapsed)s] $*" | tee -a "$SUMMARY"; }
-# cap N RESERVE: seconds a step may take: at most N, leaving RESERVE for later steps.
+# cap N RESERVE: seconds a step may take under --deadline-s: at most N, leaving RESERVE
+# for later steps. Without a deadline: 0, which `timeout` takes as no limit.
 cap() {
+  [ -n "$DEADLINE_S" ] || { echo 0; return; }
   local left=$((DEADLINE_S - $(elapsed) - $2))
   [ "$left" -gt "$1" ] && left=$1
   [ "$left" -lt 5 ] && left=5
@@ -80,34 +129,44 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 BUILD_LOG=$OUT/build.log
 : >"$BUILD_LOG"
 PREFIX_ARGS=()
-if [ -d "$ROOT/.gpu-deps/googletest" ]; then
-  PREFIX_ARGS+=(-DFETCHCONTENT_SOURCE_DIR_GOOGLETEST="$ROOT/.gpu-deps/googletest")
-fi
 SYSTEM_GTEST=""
 for f in /usr/lib/*/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake \
   /usr/local/lib*/cmake/GTest/GTestConfig.cmake; do
   [ -f "$f" ] && SYSTEM_GTEST=$f
 done
 if [ -z "$SYSTEM_GTEST" ]; then
-  if [ -d "$ROOT/.gpu-deps/googletest" ]; then
-    say "building GoogleTest from .gpu-deps/googletest"
-    if ! { timeout 120 cmake -S "$ROOT/.gpu-deps/googletest" -B /tmp/gtest-build "${GEN[@]}" \
+  # No package: a source tree, given, staged or the distribution's; else a clone.
+  GTEST_SRC=""
+  for d in "$GTEST_SOURCE" "$ROOT/.gpu-deps/googletest" /usr/src/googletest; do
+    [ -n "$d" ] && [ -f "$d/CMakeLists.txt" ] && { GTEST_SRC=$d; break; }
+  done
+  if [ -z "$GTEST_SRC" ] && command -v git >/dev/null; then
+    say "cloning GoogleTest (no package or source tree on this machine)"
+    rm -rf /tmp/fattn-googletest
+    timeout 120 git clone --quiet --depth 1 --branch v1.15.2 \
+      https://github.com/google/googletest.git /tmp/fattn-googletest >>"$BUILD_LOG" 2>&1 &&
+      GTEST_SRC=/tmp/fattn-googletest
+  fi
+  if [ -n "$GTEST_SRC" ]; then
+    say "building GoogleTest from $GTEST_SRC"
+    if ! { timeout 120 cmake -S "$GTEST_SRC" -B /tmp/gtest-build "${GEN[@]}" \
       -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest >>"$BUILD_LOG" 2>&1 &&
       timeout 120 cmake --build /tmp/gtest-build -j"$JOBS" --target install >>"$BUILD_LOG" 2>&1; }; then
       say "GoogleTest build FAILED (see build.log)"
     fi
     PREFIX_ARGS+=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
   else
-    say "WARNING: no GoogleTest on this machine and no .gpu-deps/googletest carried: tests will not build"
+    say "WARNING: no GoogleTest (package, source tree or clone): the tests will not build;" \
+      "scripts/gpu-deps.sh stages a source tree, or pass --gtest-source"
   fi
 fi
 
-HARNESS=/tmp/fattn-harness
-mkdir -p "$HARNESS"
+WRAPPER=/tmp/fattn-gpu-check-project
+mkdir -p "$WRAPPER"
 # CUDA is enabled here, at the top: enabled only inside fattn's directory (cmake/cuda.cmake),
 # it is missing in the sibling tests/cuda, whose wgmma probe is a .cu source (CMake:
 # "Missing variable ... CMAKE_CUDA_COMPILE_OBJECT").
-cat >"$HARNESS/CMakeLists.txt" <<EOF
+cat >"$WRAPPER/CMakeLists.txt" <<EOF
 cmake_minimum_required(VERSION 3.22)
 project(fattn_gpu_check LANGUAGES CXX CUDA)
 find_package(CUDAToolkit REQUIRED)
@@ -115,11 +174,11 @@ add_subdirectory("$ROOT" fattn)
 enable_testing()
 add_subdirectory("$ROOT/tests/cuda" cuda_tests)
 EOF
-say "configure + build (sm_90, Release, ${JOBS} jobs)"
+say "configure + build (sm_${CUDA_ARCH}, Release, ${JOBS} jobs)"
 T0=$(date +%s)
 BUILD_OK=0
-if timeout "$(cap 60 400)" cmake -S "$HARNESS" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DFATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DFATTN_BUILD_TESTS=OFF -DFATTN_BUILD_BENCH=OFF \
+if timeout "$(cap 60 400)" cmake -S "$WRAPPER" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DFATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DFATTN_BUILD_TESTS=OFF -DFATTN_BUILD_BENCH=OFF \
   -DFATTN_BUILD_GPU_BENCH=ON -DFATTN_CUDA_PTXAS_VERBOSE=ON \
   "${PREFIX_ARGS[@]}" >>"$BUILD_LOG" 2>&1 &&
   timeout "$(cap 240 290)" cmake --build "$BUILD" -j"$JOBS" --target fattn_gpu_bench fattn_cuda_tests \
@@ -136,10 +195,10 @@ TESTS=$BUILD/cuda_tests/fattn_cuda_tests
 BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
 {
   echo "== compiler warnings in build.log: $(grep -c -i 'warning' "$BUILD_LOG")"
-  echo "== ptxas: kernels with a stack frame or spills (sm_90)"
+  echo "== ptxas: kernels with a stack frame or spills (sm_${CUDA_ARCH})"
   grep -B2 -E "[1-9][0-9]* bytes spill (stores|loads)|[1-9][0-9]* bytes stack frame" "$BUILD_LOG" |
     grep -E "Compiling entry|spill" | sed 's/ptxas info    : //' | head -20
-  echo "== SASS (sm_90): tensor-core (HMMA) and local-memory (LDL/STL) instructions per kernel"
+  echo "== SASS (sm_${CUDA_ARCH}): tensor-core (HMMA) and local-memory (LDL/STL) instructions per kernel"
   # HGMMA: wgmma (the sm_90a library; 16 per tile at D = 128 and 12 at D = 64 expected:
   # D/16 for S = Q·Kᵀ plus Bc/16 for P·V). HMMA also matches HGMMA's mnemonic, so the
   # sm_90a kernels show both counts equal.
@@ -158,7 +217,7 @@ BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
 PROBE=$BUILD/cuda_tests/fattn_cuda_wgmma_probe_tests
 if [ "$BUILD_OK" = 1 ] && [ -x "$PROBE" ]; then
   say "wgmma probe"
-  # Its whole log is appended to tests.log below (the device returns at most 8 files).
+  # Its whole log is appended to tests.log below, beside the other tests' output.
   timeout 60 "$PROBE" >/tmp/wgmma_probe.log 2>&1
   say "wgmma probe exit $?"
   grep -E '\[wgmma probe\]|FAILED|SKIPPED' /tmp/wgmma_probe.log | head -50 | tee -a "$SUMMARY"
@@ -204,9 +263,15 @@ fi
 # ---- 4. benchmark --------------------------------------------------------------------------
 if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ]; then
   T=$(cap 160 80)
-  say "benchmark (time budget $((T - 35)) s)"
+  BUDGET=()
+  if [ "$T" -gt 0 ]; then
+    BUDGET=(--budget-s $((T - 35)))  # the benchmark's own budget inside the step's cap
+    say "benchmark (time budget $((T - 35)) s)"
+  else
+    say "benchmark (fattn_gpu_bench's default time budget)"
+  fi
   echo "== bench" >>"$SUMMARY"
-  timeout "$T" "$BENCH" --suite all --budget-s $((T - 35)) --driver "${DRIVER:-unknown}" "${BENCH_IMPLS[@]}" \
+  timeout "$T" "$BENCH" --suite all "${BUDGET[@]}" --driver "${DRIVER:-unknown}" "${BENCH_IMPLS[@]}" \
     --out "$OUT/bench.json" 2>&1 | tee -a "$SUMMARY" | tail -3
 fi
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# fattn — stages, on the workstation, what scripts/gpu-check.sh needs on a device machine
-# that cannot download anything: GoogleTest's source, into .gpu-deps/ (git-ignored
-# through .git/info/exclude). Name .gpu-deps in the device run's `carry`.
+# fattn — stages GoogleTest's source in .gpu-deps/googletest (git-ignored), where
+# scripts/gpu-check.sh builds it from when the GPU machine has no GoogleTest package and
+# cannot download one. Run it on a machine that has the source (GTEST_SOURCE, default
+# /usr/src/googletest: Debian's and Ubuntu's googletest package), then copy the checkout
+# with its .gpu-deps/ to the GPU machine.
 set -eu
 cd "$(dirname "$0")/.."
 SRC=${GTEST_SOURCE:-/usr/src/googletest}
@@ -12,6 +14,4 @@ fi
 mkdir -p .gpu-deps
 rm -rf .gpu-deps/googletest
 cp -r "$SRC" .gpu-deps/googletest
-mkdir -p .git/info
-grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >>.git/info/exclude
 du -sh .gpu-deps

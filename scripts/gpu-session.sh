@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# fattn — the whole GPU evidence set in one command, within 10 minutes on an H100:
-# scripts/gpu-check.sh (build, CUDA tests, compute-sanitizer, fattn_gpu_bench, ncu) and
-# then scripts/gpu-torch-bench.sh (the PyTorch side by side). The two result folders are
-# packed as one archive, session.tar.gz (unpack: tar xzf session.tar.gz -> check/ torch/),
-# beside the two summaries, in $OUT; the ncu report (.ncu-rep) is left out (its size).
+# fattn — the whole GPU evidence set in one command, about 10 minutes on an H100:
+# scripts/gpu-check.sh (build, CUDA tests, compute-sanitizer, fattn_gpu_bench, ncu) with
+# --deadline-s $CHECK_DEADLINE_S (default 360), then scripts/gpu-torch-bench.sh (the
+# PyTorch side by side) limited to $TORCH_TIMEOUT_S (default 220). The two result folders
+# are packed as one archive, session.tar.gz (unpack: tar xzf session.tar.gz -> check/
+# torch/), beside the two summaries, in $OUT (default gpu-session-out in the repository
+# root); the ncu report (.ncu-rep) is left out (its size).
 #   scripts/gpu-session.sh [bench_cuda args]
 set -u
+case "${OUT:-}" in ""|/*) ;; *) OUT=$PWD/$OUT ;; esac  # relative: to the caller's directory
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-session-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 WORK=/tmp/fattn-session
 rm -rf "$WORK" && mkdir -p "$WORK/check" "$WORK/torch"
-OUT=$WORK/check DEADLINE_S=${CHECK_DEADLINE_S:-360} scripts/gpu-check.sh >"$WORK/check.log" 2>&1
+scripts/gpu-check.sh --out "$WORK/check" --deadline-s "${CHECK_DEADLINE_S:-360}" \
+  >"$WORK/check.log" 2>&1
 echo "gpu-check exit $?"
 OUT=$WORK/torch timeout "${TORCH_TIMEOUT_S:-220}" scripts/gpu-torch-bench.sh --suite all \
   --budget 0.15 "$@" >"$WORK/torch.log" 2>&1

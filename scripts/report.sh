@@ -40,7 +40,7 @@ if [ "$measure" = 1 ]; then
     --json "$results/fattn-bench.json" --csv "$results/fattn-bench.csv"
   python_env_install_fattn
   echo "== python -m fattn.bench"
-  "$py" -m fattn.bench --sweep assignment --assignment-s 128 512 1024 2048 4096 \
+  "$py" -m fattn.bench --sweep b2h8 --b2h8-s 128 512 1024 2048 4096 \
     --out "$results/torch"
   echo "== python -m fattn.launches"
   "$py" -m fattn.launches --seq 128 1024 --out "$results/launches.json"

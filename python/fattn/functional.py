@@ -266,8 +266,8 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, layout="bshd",
 
 
 def attention_forward(Q, K, V):
-    """O = softmax(Q Kᵀ / sqrt(D)) V for float32 [B, H, S, D] tensors (the assignment
-    harness's signature): non-causal, default scale. Returns a contiguous [B, H, S, D]
+    """O = softmax(Q Kᵀ / sqrt(D)) V for float32 [B, H, S, D] tensors, the plain
+    three-tensor signature: non-causal, default scale. Returns a contiguous [B, H, S, D]
     tensor for contiguous inputs."""
     return _attention_forward(torch.ops.fattn.attention, Q, K, V)
 

@@ -103,7 +103,7 @@ def test_gradients_against_float64_and_torch(case, impl):
                                                enable_gqa=hq != hkv)
         expected = torch.autograd.grad(t_out, t_in, dout)
         for g, e in zip(got, expected):
-            assert (g - e).abs().max().item() < 1e-3  # the assignment's bound
+            assert (g - e).abs().max().item() < 1e-3  # the accuracy bound of the forward tests
 
 
 def test_lse_gradient_and_output_unused():

@@ -113,7 +113,7 @@ def test_gpu_evidence_when_present(results_dir, tmp_path):
     (gpu / "ncu_raw.csv").write_text(
         f'"{gpu_section.NCU_KERNEL}","{gpu_section.NCU_MEMORY}","{gpu_section.NCU_SM}"\n'
         '"","%","%"\n"fused_fma_d64","41.5","77.2"\n"fused_fma_d64","40.9","77.0"\n')
-    shape = {"suite": "assignment", "dtype": "float32", "B": 2, "Hq": 8, "D": 64,
+    shape = {"suite": "b2h8", "dtype": "float32", "B": 2, "Hq": 8, "D": 64,
              "causal": False, "Sq": 1024, "gflops": 100.0}
     (gpu / "bench.json").write_text(json.dumps({
         "machine": {"device": "NVIDIA H100", "date": "2026-01-01T00:00:00Z"},
@@ -125,7 +125,7 @@ def test_gpu_evidence_when_present(results_dir, tmp_path):
     assert "| fused_fma_d64 | 2 |" in text  # launches per kernel
     assert "| float32 | 2 | 8 | 64 | no | 1024 | 3.00 | 1.50 | 2.00× | 0.100 |" in text
     assert "fattn vs PyTorch SDPA" not in text  # no bench_cuda_*.json
-    assert "Not evaluated: no bench_cuda_assignment.json." in text
+    assert "Not evaluated: no bench_cuda_b2h8.json." in text
 
 
 def fresh_gpu_dir(results_dir):
@@ -139,7 +139,7 @@ def fresh_gpu_dir(results_dir):
 def torch_row(impl, ms, *, dtype="float32", B=2, Hq=8, Sq=4096, D=64, causal=False, err=1e-6,
               peak=None, skipped=None):
     """A bench_cuda_*.json row (python -m fattn.bench_cuda); ms=None: skipped."""
-    row = {"impl": impl, "suite": "assignment", "dtype": dtype, "B": B, "Hq": Hq, "Hkv": Hq,
+    row = {"impl": impl, "suite": "b2h8", "dtype": dtype, "B": B, "Hq": Hq, "Hkv": Hq,
            "Sq": Sq, "Sk": Sq, "D": D, "causal": causal, "skipped": skipped}
     if ms is None:
         row["skipped"] = skipped or "not available"
@@ -185,9 +185,9 @@ def test_gpu_sdpa_table_with_a_skipped_backend(results_dir, tmp_path):
     assert ("| 2 | 8 | 1024 | 64 | no | 4.29 | flash 2.86 | 1.50× | 3.00× | – | 64.0 | 2.00 |"
             in text)
     assert "Skipped (–): sdpa_cudnn at every shape (out of memory)." in text
-    # bench.json and bench_cuda_assignment.json absent: those bars are not evaluated
+    # bench.json and bench_cuda_b2h8.json absent: those bars are not evaluated
     assert "Not evaluated: no bench.json." in text
-    assert "Not evaluated: no bench_cuda_assignment.json." in text
+    assert "Not evaluated: no bench_cuda_b2h8.json." in text
 
 
 def test_gpu_sdpa_table_float32_has_the_tf32_column():
@@ -196,7 +196,7 @@ def test_gpu_sdpa_table_float32_has_the_tf32_column():
     results = [torch_row("fattn_fused", 2.0, **shape), torch_row("fattn_fused_tf32", 1.0, **shape),
                torch_row("sdpa_flash", None, **shape), torch_row("sdpa_efficient", 3.0, **shape),
                torch_row("sdpa_cudnn", None, **shape), torch_row("fattn_naive", None, **shape)]
-    text = gpu_section.sdpa_table(results, "assignment", "float32")
+    text = gpu_section.sdpa_table(results, "b2h8", "float32")
     assert "| fused TFLOP/s | fused_tf32 TFLOP/s | best SDPA, TFLOP/s |" in text
     # 4·2·8·512²·64 FLOP = 1.07 GFLOP: 0.537 TFLOP/s in 2 ms; naive skipped: '–'
     assert ("| 2 | 8 | 512 | 64 | no | 0.537 | 1.07 | efficient 0.358 | – | 1.50× | – | – "
@@ -231,7 +231,7 @@ def test_gpu_bar_tflops_met_and_not_met():
             bench_row("fused", 1.0, causal=True, gflops=100.0),             # causal
             bench_row("fused", 1.0, D=64, gflops=100.0),                    # D = 64
             bench_row("fused", 1.0, dtype="float32", gflops=100.0),         # fp32
-            bench_row("fused", 1.0, suite="assignment", gflops=100.0)]      # not the sweep
+            bench_row("fused", 1.0, suite="b2h8", gflops=100.0)]            # not the sweep
     text = "\n".join(gpu_section.bar_tflops({"results": rows}))
     assert "| float16 | 4 | 16 | 4096 | 310 | met |" in text
     assert "Bar a: **met** — 2 of 2 shapes reach 300 TFLOP/s; the best is 320 TFLOP/s" in text
@@ -247,7 +247,7 @@ def test_gpu_bar_fused_vs_naive():
     rows = [bench_row("naive", 4.0, Sq=512), bench_row("fused", 1.0, Sq=512),
             bench_row("naive", 9.0, Sq=1024), bench_row("fused", 3.0, Sq=1024),
             bench_row("naive", 0.1, Sq=128), bench_row("fused", 1.0, Sq=128)]  # below 512
-    torch_docs = {"bench_cuda_assignment.json": {"results": [
+    torch_docs = {"bench_cuda_b2h8.json": {"results": [
         torch_row(impl, 1.0, Sq=s, peak=s * (256 if impl == "fattn_fused" else s * 4))
         for s in (512, 1024, 4096) for impl in ("fattn_fused", "fattn_naive")]}}
     text = "\n".join(gpu_section.bar_fused_vs_naive({"results": rows}, torch_docs))
@@ -273,11 +273,12 @@ def test_gpu_bar_fused_vs_naive():
 
 def test_gpu_query_tile_table():
     from report import gpu_section
-    rows = [bench_row("fused_br64", 2.0, Sq=4096), bench_row("fused_br128", 1.0, Sq=4096),
+    br64, br128 = gpu_section.TILE_IMPLS[64], gpu_section.TILE_IMPLS[128]
+    rows = [bench_row(br64, 2.0, Sq=4096), bench_row(br128, 1.0, Sq=4096),
             bench_row("fused", 1.0, Sq=4096),
-            bench_row("fused_br64", 1.0, Sq=512), bench_row("fused_br128", 2.0, Sq=512),
-            bench_row("fused_br64", 1.0, Sq=512, dtype="bfloat16"),
-            bench_row("fused_br128", 2.0, Sq=512, dtype="bfloat16")]
+            bench_row(br64, 1.0, Sq=512), bench_row(br128, 2.0, Sq=512),
+            bench_row(br64, 1.0, Sq=512, dtype="bfloat16"),
+            bench_row(br128, 2.0, Sq=512, dtype="bfloat16")]
     text = gpu_section.tile_table({"results": rows})
     assert "| flash | 4 | 16 | 128 | no | 4096 | 275 | 550 | 2.00× | 550 |" in text
     assert "| flash | 4 | 16 | 128 | no | 512 | 8.59 | 4.29 | 0.50× | – |" in text  # no fused
@@ -304,7 +305,7 @@ def test_gpu_wgmma_table():
 
 def test_gpu_bench_cuda_without_results_is_a_clear_error(results_dir):
     gpu = fresh_gpu_dir(results_dir)
-    (gpu / "bench_cuda_assignment.json").write_text(json.dumps(
+    (gpu / "bench_cuda_b2h8.json").write_text(json.dumps(
         {"machine": GPU_MACHINE, "results": [{"impl": "fattn_fused"}]}))
     with pytest.raises(sources.ReportInputError, match=r"results\[0\] lacks 'suite'"):
         sources.load(results_dir)

@@ -10,10 +10,11 @@ All run float32 with the same thread count: torch.set_num_threads(--threads), wh
 is also what fattn's operator uses (torch.get_num_threads(), on torch's own pool).
 
 Sweeps:
-  assignment  B=2, H=8, D in {64, 128}, S in {128, 512, 1024, 2048, 4096, 8192},
-              causal and not
-  lesson      B=4, H=32, D=64, S from 256 to 8192 (non-causal), as far as memory allows
-  quick       tiny shapes for CI (--quick)
+  b2h8   B=2, H=8, D in {64, 128}, S in {128, 512, 1024, 2048, 4096, 8192} (--b2h8-s),
+         causal and not
+  b4h32  B=4, H=32, D=64, S from 256 to 8192 (--b4h32-s), non-causal, as far as memory
+         allows
+  quick  tiny shapes for CI (--quick)
 
 Columns: median time over the timed calls (min, max too; after one warm-up call, the
 calls of the impls alternate round-robin so that load from elsewhere hits all alike), GFLOP/s (4·D FLOPs per
@@ -61,7 +62,7 @@ import torch
 import fattn
 
 from .core import DTYPES, IMPLS, Contention, PeakRss, machine_info, write_outputs
-from .forward import bench_shape, sweeps
+from .forward import SWEEPS, bench_shape, sweeps
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -85,11 +86,12 @@ def main(argv=None):
     p.add_argument("--train-s", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096],
                    help="sequence lengths of --pass train (B=2, H=8, D 64 and 128)")
     p.add_argument("--out", default="fattn-bench-py", help="output directory")
-    p.add_argument("--sweep", choices=("assignment", "lesson", "all"), default="assignment")
-    p.add_argument("--assignment-s", type=int, nargs="+",
-                   default=[128, 512, 1024, 2048, 4096, 8192])
-    p.add_argument("--lesson-s", type=int, nargs="+",
-                   default=[256, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--sweep", choices=SWEEPS + ("all",), default="b2h8",
+                   help="b2h8 (default), b4h32 or both (see Sweeps above)")
+    p.add_argument("--b2h8-s", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096, 8192],
+                   help="sequence lengths of the b2h8 sweep")
+    p.add_argument("--b4h32-s", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192],
+                   help="sequence lengths of the b4h32 sweep")
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="of q, k, v and the output (torch SDPA runs in the same dtype)")

@@ -147,16 +147,22 @@ def print_row(sweep, b, h, s, d, causal, impls, res):
     print("  ".join(f"{c:>11}" for c in cells), flush=True)
 
 
+# The sweeps, named after their batch and head counts (the JSON's "sweep"): b2h8 is
+# B=2, H=8, D 64 and 128, causal and not; b4h32 is B=4, H=32, D=64, non-causal.
+SWEEPS = ("b2h8", "b4h32")
+
+
 def sweeps(args):
+    """(sweep, B, H, S, D, causal) tuples of --sweep (or --quick)."""
     if args.quick:
         return [("quick", 1, 2, s, 64, c) for c in (False, True) for s in (64, 128)]
     shapes = []
-    if args.sweep in ("assignment", "all"):
+    if args.sweep in ("b2h8", "all"):
         for d in (64, 128):
             for c in (False, True):
-                for s in args.assignment_s:
-                    shapes.append(("assignment", 2, 8, s, d, c))
-    if args.sweep in ("lesson", "all"):
-        for s in args.lesson_s:
-            shapes.append(("lesson", 4, 32, s, 64, False))
+                for s in args.b2h8_s:
+                    shapes.append(("b2h8", 2, 8, s, d, c))
+    if args.sweep in ("b4h32", "all"):
+        for s in args.b4h32_s:
+            shapes.append(("b4h32", 4, 32, s, 64, False))
     return shapes
