@@ -201,7 +201,9 @@ struct BackwardWorkspace : BackwardTiles<S> {
   std::int64_t panel_head, k_rows_head, tile_t, tile_rows, tile_vec, full_block, worker_floats;
   std::int64_t k_panels_at, v_panels_at, k_rows_at, qt_at, dot_at, q_rows_at, do_rows_at;
   std::int64_t lse2_at, delta_at, dq_parts_at, dkv_parts_at, kv_part, probs_at, dscores_at,
-      cap_grads_at, cap_floats, workers_at, total;
+      cap_grads_at, workers_at, total;
+  std::int64_t st_at, dst_at, dk_at, dv_at, dqt_at, ones_at, cap_at;  // within a worker's slot
+  bool has_cap;  // the fused backward with softcap keeps 1 − tanh² per worker
   float* base = nullptr;
 
   BackwardWorkspace(const detail::Problem& problem, bool is_naive, int workers)
@@ -218,32 +220,36 @@ struct BackwardWorkspace : BackwardTiles<S> {
     tile_rows = Br * Dp;
     tile_vec = align_floats(Br);
     full_block = naive ? n.mul(kv_padded, Br) : 0;
-    cap_floats = p.mods.softcap != 0.0 && !naive ? Bc * Br : 0;
-    worker_floats = (naive ? 0 : 2 * Bc * Br) + 2 * Bc * Dp + tile_t + tile_vec + cap_floats;
+    has_cap = p.mods.softcap != 0.0 && !naive;
 
-    std::int64_t at = 0;
-    auto take = [&](std::int64_t floats) {
-      const std::int64_t start = at;
-      at = n.add(at, floats);
-      return start;
-    };
-    k_panels_at = take(n.mul(kv_heads, panel_head));
-    v_panels_at = take(n.mul(kv_heads, panel_head));
-    k_rows_at = take(n.mul(kv_heads, k_rows_head));
-    qt_at = take(n.mul(tiles, tile_t));
-    dot_at = take(n.mul(tiles, tile_t));
-    q_rows_at = take(q_direct ? 0 : n.mul(tiles, tile_rows));
-    do_rows_at = take(do_direct ? 0 : n.mul(tiles, tile_rows));
-    lse2_at = take(n.mul(tiles, tile_vec));
-    delta_at = take(n.mul(tiles, tile_vec));
-    dq_parts_at = take(naive ? 0 : n.mul(chunks, n.mul(tiles, tile_t)));
-    kv_part = n.mul(n.mul(key_tiles, Bc), Dp);  // one kv head's dK (or dV) rows
-    dkv_parts_at = take(n.mul(this->dkv_blocks(), kv_part));
-    probs_at = take(n.mul(tiles, full_block));
-    dscores_at = take(n.mul(tiles, full_block));
-    cap_grads_at = take(p.mods.softcap != 0.0 ? n.mul(tiles, full_block) : 0);
-    workers_at = take(n.mul(workers, worker_floats));
-    total = n.overflow ? -1 : at;
+    Layout slot;  // Bc, Br and Dp are small: no overflow
+    st_at = slot.take(naive ? 0 : Bc * Br);
+    dst_at = slot.take(naive ? 0 : Bc * Br);
+    dk_at = slot.take(Bc * Dp);
+    dv_at = slot.take(Bc * Dp);
+    dqt_at = slot.take(tile_t);
+    ones_at = slot.take(tile_vec);
+    cap_at = slot.take(has_cap ? Bc * Br : 0);
+    worker_floats = slot.end;
+
+    Layout all;
+    k_panels_at = all.take(n.mul(kv_heads, panel_head));
+    v_panels_at = all.take(n.mul(kv_heads, panel_head));
+    k_rows_at = all.take(n.mul(kv_heads, k_rows_head));
+    qt_at = all.take(n.mul(tiles, tile_t));
+    dot_at = all.take(n.mul(tiles, tile_t));
+    q_rows_at = all.take(q_direct ? 0 : n.mul(tiles, tile_rows));
+    do_rows_at = all.take(do_direct ? 0 : n.mul(tiles, tile_rows));
+    lse2_at = all.take(n.mul(tiles, tile_vec));
+    delta_at = all.take(n.mul(tiles, tile_vec));
+    dq_parts_at = all.take(naive ? 0 : n.mul(chunks, n.mul(tiles, tile_t)));
+    kv_part = n.align(n.mul(n.mul(key_tiles, Bc), Dp));  // one kv head's dK (or dV) rows
+    dkv_parts_at = all.take(n.mul(this->dkv_blocks(), kv_part));
+    probs_at = all.take(n.mul(tiles, full_block));
+    dscores_at = all.take(n.mul(tiles, full_block));
+    cap_grads_at = all.take(p.mods.softcap != 0.0 ? n.mul(tiles, full_block) : 0);
+    workers_at = all.take(n.mul(workers, worker_floats));
+    total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
   const float* k_panels(std::int64_t b, std::int64_t hk) const {
@@ -277,12 +283,8 @@ struct BackwardWorkspace : BackwardTiles<S> {
   float* cap_grads(std::int64_t tile) const { return base + cap_grads_at + tile * full_block; }
   Worker worker(int w) const {
     float* s = base + workers_at + w * worker_floats;
-    float* st = naive ? nullptr : s;
-    float* dst = naive ? nullptr : s + Bc * Br;
-    float* dk = s + (naive ? 0 : 2 * Bc * Br);
-    float* ones = dk + 2 * Bc * Dp + tile_t;
-    return {st, dst, dk, dk + Bc * Dp, dk + 2 * Bc * Dp, ones,
-            cap_floats ? ones + tile_vec : nullptr};
+    return {naive ? nullptr : s + st_at, naive ? nullptr : s + dst_at, s + dk_at, s + dv_at,
+            s + dqt_at, s + ones_at, has_cap ? s + cap_at : nullptr};
   }
 
   Rows q_rows(const QueryTile& x) const {
