@@ -11,7 +11,9 @@
 #include <limits>
 #include <optional>
 
-#include "test_util.hpp"
+#include "util/checks.hpp"
+#include "util/cpu_variants.hpp"
+#include "util/reference.hpp"
 
 #include "cpu/elements.hpp"
 

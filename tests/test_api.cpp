@@ -4,7 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "test_util.hpp"
+#include "util/checks.hpp"
+#include "util/cpu_variants.hpp"
+#include "util/reference.hpp"
 
 namespace fattn_test {
 namespace {

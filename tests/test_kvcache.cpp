@@ -10,7 +10,9 @@
 #include <numeric>
 #include <random>
 
-#include "test_util.hpp"
+#include "util/checks.hpp"
+#include "util/cpu_variants.hpp"
+#include "util/reference.hpp"
 
 namespace fattn_test {
 namespace {

@@ -6,7 +6,9 @@
 #include <cstring>
 #include <iterator>
 
-#include "test_util.hpp"
+#include "util/checks.hpp"
+#include "util/cpu_variants.hpp"
+#include "util/reference.hpp"
 
 namespace fattn_test {
 namespace {

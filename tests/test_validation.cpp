@@ -7,7 +7,9 @@
 
 #include <functional>
 
-#include "test_util.hpp"
+#include "util/checks.hpp"
+#include "util/cpu_variants.hpp"
+#include "util/reference.hpp"
 
 namespace fattn_test {
 namespace {

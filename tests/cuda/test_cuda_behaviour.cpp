@@ -4,9 +4,8 @@
 #include <gmock/gmock.h>
 
 #include <functional>
-#include <memory>
 
-#include "cuda_test_util.hpp"
+#include "util/cuda_case.hpp"
 
 namespace fattn_cuda_test {
 namespace {
@@ -22,38 +21,8 @@ std::string error_of(const std::function<void()>& f) {
   return "(no fattn::Error thrown)";
 }
 
-// Device copies of a case's tensors; outputs poisoned.
-struct Bound {
-  Tensor q, k, v, out, lse;
-  std::unique_ptr<DeviceBuffer> dq, dk, dv, dout, dlse;
-  TensorView qv, kv, vv, ov, lv;
-
-  explicit Bound(const Case& c) {
-    std::mt19937_64 rng(seed_of(c.name()));
-    q = make_tensor(c.dtype, c.layout, c.B, c.Hq, c.Sq, c.D);
-    k = make_tensor(c.dtype, c.layout, c.B, c.Hkv, c.Sk, c.D);
-    v = make_tensor(c.dtype, c.layout, c.B, c.Hkv, c.Sk, c.D);
-    out = make_tensor(c.dtype, c.layout, c.B, c.Hq, c.Sq, c.D);
-    lse = make_lse(c.layout, c.B, c.Hq, c.Sq);
-    fill_random(q, rng);
-    fill_random(k, rng);
-    fill_random(v, rng);
-    auto upload = [](const Tensor& t, std::unique_ptr<DeviceBuffer>& d, TensorView& view) {
-      d = std::make_unique<DeviceBuffer>(t.storage.size());
-      cudaMemcpy(d->get(), t.storage.data(), t.storage.size(), cudaMemcpyHostToDevice);
-      view = t.view(d->get());
-    };
-    upload(q, dq, qv);
-    upload(k, dk, kv);
-    upload(v, dv, vv);
-    upload(out, dout, ov);
-    upload(lse, dlse, lv);
-  }
-  void download() {
-    cudaMemcpy(out.storage.data(), dout->get(), out.storage.size(), cudaMemcpyDeviceToHost);
-    cudaMemcpy(lse.storage.data(), dlse->get(), lse.storage.size(), cudaMemcpyDeviceToHost);
-  }
-};
+// A case's random inputs and poisoned outputs, on the host and on the device.
+DeviceCase upload_case(const Case& c) { return to_device(make_case_tensors(c)); }
 
 // ---- semantics --------------------------------------------------------------------------
 
@@ -69,20 +38,21 @@ TEST(CudaBehaviour, FullyMaskedRowsAreZeroWithLseMinusInf) {
     c.Sk = 5;
     c.causal = Causal::bottom_right;
     SCOPED_TRACE(c.name());
-    Bound t(c);
+    DeviceCase t = upload_case(c);
     Options options;
     options.causal = c.causal;
-    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel, tile_rows);
+    fattn::cuda::forward_with(t.q.view, t.k.view, t.v.view, t.out.view, &t.lse.view, options, kernel,
+                              tile_rows);
     CUDA_OK(cudaDeviceSynchronize());
     t.download();
     for (int h = 0; h < c.Hq; ++h)
       for (int i = 0; i < c.Sq; ++i) {
         const bool masked = i < c.Sq - c.Sk;
         if (masked) {
-          EXPECT_EQ(t.lse.get(0, h, i), -std::numeric_limits<float>::infinity()) << "row " << i;
-          for (int d = 0; d < c.D; ++d) ASSERT_EQ(t.out.get(0, h, i, d), 0.0f) << "row " << i;
+          EXPECT_EQ(t.host.lse.get(0, h, i), -std::numeric_limits<float>::infinity()) << "row " << i;
+          for (int d = 0; d < c.D; ++d) ASSERT_EQ(t.host.out.get(0, h, i, d), 0.0f) << "row " << i;
         } else {
-          EXPECT_TRUE(std::isfinite(t.lse.get(0, h, i))) << "row " << i;
+          EXPECT_TRUE(std::isfinite(t.host.lse.get(0, h, i))) << "row " << i;
         }
       }
   }
@@ -141,16 +111,16 @@ TEST(CudaBehaviour, HugeLogits) {
       SCOPED_TRACE(c.name());
       // Spread: q·2000 gives logits over about ±1e4.
       run_case(c, [](Tensor& q, Tensor&, Tensor&) {
-        for (std::int64_t h = 0; h < q.sizes[1]; ++h)
-          for (std::int64_t i = 0; i < q.sizes[2]; ++i)
-            for (std::int64_t d = 0; d < q.sizes[3]; ++d) q.set(0, h, i, d, q.get(0, h, i, d) * 2000.0f);
+        for (std::int64_t h = 0; h < q.size(1); ++h)
+          for (std::int64_t i = 0; i < q.size(2); ++i)
+            for (std::int64_t d = 0; d < q.size(3); ++d) q.set(0, h, i, d, q.get(0, h, i, d) * 2000.0f);
       });
       // Offset: dim 0 carries ±800 · 100 / 8 = ±1e4 on every logit of a row.
       run_case(c, [](Tensor& q, Tensor& k, Tensor&) {
-        for (std::int64_t h = 0; h < q.sizes[1]; ++h)
-          for (std::int64_t i = 0; i < q.sizes[2]; ++i) q.set(0, h, i, 0, i % 2 ? -800.0f : 800.0f);
-        for (std::int64_t h = 0; h < k.sizes[1]; ++h)
-          for (std::int64_t j = 0; j < k.sizes[2]; ++j) k.set(0, h, j, 0, 100.0f);
+        for (std::int64_t h = 0; h < q.size(1); ++h)
+          for (std::int64_t i = 0; i < q.size(2); ++i) q.set(0, h, i, 0, i % 2 ? -800.0f : 800.0f);
+        for (std::int64_t h = 0; h < k.size(1); ++h)
+          for (std::int64_t j = 0; j < k.size(2); ++j) k.set(0, h, j, 0, 100.0f);
       });
     }
 }
@@ -167,19 +137,21 @@ TEST(CudaBehaviour, Deterministic) {
     c.Sk = 1000;
     c.causal = Causal::bottom_right;
     SCOPED_TRACE(c.name());
-    Bound t(c);
+    DeviceCase t = upload_case(c);
     Options options;
     options.causal = c.causal;
-    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel, tile_rows);
+    fattn::cuda::forward_with(t.q.view, t.k.view, t.v.view, t.out.view, &t.lse.view, options, kernel,
+                              tile_rows);
     CUDA_OK(cudaDeviceSynchronize());
     t.download();
-    const std::vector<std::uint8_t> first = t.out.storage, first_lse = t.lse.storage;
-    CUDA_OK(cudaMemset(t.dout->get(), 0xFF, t.dout->bytes()));
-    fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, kernel, tile_rows);
+    const Tensor first = t.host.out.clone(), first_lse = t.host.lse.clone();
+    CUDA_OK(cudaMemset(t.out.buffer.get(), fattn_test::kDevicePoisonByte, t.out.buffer.bytes()));
+    fattn::cuda::forward_with(t.q.view, t.k.view, t.v.view, t.out.view, &t.lse.view, options, kernel,
+                              tile_rows);
     CUDA_OK(cudaDeviceSynchronize());
     t.download();
-    EXPECT_TRUE(first == t.out.storage) << "out differs between two runs";
-    EXPECT_TRUE(first_lse == t.lse.storage) << "lse differs between two runs";
+    EXPECT_TRUE(first.same_bytes(t.host.out)) << "out differs between two runs";
+    EXPECT_TRUE(first_lse.same_bytes(t.host.lse)) << "lse differs between two runs";
   }
 }
 
@@ -220,7 +192,7 @@ TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
     c.Sk = 130;
     c.causal = Causal::top_left;
     SCOPED_TRACE(c.name());
-    Bound t(c);
+    DeviceCase t = upload_case(c);
     cudaStream_t stream = nullptr;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     Options options;
@@ -229,7 +201,8 @@ TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     std::string error;
     try {
-      fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, &t.lv, options, e.kernel, e.tile_rows);
+      fattn::cuda::forward_with(t.q.view, t.k.view, t.v.view, t.out.view, &t.lse.view, options, e.kernel,
+                                e.tile_rows);
     } catch (const fattn::Error& x) {
       error = x.what();
     }
@@ -252,7 +225,7 @@ TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     t.download();
-    for (int i = 0; i < c.Sq; ++i) ASSERT_TRUE(std::isfinite(t.out.get(0, 1, i, 3))) << "row " << i;
+    for (int i = 0; i < c.Sq; ++i) ASSERT_TRUE(std::isfinite(t.host.out.get(0, 1, i, 3))) << "row " << i;
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
@@ -359,8 +332,11 @@ TEST(CudaBehaviour, WgmmaLimitsAreChecked) {
   Case c;
   c.dtype = DType::float16;
   c.kernel = Kernel::fused_wgmma;
-  Bound t(c);
-  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(t.qv, t.kv, t.vv, t.ov, nullptr, {}, Kernel::fused_wgmma); }),
+  DeviceCase t = upload_case(c);
+  EXPECT_THAT(error_of([&] {
+                fattn::cuda::forward_with(t.q.view, t.k.view, t.v.view, t.out.view, nullptr, {},
+                                          Kernel::fused_wgmma);
+              }),
               HasSubstr("the fused_wgmma CUDA kernel is built for sm_90a and runs on compute "
                         "capability 9.0 (Hopper) only"));
 }
@@ -423,25 +399,27 @@ TEST(CudaBehaviour, DeviceAllocatorProvidesWorkingMemory) {
   c.dtype = DType::float16;
   c.Sq = 70;
   c.Sk = 90;
-  Bound t(c);
+  DeviceCase t = upload_case(c);
   Options options;
   options.impl = fattn::Impl::naive;
-  fattn::attention_forward(t.qv, t.kv, t.vv, t.ov, &t.lv, options);
+  fattn::attention_forward(t.q.view, t.k.view, t.v.view, t.out.view, &t.lse.view, options);
   CUDA_OK(cudaDeviceSynchronize());
   t.download();
-  const std::vector<std::uint8_t> own = t.out.storage;
+  const Tensor own = t.host.out.clone();
   options.device_allocator = &allocator;
-  CUDA_OK(cudaMemset(t.dout->get(), 0xff, t.out.storage.size()));
-  fattn::attention_forward(t.qv, t.kv, t.vv, t.ov, &t.lv, options);
+  CUDA_OK(cudaMemset(t.out.buffer.get(), fattn_test::kDevicePoisonByte, t.out.buffer.bytes()));
+  fattn::attention_forward(t.q.view, t.k.view, t.v.view, t.out.view, &t.lse.view, options);
   CUDA_OK(cudaDeviceSynchronize());
   t.download();
   EXPECT_EQ(counts.allocations, 1);
   EXPECT_EQ(counts.frees, 1);
-  EXPECT_EQ(counts.bytes, fattn::extra_bytes(t.qv, t.kv, t.vv, options));
-  EXPECT_EQ(t.out.storage, own);  // same kernels, same bits
+  EXPECT_EQ(counts.bytes, fattn::extra_bytes(t.q.view, t.k.view, t.v.view, options));
+  EXPECT_TRUE(t.host.out.same_bytes(own));  // same kernels, same bits
   // An allocator that has no memory: a clear error, nothing launched.
   allocator.allocate = [](void*, std::int64_t, void*) -> void* { return nullptr; };
-  EXPECT_THAT(error_of([&] { fattn::attention_forward(t.qv, t.kv, t.vv, t.ov, &t.lv, options); }),
+  EXPECT_THAT(error_of([&] {
+                fattn::attention_forward(t.q.view, t.k.view, t.v.view, t.out.view, &t.lse.view, options);
+              }),
               HasSubstr("the device allocator returned no memory for"));
 }
 

@@ -1,7 +1,7 @@
 // fattn CUDA tests — the grid: every CUDA kernel against the float64 host reference
 // over sequence lengths (odd, around tile edges), Sq != Sk, head dims (compiled and
 // padded), causal alignments, GQA, memory layouts and scales.
-#include "cuda_test_util.hpp"
+#include "util/cuda_case.hpp"
 
 namespace fattn_cuda_test {
 namespace {

@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda_test_util.hpp"
+#include "util/cuda_device.hpp"
 #include "wgmma_probe.hpp"
 
 namespace fattn_cuda_test {

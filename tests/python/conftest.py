@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 import fattn  # noqa: F401,E402  (registers torch.ops.fattn)
 
-# The bound of the C++ suite (tests/test_util.hpp): |got - ref| <= 1e-5 * max(1, max|ref|)
+# The bound of the C++ suite (tests/util/checks.hpp): |got - ref| <= 1e-5 * max(1, max|ref|)
 # for outputs, 1e-5 * max(1, |ref|) for each logsumexp.
 OUT_TOL = 1e-5
 LSE_TOL = 1e-5
