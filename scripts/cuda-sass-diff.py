@@ -88,8 +88,11 @@ def kernels(libraries: list[Path], tool: str, renames: list[tuple[str, str]]) ->
                 if key:
                     out[key] = "\n".join(body)
                 key, body = f"{arch} {normalise(m.group(1), renames)}", []
-            elif key and line.strip() and "identifier" not in line:
-                body.append(ADDRESS.sub("", line).rstrip())
+            elif key and line.lstrip().startswith("/*"):  # an instruction or its encoding
+                body.append(ADDRESS.sub("", line).strip())
+            elif key and not line.startswith((" ", "\t")):  # the next member of the archive
+                out[key] = "\n".join(body)
+                key, body = None, []
         if key:
             out[key] = "\n".join(body)
     return out
