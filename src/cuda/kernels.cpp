@@ -34,26 +34,23 @@ int max_tall_head_dim() {
   return largest;
 }
 
-std::vector<int> supported_head_dims() {
-  std::vector<int> dims{
-#define FATTN_ITEM(d) d,
-      FATTN_CUDA_HEAD_DIMS(FATTN_ITEM)
-#undef FATTN_ITEM
-  };
+namespace {
+
+std::vector<int> ascending(std::vector<int> dims) {
   std::sort(dims.begin(), dims.end());
   return dims;
 }
+
+}  // namespace
+
+// The head-dim lists are X-macros generated from FATTN_CUDA_HEAD_DIMS (head_dims.hpp).
+#define FATTN_ITEM(d) d,
+std::vector<int> supported_head_dims() { return ascending({FATTN_CUDA_HEAD_DIMS(FATTN_ITEM)}); }
+std::vector<int> wgmma_head_dims() {
+  return ascending({FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_ITEM)});
+}
+#undef FATTN_ITEM
 
 std::string supported_head_dims_text() { return join(supported_head_dims()); }
-
-std::vector<int> wgmma_head_dims() {
-  std::vector<int> dims{
-#define FATTN_ITEM(d) d,
-      FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_ITEM)
-#undef FATTN_ITEM
-  };
-  std::sort(dims.begin(), dims.end());
-  return dims;
-}
 
 }  // namespace fattn::cuda
