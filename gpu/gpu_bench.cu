@@ -130,13 +130,12 @@ float host_float(DType dtype, const std::uint8_t* p) {
 // ---- names -------------------------------------------------------------------------------
 // The variants (the JSON's "impl", what --impls takes) and the suites (the JSON's "suite",
 // what --suite takes), defined here only.
+// A variant that runs one CUDA kernel as it is is named after it (fattn::cuda::to_string:
+// naive, fused_tf32, fused_fma, fused_wgmma, fused_wgmma_pipelined); the others are here.
 namespace variant {
-constexpr const char* naive = "naive";
-constexpr const char* fused = "fused";                    // what Impl::fused dispatches to
-constexpr const char* fused_tf32 = "fused_tf32";          // float32, Options::allow_tf32
-constexpr const char* fused_fma = "fused_fma";            // float32, exact FMA
-constexpr const char* fused_wgmma = "fused_wgmma";        // Hopper wgmma, serial schedule
-constexpr const char* fused_wgmma_pipelined = "fused_wgmma_pipelined";  // overlapped schedule
+constexpr const char* fused = "fused";  // what Impl::fused dispatches to
+constexpr Kernel kernels[] = {Kernel::naive, Kernel::fused_tf32, Kernel::fused_fma,
+                              Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined};
 // The dispatched 16-bit kernel forced to one query-tile height (rows per block).
 struct ForcedTile {
   const char* name;
@@ -145,20 +144,22 @@ struct ForcedTile {
 constexpr ForcedTile forced_tiles[] = {{"fused_br64", 64}, {"fused_br128", 128}};
 }  // namespace variant
 
+std::vector<std::string> variant_names() {
+  std::vector<std::string> names{variant::fused};
+  for (Kernel k : variant::kernels) names.push_back(fattn::cuda::to_string(k));
+  for (const variant::ForcedTile& f : variant::forced_tiles) names.push_back(f.name);
+  return names;
+}
+
 bool is_variant(const std::string& name) {
-  for (const char* v : {variant::naive, variant::fused, variant::fused_tf32, variant::fused_fma,
-                        variant::fused_wgmma, variant::fused_wgmma_pipelined})
-    if (name == v) return true;
-  for (const variant::ForcedTile& f : variant::forced_tiles)
-    if (name == f.name) return true;
-  return false;
+  const std::vector<std::string> names = variant_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 std::string variant_list() {
-  std::string out = std::string(variant::naive) + ", " + variant::fused + ", " +
-                    variant::fused_tf32 + ", " + variant::fused_fma;
-  for (const variant::ForcedTile& f : variant::forced_tiles) out += std::string(", ") + f.name;
-  return out + ", " + variant::fused_wgmma + ", " + variant::fused_wgmma_pipelined;
+  std::string out;
+  for (const std::string& name : variant_names()) out += (out.empty() ? "" : ", ") + name;
+  return out;
 }
 
 namespace suite_name {
@@ -170,7 +171,7 @@ constexpr const char* profile = "profile";  // --profile's configurations
 
 // ---- configurations ----------------------------------------------------------------------
 struct Config {
-  std::string impl;  // a name from namespace variant
+  std::string impl;  // a variant's name (variant_names)
   Kernel kernel;
   DType dtype;
   int B, H, S, D;
@@ -181,33 +182,38 @@ struct Config {
 
 const char* dtype_name(DType t) { return fattn::to_string(t); }
 
+// The variant that runs `kernel` as it is.
+Config kernel_config(Kernel kernel, DType t, int B, int H, int S, int D, bool causal,
+                     const std::string& suite) {
+  return {fattn::cuda::to_string(kernel), kernel, t, B, H, S, D, causal, suite};
+}
+
 std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std::string& suite,
                              bool with_naive) {
   std::vector<Config> out;
   for (DType t : {DType::float16, DType::bfloat16, DType::float32}) {
-    if (with_naive) out.push_back({variant::naive, Kernel::naive, t, B, H, S, D, causal, suite});
+    if (with_naive) out.push_back(kernel_config(Kernel::naive, t, B, H, S, D, causal, suite));
     out.push_back({variant::fused, fattn::cuda::kernel_for(fattn::Impl::fused, t), t, B, H, S, D,
                    causal, suite});
     if (t == DType::float32) {
       // TF32 mode (Options::allow_tf32): its max_err on these shapes decides whether
       // it may count for the fp32 comparison (the goal: max_err < 1e-3)
-      out.push_back({variant::fused_tf32, Kernel::fused_tf32, t, B, H, S, D, causal, suite});
+      out.push_back(kernel_config(Kernel::fused_tf32, t, B, H, S, D, causal, suite));
       if (suite == suite_name::b2h8)
-        out.push_back({variant::fused_fma, Kernel::fused_fma, t, B, H, S, D, causal, suite});
+        out.push_back(kernel_config(Kernel::fused_fma, t, B, H, S, D, causal, suite));
     }
     if (t != DType::float32 && fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) {
       // the Hopper wgmma kernel beside fused_mma (docs/cuda.md): it becomes the default on
       // compute capability 9.0 once these numbers say it should
       const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
       if (!dims.empty() && D <= dims.back()) {
-        out.push_back({variant::fused_wgmma, Kernel::fused_wgmma, t, B, H, S, D, causal, suite});
-        out.push_back({variant::fused_wgmma_pipelined, Kernel::fused_wgmma_pipelined, t, B, H, S,
-                       D, causal, suite});
+        for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined})
+          out.push_back(kernel_config(k, t, B, H, S, D, causal, suite));
       }
     }
     if (D <= fattn::cuda::max_tall_head_dim()) {
       // both query-tile heights of the default fused kernel, side by side: they set
-      // dispatch.cu's choice (tall_tiles_pay)
+      // plan.cpp's choice (tall_tiles_pay)
       const Kernel k = fattn::cuda::kernel_for(fattn::Impl::fused, t);
       for (const variant::ForcedTile& f : variant::forced_tiles)
         out.push_back({f.name, k, t, B, H, S, D, causal, suite, f.rows});
@@ -225,7 +231,7 @@ std::vector<Config> make_configs(const std::string& suite, bool profile) {
     for (DType t : {DType::float32})
       for (int S : {1024, 4096})
         configs.push_back(
-            {variant::fused_fma, Kernel::fused_fma, t, 2, 8, S, 64, false, suite_name::profile});
+            kernel_config(Kernel::fused_fma, t, 2, 8, S, 64, false, suite_name::profile));
     // the 300 TFLOP/s goal's shape (D = 128, S = 4096, B·H = 64): the 16-bit kernels
     for (Config c : variants(4, 16, 4096, 128, false, suite_name::profile, false))
       if (c.dtype == DType::float16 && c.tile_rows == 0) configs.push_back(c);
