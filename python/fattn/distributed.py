@@ -36,7 +36,8 @@ def _world(group):
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def _chunk_ids(rank, world):
+def chunk_ids(rank: int, world: int) -> tuple[int, int]:
+    """The two of the 2·world sequence chunks that rank holds (shard's zigzag split)."""
     return (rank, 2 * world - 1 - rank)
 
 
@@ -48,7 +49,7 @@ def shard(x: torch.Tensor, dim: int = 2, group=None) -> torch.Tensor:
         raise ValueError(f"fattn.distributed.shard: the sequence length {n} (dim {dim}) must be "
                          f"a multiple of 2 × world size = {2 * world}; pad it and mask the padding")
     chunks = x.chunk(2 * world, dim=dim)
-    a, b = _chunk_ids(rank, world)
+    a, b = chunk_ids(rank, world)
     return torch.cat([chunks[a], chunks[b]], dim=dim)
 
 
@@ -59,9 +60,18 @@ def unshard(x_local: torch.Tensor, dim: int = 2, group=None) -> torch.Tensor:
     dist.all_gather(parts, x_local.contiguous(), group=group)
     chunks = [None] * (2 * world)
     for r, part in enumerate(parts):
-        a, b = _chunk_ids(r, world)
+        a, b = chunk_ids(r, world)
         chunks[a], chunks[b] = part.chunk(2, dim=dim)
     return torch.cat(chunks, dim=dim)
+
+
+def transfer_wait_seconds(reset: bool = False) -> float:
+    """Seconds this process has waited for ring transfers since the last reset: the
+    communication that compute did not hide. reset=True starts the count again."""
+    waited = _Ring.waited
+    if reset:
+        _Ring.waited = 0.0
+    return waited
 
 
 class _Ring:
@@ -96,8 +106,8 @@ class _Ring:
 def _pairs(rank, source, world, causal):
     """(query chunk slot, key chunk slot, causal?) of the blocks rank computes against the
     K/V of `source`; slots 0 and 1 are a rank's two chunks."""
-    for qi, q_chunk in enumerate(_chunk_ids(rank, world)):
-        for ki, k_chunk in enumerate(_chunk_ids(source, world)):
+    for qi, q_chunk in enumerate(chunk_ids(rank, world)):
+        for ki, k_chunk in enumerate(chunk_ids(source, world)):
             if not causal or k_chunk < q_chunk:
                 yield qi, ki, False
             elif k_chunk == q_chunk:

@@ -103,3 +103,20 @@ def test_bench_ring_quick(tmp_path, pass_):
     assert row["pass"] == pass_
     assert row["ring_s"] > 0 and row["single_s"] > 0 and row["waited_s"] >= 0
     assert row["rank_qkv_bytes"] * 2 == row["single_qkv_bytes"]  # O(S/P) per rank
+
+
+def test_bench_ring_memory_budget(tmp_path):
+    # Under a budget the quick shapes fit in, both sides run, each capped by RLIMIT_AS, and
+    # report their peak resident memory above their start.
+    run = lambda budget: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "fattn.bench", "--ring", "--quick", "--memory-budget-gib",
+         str(budget), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    p = run(0.5)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (row,) = json.loads((tmp_path / "ring.json").read_text())["results"]
+    assert row["memory_budget_bytes"] == 2**29
+    assert 0 < row["rank_peak_bytes"] < 2**29 and 0 < row["single_peak_bytes"] < 2**29
+    assert row["single_s"] > 0
+    # Under a budget of nothing, the ranks' first allocation fails: an error, not a hang.
+    p = run(0)
+    assert p.returncode != 0 and "can't allocate memory" in p.stdout + p.stderr
