@@ -120,7 +120,8 @@ struct DecodeOps {
         for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) __builtin_prefetch(row + d, 0, 3);
       }
     }
-    void issue_rest() { issue(2 * rows - next); }
+    void issue_rest() { issue(left()); }
+    std::int64_t left() const { return 2 * rows - next; }  // rows not yet asked for
     void issue_after_direct_block() { issue(rows_per_direct_block); }
   };
 
@@ -153,7 +154,6 @@ struct DecodeOps {
           dst[d * Bk + j] = j < n ? to_float(k.group[g][j * k.stride + d * k.dim_stride]) : 0.0f;
       next.issue(Prefetch::kRowsPerBlock);
     }
-    next.issue_rest();
   }
 
   // Copies keys [j0, j0 + nj) of kv heads [hk_begin, hk_end) of K or V into
@@ -222,13 +222,19 @@ struct DecodeOps {
       for (int u = 0; u < KV; ++u) S::store(st + r * Bk + u * L, acc[r][u]);
   }
 
-  // Scores of the key tile against `rows` query rows.
+  // Scores of the key tile against `rows` query rows; the rows of `next` the transpose
+  // left are asked for evenly between the row blocks, not all at once before them.
   static void scores(const float* qs, std::int64_t rows, std::int64_t D, const float* kt,
-                     float* st) {
+                     float* st, Prefetch& next) {
     const std::int64_t Dp = padded_dim(D);
+    const std::int64_t per_block = (next.left() + rows / SR) / std::max<std::int64_t>(1, rows / SR);
     std::int64_t r = 0;
-    for (; r + SR <= rows; r += SR) scores_block<SR>(qs + r * Dp, Dp, D, kt, st + r * Bk);
+    for (; r + SR <= rows; r += SR) {
+      scores_block<SR>(qs + r * Dp, Dp, D, kt, st + r * Bk);
+      next.issue(per_block);
+    }
     if (r < rows) scores_tail<SR - 1>(static_cast<int>(rows - r), qs + r * Dp, Dp, D, kt, st + r * Bk);
+    next.issue_rest();
   }
   template <int R>
   static void scores_tail(int rows, const float* qs, std::int64_t Dp, std::int64_t D,
@@ -268,7 +274,7 @@ struct DecodeOps {
     }
 #endif
     transpose_keys(k, nj, D, kt, next);
-    scores(qs, rows, D, kt, st);
+    scores(qs, rows, D, kt, st, next);
   }
   // Rows up to which the scores skip the transpose (decode_direct.hpp): its compute at
   // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
