@@ -50,7 +50,9 @@ struct AmxWorkspace : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br> {
   bool naive, local = false;
   std::int64_t q_tiles, kv_pad, dim_pad, q_parts, p_parts, head_floats, scores_block,
       slot_floats;
-  std::int64_t v_at, scores_at, slots_at, total;
+  std::int64_t k_at, v_at, scores_at, slots_at, total;
+  // Within a worker's slot.
+  std::int64_t qt_at, ot_at, m_at, l_at, alpha_at, ones_at, st_at, q_parts_at, p_parts_at;
   float* base = nullptr;
 
   AmxWorkspace(const detail::Problem& problem, bool is_naive, int workers)
@@ -66,22 +68,31 @@ struct AmxWorkspace : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br> {
     head_floats = n.mul(n.mul(Ops::kParts, kv_pad), dim_pad) / 2;
     local = !naive && kv_heads >= std::int64_t{kLocalHeadsPerWorker} * workers;
     const std::int64_t held_heads = local ? workers : kv_heads;  // K/V part buffers
-    v_at = n.mul(held_heads, head_floats);
-    scores_at = n.add(v_at, n.mul(held_heads, head_floats));
     scores_block = n.mul(kv_pad, Br);
     const std::int64_t scores = naive ? n.mul(n.mul(p.batch * p.q_heads, q_tiles), scores_block) : 0;
-    slots_at = n.add(scores_at, scores);
-    slot_floats = align_floats(dim_pad * Br) * 2 + align_floats(Br) * 4 +
-                  align_floats(static_cast<std::int64_t>(Bc) * Br) +
-                  align_floats(q_parts / 2) + align_floats(p_parts / 2);
+    Layout slot;  // dim_pad ≤ 256 and the tiles: no overflow
+    qt_at = slot.take(dim_pad * Br);
+    ot_at = slot.take(dim_pad * Br);
+    m_at = slot.take(Br);
+    l_at = slot.take(Br);
+    alpha_at = slot.take(Br);
+    ones_at = slot.take(Br);
+    st_at = slot.take(static_cast<std::int64_t>(Bc) * Br);
+    q_parts_at = slot.take(q_parts / 2);  // bf16, two a float
+    p_parts_at = slot.take(p_parts / 2);
+    slot_floats = slot.end;
     const std::int64_t slots = naive ? workers : workers * Ops::Fma::T::query_tiles_per_item;
-    total = n.add(slots_at, n.mul(slots, slot_floats));
-    if (n.overflow) total = -1;
+    Layout all;
+    k_at = all.take(n.mul(held_heads, head_floats));
+    v_at = all.take(n.mul(held_heads, head_floats));
+    scores_at = all.take(scores);
+    slots_at = all.take(n.mul(slots, slot_floats));
+    total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
   // K and Vᵀ parts: of kv head `held` (b·kv_heads + hk), or in local mode of worker `held`.
   bf16* k_parts(std::int64_t held) const {
-    return reinterpret_cast<bf16*>(base + held * head_floats);
+    return reinterpret_cast<bf16*>(base + k_at + held * head_floats);
   }
   bf16* v_parts(std::int64_t held) const {
     return reinterpret_cast<bf16*>(base + v_at + held * head_floats);
@@ -104,13 +115,10 @@ struct AmxWorkspace : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br> {
   }
   Slot slot(int w) const {
     float* s = base + slots_at + w * slot_floats;
-    const std::int64_t tile = align_floats(dim_pad * Br), vec = align_floats(Br);
-    float* st = s + 2 * tile + 4 * vec;
-    float* q_parts = st + align_floats(static_cast<std::int64_t>(Bc) * Br);
-    float* p_parts = q_parts + align_floats(this->q_parts / 2);
-    return {s,       s + tile, s + 2 * tile, s + 2 * tile + vec, s + 2 * tile + 2 * vec,
-            s + 2 * tile + 3 * vec, st, reinterpret_cast<bf16*>(q_parts),
-            reinterpret_cast<bf16*>(p_parts)};
+    return {s + qt_at,    s + ot_at,   s + m_at,
+            s + l_at,     s + alpha_at, s + ones_at,
+            s + st_at,    reinterpret_cast<bf16*>(s + q_parts_at),
+            reinterpret_cast<bf16*>(s + p_parts_at)};
   }
 
   // Splits every kv head's K and Vᵀ into parts and checks Q. False: some input value
