@@ -86,6 +86,9 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   std::int64_t Dp, chunk_keys, slots, batch, key_floats, operand_floats, tile_t, tile_vec,
       rows_floats;
   std::int64_t worker_floats, dq_parts_at, kv_part, dkv_parts_at, workers_at, total;
+  // Within a worker's slot (Worker's pieces, in its order).
+  std::int64_t k_at, v_at, kt_at, operands_at, lse2_at, delta_at, dq_at, dk_at, dv_at, st_at,
+      dst_at, scratch_at, p_rows_at, ds_rows_at, ds_pairs_at;
   float* base = nullptr;
 
   AmxBackwardWorkspace(const detail::Problem& problem, int workers)
@@ -101,46 +104,50 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     rows_floats = align_floats(kParts * Bc * Br / 2);
     const std::int64_t per_slot = kOperands * operand_floats + 2 * tile_vec + tile_t;
     batch = std::clamp<std::int64_t>(kQueryBytesPerWorker / (per_slot * 4), 1, slots);
-    worker_floats = n.add(n.mul(3, key_floats), n.mul(batch, per_slot));
-    worker_floats = n.add(worker_floats, n.mul(2, n.mul(chunk_keys, Dp)));
-    worker_floats = n.add(worker_floats, 2 * Bc * Br + tile_t + 3 * rows_floats);
-    kv_part = n.mul(n.mul(key_tiles, Bc), Dp);  // one kv head's dK (or dV) rows
-    std::int64_t at = 0;
-    auto take = [&](std::int64_t floats) {
-      const std::int64_t start = at;
-      at = n.add(at, floats);
-      return start;
-    };
-    dq_parts_at = take(chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0);
-    dkv_parts_at = take(n.mul(this->dkv_blocks(), kv_part));
-    workers_at = take(n.mul(workers, worker_floats));
-    total = n.overflow ? -1 : at;
+    Layout slot;
+    k_at = slot.take(key_floats);  // K, V and Kᵀ parts of the item's keys (bf16)
+    v_at = slot.take(key_floats);
+    kt_at = slot.take(key_floats);
+    operands_at = slot.take(n.mul(batch, kOperands * operand_floats));
+    lse2_at = slot.take(n.mul(batch, tile_vec));
+    delta_at = slot.take(n.mul(batch, tile_vec));
+    dq_at = slot.take(n.mul(batch, tile_t));
+    dk_at = slot.take(n.mul(chunk_keys, Dp));
+    dv_at = slot.take(n.mul(chunk_keys, Dp));
+    st_at = slot.take(Bc * Br);
+    dst_at = slot.take(Bc * Br);
+    scratch_at = slot.take(tile_t);
+    p_rows_at = slot.take(rows_floats);
+    ds_rows_at = slot.take(rows_floats);
+    ds_pairs_at = slot.take(rows_floats);
+    worker_floats = slot.end;
+    kv_part = n.align(n.mul(n.mul(key_tiles, Bc), Dp));  // one kv head's dK (or dV) rows
+    Layout all;
+    dq_parts_at = all.take(chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0);
+    dkv_parts_at = all.take(n.mul(this->dkv_blocks(), kv_part));
+    workers_at = all.take(n.mul(workers, worker_floats));
+    total = n.overflow || slot.n.overflow || all.n.overflow ? -1 : all.end;
   }
 
   static bf16* as_parts(float* at) { return reinterpret_cast<bf16*>(at); }
   Worker worker(int w) const {
-    float* at = base + workers_at + w * worker_floats;
-    auto take = [&](std::int64_t floats) {
-      float* start = at;
-      at += floats;
-      return start;
-    };
+    float* s = base + workers_at + w * worker_floats;
     Worker r;
-    r.k = as_parts(take(key_floats));
-    r.v = as_parts(take(key_floats));
-    r.kt = as_parts(take(key_floats));
-    r.operands = as_parts(take(batch * kOperands * operand_floats));
-    r.lse2 = take(batch * tile_vec);
-    r.delta = take(batch * tile_vec);
-    r.dq = take(batch * tile_t);
-    r.dk = take(chunk_keys * Dp);
-    r.dv = take(chunk_keys * Dp);
-    r.st = take(Bc * Br);
-    r.dst = take(Bc * Br);
-    r.scratch = take(tile_t);
-    r.p_rows = as_parts(take(rows_floats));
-    r.ds_rows = as_parts(take(rows_floats));
-    r.ds_pairs = as_parts(take(rows_floats));
+    r.k = as_parts(s + k_at);
+    r.v = as_parts(s + v_at);
+    r.kt = as_parts(s + kt_at);
+    r.operands = as_parts(s + operands_at);
+    r.lse2 = s + lse2_at;
+    r.delta = s + delta_at;
+    r.dq = s + dq_at;
+    r.dk = s + dk_at;
+    r.dv = s + dv_at;
+    r.st = s + st_at;
+    r.dst = s + dst_at;
+    r.scratch = s + scratch_at;
+    r.p_rows = as_parts(s + p_rows_at);
+    r.ds_rows = as_parts(s + ds_rows_at);
+    r.ds_pairs = as_parts(s + ds_pairs_at);
     return r;
   }
   // The query tile of slot s of an item whose first query head is (b, h_begin).
