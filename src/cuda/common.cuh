@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/async_copy.cuh"
 #include "cuda/params.hpp"
 #include "cuda/visibility.cuh"
 
@@ -177,6 +178,16 @@ __device__ __forceinline__ FusedBlock<T> fused_block(const Params& p, int rows_p
 // The logsumexp row of (batch b, head h), or null when the caller asked for none.
 __device__ __forceinline__ float* lse_head(const Params& p, int b, int h) {
   return p.lse ? p.lse + b * p.lse_stride.batch + h * p.lse_stride.head : nullptr;
+}
+
+// Key tile j of one head's K or V (kKeys keys from key j·kKeys, rows `stride` elements
+// apart from `head`) into a shared tile by cp.async; keys past kv_len are zero-filled.
+template <class T, int kKeys, int kD, int kPitch, int kThreads>
+__device__ __forceinline__ void load_key_tile_async(T* dst, const T* head, std::int64_t stride,
+                                                    int j, const Params& p, int tid) {
+  const int k0 = j * kKeys;
+  load_tile_async<T, kKeys, kD, kPitch, kThreads>(dst, head + k0 * stride, stride,
+                                                  min(kKeys, p.kv_len - k0), p.head_dim, tid);
 }
 
 // Natural-log logsumexp from a running max m (log2 units) and sum l; -inf when the

@@ -88,10 +88,8 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
   const BlockCoord c = block.c;
   const int tiles = block.tiles;
 
-  auto load = [&](float* dst, const float* src, std::int64_t stride, int j) {
-    const int k0 = j * S::kBc;
-    load_tile_async<float, S::kBc, kD, S::kPitch, S::kThreads>(
-        dst, src + k0 * stride, stride, min(S::kBc, p.kv_len - k0), p.head_dim, tid);
+  auto load = [&](float* dst, const float* head, std::int64_t stride, int j) {
+    load_key_tile_async<float, S::kBc, kD, S::kPitch, S::kThreads>(dst, head, stride, j, p, tid);
   };
 
   float o[S::kRows][S::kOut];

@@ -119,22 +119,15 @@ __global__ void __launch_bounds__(MmaShape<T, kD, kM>::kThreads, 1)
   const int tiles = block.tiles;
 
   auto load_kv = [&](int j, int stage) {
-    const int k0 = j * S::kBc;
-    const int rows = min(S::kBc, p.kv_len - k0);
-    load_tile_async<T, S::kBc, kD, S::kPitch, S::kThreads>(
-        sk + stage * S::kTileElems, block.k + k0 * p.k_stride.seq, p.k_stride.seq, rows, p.head_dim, tid);
-    load_tile_async<T, S::kBc, kD, S::kPitch, S::kThreads>(
-        sv + stage * S::kTileElems, block.v + k0 * p.v_stride.seq, p.v_stride.seq, rows, p.head_dim, tid);
+    load_key_tile_async<T, S::kBc, kD, S::kPitch, S::kThreads>(
+        sk + stage * S::kTileElems, block.k, p.k_stride.seq, j, p, tid);
+    load_key_tile_async<T, S::kBc, kD, S::kPitch, S::kThreads>(
+        sv + stage * S::kTileElems, block.v, p.v_stride.seq, j, p, tid);
   };
 
   float o[kM][S::kDB][4];
   WarpRows rows[kM];
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-#pragma unroll
-    for (int d = 0; d < S::kDB; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
-    rows[m].start();
-  }
+  start_slices(o, rows);
 
   if (tiles > 0) {
     load_tile_async<T, S::kBr, kD, S::kPitch, S::kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,

@@ -122,20 +122,13 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32_ker
   const BlockCoord c = block.c;
   const int tiles = block.tiles;
 
-  auto load = [&](float* dst, const float* src, std::int64_t stride, int j) {
-    const int k0 = j * S::kBc;
-    load_tile_async<float, S::kBc, kD, S::kPitch, S::kThreads>(
-        dst, src + k0 * stride, stride, min(S::kBc, p.kv_len - k0), p.head_dim, tid);
+  auto load = [&](float* dst, const float* head, std::int64_t stride, int j) {
+    load_key_tile_async<float, S::kBc, kD, S::kPitch, S::kThreads>(dst, head, stride, j, p, tid);
   };
 
   float o[kM][S::kDB][4];
   WarpRows rows[kM];
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-#pragma unroll
-    for (int d = 0; d < S::kDB; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
-    rows[m].start();
-  }
+  start_slices(o, rows);
 
   if (tiles > 0) {  // three groups: Q, K_0, V_0
     load_tile_async<float, S::kBr, kD, S::kPitch, S::kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,

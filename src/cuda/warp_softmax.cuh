@@ -23,6 +23,17 @@ struct WarpRows {
   }
 };
 
+// Fresh accumulators for a warp's kM slices: o = 0, m = -inf, l = 0.
+template <int kM, int kDB>
+__device__ __forceinline__ void start_slices(float (&o)[kM][kDB][4], WarpRows (&rows)[kM]) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int d = 0; d < kDB; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
+    rows[m].start();
+  }
+}
+
 // Scales the raw scores to log2 units (s ← s·scale·log2(e)) and, when `mask` is set,
 // hides key columns outside the sequence or, for causal problems, after the query's
 // last visible key: s = -inf. Masking after scaling keeps -inf for any sign of the
