@@ -190,6 +190,23 @@ __device__ __forceinline__ void load_key_tile_async(T* dst, const T* head, std::
                                                   min(kKeys, p.kv_len - k0), p.head_dim, tid);
 }
 
+// The first three cp.async groups of the float32 kernels' one-stage K/V pipeline
+// (fused_tf32.cuh, fused_fma.cuh): the Q tile, K_0, V_0. None for a block that sees no key.
+template <int kBr, int kBc, int kD, int kPitch, int kThreads>
+__device__ __forceinline__ void load_first_tiles(float* sq, float* sk, float* sv,
+                                                 const FusedBlock<float>& block, const Params& p,
+                                                 int tid) {
+  if (block.tiles > 0) {
+    load_tile_async<float, kBr, kD, kPitch, kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,
+                                                      p.head_dim, tid);
+    cp_async_commit();
+    load_key_tile_async<float, kBc, kD, kPitch, kThreads>(sk, block.k, p.k_stride.seq, 0, p, tid);
+    cp_async_commit();
+    load_key_tile_async<float, kBc, kD, kPitch, kThreads>(sv, block.v, p.v_stride.seq, 0, p, tid);
+    cp_async_commit();
+  }
+}
+
 // Natural-log logsumexp from a running max m (log2 units) and sum l; -inf when the
 // row saw no key (l = 0), NaN stays NaN.
 __device__ __forceinline__ float logsumexp(float m, float l) {

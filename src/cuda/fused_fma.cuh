@@ -102,15 +102,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
     for (int d = 0; d < S::kOut; ++d) o[i][d] = 0.0f;
   }
 
-  if (tiles > 0) {  // three groups: Q, K_0, V_0
-    load_tile_async<float, S::kBr, kD, S::kPitch, S::kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,
-                                                              p.head_dim, tid);
-    cp_async_commit();
-    load(sk, block.k, p.k_stride.seq, 0);
-    cp_async_commit();
-    load(sv, block.v, p.v_stride.seq, 0);
-    cp_async_commit();
-  }
+  load_first_tiles<S::kBr, S::kBc, kD, S::kPitch, S::kThreads>(sq, sk, sv, block, p, tid);
   const int row0 = c.q0 + tr * S::kRows;  // sequence index of this thread's first row
 
   for (int j = 0; j < tiles; ++j) {

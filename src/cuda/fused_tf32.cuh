@@ -130,15 +130,7 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32_ker
   WarpRows rows[kM];
   start_slices(o, rows);
 
-  if (tiles > 0) {  // three groups: Q, K_0, V_0
-    load_tile_async<float, S::kBr, kD, S::kPitch, S::kThreads>(sq, block.q, p.q_stride.seq, block.q_rows,
-                                                              p.head_dim, tid);
-    cp_async_commit();
-    load(sk, block.k, p.k_stride.seq, 0);
-    cp_async_commit();
-    load(sv, block.v, p.v_stride.seq, 0);
-    cp_async_commit();
-  }
+  load_first_tiles<S::kBr, S::kBc, kD, S::kPitch, S::kThreads>(sq, sk, sv, block, p, tid);
 
   const int warp_row0 = c.q0 + warp * kM * 16;  // slice m starts 16·m rows later
   const int row0 = warp_row0 + g;
