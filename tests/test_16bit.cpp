@@ -162,6 +162,11 @@ struct Case16 {
   Causal causal;
   Layout layout;
 };
+// What gtest prints for a case (its padding bytes otherwise, which change between builds).
+void PrintTo(const Case16& c, std::ostream* os) {
+  *os << "B" << c.B << "_H" << c.Hq << "x" << c.Hkv << "_S" << c.Sq << "x" << c.Sk << "_D" << c.D
+      << "_" << fattn::to_string(c.causal) << "_" << layout_name(c.layout);
+}
 
 std::vector<std::tuple<DType, Variant, Case16>> kernel_cases() {
   const Case16 cases[] = {{2, 4, 2, 65, 113, 64, Causal::none, Layout::bhsd},

@@ -35,6 +35,7 @@ bool cp_async_ready(const TensorView& t) {
   return true;
 }
 
+// Whether out takes 2-element vector stores (Params::out_pairs).
 bool pair_stores_ok(const TensorView& t) {
   const int bytes = 2 * element_size(t.dtype);
   if (reinterpret_cast<std::uintptr_t>(t.data) % static_cast<unsigned>(bytes) != 0) return false;
@@ -42,9 +43,6 @@ bool pair_stores_ok(const TensorView& t) {
     if (t.size(d) > 1 && t.stride(d) % 2 != 0) return false;
   return true;
 }
-
-
-}  // namespace
 
 // 128-row query tiles (two 16-row slices per warp, tile_config.hpp) load each K/V
 // fragment once for twice the MMAs, but make half as many blocks. They are taken when
@@ -54,8 +52,6 @@ bool pair_stores_ok(const TensorView& t) {
 // exception: causal S = 512, D = 64, 0.97x); where the grid is smaller (B=2, H=8,
 // S <= 1024: 16-128 blocks) they are 0.63-0.96x.
 constexpr int kBlocksPerSm = 2;  // registers (~230 per thread) allow two blocks per SM
-
-namespace {
 
 bool tall_tiles_pay(const Params& p, int tall_rows, int device) {
   const long long blocks =

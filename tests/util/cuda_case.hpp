@@ -102,6 +102,8 @@ struct Case {
   double effective_scale() const { return std::isnan(scale) ? fattn_test::default_scale(D) : scale; }
   std::int64_t rows() const { return static_cast<std::int64_t>(B) * Hq * Sq; }
 };
+// What gtest prints for a case: its name (its padding bytes otherwise).
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
 // The options a case runs with (the kernel is chosen apart from them).
 inline Options options_for(const Case& c) {
