@@ -44,18 +44,17 @@ inline constexpr KernelFamily kKernelFamilies[] = {
     {Kernel::fused_fma, "fused_fma", Method::fma, Inputs::float32},
 };
 
-constexpr const KernelFamily& family(Kernel kernel) {
-  for (const KernelFamily& f : kKernelFamilies)
-    if (f.kernel == kernel) return f;
-  return kKernelFamilies[0];  // unreachable: every Kernel has a row (static_assert below)
-}
-
 constexpr bool every_kernel_has_one_row() {
   for (std::size_t i = 0; i < std::size(kKernelFamilies); ++i)
     if (static_cast<std::size_t>(kKernelFamilies[i].kernel) != i) return false;
   return true;
 }
 static_assert(every_kernel_has_one_row(), "kKernelFamilies lists Kernel's values in order");
+
+// A Kernel's row: its value indexes the table (the static_assert above).
+constexpr const KernelFamily& family(Kernel kernel) {
+  return kKernelFamilies[static_cast<std::size_t>(kernel)];
+}
 
 constexpr bool is_wgmma(Kernel kernel) { return family(kernel).method == Method::wgmma; }
 constexpr bool is_tf32(Kernel kernel) { return family(kernel).method == Method::tf32_slices; }

@@ -133,22 +133,23 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
 
 void force_tile_rows(Plan& plan, int tile_rows, std::int64_t head_dim) {
   if (tile_rows == 0) return;
-if (is_wgmma(plan.kernel)) {
-  if (tile_rows != wgmma_tile_rows(plan.kernel_dim))
-    fail("tile_rows = " + std::to_string(tile_rows) + " is not a tile height of the " +
-         to_string(plan.kernel) + " CUDA kernel (0, or " +
-         std::to_string(wgmma_tile_rows(plan.kernel_dim)) + ")");
-} else {
-  const int rows = slice_tiles(plan.kernel, plan.kernel_dim).tile_rows(1);
-  if (!is_slice_kernel(plan.kernel) || (tile_rows != rows && tile_rows != 2 * rows))
-    fail("tile_rows = " + std::to_string(tile_rows) + " is not a tile height of the " +
-         to_string(plan.kernel) + " CUDA kernel (0, or " + std::to_string(rows) + " or " +
-         std::to_string(2 * rows) + " for the tensor-core kernels)");
-  if (tile_rows == 2 * rows && slice_tiles(plan.kernel, plan.kernel_dim).max_slices < 2)
+  const std::string not_a_height = "tile_rows = " + std::to_string(tile_rows) +
+                                   " is not a tile height of the " + to_string(plan.kernel) +
+                                   " CUDA kernel (0, or ";
+  if (is_wgmma(plan.kernel)) {
+    const int rows = wgmma_tile_rows(plan.kernel_dim);
+    if (tile_rows != rows) fail(not_a_height + std::to_string(rows) + ")");
+    return;
+  }
+  const SliceTiles tiles = slice_tiles(plan.kernel, plan.kernel_dim);
+  const int rows = tiles.tile_rows(1), tall = tiles.tile_rows(2);
+  if (!is_slice_kernel(plan.kernel) || (tile_rows != rows && tile_rows != tall))
+    fail(not_a_height + std::to_string(rows) + " or " + std::to_string(tall) +
+         " for the tensor-core kernels)");
+  if (tile_rows == tall && tiles.max_slices < 2)
     fail("tile_rows = " + std::to_string(tile_rows) + " needs a head dim of at most " +
          std::to_string(max_tall_head_dim()) + ", got " + std::to_string(head_dim));
   plan.tile_rows = tile_rows;
-}
 }
 
 detail::Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -152,7 +152,7 @@ def _whole(q, k, v):
     return fattn.flash_attention(q, k, v, layout="bhsd", causal=True)
 
 
-def _single(s, args, threads):
+def _single(s, args):
     """One process on the whole sequence: (median seconds, peak bytes above its start), or
     (None, the error's first line) when it does not fit the memory budget."""
     chunks = range(2 * args.ranks)
@@ -170,10 +170,10 @@ def _single(s, args, threads):
 def _single_in_budget(rank, args, threads, results):
     """_single in a child process whose memory is capped at the budget."""
     torch.set_num_threads(threads)
-    _step(_whole, *_inputs(128, args.ranks, range(2 * args.ranks)), False)  # threads
+    _step(_whole, *_inputs(64 * args.ranks, args.ranks, range(2 * args.ranks)), False)  # threads
     _limit_memory(args.memory_budget_gib)
     for s in args.seq:
-        results[s] = _single(s, args, threads)
+        results[s] = _single(s, args)
 
 
 def main(argv=None):
@@ -207,7 +207,7 @@ def main(argv=None):
     else:
         torch.set_num_threads(threads)
         for s in args.seq:
-            single[s] = _single(s, args, threads)
+            single[s] = _single(s, args)
     budget = ("" if args.memory_budget_gib is None
               else f"; memory budget {args.memory_budget_gib:g} GiB per process")
     print(f"fattn {fattn.__version__}: ring attention, {args.ranks} ranks x "
