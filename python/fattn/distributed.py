@@ -38,6 +38,9 @@ def _world(group):
 
 def chunk_ids(rank: int, world: int) -> tuple[int, int]:
     """The two of the 2·world sequence chunks that rank holds (shard's zigzag split)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"chunk_ids: rank must be in [0, world) and world >= 1, got rank={rank}, "
+                         f"world={world}")
     return (rank, 2 * world - 1 - rank)
 
 

@@ -117,6 +117,9 @@ def test_bench_ring_memory_budget(tmp_path):
     assert row["memory_budget_bytes"] == 2**29
     assert 0 < row["rank_peak_bytes"] < 2**29 and 0 < row["single_peak_bytes"] < 2**29
     assert row["single_s"] > 0
+    # A negative budget is refused before any process starts.
+    p = run(-1)
+    assert p.returncode == 2 and "--memory-budget-gib must be >= 0, got -1" in p.stderr
     # Under a budget of nothing, the ranks' first allocation fails: an error, not a hang.
     p = run(0)
     assert p.returncode != 0 and "can't allocate memory" in p.stdout + p.stderr

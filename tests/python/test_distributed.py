@@ -101,3 +101,10 @@ def _one_rank_fails(rank, world):
 def test_a_failing_rank_does_not_hang_the_others():
     with pytest.raises(Exception, match="rank 1 failed on purpose"):
         run_ranks(_one_rank_fails, 2)
+
+
+def test_chunk_ids_are_the_zigzag_pair_and_check_their_arguments():
+    assert [fd.chunk_ids(r, 4) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    for rank, world in ((4, 4), (-1, 4), (0, 0)):
+        with pytest.raises(ValueError, match=f"rank={rank}, world={world}"):
+            fd.chunk_ids(rank, world)

@@ -197,6 +197,8 @@ def main(argv=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if args.memory_budget_gib is not None and args.memory_budget_gib < 0:
+        p.error(f"--memory-budget-gib must be >= 0, got {args.memory_budget_gib:g}")
     if any(s % (2 * args.ranks) for s in args.seq):
         p.error(f"--seq: every S must be a multiple of 2 × --ranks = {2 * args.ranks}")
     contention = Contention()
