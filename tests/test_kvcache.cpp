@@ -225,6 +225,10 @@ std::vector<CacheCase> grid() {
       appending(contiguous(2, 8, 2, 5, 100, 64, {90, 3}, kBR), 5),
       appending(paged(contiguous(2, 4, 2, 4, 256, 32, {30, 100}, kBR), 32), 4),
       appending(paged(contiguous(3, 4, 4, 2, 128, 64, {15, 16, 0}), 16), 2),
+      // 48 rows or more per kv head (the query rows along the lanes), paged and appended
+      paged(contiguous(2, 16, 2, 8, 1024, 64, {1000, 301}, kBR), 16),
+      split(paged(contiguous(1, 12, 1, 4, 2048, 128, {2047}), 32), 3, 2),
+      appending(paged(contiguous(2, 8, 1, 7, 256, 64, {100, 9}, kBR), 16), 7),
   };
 }
 
@@ -249,16 +253,18 @@ Call run_default(const CacheCase& c, Cache& cache, const Tensor& q) {
 }
 
 TEST(KvCache, PagedEqualsContiguousBitForBit) {
-  for (int splits : {1, 4}) {
-    const CacheCase c = split(contiguous(2, 8, 2, 3, 1024, 64, {1000, 333}, kBR), splits);
-    Rng rng(test_seed());
-    Cache flat = make_cache(c, rng);
-    const Tensor q = make_input(Layout::bhsd, c.B, c.Hq, c.Sq, c.D, rng);
-    Rng rng2(test_seed());
-    Cache pages = make_cache(paged(c, 32), rng2);
-    EXPECT_TRUE(bitwise_equal(run_default(c, flat, q).r.out, run_default(paged(c, 32), pages, q).r.out))
-        << "splits " << splits;
-  }
+  // GQA 4:1: 12 rows per kv head (keys along the lanes) and 64 (query rows along them)
+  for (std::int64_t Sq : {3, 16})
+    for (int splits : {1, 4}) {
+      const CacheCase c = split(contiguous(2, 8, 2, Sq, 1024, 64, {1000, 333}, kBR), splits);
+      Rng rng(test_seed());
+      Cache flat = make_cache(c, rng);
+      const Tensor q = make_input(Layout::bhsd, c.B, c.Hq, c.Sq, c.D, rng);
+      Rng rng2(test_seed());
+      Cache pages = make_cache(paged(c, 32), rng2);
+      EXPECT_TRUE(bitwise_equal(run_default(c, flat, q).r.out, run_default(paged(c, 32), pages, q).r.out))
+          << "Sq " << Sq << ", splits " << splits;
+    }
 }
 
 TEST(KvCache, SameBitsEveryRun) {

@@ -6,7 +6,9 @@
 //   for each key tile, for each kv head:
 //        next ← the next head's tile, asked of memory during this one's compute (Prefetch)
 //        st ← qs·Kᵀ                 (tile_scores: from the key rows for ≤ 4 rows, else
-//                                    through the transposed tile)
+//                                    through the transposed tile; items of 48 rows or
+//                                    more: the query rows along the lanes instead,
+//                                    cpu/decode_query_lanes.hpp)
 //        m, l, st ← online softmax  (softmax_update; the visibility object says which
 //                                    keys each row sees)
 //        os ← alpha·os + st·V       (pv_accumulate)
@@ -30,6 +32,7 @@
 #include "core/problem.hpp"
 #include "cpu/decode_mods.hpp"
 #include "cpu/decode_ops.hpp"
+#include "cpu/decode_query_lanes.hpp"
 #include "cpu/workspace.hpp"
 
 namespace fattn::cpu {
@@ -54,6 +57,11 @@ struct DecodePlan {
 
   // K and V read where they lie (DecodeOps::reads_in_place), else staged tile by tile.
   bool in_place;
+  // The tiles' layout: query rows along the lanes (DecodeQueryLanes) for the items that
+  // take it (query_lanes_for), keys along them (DecodeOps) for the others. lane_rows: the
+  // rows of the running states and scores, its Br where any item takes query lanes.
+  bool query_lanes;
+  std::int64_t lane_rows;
   std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
   // Floats from the start of the working memory; per head: qs, os, m, l, alpha, and the
   // query rows' bfloat16 bits qb where the scores use them (on_bf16_dot_products).
@@ -72,12 +80,14 @@ struct DecodePlan {
     rows = n.mul(p.group_size(), p.q_len);
     tile_rows = std::min(rows, kRowTile);
     row_tiles = n.div_up(rows, kRowTile);
-    Layout head;  // tile_rows ≤ 64, Dp ≤ 256: no overflow
-    qs_at = head.take(tile_rows * Dp);
-    os_at = head.take(tile_rows * Dp);
-    m_at = head.take(tile_rows);
-    l_at = head.take(tile_rows);
-    alpha_at = head.take(tile_rows);
+    query_lanes = DecodeQueryLanes<S>::applies(p, !in_place) && DecodeQueryLanes<S>::takes(tile_rows);
+    lane_rows = query_lanes ? DecodeQueryLanes<S>::Br : tile_rows;
+    Layout head;  // lane_rows ≤ 64, Dp ≤ 256: no overflow
+    qs_at = head.take(lane_rows * Dp);
+    os_at = head.take(lane_rows * Dp);
+    m_at = head.take(lane_rows);
+    l_at = head.take(lane_rows);
+    alpha_at = head.take(lane_rows);
     qb_at = head.take(dot_bf16 ? n.div_up(tile_rows * Dp, 2) : 0);  // two bfloat16 per float
     head_floats = head.end;
     const std::int64_t stage_floats = Ops::Bk * Dp;  // one head's key tile of K or V
@@ -86,7 +96,7 @@ struct DecodePlan {
     head_groups = n.div_up(p.kv_heads, heads_per_item);
     Layout worker;
     kt_at = worker.take(D * Ops::Bk);
-    st_at = worker.take(tile_rows * Ops::Bk);
+    st_at = worker.take(lane_rows * Ops::Bk);
     heads_at = worker.take(n.mul(head_floats, heads_per_item));
     // The staging buffers only where tiles are staged (no room taken when read in place).
     const std::int64_t staged_floats = in_place ? 0 : n.mul(stage_floats, heads_per_item);
@@ -117,6 +127,9 @@ struct DecodePlan {
   struct Item {
     std::int64_t b, hk_begin, hk_end, r0, rows, row_tile, chunk;
   };
+  bool query_lanes_for(const Item& it) const {
+    return query_lanes && DecodeQueryLanes<S>::takes(it.rows);
+  }
   // Items run head group by head group, the chunks of one row tile side by side.
   Item item(const detail::Problem& p, std::int64_t index) const {
     const std::int64_t chunk = index % splits, tile = index / splits;
@@ -254,6 +267,7 @@ template <class S>
 struct DecodeWorker {
   using Ops = DecodeOps<S>;
   using Plan = DecodePlan<S>;
+  using QueryLanes = DecodeQueryLanes<S>;
   const detail::Problem& p;
   const Plan& plan;
   float* w;        // this worker's memory
@@ -264,12 +278,21 @@ struct DecodeWorker {
     return {h + plan.qs_at, h + plan.os_at, h + plan.m_at, h + plan.l_at, h + plan.alpha_at,
             plan.dot_bf16 ? reinterpret_cast<std::uint16_t*>(h + plan.qb_at) : nullptr};
   }
+  // The same memory as the query-lane tiles' state: qt in qs's place, ot in os's.
+  static typename QueryLanes::State lanes(const HeadState& h) {
+    return {h.qs, h.os, h.m, h.l, h.alpha};
+  }
 
   // Each head's query rows, scaled by scale·log2(e) (and their bits, for dot_bf16), and
   // fresh (m, l, os).
   void start(const typename Plan::Item& it) const {
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
+      if (plan.query_lanes_for(it)) {
+        QueryLanes::load_q(p, it.b, hk, it.r0, it.rows, q_factor, h.qs);
+        QueryLanes::Tile::start_rows(h.m, h.l, h.os, p.head_dim);
+        continue;
+      }
       Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.qs, h.qb);
       Ops::start_rows(it.rows, p.head_dim, h.m, h.l, h.os);
     }
@@ -296,6 +319,12 @@ struct DecodeWorker {
       typename Ops::Prefetch next = tiles.next(it, hk, j0, kv_end);
       const auto k = tiles.k_rows(it, hk, j0, nj);
       const auto v = tiles.v_rows(it, hk, j0, nj);
+      if constexpr (std::is_same_v<decltype(k), const typename QueryLanes::Rows>) {
+        if (plan.query_lanes_for(it)) {
+          QueryLanes::key_tile(k, v, nj, it.rows, visible, D, lanes(h), st, next);
+          continue;
+        }
+      }
       Ops::tile_scores(h.qs, h.qb, q_factor, it.rows, D, k, nj, kt, st, next);
       if (p.mods.any() || p.has_window())  // a mask hiding the tile from every row: skipped
         if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) continue;
@@ -308,7 +337,11 @@ struct DecodeWorker {
   void finish(const typename Plan::Item& it, float* memory) const {
     const std::int64_t Dp = plan.Dp;
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
-      const HeadState h = state(hk - it.hk_begin);
+      HeadState h = state(hk - it.hk_begin);
+      if (plan.query_lanes_for(it)) {  // ot into the rows layout, in the query tile's place
+        QueryLanes::to_rows(h.os, it.rows, p.head_dim, Dp, h.qs);
+        h.os = h.qs;
+      }
       if (plan.splits == 1) {
         store_group_rows<S>(p, it.b, hk, it.r0, it.rows, h.os, h.m, h.l);
         continue;

@@ -85,7 +85,7 @@ struct DecodeOps {
   struct Prefetch {
     static constexpr std::int64_t kLineBytes = 64;
     // Rows asked for after each 16×16 block of the transpose: 2 rows (32.5 GB/s), 4 (30.6),
-    // 8 (30.1), 16 (27.0); the rows left are asked for before the scores.
+    // 8 (30.1), 16 (27.0); the rows left a line per dim of the scores (issue_line).
     static constexpr std::int64_t kRowsPerBlock = 2;
     // ... and after each block of direct scores (cpu/decode_direct.hpp; 24 blocks per
     // tile at 4 rows), rows of this many cache lines in all: the bytes, not the rows,
@@ -97,6 +97,7 @@ struct DecodeOps {
     // The tiles' rows as bytes: a 16-bit row is half a float32 row's lines.
     Rows<char> k{}, v{};
     std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of 2·rows (K's, then V's)
+    std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
     std::int64_t rows_per_direct_block = 0;
 
     template <class E>
@@ -120,7 +121,22 @@ struct DecodeOps {
         for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) __builtin_prefetch(row + d, 0, 3);
       }
     }
-    void issue_rest() { issue(left()); }
+    // One line, the next of the row being asked for: called once per dim of a score block,
+    // so the lines go out evenly among the FMAs. In bursts (a block's share of rows at
+    // once) the core stalled on full miss buffers: Sq = 16, query lanes, 6 % of the
+    // samples on the burst's loop; evenly, 348-355 → 388 GFLOP/s; Sq = 4, key lanes,
+    // 166-181 → 184-195 (docs/perf-log.md, "query rows along the lanes").
+    [[gnu::always_inline]] void issue_line() {
+      if (next >= 2 * rows) return;
+      const char* row = next < rows ? k.row(next) : v.row(next - rows);
+      __builtin_prefetch(row + line_at, 0, 3);
+      line_at += kLineBytes;
+      if (line_at >= row_bytes) line_at = 0, ++next;
+    }
+    void issue_rest() {
+      line_at = 0;  // a row begun by issue_line is asked for whole again
+      issue(left());
+    }
     std::int64_t left() const { return 2 * rows - next; }  // rows not yet asked for
     void issue_after_direct_block() { issue(rows_per_direct_block); }
   };
@@ -203,9 +219,10 @@ struct DecodeOps {
   // st[r][·] = Σ_d qs[r][d] · kt[d][·] for R rows.
   template <int R>
   static void scores_block(const float* qs, std::int64_t Dp, std::int64_t D, const float* kt,
-                           float* st) {
+                           float* st, Prefetch& next) {
     vec acc[R][KV] = {};
     for (std::int64_t d = 0; d < D; ++d) {
+      next.issue_line();
       vec kv[KV];
 #pragma GCC unroll 8
       for (int u = 0; u < KV; ++u) kv[u] = S::load(kt + d * Bk + u * L);
@@ -223,25 +240,21 @@ struct DecodeOps {
   }
 
   // Scores of the key tile against `rows` query rows; the rows of `next` the transpose
-  // left are asked for evenly between the row blocks, not all at once before them.
+  // left are asked for a line per dim of the row blocks, not all at once before them.
   static void scores(const float* qs, std::int64_t rows, std::int64_t D, const float* kt,
                      float* st, Prefetch& next) {
     const std::int64_t Dp = padded_dim(D);
-    const std::int64_t per_block = (next.left() + rows / SR) / std::max<std::int64_t>(1, rows / SR);
     std::int64_t r = 0;
-    for (; r + SR <= rows; r += SR) {
-      scores_block<SR>(qs + r * Dp, Dp, D, kt, st + r * Bk);
-      next.issue(per_block);
-    }
-    if (r < rows) scores_tail<SR - 1>(static_cast<int>(rows - r), qs + r * Dp, Dp, D, kt, st + r * Bk);
+    for (; r + SR <= rows; r += SR) scores_block<SR>(qs + r * Dp, Dp, D, kt, st + r * Bk, next);
+    if (r < rows) scores_tail<SR - 1>(static_cast<int>(rows - r), qs + r * Dp, Dp, D, kt, st + r * Bk, next);
     next.issue_rest();
   }
   template <int R>
   static void scores_tail(int rows, const float* qs, std::int64_t Dp, std::int64_t D,
-                          const float* kt, float* st) {
+                          const float* kt, float* st, Prefetch& next) {
     if constexpr (R > 0) {
-      if (rows == R) return scores_block<R>(qs, Dp, D, kt, st);
-      scores_tail<R - 1>(rows, qs, Dp, D, kt, st);
+      if (rows == R) return scores_block<R>(qs, Dp, D, kt, st, next);
+      scores_tail<R - 1>(rows, qs, Dp, D, kt, st, next);
     }
   }
 

@@ -29,6 +29,7 @@ template <class S>
 struct TileOps {
   using Simd = S;
   using vec = typename S::vec;
+  using ivec = typename S::ivec;
   using T = Tiling<S::lanes * static_cast<int>(sizeof(float))>;
   static constexpr int L = S::lanes;
   static constexpr int NV = T::query_vecs;
@@ -38,10 +39,18 @@ struct TileOps {
   static constexpr int MD = T::dim_rows;
   static_assert(Bc % MK == 0, "a key tile is a whole number of key panels");
 
-  // Which (key, query) pairs of a tile are visible, for the tiles an edge of the band
-  // crosses (Problem: band_lo <= key − query <= band_hi): query i0+i sees key j0+j iff
-  // first_seeing(j) <= i < end_seeing(j), both clamped to [0, Br] by seeing_rows.
+  // Which query lanes see key j of a tile in P·V: the visibility policy of pv_block, one
+  // of three. A lane that does not see a key skips it (its p is not added, even as 0).
+  // Every key ...
+  struct AllVisible {
+    static constexpr bool masks = false;
+    void lanes(std::int64_t, ivec*) const {}
+  };
+  // ... a band edge (the tiles an edge of the band crosses; Problem: band_lo <= key −
+  // query <= band_hi): query i0+i sees key j0+j iff first_seeing(j) <= i < end_seeing(j),
+  // both clamped to [0, Br] by seeing_rows ...
   struct Band {
+    static constexpr bool masks = true;
     std::int64_t j0, i0, lo, hi;
     std::int64_t first_seeing(std::int64_t j) const { return j0 + j - hi - i0; }
     std::int64_t end_seeing(std::int64_t j) const { return j0 + j - lo - i0 + 1; }
@@ -50,7 +59,48 @@ struct TileOps {
       *first = clamp_row(first_seeing(j));
       *end = clamp_row(end_seeing(j));
     }
+    void lanes(std::int64_t j, ivec visible[NV]) const {
+      std::int64_t first, end;
+      seeing_rows(j, &first, &end);
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) {
+        const ivec lane = __builtin_convertvector(S::iota(), ivec) + u * L;
+        visible[u] = (lane >= static_cast<std::int32_t>(first)) & (lane < static_cast<std::int32_t>(end));
+      }
+    }
   };
+  // ... or each lane's own end: lane i sees keys [0, end[i]) of the tile (the decode
+  // kernel's rows, which mix query heads and positions).
+  struct LaneEnds {
+    static constexpr bool masks = true;
+    ivec end[NV];
+    void lanes(std::int64_t j, ivec visible[NV]) const {
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) visible[u] = static_cast<std::int32_t>(j) < end[u];
+    }
+  };
+
+  // Where the values of a tile's keys lie, the value policy of pv_block: key j's row at
+  // v + j·stride, dims contiguous (the decode kernel's rows of a paged cache are another).
+  struct ValueRows {
+    const float* v;
+    std::int64_t stride;
+    const float* row(std::int64_t j) const { return v + j * stride; }
+    ValueRows from_dim(std::int64_t d) const { return {v + d, stride}; }
+  };
+
+  // Where the MK keys of a scores_block lie, its key policy: a packed panel kp[d][MK]
+  // (pack_k_panels: a broadcast walks forward) ...
+  struct KeyPanel {
+    const float* kp;
+    float at(std::int64_t d, int r) const { return kp[d * MK + r]; }
+  };
+  // ... or MK rows where they lie, dims contiguous (the decode kernel's cache).
+  struct KeyRows {
+    const float* row[MK];
+    float at(std::int64_t d, int r) const { return row[r][d]; }
+  };
+
   static Band band_of(const detail::Problem& p, std::int64_t j0, std::int64_t i0) {
     return {j0, i0, p.band_lo, p.band_hi};
   }
@@ -106,16 +156,23 @@ struct TileOps {
     });
   }
 
-  // st[r][·] = Σ_d kp[d][r] · qt[d][·] for the MK keys of one panel.
-  static void scores_block(const float* kp, const float* qt, std::int64_t D, float* st) {
+  // st[r][·] = Σ_d k(d, r) · qt[d][·] for MK keys (a KeyPanel or KeyRows); each_dim()
+  // runs once per dim (the decode kernel asks for a line of its next tile there).
+  struct Nothing {
+    void operator()() const {}
+  };
+  template <class Keys, class EachDim = Nothing>
+  static void scores_block(const Keys& k, const float* qt, std::int64_t D, float* st,
+                           EachDim each_dim = {}) {
     vec acc[MK][NV] = {};
     for (std::int64_t d = 0; d < D; ++d) {
+      each_dim();
       vec qv[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) qv[v] = S::load(qt + d * Br + v * L);
 #pragma GCC unroll 16
       for (int r = 0; r < MK; ++r) {
-        const vec kb = S::splat(kp[d * MK + r]);
+        const vec kb = S::splat(k.at(d, r));
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) acc[r][v] = S::fma(kb, qv[v], acc[r][v]);
       }
@@ -130,7 +187,7 @@ struct TileOps {
   static void scores_tile(const float* kpanels, std::int64_t j0, std::int64_t nj, const float* qt,
                           std::int64_t D, float* st) {
     for (std::int64_t g = j0 / MK; g * MK < j0 + nj; ++g)
-      scores_block(kpanels + g * D * MK, qt, D, st + (g * MK - j0) * Br);
+      scores_block(KeyPanel{kpanels + g * D * MK}, qt, D, st + (g * MK - j0) * Br);
   }
 
   // Hides key j0+j from the queries i0+i outside the band: the score becomes `hidden`
@@ -142,6 +199,15 @@ struct TileOps {
       if (end < first) end = first;
       for (std::int64_t i = 0; i < first; ++i) st[j * Br + i] = hidden;
       for (std::int64_t i = end; i < Br; ++i) st[j * Br + i] = hidden;
+    }
+  }
+  static void mask_tile(float* st, std::int64_t nj, const LaneEnds& ends, float hidden = kNegInf) {
+    for (std::int64_t j = 0; j < nj; ++j) {
+      ivec visible[NV];
+      ends.lanes(j, visible);
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u)
+        S::store(st + j * Br + u * L, visible[u] ? S::load(st + j * Br + u * L) : S::splat(hidden));
     }
   }
 
@@ -177,40 +243,29 @@ struct TileOps {
     }
   }
 
-  // ot[d0+r][·] = alpha·ot[d0+r][·] + Σ_{j<nj} v[j][d0+r] · p[j][·] for R dims.
-  // On a tile an edge of the band crosses, the hidden (key, query) pairs are skipped rather
-  // than added with p = 0, so a NaN or Inf in a value row reaches only the queries that see
-  // it (a boolean attn_mask's hidden pairs are added with p = 0, as torch's math backend).
-  template <int R, bool OnBand>
-  static void pv_block(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
-                       const float* alpha, float* ot, const Band& band) {
-    using ivec = typename S::ivec;
+  // ot[d0+r][·] = alpha·ot[d0+r][·] + Σ_{j<nj} v[j][d0+r] · p[j][·] for R dims, the rows
+  // of v from `Values` (ValueRows) and the lanes that see each key from `Vis` (AllVisible,
+  // Band, LaneEnds). A lane that does not see a key skips it rather than adding it with
+  // p = 0, so a NaN or Inf in a value row reaches only the queries that see it (a boolean
+  // attn_mask's hidden pairs are added with p = 0, as torch's math backend).
+  template <int R, class Vis, class Values>
+  static void pv_block(const Values& v, std::int64_t nj, const float* p, const float* alpha,
+                       float* ot, const Vis& vis) {
     vec acc[R][NV] = {};
-    ivec lane[NV];
-#pragma GCC unroll 8
-    for (int u = 0; u < NV; ++u)
-      lane[u] = __builtin_convertvector(S::iota(), ivec) + u * L;
     for (std::int64_t j = 0; j < nj; ++j) {
       vec pv[NV];
       ivec visible[NV];
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u) pv[u] = S::load(p + j * Br + u * L);
-      if constexpr (OnBand) {
-        std::int64_t first, end;
-        band.seeing_rows(j, &first, &end);
-#pragma GCC unroll 8
-        for (int u = 0; u < NV; ++u)
-          visible[u] = (lane[u] >= static_cast<std::int32_t>(first)) &
-                       (lane[u] < static_cast<std::int32_t>(end));
-      }
-      const float* vrow = v + j * v_stride;
+      vis.lanes(j, visible);
+      const float* vrow = v.row(j);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const vec vb = S::splat(vrow[r]);
 #pragma GCC unroll 8
         for (int u = 0; u < NV; ++u) {
           const vec sum = S::fma(vb, pv[u], acc[r][u]);
-          if constexpr (OnBand)
+          if constexpr (Vis::masks)
             acc[r][u] = visible[u] ? sum : acc[r][u];
           else
             acc[r][u] = sum;
@@ -232,29 +287,28 @@ struct TileOps {
                             const float* alpha, std::int64_t D, float* ot,
                             const Band* band = nullptr) {
     if (band)
-      pv_rows<true>(v, v_stride, nj, p, alpha, D, ot, *band);
+      pv_rows(ValueRows{v, v_stride}, nj, p, alpha, D, ot, *band);
     else
-      pv_rows<false>(v, v_stride, nj, p, alpha, D, ot, Band{});
+      pv_rows(ValueRows{v, v_stride}, nj, p, alpha, D, ot, AllVisible{});
   }
 
-  template <bool OnBand>
-  static void pv_rows(const float* v, std::int64_t v_stride, std::int64_t nj, const float* p,
-                      const float* alpha, std::int64_t D, float* ot, const Band& band) {
+  // The same for any value and visibility policies, MD dims at a time.
+  template <class Vis, class Values>
+  static void pv_rows(const Values& v, std::int64_t nj, const float* p, const float* alpha,
+                      std::int64_t D, float* ot, const Vis& vis) {
     std::int64_t d = 0;
-    for (; d + MD <= D; d += MD)
-      pv_block<MD, OnBand>(v + d, v_stride, nj, p, alpha, ot + d * Br, band);
+    for (; d + MD <= D; d += MD) pv_block<MD>(v.from_dim(d), nj, p, alpha, ot + d * Br, vis);
     if (d < D)
-      pv_tail<MD - 1, OnBand>(static_cast<int>(D - d), v + d, v_stride, nj, p, alpha,
-                                  ot + d * Br, band);
+      pv_tail<MD - 1>(static_cast<int>(D - d), v.from_dim(d), nj, p, alpha, ot + d * Br, vis);
   }
 
   // The last D mod MD dims in one block of exactly that many rows.
-  template <int R, bool OnBand>
-  static void pv_tail(int rows, const float* v, std::int64_t v_stride, std::int64_t nj,
-                      const float* p, const float* alpha, float* ot, const Band& band) {
+  template <int R, class Vis, class Values>
+  static void pv_tail(int rows, const Values& v, std::int64_t nj, const float* p,
+                      const float* alpha, float* ot, const Vis& vis) {
     if constexpr (R > 0) {
-      if (rows == R) return pv_block<R, OnBand>(v, v_stride, nj, p, alpha, ot, band);
-      pv_tail<R - 1, OnBand>(rows, v, v_stride, nj, p, alpha, ot, band);
+      if (rows == R) return pv_block<R>(v, nj, p, alpha, ot, vis);
+      pv_tail<R - 1>(rows, v, nj, p, alpha, ot, vis);
     }
   }
 

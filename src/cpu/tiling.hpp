@@ -68,7 +68,8 @@ struct DecodeTiling;
 template <>
 struct DecodeTiling<64> {  // AVX-512: scores 4 × 6 + 6 + 1 = 31, P·V 6 × 4 + 4 + 1 = 29 of 32
   // Sq = 16 (64 rows), Sk = 8k, D = 128, 2 threads, GFLOP/s: 96 keys × 4 score rows
-  // 324-331; 64 × 6: 292-321; 128 × 3: 306. Sq = 1 (GB/s) alike within noise.
+  // 324-331; 64 × 6: 292-321; 128 × 3: 306. Sq = 1 (GB/s) alike within noise. (Items of
+  // 48 rows or more now take the query rows along the lanes: decode_query_lanes.hpp.)
   static constexpr int key_vecs = 6;  // Bk = 96
   static constexpr int score_rows = 4;
   static constexpr int row_block = 6;  // P·V rows

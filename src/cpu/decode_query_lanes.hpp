@@ -1,0 +1,127 @@
+// fattn — the decode kernel's tiles with the query rows along the vector lanes
+// (cpu/decode.hpp), for items of many rows (Sq = 16 at GQA 4:1 is 64 rows).
+//
+// The fused kernel's layout and tile operations (cpu/tile_ops.hpp), on K and V where they
+// lie:
+//   qt [D][Br]   the item's query rows, transposed, pre-scaled by scale·log2(e)
+//   st [Bk][Br]  scores, keys × rows: each key element broadcast from its row in the cache
+//                (TileOps::KeyRows), MK keys against all Br rows at once
+//   ot [D][Br]   output accumulator: each value element broadcast from its row (Values)
+//   m, l, alpha [Br]
+// Against the keys-along-lanes tiles (decode_ops.hpp) there is no transposed key tile to
+// write and read, and the softmax needs no sums across lanes. Row r is query r / G of
+// head hk·G + r % G, as there; lanes past the item's rows compute on zero queries and are
+// never stored.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/problem.hpp"
+#include "cpu/decode_ops.hpp"
+#include "cpu/tile_ops.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+struct DecodeQueryLanes {
+  using Ops = DecodeOps<S>;
+  using Tile = TileOps<S>;
+  using Rows = typename Ops::template Rows<float>;
+  static constexpr int Br = Tile::Br;
+  static constexpr int MK = Tile::MK;
+  // Only 64-row tiles take this layout (applies); there a key tile is whole score blocks,
+  // which st's Bk rows rely on.
+  static constexpr bool kUsed = Br == 64;
+  static_assert(!kUsed || Ops::Bk % MK == 0, "a key tile is a whole number of score blocks");
+
+  // Items of at least this many rows take these tiles, fewer the keys-along-lanes ones:
+  // a tile's time here does not shrink with its rows. GQA 4:1, D = 128, Sk = 8k, (B, S,
+  // H, D), 2 threads, dev-zen5, GFLOP/s query lanes / key lanes: 64 rows 399-413 /
+  // 312-328, 56 rows 355-364 / 295-300, 48 rows 308-314 / 296-301, 40 rows 238-257 /
+  // 260-268, 32 rows 190-203 / 237-245 (docs/perf-log.md, "query rows along the lanes").
+  static constexpr std::int64_t kMinRows = 48;
+
+  // Whether problem p's items may take these tiles (float32 rows, or float32 copies where
+  // `staged`; no score variants or window), those of at least kMinRows rows.
+  static bool applies(const detail::Problem& p, bool staged) {
+    if constexpr (!kUsed) return false;  // measured with AVX-512's 64-row tiles only
+    return !p.mods.any() && !p.has_window() && (staged || p.dtype == DType::float32);
+  }
+  static bool takes(std::int64_t item_rows) { return item_rows >= kMinRows && item_rows <= Br; }
+
+  // One kv head's running state in these tiles (the head's qs and os areas hold qt and ot).
+  struct State {
+    float *qt, *ot, *m, *l, *alpha;
+  };
+
+  // Value rows of a key tile, in the cache's key groups (a paged cache's pages), from
+  // dim d0: TileOps::pv_block's value policy.
+  struct Values {
+    Rows v;
+    std::int64_t d0 = 0;
+    const float* row(std::int64_t j) const { return v.row(j) + d0; }
+    Values from_dim(std::int64_t d) const { return {v, d0 + d}; }
+  };
+
+  // qt[d][r] = q[i][h][d] · factor for the item's rows r < rows, zero for the lanes past
+  // them.
+  static void load_q(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t r0,
+                     std::int64_t rows, float factor, float* qt) {
+    const std::int64_t G = p.group_size(), D = p.head_dim;
+    std::fill(qt, qt + D * Br, 0.0f);
+    with_element_type(p.q, p.dtype, [&](const auto& e) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto* row = e.row(b, hk * G + (r0 + r) % G, (r0 + r) / G);
+        for (std::int64_t d = 0; d < D; ++d) qt[d * Br + r] = to_float(row[d * e.dim]) * factor;
+      }
+    });
+  }
+
+  // st[j][·] = k_j · qt for the tile's nj keys, MK at a time; `next` is asked for between
+  // the blocks. A block's keys past nj read the tile's last key again (their scores are
+  // never used), so no row past the tile is read.
+  static void scores(const Rows& k, std::int64_t nj, const float* qt, std::int64_t D, float* st,
+                     typename Ops::Prefetch& next) {
+    for (std::int64_t j = 0; j < nj; j += MK) {
+      typename Tile::KeyRows keys;
+      for (int r = 0; r < MK; ++r) keys.row[r] = k.row(std::min<std::int64_t>(j + r, nj - 1));
+      Tile::scores_block(keys, qt, D, st + j * Br, [&] { next.issue_line(); });
+    }
+    next.issue_rest();
+  }
+
+  // One key tile for one kv head: scores, the keys each row does not see hidden (visible:
+  // per row, as the keys-along-lanes tiles take it), online softmax, ot ← alpha·ot + P·V.
+  static void key_tile(const Rows& k, const Rows& v, std::int64_t nj, std::int64_t rows,
+                       const std::int32_t* visible, std::int64_t D, const State& h, float* st,
+                       typename Ops::Prefetch& next) {
+    scores(k, nj, h.qt, D, st, next);
+    typename Tile::LaneEnds ends;
+    bool masked = false;
+    for (int u = 0; u < Tile::NV; ++u)
+      for (int i = 0; i < Tile::L; ++i) {
+        const std::int64_t r = u * Tile::L + i;
+        ends.end[u][i] = r < rows ? visible[r] : static_cast<std::int32_t>(nj);
+        masked |= ends.end[u][i] < nj;
+      }
+    if (masked) Tile::mask_tile(st, nj, ends);
+    Tile::softmax_update(st, nj, h.m, h.l, h.alpha);
+    if (masked)
+      Tile::pv_rows(Values{v}, nj, st, h.alpha, D, h.ot, ends);
+    else
+      Tile::pv_rows(Values{v}, nj, st, h.alpha, D, h.ot, typename Tile::AllVisible{});
+  }
+
+  // os[r][d] = ot[d][r] for the item's rows, zero for d in [D, Dp): the keys-along-lanes
+  // layout, which the output, the sinks and the split partials take.
+  static void to_rows(const float* ot, std::int64_t rows, std::int64_t D, std::int64_t Dp,
+                      float* os) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t d = 0; d < D; ++d) os[r * Dp + d] = ot[d * Br + r];
+      std::fill(os + r * Dp + D, os + (r + 1) * Dp, 0.0f);
+    }
+  }
+};
+
+}  // namespace fattn::cpu
