@@ -28,7 +28,8 @@
 namespace fattn::cpu {
 
 template <class S>
-struct AmxWorkspace : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br> {
+struct AmxWorkspace
+    : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br, AmxOps<S>::Fma::T::query_tiles_per_item> {
   using Ops = AmxOps<S>;
   static constexpr int Br = Ops::Br, Bc = Ops::Bc;
 
@@ -69,7 +70,6 @@ struct AmxWorkspace : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br> {
     local = !naive && kv_heads >= std::int64_t{kLocalHeadsPerWorker} * workers;
     const std::int64_t held_heads = local ? workers : kv_heads;  // K/V part buffers
     scores_block = n.mul(kv_pad, Br);
-    const std::int64_t scores = naive ? n.mul(n.mul(p.batch * p.q_heads, q_tiles), scores_block) : 0;
     Layout slot;  // dim_pad ≤ 256 and the tiles: no overflow
     qt_at = slot.take(dim_pad * Br);
     ot_at = slot.take(dim_pad * Br);
@@ -81,12 +81,11 @@ struct AmxWorkspace : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br> {
     q_parts_at = slot.take(q_parts / 2);  // bf16, two a float
     p_parts_at = slot.take(p_parts / 2);
     slot_floats = slot.end;
-    const std::int64_t slots = naive ? workers : workers * Ops::Fma::T::query_tiles_per_item;
     Layout all;
     k_at = all.take(n.mul(held_heads, head_floats));
     v_at = all.take(n.mul(held_heads, head_floats));
-    scores_at = all.take(scores);
-    slots_at = all.take(n.mul(slots, slot_floats));
+    scores_at = all.take(this->naive_scores_floats(n));
+    slots_at = all.take(n.mul(this->slots(workers), slot_floats));
     total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
@@ -109,9 +108,6 @@ struct AmxWorkspace : QueryTiling<AmxWorkspace<S>, AmxOps<S>::Br> {
     for (std::int64_t h = h_begin; ok && h < h_end; ++h)
       ok &= Ops::splittable_rows(p.q, b, h, p.q_len, p.head_dim);
     return ok;
-  }
-  float* scores(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    return base + scores_at + ((b * p.q_heads + h) * q_tiles + t) * scores_block;
   }
   Slot slot(int w) const {
     float* s = base + slots_at + w * slot_floats;

@@ -288,8 +288,9 @@ struct DecodeWorker {
   void start(const typename Plan::Item& it) const {
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
-      if (plan.query_lanes_for(it)) {
-        QueryLanes::load_q(p, it.b, hk, it.r0, it.rows, q_factor, h.qs);
+      if (plan.query_lanes_for(it)) {  // the rows loaded in os's place, then along the lanes
+        Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.os, nullptr);
+        QueryLanes::to_lanes(h.os, it.rows, p.head_dim, plan.Dp, h.qs);
         QueryLanes::Tile::start_rows(h.m, h.l, h.os, p.head_dim);
         continue;
       }

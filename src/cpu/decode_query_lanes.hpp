@@ -64,18 +64,13 @@ struct DecodeQueryLanes {
     Values from_dim(std::int64_t d) const { return {v, d0 + d}; }
   };
 
-  // qt[d][r] = q[i][h][d] · factor for the item's rows r < rows, zero for the lanes past
-  // them.
-  static void load_q(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t r0,
-                     std::int64_t rows, float factor, float* qt) {
-    const std::int64_t G = p.group_size(), D = p.head_dim;
+  // qt[d][r] = qs[r][d] for the item's rows r < rows (the rows as DecodeOps::load_q_rows
+  // loads them), zero for the lanes past them.
+  static void to_lanes(const float* qs, std::int64_t rows, std::int64_t D, std::int64_t Dp,
+                       float* qt) {
     std::fill(qt, qt + D * Br, 0.0f);
-    with_element_type(p.q, p.dtype, [&](const auto& e) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const auto* row = e.row(b, hk * G + (r0 + r) % G, (r0 + r) / G);
-        for (std::int64_t d = 0; d < D; ++d) qt[d * Br + r] = to_float(row[d * e.dim]) * factor;
-      }
-    });
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t d = 0; d < D; ++d) qt[d * Br + r] = qs[r * Dp + d];
   }
 
   // st[j][·] = k_j · qt for the tile's nj keys, MK at a time; `next` is asked for between

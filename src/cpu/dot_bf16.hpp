@@ -25,7 +25,8 @@
 namespace fattn::cpu {
 
 template <class S>
-struct DotBf16Workspace : QueryTiling<DotBf16Workspace<S>, TileOps<S>::Br> {
+struct DotBf16Workspace
+    : QueryTiling<DotBf16Workspace<S>, TileOps<S>::Br, TileOps<S>::T::query_tiles_per_item> {
   using Ops = TileOps<S>;
   using Dot = DotBf16Ops<S>;
   using Pair = typename Dot::Pair;
@@ -37,6 +38,7 @@ struct DotBf16Workspace : QueryTiling<DotBf16Workspace<S>, TileOps<S>::Br> {
     Pair* pp;
   };
 
+  static constexpr bool naive = false;  // the fused loop only
   const detail::Problem& p;
   std::int64_t q_tiles, k_pairs_head, v_pairs_head, worker_floats;
   std::int64_t k_pairs_at, v_pairs_at, workers_at, total;
@@ -63,7 +65,7 @@ struct DotBf16Workspace : QueryTiling<DotBf16Workspace<S>, TileOps<S>::Br> {
     Layout all;
     k_pairs_at = all.take(n.mul(kv_heads, k_pairs_head));
     v_pairs_at = all.take(n.mul(kv_heads, v_pairs_head));
-    workers_at = all.take(n.mul(workers * Ops::T::query_tiles_per_item, worker_floats));
+    workers_at = all.take(n.mul(this->slots(workers), worker_floats));
     total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 

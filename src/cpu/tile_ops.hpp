@@ -190,21 +190,13 @@ struct TileOps {
       scores_block(KeyPanel{kpanels + g * D * MK}, qt, D, st + (g * MK - j0) * Br);
   }
 
-  // Hides key j0+j from the queries i0+i outside the band: the score becomes `hidden`
-  // (−inf; the backward also zeroes its dS this way).
-  static void mask_tile(float* st, std::int64_t nj, const Band& band, float hidden = kNegInf) {
-    for (std::int64_t j = 0; j < nj; ++j) {
-      std::int64_t first, end;
-      band.seeing_rows(j, &first, &end);
-      if (end < first) end = first;
-      for (std::int64_t i = 0; i < first; ++i) st[j * Br + i] = hidden;
-      for (std::int64_t i = end; i < Br; ++i) st[j * Br + i] = hidden;
-    }
-  }
-  static void mask_tile(float* st, std::int64_t nj, const LaneEnds& ends, float hidden = kNegInf) {
+  // Hides key j0+j from the query lanes that do not see it (a Band's edge, or LaneEnds):
+  // the score becomes `hidden` (−inf; the backward also zeroes its dS this way).
+  template <class Vis>
+  static void mask_tile(float* st, std::int64_t nj, const Vis& vis, float hidden = kNegInf) {
     for (std::int64_t j = 0; j < nj; ++j) {
       ivec visible[NV];
-      ends.lanes(j, visible);
+      vis.lanes(j, visible);
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u)
         S::store(st + j * Br + u * L, visible[u] ? S::load(st + j * Br + u * L) : S::splat(hidden));

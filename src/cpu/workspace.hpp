@@ -81,9 +81,11 @@ inline QueryTile first_tile_of_item(const detail::Problem& p, int rows_per_tile,
                        (groups - 1 - item % groups) * group);
 }
 
-// The query tiles of a fused kernel's workspace W (members p and q_tiles, tiles of Br rows),
-// as fused_loop walks them: one base for every workspace instead of a copy in each.
-template <class W, int Br>
+// The query tiles of a fused kernel's workspace W (members p, naive, q_tiles, base,
+// scores_at, scores_block; tiles of Br rows, TilesPerItem of them per fused work item), as
+// fused_loop walks them, and the slots and naive scores that follow from them: one base
+// for every workspace instead of a copy in each.
+template <class W, int Br, int TilesPerItem>
 struct QueryTiling {
   QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
     return query_tile_of(self().p, Br, self().q_tiles, b, h, t);
@@ -91,6 +93,21 @@ struct QueryTiling {
   std::int64_t items(int group) const { return work_items(self().p, self().q_tiles, group); }
   QueryTile first_tile_of(std::int64_t item, int group) const {
     return first_tile_of_item(self().p, Br, self().q_tiles, item, group);
+  }
+  // Query-tile slots the workers hold: one per query tile of a fused work item (fused_loop's
+  // worker·TilesPerItem + n), one per worker for the naive kernel.
+  std::int64_t slots(int workers) const {
+    return self().naive ? workers : std::int64_t{workers} * TilesPerItem;
+  }
+  // The naive kernel's scores, a block of scores_block floats per (sequence, query head,
+  // query tile): their floats (none for the fused kernel) and where one lies.
+  std::int64_t naive_scores_floats(Sizes& n) const {
+    const detail::Problem& p = self().p;
+    return self().naive ? n.mul(n.mul(p.batch * p.q_heads, self().q_tiles), self().scores_block) : 0;
+  }
+  float* scores(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    const W& w = self();
+    return w.base + w.scores_at + ((b * w.p.q_heads + h) * w.q_tiles + t) * w.scores_block;
   }
 
  private:
@@ -112,7 +129,7 @@ inline const float* head_rows(const detail::Strided<const float>& t, std::int64_
 }
 
 template <class S>
-struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br> {
+struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::query_tiles_per_item> {
   using Ops = TileOps<S>;
   static constexpr int Br = Ops::Br;
 
@@ -148,14 +165,11 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br> {
     st_at = slot.take(naive ? 0 : Ops::Bc * Br);  // one key tile of scores (fused only)
     worker_floats = slot.end;
     const std::int64_t kv_heads = p.batch * p.kv_heads;  // <= elements of k
-    const std::int64_t scores = naive ? n.mul(n.mul(p.batch * p.q_heads, q_tiles), scores_block) : 0;
-    // The fused kernel gives each worker one slot per query tile of its work item.
-    const std::int64_t slots = naive ? workers : workers * Ops::T::query_tiles_per_item;
     Layout all;
     k_panels_at = all.take(n.mul(kv_heads, k_panel_head));
     v_rows_at = all.take(n.mul(kv_heads, v_rows_head));
-    scores_at = all.take(scores);
-    workers_at = all.take(n.mul(slots, worker_floats));
+    scores_at = all.take(this->naive_scores_floats(n));
+    workers_at = all.take(n.mul(this->slots(workers), worker_floats));
     total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
@@ -167,9 +181,6 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br> {
     const float* copy =
         v_rows_head == 0 ? nullptr : base + v_rows_at + (b * p.kv_heads + hk) * v_rows_head;
     return head_rows(p.v, b, hk, copy, p.head_dim, row_stride);
-  }
-  float* scores(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    return base + scores_at + ((b * p.q_heads + h) * q_tiles + t) * scores_block;
   }
   // Scratch slot w: [0, workers) for naive, [0, workers·query_tiles_per_item) for fused.
   Worker worker(int w) const {
