@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fattn/kv_cache.hpp"
+#include "inputs.hpp"
 #include "report.hpp"
 #include "timing.hpp"
 
@@ -32,10 +33,45 @@ void fill_random(std::vector<float>& values, std::uint64_t seed) {
   }
 }
 
+// One tensor of the problem in (B, S, H, D) memory, FlashAttention's layout: float32
+// values, or their 16-bit bits (the float32 values are then dropped: gigabytes of cache).
+struct Stored {
+  std::vector<float> values;
+  std::vector<std::uint16_t> bits;
+  fattn::TensorView view;
+
+  void fill(std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, fattn::DType dtype,
+            std::uint64_t seed) {
+    values.assign(static_cast<std::size_t>(B * S * H * D), 0.0f);
+    fill_random(values, seed);
+    bits.clear();
+    if (dtype == fattn::DType::float32) {
+      view = fattn::TensorView::bshd(values.data(), B, S, H, D);
+      return;
+    }
+    bits.resize(values.size());
+    std::transform(values.begin(), values.end(), bits.begin(),
+                   [dtype](float x) { return to_bits(x, dtype); });
+    std::vector<float>().swap(values);
+    view = fattn::TensorView::bshd(bits.data(), B, S, H, D, dtype);
+  }
+
+  // NaN everywhere, so an element the kernel fails to write shows in the error.
+  void poison() {
+    constexpr std::uint16_t kNaN16 = 0x7fc0;  // a NaN in bfloat16 and in float16
+    std::fill(values.begin(), values.end(), std::nanf(""));
+    std::fill(bits.begin(), bits.end(), kNaN16);
+  }
+
+  float at(std::int64_t e) const {
+    const auto i = static_cast<std::size_t>(e);
+    return view.dtype == fattn::DType::float32 ? values[i] : from_bits(bits[i], view.dtype);
+  }
+};
+
 struct Problem {
   std::int64_t B, Hq, Hkv, D, Sq, Sk;
-  std::vector<float> q, k, v, out;
-  fattn::TensorView qv, kv, vv, ov;  // FlashAttention's layouts: (B, S, H, D) memory
+  Stored q, k, v, out;
 };
 
 double sampled_error(const Problem& p, const fattn::Options& options) {
@@ -43,9 +79,10 @@ double sampled_error(const Problem& p, const fattn::Options& options) {
   std::vector<double> row(static_cast<std::size_t>(p.D));
   const std::int64_t samples[][3] = {{0, 0, p.Sq - 1}, {p.B - 1, p.Hq - 1, 0}, {p.B / 2, p.Hq / 2, p.Sq / 2}};
   for (const auto& s : samples) {
-    fattn::reference_row(p.qv, p.kv, p.vv, options, s[0], s[1], s[2], row.data());
-    const float* got = p.out.data() + ((s[0] * p.Sq + s[2]) * p.Hq + s[1]) * p.D;
-    for (std::int64_t d = 0; d < p.D; ++d) err = std::max(err, std::fabs(got[d] - row[static_cast<std::size_t>(d)]));
+    fattn::reference_row(p.q.view, p.k.view, p.v.view, options, s[0], s[1], s[2], row.data());
+    const std::int64_t first = ((s[0] * p.Sq + s[2]) * p.Hq + s[1]) * p.D;
+    for (std::int64_t d = 0; d < p.D; ++d)
+      err = std::max(err, std::fabs(p.out.at(first + d) - row[static_cast<std::size_t>(d)]));
   }
   return err;
 }
@@ -57,12 +94,13 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   options.isa = c.isa;
   options.num_threads = c.threads;
   const Timing t = time_runs(
-      [&] { fattn::attention_forward(p.qv, p.kv, p.vv, p.ov, nullptr, options); }, c.warmup, c.reps);
+      [&] { fattn::attention_forward(p.q.view, p.k.view, p.v.view, p.out.view, nullptr, options); }, c.warmup, c.reps);
   DecodeResult r;
   r.impl = impl;
+  r.dtype = c.dtype;
   r.batch = p.B, r.q_heads = p.Hq, r.kv_heads = p.Hkv, r.head_dim = p.D, r.q_len = p.Sq, r.kv_len = p.Sk;
   r.ms_median = t.median_ms, r.ms_min = t.min_ms, r.ms_max = t.max_ms;
-  r.kv_bytes = 2 * p.B * p.Hkv * p.Sk * p.D * static_cast<std::int64_t>(sizeof(float));
+  r.kv_bytes = 2 * p.B * p.Hkv * p.Sk * p.D * fattn::element_size(c.dtype);
   constexpr double kGigaPerMilli = 1e-6;
   r.gbs = static_cast<double>(r.kv_bytes) / t.median_ms * kGigaPerMilli;
   r.pct_bandwidth = 100.0 * r.gbs / ceilings.bandwidth_gbs;
@@ -71,7 +109,7 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.flops = 4 * p.B * p.Hq * pairs * p.D;
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
-  r.extra_bytes = fattn::extra_bytes(p.qv, p.kv, p.vv, options);
+  r.extra_bytes = fattn::extra_bytes(p.q.view, p.k.view, p.v.view, options);
   r.max_abs_err = sampled_error(p, options);
   return r;
 }
@@ -84,7 +122,7 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
     for (std::int64_t Hkv : c.kv_heads)
       for (std::int64_t D : c.head_dims)
         for (std::int64_t Sk : c.kv_lens) {
-          const double kv_gib = 2.0 * B * Hkv * Sk * D * sizeof(float) / kGiB;
+          const double kv_gib = 2.0 * B * Hkv * Sk * D * fattn::element_size(c.dtype) / kGiB;
           if (kv_gib > c.max_kv_gib) {
             std::fprintf(stderr, "skipping B=%lld Hkv=%lld D=%lld Sk=%lld: K+V %.1f GiB > --max-kv-gib\n",
                          static_cast<long long>(B), static_cast<long long>(Hkv),
@@ -92,19 +130,13 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
             continue;
           }
           Problem p{B, c.q_heads, Hkv, D, 0, Sk};
-          p.k.resize(static_cast<std::size_t>(B * Sk * Hkv * D));
-          p.v.resize(p.k.size());
-          fill_random(p.k, c.seed + 1);
-          fill_random(p.v, c.seed + 2);
-          p.kv = fattn::TensorView::bshd(p.k.data(), B, Sk, Hkv, D);
-          p.vv = fattn::TensorView::bshd(p.v.data(), B, Sk, Hkv, D);
+          p.k.fill(B, Sk, Hkv, D, c.dtype, c.seed + 1);
+          p.v.fill(B, Sk, Hkv, D, c.dtype, c.seed + 2);
           for (std::int64_t Sq : c.q_lens) {
             p.Sq = Sq;
-            p.q.resize(static_cast<std::size_t>(B * Sq * c.q_heads * D));
-            p.out.assign(p.q.size(), std::nanf(""));
-            fill_random(p.q, c.seed + 3);
-            p.qv = fattn::TensorView::bshd(p.q.data(), B, Sq, c.q_heads, D);
-            p.ov = fattn::TensorView::bshd(p.out.data(), B, Sq, c.q_heads, D);
+            p.q.fill(B, Sq, c.q_heads, D, c.dtype, c.seed + 3);
+            p.out.fill(B, Sq, c.q_heads, D, c.dtype, c.seed + 4);
+            p.out.poison();
             for (fattn::Impl impl : c.impls) {
               if (impl == fattn::Impl::fused && Sk > c.fused_max_keys) continue;
               std::fprintf(stderr, "B=%lld Hkv=%lld D=%lld Sq=%lld Sk=%lld %s ...\n",
@@ -120,8 +152,9 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
 
 void print_decode_table(std::FILE* out, const Machine& m, const std::vector<DecodeResult>& results) {
   std::fprintf(out,
-               "\nDecode sweep: Hq=%lld, causal bottom-right, (B, S, H, D) cache, %d threads; "
+               "\nDecode sweep: %s, Hq=%lld, causal bottom-right, (B, S, H, D) cache, %d threads; "
                "DRAM triad %.1f GB/s, FMA peak %.0f GFLOP/s (same run)\n",
+               results.empty() ? "-" : fattn::to_string(results.front().dtype),
                results.empty() ? 0LL : static_cast<long long>(results.front().q_heads),
                m.ceilings.threads, m.ceilings.bandwidth_gbs, m.ceilings.fma_peak_gflops);
   std::fprintf(out, "| B | Hkv | D | Sq | Sk | K+V MiB | decode ms | GB/s | %% triad | GFLOP/s | %% FMA | extra KiB | fused ms | fused/decode | max err |\n");
@@ -153,7 +186,7 @@ void write_decode_json(const std::string& path, const Machine& m,
   doc["machine"] = machine_json(m);
   doc["decode"] = nlohmann::ordered_json::array();
   for (const DecodeResult& r : results)
-    doc["decode"].push_back({{"impl", fattn::to_string(r.impl)}, {"B", r.batch}, {"Hq", r.q_heads},
+    doc["decode"].push_back({{"impl", fattn::to_string(r.impl)}, {"dtype", fattn::to_string(r.dtype)}, {"B", r.batch}, {"Hq", r.q_heads},
                              {"Hkv", r.kv_heads}, {"D", r.head_dim}, {"Sq", r.q_len},
                              {"Sk", r.kv_len}, {"causal", "bottom_right"},
                              {"ms_median", r.ms_median}, {"ms_min", r.ms_min},

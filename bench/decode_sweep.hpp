@@ -22,14 +22,16 @@ struct DecodeConfig {
   std::int64_t fused_max_keys = 16384;
   int threads = 0, reps = 5, warmup = 1;
   fattn::Isa isa = fattn::Isa::automatic;
+  fattn::DType dtype = fattn::DType::float32;  // of q, the cache and the output
   std::uint64_t seed = 0x5eed;
 };
 
 struct DecodeResult {
   fattn::Impl impl = fattn::Impl::decode;
+  fattn::DType dtype = fattn::DType::float32;
   std::int64_t batch = 0, q_heads = 0, kv_heads = 0, head_dim = 0, q_len = 0, kv_len = 0;
   double ms_median = 0, ms_min = 0, ms_max = 0;
-  std::int64_t kv_bytes = 0;  // K and V read once per call
+  std::int64_t kv_bytes = 0;  // K and V read once per call, in their dtype
   double gbs = 0;             // kv_bytes / median time
   double pct_bandwidth = 0;   // against the DRAM triad of the same run
   std::int64_t flops = 0;     // 4·D per (query row, key) pair

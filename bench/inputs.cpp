@@ -17,15 +17,6 @@ std::vector<float> random_normal(std::int64_t count, std::mt19937_64& engine) {
   return values;
 }
 
-std::uint16_t to_bits(float x, fattn::DType dtype) {
-  using namespace fattn::cpu;
-  return dtype == fattn::DType::bfloat16 ? from_float<BFloat16>(x).bits : from_float<Float16>(x).bits;
-}
-float from_bits(std::uint16_t bits, fattn::DType dtype) {
-  using namespace fattn::cpu;
-  return dtype == fattn::DType::bfloat16 ? to_float(BFloat16{bits}) : to_float(Float16{bits});
-}
-
 // values rounded to dtype in place, and their 16-bit bits (float32: nothing).
 std::vector<std::uint16_t> round_to(std::vector<float>& values, fattn::DType dtype) {
   std::vector<std::uint16_t> bits;
@@ -45,6 +36,16 @@ fattn::TensorView bhsd(std::vector<float>& values, std::vector<std::uint16_t>& b
 }
 
 }  // namespace
+
+std::uint16_t to_bits(float x, fattn::DType dtype) {
+  using namespace fattn::cpu;
+  return dtype == fattn::DType::bfloat16 ? from_float<BFloat16>(x).bits : from_float<Float16>(x).bits;
+}
+
+float from_bits(std::uint16_t bits, fattn::DType dtype) {
+  using namespace fattn::cpu;
+  return dtype == fattn::DType::bfloat16 ? to_float(BFloat16{bits}) : to_float(Float16{bits});
+}
 
 Inputs make_inputs(const Shape& s, std::uint64_t seed, fattn::DType dtype) {
   std::mt19937_64 engine(seed);

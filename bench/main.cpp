@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
                                                    {"bfloat16", fattn::DType::bfloat16},
                                                    {"float16", fattn::DType::float16}};
   app.add_option("--dtype", config.dtype,
-                 "float32|bfloat16|float16: of q, k, v and the output (the sweep; the "
+                 "float32|bfloat16|float16: of q, k, v and the output (both sweeps; the "
                  "reference reads the same values in float32); %pk is against the peak of the "
                  "instructions the kernel runs (\"dot\": VDPBF16PS)")
       ->transform(CLI::CheckedTransformer(dtypes))
@@ -228,6 +228,7 @@ int main(int argc, char** argv) {
       decode_config.warmup = config.warmup;
       decode_config.isa = config.isa_automatic ? fattn::Isa::automatic : config.isa;
       decode_config.seed = config.seed;
+      decode_config.dtype = config.dtype;
       if (quick) decode_config = quick_decode(decode_config);
       const auto results = fattn_bench::run_decode_sweep(decode_config, machine.ceilings);
       machine.others_cores_sweep = sweep_phase.others_cores();

@@ -198,6 +198,31 @@ struct Inputs16 {
         q16(to_16bit(q, dtype)), k16(to_16bit(k, dtype)), v16(to_16bit(v, dtype)) {}
 };
 
+// Whether a kernel rounds P to bfloat16 for P·V: the fused and decode kernels on bfloat16
+// dot products (an avx512 table built with AVX512-BF16, on a CPU that has it).
+bool rounds_p(DType dtype, Impl impl, Isa isa) {
+  return dtype == DType::bfloat16 && (impl == Impl::fused || impl == Impl::decode) &&
+         (isa == Isa::avx512 || isa == Isa::automatic) && fattn::cpu_has_bf16_dot_products();
+}
+
+// |t| element by element, in t's layout.
+Tensor abs_of(const Tensor& t) {
+  Tensor r = t.clone();
+  r.for_each([&](auto a, auto b, auto s, auto d) { r.at(a, b, s, d) = std::abs(t.at(a, b, s, d)); });
+  return r;
+}
+
+// P rounded to bfloat16 (unit roundoff 2^-8) moves each term p_j·v_j by at most
+// 2^-8·p_j·|v_j|, so the output by at most 2^-8·Σ_j p_j·|v_j| / l: 2^-8 times the
+// reference's output for |v| (out_abs_v).
+Tensor p_rounding_bound(const Tensor& out_abs_v) {
+  Tensor r = out_abs_v.clone();
+  r.for_each([&](auto a, auto b, auto s, auto d) {
+    r.at(a, b, s, d) = static_cast<float>(std::ldexp(out_abs_v.at(a, b, s, d), -8));
+  });
+  return r;
+}
+
 class Kernel16 : public ::testing::TestWithParam<std::tuple<DType, Variant, Case16>> {};
 
 // An output-shaped tensor (B, Hq, Sq, D) copied into the case's layout, to compare with
@@ -235,22 +260,12 @@ TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
   Rng rng;
   const Inputs16 in(c, dtype, rng);
   const auto [ref, ref_out, out, lse] = run_forward16(in, c, dtype, variant);
-  // On bfloat16 dot products the fused kernel rounds P to bfloat16 (unit roundoff 2^-8)
-  // for P·V: each term p_j·v_j moves by at most 2^-8·p_j·|v_j|, the output by at most
-  // 2^-8·Σ_j p_j·|v_j| / l, which is the reference's output for |v|.
-  const bool rounds_p = dtype == DType::bfloat16 && variant.impl == Impl::fused &&
-                        variant.isa == Isa::avx512 && fattn::cpu_has_bf16_dot_products();
   std::optional<Tensor> p_rounding;
-  if (rounds_p) {
-    Tensor abs_v = make_input(c.layout, c.B, c.Hkv, c.Sk, c.D, rng);
-    abs_v.for_each([&](auto a, auto b, auto s, auto d) { abs_v.at(a, b, s, d) = std::abs(in.v.at(a, b, s, d)); });
+  if (rounds_p(dtype, variant.impl, variant.isa)) {
     Options reference;
     reference.causal = c.causal;
-    const Result ref_abs = run_reference(in.q, in.k, abs_v, reference);
-    p_rounding = make_output(c.layout, c.B, c.Hq, c.Sq, c.D);
-    p_rounding->for_each([&](auto a, auto b, auto s, auto d) {
-      p_rounding->at(a, b, s, d) = static_cast<float>(std::ldexp(ref_abs.out.at(a, b, s, d), -8));
-    });
+    const Result ref_abs = run_reference(in.q, in.k, abs_of(in.v), reference);
+    p_rounding = p_rounding_bound(in_case_layout(c, ref_abs.out));
   }
   EXPECT_TRUE(near_16bit(out, ref_out, dtype, 0.5, p_rounding ? &*p_rounding : nullptr));
   EXPECT_TRUE(lse_near(lse, ref.lse));
@@ -373,9 +388,20 @@ TEST(KvCache16, AppendsBitsAndDecodes) {
     Tensor ref = make_output(Layout::bhsd, B, Hq, 1, D);
     Options reference;
     reference.impl = Impl::reference;
+    // The same on |v| (a cache of its own, appended alike), for the bound on P's rounding.
+    Tensor vc_abs = abs_of(vc), vn_abs = abs_of(vn), kc_again = kc.clone(), ref_abs = ref.clone();
+    std::vector<std::int32_t> lengths_abs{77, 150};
+    const TensorView seqlens_abs = TensorView::int32_vector(lengths_abs.data(), B);
     fattn::attention_kvcache(q.view(), {kc.view(), vc.view(), &seqlens32, nullptr}, kn.view_ptr(),
                              vn.view_ptr(), ref.view(), nullptr, reference);
-    EXPECT_TRUE(near_16bit(out, ref, dtype)) << fattn::to_string(dtype);
+    std::optional<Tensor> p_rounding;
+    if (rounds_p(dtype, Impl::decode, Isa::automatic)) {
+      fattn::attention_kvcache(q.view(), {kc_again.view(), vc_abs.view(), &seqlens_abs, nullptr},
+                               kn.view_ptr(), vn_abs.view_ptr(), ref_abs.view(), nullptr, reference);
+      p_rounding = p_rounding_bound(ref_abs);
+    }
+    EXPECT_TRUE(near_16bit(out, ref, dtype, 0.5, p_rounding ? &*p_rounding : nullptr))
+        << fattn::to_string(dtype);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < Hkv; ++h)
         for (std::int64_t d = 0; d < D; ++d) {

@@ -176,8 +176,9 @@ Isa best_cpu_isa();
 Isa automatic_cpu_isa(std::int64_t kv_len);
 bool cpu_supports(Isa isa);
 // Whether bfloat16 inputs on avx512 run on bfloat16 dot products here (AVX512-BF16's
-// vdpbf16ps, in this CPU and this build): the fused forward, with P rounded to bfloat16
-// for P·V as FlashAttention does on GPUs, and the decode kernel's scores.
+// vdpbf16ps, in this CPU and this build): the fused forward and the decode kernel (a cache
+// read in place), with P rounded to bfloat16 for P·V as FlashAttention does on GPUs
+// (the decode kernel's tiles where some query row does not see every key excepted).
 bool cpu_has_bf16_dot_products();
 // Query rows per work item (Br) of the CPU kernels for an ISA (automatic: the best).
 int cpu_query_tile(Isa isa);

@@ -98,7 +98,7 @@ inline Float16 from_float<Float16>(float x) {
 
 // Whether a kernel unit whose vectors are S runs bfloat16 inputs on bfloat16 dot products
 // (vdpbf16ps): it was built with AVX512-BF16 (the avx512_bf16 table) and has 512-bit
-// vectors. The fused forward (kernels_isa.cpp) and the decode scores ask it.
+// vectors. The fused forward (kernels_isa.cpp) and the decode kernel ask it.
 template <class S>
 bool on_bf16_dot_products([[maybe_unused]] DType dtype) {
 #if defined(FATTN_AVX512_BF16)
