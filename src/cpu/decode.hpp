@@ -151,8 +151,8 @@ struct DecodePlan {
   void key_range(const detail::Problem& p, const Item& it, std::int64_t* begin,
                  std::int64_t* end) const {
     const std::int64_t keys = p.keys_of(it.b);
-    const std::int64_t first_row_query = it.r0 / p.group_size();
-    const std::int64_t last_row_query = (it.r0 + it.rows - 1) / p.group_size();
+    const std::int64_t first_row_query = Ops::group_row(p, 0, it.r0).query;
+    const std::int64_t last_row_query = Ops::group_row(p, 0, it.r0 + it.rows - 1).query;
     const std::int64_t last = std::min(keys, p.visible_end(it.b, last_row_query));
     const std::int64_t first = std::min(
         last, p.visible_begin(it.b, first_row_query) / Ops::kKeyGroup * Ops::kKeyGroup);
@@ -168,10 +168,10 @@ template <class S>
 void store_group_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t r0,
                       std::int64_t rows, float* os, float* m, float* l) {
   using Ops = DecodeOps<S>;
-  const std::int64_t G = p.group_size(), D = p.head_dim, Dp = Ops::padded_dim(D);
+  const std::int64_t D = p.head_dim, Dp = Ops::padded_dim(D);
   if (p.mods.sinks) DecodeModOps<S>::add_sink_to_rows(p, hk, r0, rows, Dp, os, m, l);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t h = hk * G + (r0 + r) % G, i = (r0 + r) / G;
+    const auto [h, i] = Ops::group_row(p, hk, r0 + r);
     store_row(p.out, p.dtype, b, h, i, D, os + r * Dp, Ops::reciprocal(l[r]));
     if (p.lse.data) *p.lse.row(b, h, i) = Ops::logsumexp(m[r], l[r]);
   }
@@ -314,7 +314,7 @@ struct DecodeWorker {
     std::int32_t visible[Plan::kRowTile];
     for (std::int64_t r = 0; r < it.rows; ++r)
       visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
-          p.visible_end(it.b, (it.r0 + r) / p.group_size()) - j0, 0, nj));
+          p.visible_end(it.b, Ops::group_row(p, 0, it.r0 + r).query) - j0, 0, nj));
     tiles.prepare(it, j0, nj);
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);

@@ -31,11 +31,10 @@ struct DecodeModOps {
   static bool apply(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t r0,
                     std::int64_t rows, std::int64_t j0, std::int64_t nj, float* st) {
     const detail::ScoreMods& m = p.mods;
-    const std::int64_t G = p.group_size();
     const float cap2 = static_cast<float>(m.softcap) * Ops::kLog2e;
     bool any_visible = false;
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t h = hk * G + (r0 + r) % G, i = (r0 + r) / G;
+      const auto [h, i] = Ops::group_row(p, hk, r0 + r);
       float* s = st + r * Bk;
       const typename Mods::Tile pair_row{b, h, i, 1, j0, nj};
       const MaskCover cover = Mods::mask_cover(p, pair_row);
@@ -74,9 +73,9 @@ struct DecodeModOps {
   static void add_sink_to_rows(const detail::Problem& p, std::int64_t hk, std::int64_t r0,
                                std::int64_t rows, std::int64_t Dp, float* os, float* m,
                                float* l) {
-    const std::int64_t G = p.group_size();
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float alpha = Mods::join_sink(Mods::sink_log2(p, hk * G + (r0 + r) % G), &m[r], &l[r]);
+      const std::int64_t head = Ops::group_row(p, hk, r0 + r).head;
+      const float alpha = Mods::join_sink(Mods::sink_log2(p, head), &m[r], &l[r]);
       for (std::int64_t d = 0; d < Dp; ++d) os[r * Dp + d] *= alpha;
     }
   }

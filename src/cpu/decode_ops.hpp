@@ -59,14 +59,24 @@ struct DecodeOps {
     std::int64_t stride, dim_stride;
     const E* row(std::int64_t j) const { return group[j / kKeyGroup] + (j % kKeyGroup) * stride; }
   };
+  // Row r of kv head hk's group: query r / G of query head hk·G + r % G (G query heads
+  // per kv head), so a tile's rows take every head of the group, query by query.
+  struct GroupRow {
+    std::int64_t head, query;
+  };
+  static GroupRow group_row(const detail::Problem& p, std::int64_t hk, std::int64_t r) {
+    const std::int64_t G = p.group_size();
+    return {hk * G + r % G, r / G};
+  }
+
   // qs[r][d] = q[i][h][d] · factor for the rows [r0, r0 + rows) of kv head hk's group,
   // and where qb is given (bfloat16 inputs) qb[r][d] = the bits of q[i][h][d], zero past D.
   static void load_q_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk,
                           std::int64_t r0, std::int64_t rows, float factor, float* qs,
                           std::uint16_t* qb) {
-    const std::int64_t G = p.group_size(), D = p.head_dim, Dp = padded_dim(D);
+    const std::int64_t D = p.head_dim, Dp = padded_dim(D);
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t h = hk * G + (r0 + r) % G, i = (r0 + r) / G;
+      const auto [h, i] = group_row(p, hk, r0 + r);
       float* row = qs + r * Dp;
       load_row(p.q, p.dtype, b, h, i, D, row);
       for (std::int64_t d = 0; d < D; ++d) row[d] *= factor;

@@ -9,8 +9,8 @@
 //   ot [D][Br]   output accumulator: each value element broadcast from its row (Values)
 //   m, l, alpha [Br]
 // Against the keys-along-lanes tiles (decode_ops.hpp) there is no transposed key tile to
-// write and read, and the softmax needs no sums across lanes. Row r is query r / G of
-// head hk·G + r % G, as there; lanes past the item's rows compute on zero queries and are
+// write and read, and the softmax needs no sums across lanes. Row r is the group's row
+// r as there (DecodeOps::group_row); lanes past the item's rows compute on zero queries and are
 // never stored.
 #pragma once
 
