@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/backend.hpp"
 #include "cuda/device.hpp"
@@ -42,28 +43,20 @@ void with_type(DType dtype, F&& f) {
   fail("unknown dtype");
 }
 
-template <class F>
-void with_head_dim(int dim, F&& f) {
-  switch (dim) {
-#define FATTN_CASE(d) \
-  case d: f(std::integral_constant<int, d>{}); return;
-    FATTN_CUDA_HEAD_DIMS(FATTN_CASE)
-#undef FATTN_CASE
-    default: break;
-  }
-  fail("internal error: no fused CUDA kernel for head dim " + std::to_string(dim));
-}
+// The head-dim lists as types. `int` comes first, so the wgmma list may be empty (no
+// wgmma kernel built) and still be a valid std::integer_sequence<int>.
+#define FATTN_NEXT_DIM(d) , d
+using FusedHeadDims = std::integer_sequence<int FATTN_CUDA_HEAD_DIMS(FATTN_NEXT_DIM)>;
+using WgmmaHeadDims = std::integer_sequence<int FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_NEXT_DIM)>;
+#undef FATTN_NEXT_DIM
 
-template <class F>
-void with_wgmma_head_dim(int dim, F&& f) {
-  switch (dim) {
-#define FATTN_CASE(d) \
-  case d: f(std::integral_constant<int, d>{}); return;
-    FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_CASE)
-#undef FATTN_CASE
-    default: break;
-  }
-  fail("internal error: no wgmma CUDA kernel for head dim " + std::to_string(dim));
+// f(std::integral_constant<int, dim>) for the dim of `Dims` equal to `dim`; the plan only
+// picks compiled dims, so a miss is an internal error naming the kernel family.
+template <int... Dims, class F>
+void with_head_dim(std::integer_sequence<int, Dims...>, const char* family, int dim, F&& f) {
+  const bool found = ((dim == Dims && (f(std::integral_constant<int, Dims>{}), true)) || ...);
+  if (!found)
+    fail(std::string("internal error: no ") + family + " CUDA kernel for head dim " + std::to_string(dim));
 }
 
 void run(const Plan& plan, Params params, const TensorView& q, const TensorView& k,
@@ -99,12 +92,12 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
     }
     if (is_wgmma(plan.kernel)) {
       if constexpr (!std::is_same_v<T, float>)
-        with_wgmma_head_dim(plan.kernel_dim, [&](auto dim) {
+        with_head_dim(WgmmaHeadDims{}, "wgmma", plan.kernel_dim, [&](auto dim) {
           launch_fused_wgmma<T, decltype(dim)::value>(params, {plan.kernel, 0}, stream);
         });
       return;
     }
-    with_head_dim(plan.kernel_dim, [&](auto dim) {
+    with_head_dim(FusedHeadDims{}, "fused", plan.kernel_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       const FusedLaunch launch{plan.kernel, is_slice_kernel(plan.kernel) ? rows(D) : 0};
       if constexpr (std::is_same_v<T, float>) {
