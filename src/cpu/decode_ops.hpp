@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "core/problem.hpp"
 #include "cpu/decode_direct.hpp"
@@ -392,13 +393,23 @@ struct DecodeOps {
     for (; d + DV * L <= Dp; d += DV * L) pv_block<R, DV, Masked>(p, visible, nj, v, d, alpha, Dp, os);
     for (; d < Dp; d += L) pv_block<R, 1, Masked>(p, visible, nj, v, d, alpha, Dp, os);
   }
-  template <int R, class E>
-  static void pv_tail(int rows, const float* p, const std::int32_t* visible, std::int64_t nj,
-                      bool masked, const Rows<E>& v, const float* alpha, std::int64_t Dp, float* os) {
+  // The rows of P·V in blocks of MR, the last one shorter: f(r, R, masked) for the block
+  // of R rows (a std::integral_constant) starting at row r, masked where some of its rows
+  // do not see every key of [0, nj). pv_accumulate and DecodeValuesBf16 run on it.
+  template <class F>
+  static void pv_row_blocks(std::int64_t rows, const std::int32_t* visible, std::int64_t nj, F&& f) {
+    for (std::int64_t r = 0; r < rows; r += MR) {
+      const int n = static_cast<int>(std::min<std::int64_t>(MR, rows - r));
+      bool masked = false;
+      for (int i = 0; i < n; ++i) masked |= visible[r + i] < nj;
+      with_rows<MR>(n, [&](auto R) { f(r, R, masked); });
+    }
+  }
+  template <int R, class F>
+  static void with_rows(int rows, F&& f) {
     if constexpr (R > 0) {
-      if (rows != R) return pv_tail<R - 1>(rows, p, visible, nj, masked, v, alpha, Dp, os);
-      if (masked) return pv_rows<R, true>(p, visible, nj, v, alpha, Dp, os);
-      pv_rows<R, false>(p, visible, nj, v, alpha, Dp, os);
+      if (rows != R) return with_rows<R - 1>(rows, f);
+      f(std::integral_constant<int, R>{});
     }
   }
 
@@ -409,12 +420,11 @@ struct DecodeOps {
                             std::int64_t nj, const Rows<E>& v, const float* alpha, std::int64_t D,
                             float* os) {
     const std::int64_t Dp = padded_dim(D);
-    for (std::int64_t r = 0; r < rows; r += MR) {
-      const int n = static_cast<int>(std::min<std::int64_t>(MR, rows - r));
-      bool masked = false;
-      for (int i = 0; i < n; ++i) masked |= visible[r + i] < nj;
-      pv_tail<MR>(n, p + r * Bk, visible + r, nj, masked, v, alpha + r, Dp, os + r * Dp);
-    }
+    pv_row_blocks(rows, visible, nj, [&](std::int64_t r, auto R, bool masked) {
+      constexpr int n = decltype(R)::value;
+      if (masked) return pv_rows<n, true>(p + r * Bk, visible + r, nj, v, alpha + r, Dp, os + r * Dp);
+      pv_rows<n, false>(p + r * Bk, visible + r, nj, v, alpha + r, Dp, os + r * Dp);
+    });
   }
 
   // Fresh accumulators: m = −inf, l = 0, os = 0.

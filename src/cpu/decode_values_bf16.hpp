@@ -126,34 +126,20 @@ struct DecodeValuesBf16 {
     for (; d < Dp; d += S::lanes)
       Ops::template pv_block<R, 1, false>(p, visible, nj, v, d, alpha, Dp, os);
   }
-  template <int R>
-  static void rows_tail(int rows, const std::uint32_t* pairs, const float* p,
-                        const std::int32_t* visible, std::int64_t nj, const Rows& v,
-                        const float* alpha, std::int64_t Dp, float* os) {
-    if constexpr (R > 0) {
-      if (rows != R) return rows_tail<R - 1>(rows, pairs, p, visible, nj, v, alpha, Dp, os);
-      rows_block<R>(pairs, p, visible, nj, v, alpha, Dp, os);
-    }
-  }
-
-  // os ← alpha·os + P·V as DecodeOps::pv_accumulate, on vdpbf16ps where every row sees
-  // every key of the tile (else P·V in float32, keys a row does not see skipped).
+  // os ← alpha·os + P·V as DecodeOps::pv_accumulate, on vdpbf16ps for the row blocks
+  // whose rows see every key of the tile (the others in float32, hidden keys skipped).
   static void accumulate(const float* p, std::int64_t rows, const std::int32_t* visible,
                          std::int64_t nj, const Rows& v, const float* alpha, std::int64_t D,
                          float* os) {
     const std::int64_t Dp = Ops::padded_dim(D);
     alignas(64) std::uint32_t pairs[MR * kPairsPerRow];
-    for (std::int64_t r = 0; r < rows; r += MR) {
-      const int n = static_cast<int>(std::min<std::int64_t>(MR, rows - r));
-      bool masked = false;
-      for (int i = 0; i < n; ++i) masked |= visible[r + i] < nj;
-      if (masked) {
-        Ops::pv_accumulate(p + r * Bk, n, visible + r, nj, v, alpha + r, D, os + r * Dp);
-        continue;
-      }
+    Ops::pv_row_blocks(rows, visible, nj, [&](std::int64_t r, auto R, bool masked) {
+      constexpr int n = decltype(R)::value;
+      if (masked)
+        return Ops::template pv_rows<n, true>(p + r * Bk, visible + r, nj, v, alpha + r, Dp, os + r * Dp);
       pack_pairs(p + r * Bk, n, nj / 2 * 2, pairs);
-      rows_tail<MR>(n, pairs, p + r * Bk, visible + r, nj, v, alpha + r, Dp, os + r * Dp);
-    }
+      rows_block<n>(pairs, p + r * Bk, visible + r, nj, v, alpha + r, Dp, os + r * Dp);
+    });
   }
 };
 
