@@ -34,31 +34,32 @@ void fill_random(std::vector<float>& values, std::uint64_t seed) {
 }
 
 // One tensor of the problem in (B, S, H, D) memory, FlashAttention's layout: float32
-// values, or their 16-bit bits (the float32 values are then dropped: gigabytes of cache).
+// values, or only their 16-bit bits (gigabytes of cache).
 struct Stored {
   std::vector<float> values;
   std::vector<std::uint16_t> bits;
   fattn::TensorView view;
 
-  void fill(std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, fattn::DType dtype,
-            std::uint64_t seed) {
-    values.assign(static_cast<std::size_t>(B * S * H * D), 0.0f);
-    fill_random(values, seed);
-    bits.clear();
-    if (dtype == fattn::DType::float32) {
-      view = fattn::TensorView::bshd(values.data(), B, S, H, D);
-      return;
-    }
-    bits.resize(values.size());
-    std::transform(values.begin(), values.end(), bits.begin(),
-                   [dtype](float x) { return to_bits(x, dtype); });
-    std::vector<float>().swap(values);
-    view = fattn::TensorView::bshd(bits.data(), B, S, H, D, dtype);
+  void allocate(std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, fattn::DType dtype) {
+    const auto count = static_cast<std::size_t>(B * S * H * D);
+    const bool wide = dtype == fattn::DType::float32;
+    values.assign(wide ? count : 0, 0.0f);
+    bits.assign(wide ? 0 : count, 0);
+    view = wide ? fattn::TensorView::bshd(values.data(), B, S, H, D)
+                : fattn::TensorView::bshd(bits.data(), B, S, H, D, dtype);
+  }
+
+  // Random values (fill_random), rounded to the dtype.
+  void fill(std::uint64_t seed) {
+    if (view.dtype == fattn::DType::float32) return fill_random(values, seed);
+    std::vector<float> drawn(bits.size());
+    fill_random(drawn, seed);
+    std::transform(drawn.begin(), drawn.end(), bits.begin(),
+                   [dtype = view.dtype](float x) { return to_bits(x, dtype); });
   }
 
   // NaN everywhere, so an element the kernel fails to write shows in the error.
   void poison() {
-    constexpr std::uint16_t kNaN16 = 0x7fc0;  // a NaN in bfloat16 and in float16
     std::fill(values.begin(), values.end(), std::nanf(""));
     std::fill(bits.begin(), bits.end(), kNaN16);
   }
@@ -130,12 +131,15 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
             continue;
           }
           Problem p{B, c.q_heads, Hkv, D, 0, Sk};
-          p.k.fill(B, Sk, Hkv, D, c.dtype, c.seed + 1);
-          p.v.fill(B, Sk, Hkv, D, c.dtype, c.seed + 2);
+          p.k.allocate(B, Sk, Hkv, D, c.dtype);
+          p.v.allocate(B, Sk, Hkv, D, c.dtype);
+          p.k.fill(c.seed + 1);
+          p.v.fill(c.seed + 2);
           for (std::int64_t Sq : c.q_lens) {
             p.Sq = Sq;
-            p.q.fill(B, Sq, c.q_heads, D, c.dtype, c.seed + 3);
-            p.out.fill(B, Sq, c.q_heads, D, c.dtype, c.seed + 4);
+            p.q.allocate(B, Sq, c.q_heads, D, c.dtype);
+            p.q.fill(c.seed + 3);
+            p.out.allocate(B, Sq, c.q_heads, D, c.dtype);
             p.out.poison();
             for (fattn::Impl impl : c.impls) {
               if (impl == fattn::Impl::fused && Sk > c.fused_max_keys) continue;

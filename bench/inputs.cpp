@@ -92,9 +92,8 @@ std::vector<float> Outputs::out_values() const {
 
 void poison(Outputs& outputs) {
   constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
-  constexpr std::uint16_t kPoison16 = 0x7fc0;  // a NaN in bfloat16 and in float16
   std::fill(outputs.out.begin(), outputs.out.end(), kPoison);
-  std::fill(outputs.out16.begin(), outputs.out16.end(), kPoison16);
+  std::fill(outputs.out16.begin(), outputs.out16.end(), kNaN16);
   std::fill(outputs.lse.begin(), outputs.lse.end(), kPoison);
 }
 

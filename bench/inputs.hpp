@@ -19,6 +19,9 @@ struct Inputs {
   fattn::TensorView q_in, k_in, v_in;
 };
 
+// A NaN in bfloat16 and in float16: what 16-bit outputs are poisoned with.
+inline constexpr std::uint16_t kNaN16 = 0x7fc0;
+
 // One value's 16-bit bits in `dtype` (bfloat16 or float16), rounded to nearest even as the
 // library rounds, and back.
 std::uint16_t to_bits(float x, fattn::DType dtype);
