@@ -5,16 +5,12 @@
 #include <limits>
 
 namespace fattn_bench {
-namespace {
 
-// max(err, |a − b|), but NaN as soon as one difference is NaN.
 double worse(double err, double a, double b) {
   const double diff = std::fabs(a - b);
   if (std::isnan(diff) || std::isnan(err)) return std::numeric_limits<double>::quiet_NaN();
   return diff > err ? diff : err;
 }
-
-}  // namespace
 
 ReferenceCheck::ReferenceCheck(const Inputs& in, const Shape& s, const fattn::Options& options) {
   all_rows_ = s.batch * s.q_heads * s.q_len * s.kv_len <= kFullCheckMaxPairs;

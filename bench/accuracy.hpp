@@ -18,6 +18,10 @@ namespace fattn_bench {
 inline constexpr std::int64_t kFullCheckMaxPairs = std::int64_t{1} << 26;  // B·Hq·Sq·Sk
 inline constexpr int kSampledRows = 32;
 
+// max(err, |a − b|), but NaN as soon as one difference is NaN (an output element left
+// unwritten in a NaN-poisoned output shows; std::max alone would drop it).
+double worse(double err, double a, double b);
+
 class ReferenceCheck {
  public:
   // options: causal, scale and threads as the kernels under test use them.

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accuracy.hpp"
 #include "fattn/kv_cache.hpp"
 #include "inputs.hpp"
 #include "report.hpp"
@@ -83,7 +84,7 @@ double sampled_error(const Problem& p, const fattn::Options& options) {
     fattn::reference_row(p.q.view, p.k.view, p.v.view, options, s[0], s[1], s[2], row.data());
     const std::int64_t first = ((s[0] * p.Sq + s[2]) * p.Hq + s[1]) * p.D;
     for (std::int64_t d = 0; d < p.D; ++d)
-      err = std::max(err, std::fabs(p.out.at(first + d) - row[static_cast<std::size_t>(d)]));
+      err = worse(err, p.out.at(first + d), row[static_cast<std::size_t>(d)]);
   }
   return err;
 }
