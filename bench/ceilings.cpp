@@ -175,4 +175,13 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
+Roof roof_for(fattn::DType dtype, fattn::Impl impl, fattn::Isa isa, const Ceilings& ceilings) {
+  const bool dot_kernel = impl == fattn::Impl::fused || impl == fattn::Impl::decode ||
+                          impl == fattn::Impl::automatic;
+  const bool on_avx512 = isa == fattn::Isa::avx512 || isa == fattn::Isa::automatic;
+  if (dtype == fattn::DType::bfloat16 && dot_kernel && on_avx512 && ceilings.bf16_dot_peak_gflops > 0)
+    return {"bf16_dot", ceilings.bf16_dot_peak_gflops};
+  return {"fma", ceilings.fma_peak_gflops};
+}
+
 }  // namespace fattn_bench

@@ -111,6 +111,9 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.flops = 4 * p.B * p.Hq * pairs * p.D;
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
+  const Roof roof = roof_for(c.dtype, impl, options.isa, ceilings);
+  r.roof = roof.name;
+  r.pct_roof = 100.0 * r.gflops / roof.gflops;
   r.extra_bytes = fattn::extra_bytes(p.q.view, p.k.view, p.v.view, options);
   r.max_abs_err = sampled_error(p, options);
   return r;
@@ -158,11 +161,14 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
 void print_decode_table(std::FILE* out, const Machine& m, const std::vector<DecodeResult>& results) {
   std::fprintf(out,
                "\nDecode sweep: %s, Hq=%lld, causal bottom-right, (B, S, H, D) cache, %d threads; "
-               "DRAM triad %.1f GB/s, FMA peak %.0f GFLOP/s (same run)\n",
+               "DRAM triad %.1f GB/s, FMA peak %.0f GFLOP/s, bf16 dot peak %.0f GFLOP/s (0: none; "
+               "same run)\n",
                results.empty() ? "-" : fattn::to_string(results.front().dtype),
                results.empty() ? 0LL : static_cast<long long>(results.front().q_heads),
-               m.ceilings.threads, m.ceilings.bandwidth_gbs, m.ceilings.fma_peak_gflops);
-  std::fprintf(out, "| B | Hkv | D | Sq | Sk | K+V MiB | decode ms | GB/s | %% triad | GFLOP/s | %% FMA | extra KiB | fused ms | fused/decode | max err |\n");
+               m.ceilings.threads, m.ceilings.bandwidth_gbs, m.ceilings.fma_peak_gflops,
+               m.ceilings.bf16_dot_peak_gflops);
+  // % peak: of the peak of the instructions the kernel runs ("dot": VDPBF16PS).
+  std::fprintf(out, "| B | Hkv | D | Sq | Sk | K+V MiB | decode ms | GB/s | %% triad | GFLOP/s | %% peak | extra KiB | fused ms | fused/decode | max err |\n");
   std::fprintf(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const DecodeResult& r : results) {
     if (r.impl != fattn::Impl::decode) continue;
@@ -176,11 +182,11 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
       std::snprintf(fused_ms, sizeof fused_ms, "%.3f", fused->ms_median);
       std::snprintf(ratio, sizeof ratio, "%.2fx", fused->ms_median / r.ms_median);
     }
-    std::fprintf(out, "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.0f | %.0f %% | %.0f | %s | %s | %.1e |\n",
+    std::fprintf(out, "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.0f | %.0f %%%s | %.0f | %s | %s | %.1e |\n",
                  static_cast<long long>(r.batch), static_cast<long long>(r.kv_heads),
                  static_cast<long long>(r.head_dim), static_cast<long long>(r.q_len),
                  static_cast<long long>(r.kv_len), static_cast<double>(r.kv_bytes) / (1 << 20),
-                 r.ms_median, r.gbs, r.pct_bandwidth, r.gflops, r.pct_fma_peak,
+                 r.ms_median, r.gbs, r.pct_bandwidth, r.gflops, r.pct_roof, r.roof == "fma" ? "" : " dot",
                  static_cast<double>(r.extra_bytes) / 1024, fused_ms, ratio, r.max_abs_err);
   }
 }
@@ -198,6 +204,7 @@ void write_decode_json(const std::string& path, const Machine& m,
                              {"ms_max", r.ms_max}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
                              {"pct_bandwidth", r.pct_bandwidth}, {"flops", r.flops},
                              {"gflops", r.gflops}, {"pct_fma_peak", r.pct_fma_peak},
+                             {"roof", r.roof}, {"pct_roof", r.pct_roof},
                              {"extra_bytes", r.extra_bytes}, {"max_abs_err_sampled", r.max_abs_err}});
   std::ofstream file(path);
   file << doc.dump(2) << '\n';

@@ -36,6 +36,8 @@ struct DecodeResult {
   double pct_bandwidth = 0;   // against the DRAM triad of the same run
   std::int64_t flops = 0;     // 4·D per (query row, key) pair
   double gflops = 0, pct_fma_peak = 0;
+  std::string roof = "fma";  // the peak of the instructions it runs (roof_for, ceilings.hpp)
+  double pct_roof = 0;       // gflops / that peak × 100
   std::int64_t extra_bytes = 0;  // working memory (fattn::extra_bytes)
   double max_abs_err = 0;        // sampled rows against the float64 reference
 };

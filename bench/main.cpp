@@ -31,7 +31,7 @@ const char* kCeilingsHelp =
     "the tile unit's bfloat16 peak (TDPBF16PS in registers) and the amx kernels' float32\n"
     "roof, a sixth of it (six partial products per float32 product); on CPUs with\n"
     "AVX512-BF16, the bfloat16 dot-product peak (VDPBF16PS chains in registers), the roof of\n"
-    "the fused kernel on bfloat16 inputs.";
+    "the fused and decode kernels on bfloat16 inputs.";
 
 const char* kJsonSchema =
     "--json FILE writes {\"machine\": {device, cpu, isa, threads, fma_peak_gflops,\n"

@@ -170,7 +170,7 @@ void print_machine(std::FILE* out, const Machine& m) {
                  c.amx_bf16_peak_gflops, Ceilings::kAmxPartialProducts, c.amx_fp32_roof_gflops());
   if (c.bf16_dot_peak_gflops > 0)
     std::fprintf(out, "  bf16 dot peak   %8.1f GFLOP/s  (VDPBF16PS in registers: the roof of bfloat16\n"
-                      "                                     inputs on the fused kernel)\n",
+                      "                                     inputs on the fused and decode kernels)\n",
                  c.bf16_dot_peak_gflops);
   for (const LevelBandwidth& l : c.bandwidth_levels)
     std::fprintf(out, "  triad %-9s %8.1f GB/s     (working set %s%s)\n", l.level.c_str(),

@@ -27,8 +27,8 @@ struct Result {
   std::int64_t flops = 0;                // model.hpp
   double gflops = 0;                     // flops / median time
   double pct_fma_peak = 0;               // gflops / Ceilings::fma_peak_gflops × 100
-  // The peak of the instructions the kernel runs: "fma" (fp32 FMA), or "bf16_dot"
-  // (VDPBF16PS: the fused kernel on bfloat16 inputs where the CPU has it); gflops / it × 100.
+  // The peak of the instructions the kernel runs (roof_for, ceilings.hpp): "fma" or
+  // "bf16_dot"; gflops / it × 100.
   std::string roof = "fma";
   double pct_roof = 0;
   double max_abs_err = 0;                // vs the float64 reference; NaN if any value was NaN

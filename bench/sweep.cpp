@@ -125,10 +125,9 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
   r.isa = c.isa_automatic ? fattn::automatic_cpu_isa(s.kv_len) : c.isa;
-  const bool on_bf16_dot = c.dtype == fattn::DType::bfloat16 && impl == fattn::Impl::fused &&
-                           r.isa == fattn::Isa::avx512 && ceilings.bf16_dot_peak_gflops > 0;
-  r.roof = on_bf16_dot ? "bf16_dot" : "fma";
-  r.pct_roof = on_bf16_dot ? 100.0 * r.gflops / ceilings.bf16_dot_peak_gflops : r.pct_fma_peak;
+  const Roof roof = roof_for(c.dtype, impl, options.isa, ceilings);
+  r.roof = roof.name;
+  r.pct_roof = 100.0 * r.gflops / roof.gflops;
   r.others_cores = others_cores;
   const int runs = c.warmup + c.reps;
   r.page_faults_per_run = (kernel_after.minor_faults - kernel_before.minor_faults) / runs;

@@ -8,7 +8,8 @@
 //        st ← qs·Kᵀ                 (tile_scores: from the key rows for ≤ 4 rows, else
 //                                    through the transposed tile; items of 48 rows or
 //                                    more: the query rows along the lanes instead,
-//                                    cpu/decode_query_lanes.hpp)
+//                                    cpu/decode_query_lanes.hpp; a bfloat16 cache on
+//                                    vdpbf16ps, cpu/decode_scores_bf16.hpp)
 //        m, l, st ← online softmax  (softmax_update; the visibility object says which
 //                                    keys each row sees)
 //        os ← alpha·os + st·V       (pv_accumulate)
@@ -33,6 +34,7 @@
 #include "cpu/decode_mods.hpp"
 #include "cpu/decode_ops.hpp"
 #include "cpu/decode_query_lanes.hpp"
+#include "cpu/decode_scores_bf16.hpp"
 #include "cpu/decode_values_bf16.hpp"
 #include "cpu/workspace.hpp"
 
@@ -327,12 +329,24 @@ struct DecodeWorker {
           continue;
         }
       }
-      Ops::tile_scores(h.qs, h.qb, q_factor, it.rows, D, k, nj, kt, st, next);
+      scores(h, it.rows, k, nj, kt, st, next);
       if (p.mods.any() || p.has_window())  // a mask hiding the tile from every row: skipped
         if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) continue;
       Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
       values(st, it.rows, visible, nj, v, h, D);
     }
+  }
+
+  // st ← the tile's scores: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems
+  // (cpu/decode_scores_bf16.hpp), else in float32 (DecodeOps::tile_scores).
+  template <class Rows>
+  void scores(const HeadState& h, std::int64_t rows, const Rows& k, std::int64_t nj, float* kt,
+              float* st, typename Ops::Prefetch& next) const {
+#if defined(FATTN_AVX512_BF16)
+    if constexpr (std::is_same_v<Rows, typename DecodeScoresBf16<S>::Rows>)
+      if (plan.dot_bf16) return DecodeScoresBf16<S>::tile_scores(h.qb, q_factor, rows, p.head_dim, k, nj, kt, st, next);
+#endif
+    Ops::tile_scores(h.qs, rows, p.head_dim, k, nj, kt, st, next);
   }
 
   // os ← alpha·os + P·V: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems

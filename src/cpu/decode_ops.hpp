@@ -255,41 +255,22 @@ struct DecodeOps {
   static void scores(const float* qs, std::int64_t rows, std::int64_t D, const float* kt,
                      float* st, Prefetch& next) {
     const std::int64_t Dp = padded_dim(D);
-    std::int64_t r = 0;
-    for (; r + SR <= rows; r += SR) scores_block<SR>(qs + r * Dp, Dp, D, kt, st + r * Bk, next);
-    if (r < rows) scores_tail<SR - 1>(static_cast<int>(rows - r), qs + r * Dp, Dp, D, kt, st + r * Bk, next);
+    row_blocks<SR>(rows, [&](std::int64_t r, auto R) {
+      scores_block<decltype(R)::value>(qs + r * Dp, Dp, D, kt, st + r * Bk, next);
+    });
     next.issue_rest();
-  }
-  template <int R>
-  static void scores_tail(int rows, const float* qs, std::int64_t Dp, std::int64_t D,
-                          const float* kt, float* st, Prefetch& next) {
-    if constexpr (R > 0) {
-      if (rows == R) return scores_block<R>(qs, Dp, D, kt, st, next);
-      scores_tail<R - 1>(rows, qs, Dp, D, kt, st, next);
-    }
   }
 
   // Scores of one key tile: straight from the key rows for a few rows (AVX-512,
   // cpu/decode_direct.hpp), else through the transposed tile kt. Either way `next` is
-  // asked for between blocks, and for the rest at the end.
-  // qb, factor: the query rows' bfloat16 bits and scale·log2(e), for dot_bf16 problems.
+  // asked for between blocks, and for the rest at the end. (A bfloat16 cache on
+  // AVX512-BF16 takes cpu/decode_scores_bf16.hpp instead.)
   template <class E>
-  static void tile_scores(const float* qs, const std::uint16_t* qb, float factor,
-                          std::int64_t rows, std::int64_t D, const Rows<E>& k, std::int64_t nj,
-                          float* kt, float* st, Prefetch& next) {
+  static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows<E>& k,
+                          std::int64_t nj, float* kt, float* st, Prefetch& next) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       if (rows <= kDirectRows && k.dim_stride == 1) {
-#if defined(FATTN_AVX512_BF16)
-        if constexpr (std::is_same_v<E, BFloat16>) {
-          if (qb) {
-            DirectScores<Rows<E>, DotBf16Products>::scores(qb, rows, padded_dim(D), k, nj, Bk,
-                                                           factor, st, next);
-            next.issue_rest();
-            return;
-          }
-        }
-#endif
         DirectScores<Rows<E>, FmaProducts<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, 1.0f,
                                                       st, next);
         next.issue_rest();
@@ -398,12 +379,18 @@ struct DecodeOps {
   // do not see every key of [0, nj). pv_accumulate and DecodeValuesBf16 run on it.
   template <class F>
   static void pv_row_blocks(std::int64_t rows, const std::int32_t* visible, std::int64_t nj, F&& f) {
-    for (std::int64_t r = 0; r < rows; r += MR) {
-      const int n = static_cast<int>(std::min<std::int64_t>(MR, rows - r));
+    row_blocks<MR>(rows, [&](std::int64_t r, auto R) {
       bool masked = false;
-      for (int i = 0; i < n; ++i) masked |= visible[r + i] < nj;
-      with_rows<MR>(n, [&](auto R) { f(r, R, masked); });
-    }
+      for (int i = 0; i < decltype(R)::value; ++i) masked |= visible[r + i] < nj;
+      f(r, R, masked);
+    });
+  }
+  // f(r, R) for the blocks of N rows from row 0, the last one of the rows left: R, the
+  // block's rows, is a std::integral_constant, so each block size is its own kernel.
+  template <int N, class F>
+  static void row_blocks(std::int64_t rows, F&& f) {
+    for (std::int64_t r = 0; r < rows; r += N)
+      with_rows<N>(static_cast<int>(std::min<std::int64_t>(N, rows - r)), [&](auto R) { f(r, R); });
   }
   template <int R, class F>
   static void with_rows(int rows, F&& f) {
