@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "cpu/blocks.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace fattn::cpu {
@@ -90,28 +91,15 @@ struct BackwardOps {
       for (int w = 0; w < W; ++w) S::store(acc + r * Dp + w * L, a[r][w]);
   }
 
-  // The last (Dp / L) mod DV vectors of dims, in one block of exactly that width.
-  template <int W>
-  static void rows_tail(int width, float* acc, std::int64_t Dp, const float* p, const float* x,
-                        std::int64_t x_stride, std::int64_t n) {
-    if constexpr (W > 0) {
-      if (width == W) return rows_block<MK, W>(acc, Dp, p, x, x_stride, n);
-      rows_tail<W - 1>(width, acc, Dp, p, x, x_stride, n);
-    }
-  }
-
   // acc[r][·] += Σ_{i<n} p[r][i] · x[i][·] for the keys r < nj rounded up to a whole
   // panel (the rows past nj hold padding and are never stored).
   static void rows_accumulate(float* acc, std::int64_t nj, std::int64_t Dp, const float* p,
                               const float* x, std::int64_t x_stride, std::int64_t n) {
-    for (std::int64_t r = 0; r < nj; r += MK) {
-      std::int64_t d = 0;
-      for (; d + DV * L <= Dp; d += DV * L)
-        rows_block<MK, DV>(acc + r * Dp + d, Dp, p + r * Br, x + d, x_stride, n);
-      if (d < Dp)
-        rows_tail<DV - 1>(static_cast<int>((Dp - d) / L), acc + r * Dp + d, Dp, p + r * Br,
-                          x + d, x_stride, n);
-    }
+    for (std::int64_t r = 0; r < nj; r += MK)
+      for_blocks<DV>(Dp / L, [&](std::int64_t w, auto W) {  // DV vectors of dims a block
+        const std::int64_t d = w * L;
+        rows_block<MK, decltype(W)::value>(acc + r * Dp + d, Dp, p + r * Br, x + d, x_stride, n);
+      });
   }
 };
 

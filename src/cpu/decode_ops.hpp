@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "core/problem.hpp"
+#include "cpu/blocks.hpp"
 #include "cpu/decode_direct.hpp"
 #include "cpu/elements.hpp"
 #include "cpu/exp2.hpp"
@@ -255,7 +256,7 @@ struct DecodeOps {
   static void scores(const float* qs, std::int64_t rows, std::int64_t D, const float* kt,
                      float* st, Prefetch& next) {
     const std::int64_t Dp = padded_dim(D);
-    row_blocks<SR>(rows, [&](std::int64_t r, auto R) {
+    for_blocks<SR>(rows, [&](std::int64_t r, auto R) {
       scores_block<decltype(R)::value>(qs + r * Dp, Dp, D, kt, st + r * Bk, next);
     });
     next.issue_rest();
@@ -379,25 +380,11 @@ struct DecodeOps {
   // do not see every key of [0, nj). pv_accumulate and DecodeValuesBf16 run on it.
   template <class F>
   static void pv_row_blocks(std::int64_t rows, const std::int32_t* visible, std::int64_t nj, F&& f) {
-    row_blocks<MR>(rows, [&](std::int64_t r, auto R) {
+    for_blocks<MR>(rows, [&](std::int64_t r, auto R) {
       bool masked = false;
       for (int i = 0; i < decltype(R)::value; ++i) masked |= visible[r + i] < nj;
       f(r, R, masked);
     });
-  }
-  // f(r, R) for the blocks of N rows from row 0, the last one of the rows left: R, the
-  // block's rows, is a std::integral_constant, so each block size is its own kernel.
-  template <int N, class F>
-  static void row_blocks(std::int64_t rows, F&& f) {
-    for (std::int64_t r = 0; r < rows; r += N)
-      with_rows<N>(static_cast<int>(std::min<std::int64_t>(N, rows - r)), [&](auto R) { f(r, R); });
-  }
-  template <int R, class F>
-  static void with_rows(int rows, F&& f) {
-    if constexpr (R > 0) {
-      if (rows != R) return with_rows<R - 1>(rows, f);
-      f(std::integral_constant<int, R>{});
-    }
   }
 
   // os ← alpha·os + P·V over the keys each row sees (visible[r] ≤ nj, nj ≤ Bk).

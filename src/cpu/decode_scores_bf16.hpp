@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/blocks.hpp"
 #include "cpu/decode_direct.hpp"
 #include "cpu/decode_ops.hpp"
 #include "cpu/transpose.hpp"
@@ -83,9 +84,10 @@ struct DecodeScoresBf16 {
   }
 
   // st[r][·] = factor · Σ_i qb[r][2i, 2i + 1] · kp[i][·] for R rows; `next` is asked for a
-  // line per pair of dims.
+  // line per pair of dims. A function of its own: inlined into the worker's key loop it
+  // shares the registers with it (Sq = 16, 8k keys: 545-548 → 511-526 GFLOP/s).
   template <int R>
-  static void block(const std::uint16_t* qb, std::int64_t Dp, const std::uint32_t* kp, float factor,
+  [[gnu::noinline]] static void block(const std::uint16_t* qb, std::int64_t Dp, const std::uint32_t* kp, float factor,
                     float* st, Prefetch& next) {
     __m512 acc[R][KV];
 #pragma GCC unroll 8
@@ -128,7 +130,7 @@ struct DecodeScoresBf16 {
     } else {
       auto* kp = reinterpret_cast<std::uint32_t*>(kt);
       transpose_pairs(k, nj, Dp, kp, next);
-      Ops::template row_blocks<SR>(rows, [&](std::int64_t r, auto R) {
+      for_blocks<SR>(rows, [&](std::int64_t r, auto R) {
         block<decltype(R)::value>(qb + r * Dp, Dp, kp, factor, st + r * Bk, next);
       });
     }

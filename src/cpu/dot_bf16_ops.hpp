@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "core/problem.hpp"
+#include "cpu/blocks.hpp"
 #include "cpu/elements.hpp"
 #include "cpu/tile_ops.hpp"
 #include "cpu/transpose.hpp"
@@ -218,17 +219,9 @@ struct DotBf16Ops {
   static void pv_accumulate(const Pair* vp, std::int64_t nj, const Pair* pp, const float* alpha,
                             std::int64_t D, float* ot) {
     const std::int64_t n2 = pairs_of(nj);
-    std::int64_t d = 0;
-    for (; d + MD <= D; d += MD) pv_block<MD>(vp + d, D, n2, pp, alpha, ot + d * Br);
-    if (d < D) pv_tail<MD - 1>(static_cast<int>(D - d), vp + d, D, n2, pp, alpha, ot + d * Br);
-  }
-  template <int R>
-  static void pv_tail(int rows, const Pair* vp, std::int64_t D, std::int64_t n2, const Pair* pp,
-                      const float* alpha, float* ot) {
-    if constexpr (R > 0) {
-      if (rows == R) return pv_block<R>(vp, D, n2, pp, alpha, ot);
-      pv_tail<R - 1>(rows, vp, D, n2, pp, alpha, ot);
-    }
+    for_blocks<MD>(D, [&](std::int64_t d, auto R) {
+      pv_block<decltype(R)::value>(vp + d, D, n2, pp, alpha, ot + d * Br);
+    });
   }
 };
 

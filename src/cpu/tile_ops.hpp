@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "core/problem.hpp"
+#include "cpu/blocks.hpp"
 #include "cpu/elements.hpp"
 #include "cpu/exp2.hpp"
 #include "cpu/simd.hpp"
@@ -288,20 +289,9 @@ struct TileOps {
   template <class Vis, class Values>
   static void pv_rows(const Values& v, std::int64_t nj, const float* p, const float* alpha,
                       std::int64_t D, float* ot, const Vis& vis) {
-    std::int64_t d = 0;
-    for (; d + MD <= D; d += MD) pv_block<MD>(v.from_dim(d), nj, p, alpha, ot + d * Br, vis);
-    if (d < D)
-      pv_tail<MD - 1>(static_cast<int>(D - d), v.from_dim(d), nj, p, alpha, ot + d * Br, vis);
-  }
-
-  // The last D mod MD dims in one block of exactly that many rows.
-  template <int R, class Vis, class Values>
-  static void pv_tail(int rows, const Values& v, std::int64_t nj, const float* p,
-                      const float* alpha, float* ot, const Vis& vis) {
-    if constexpr (R > 0) {
-      if (rows == R) return pv_block<R>(v, nj, p, alpha, ot, vis);
-      pv_tail<R - 1>(rows, v, nj, p, alpha, ot, vis);
-    }
+    for_blocks<MD>(D, [&](std::int64_t d, auto R) {
+      pv_block<decltype(R)::value>(v.from_dim(d), nj, p, alpha, ot + d * Br, vis);
+    });
   }
 
   // Fresh accumulators: m = −inf, l = 0, ot = 0.
