@@ -73,13 +73,7 @@ struct DotBf16Products {
   using Query = std::uint16_t;  // bfloat16 bits
   using Operand = __m512bh;
   static constexpr int kDims = 32;
-  // 32 elements, or where only 16 are left (Dp an odd number of 16s) those and zeros,
-  // whose products add nothing.
-  static Operand load(const void* at, bool half) {
-    const __m512i x = half ? _mm512_zextsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(at)))
-                           : _mm512_loadu_si512(at);
-    return reinterpret_cast<const __m512bh&>(x);
-  }
+  static Operand load(const void* at, bool half) { return as_pairs(load_bf16x32(at, half)); }
   static __m512 add_products(__m512 acc, Operand q, Operand k) { return _mm512_dpbf16_ps(acc, q, k); }
 };
 #endif

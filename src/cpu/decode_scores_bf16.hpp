@@ -22,6 +22,7 @@
 #include "cpu/blocks.hpp"
 #include "cpu/decode_direct.hpp"
 #include "cpu/decode_ops.hpp"
+#include "cpu/elements.hpp"
 #include "cpu/transpose.hpp"
 
 #if defined(FATTN_AVX512_BF16)
@@ -59,12 +60,8 @@ struct DecodeScoresBf16 {
       for (std::int64_t d = 0; d < Dp; d += kPairDims) {
         const bool half = d + kPairDims > Dp;
         __m512 r[kKeyGroup];
-        for (int j = 0; j < kKeyGroup; ++j) {
-          const BFloat16* row = k.group[g] + j * k.stride + d;
-          r[j] = _mm512_castsi512_ps(
-              half ? _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)))
-                   : _mm512_loadu_si512(row));
-        }
+        for (int j = 0; j < kKeyGroup; ++j)
+          r[j] = _mm512_castsi512_ps(load_bf16x32(k.group[g] + j * k.stride + d, half));
         transpose16x16(r);  // moves bits: a NaN pattern stays as it is
         const int pairs = half ? kKeyGroup / 2 : kKeyGroup;
         for (int i = 0; i < pairs; ++i)
@@ -98,16 +95,12 @@ struct DecodeScoresBf16 {
       next.issue_line();
       __m512bh kv[KV];
 #pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) {
-        const __m512i x = _mm512_loadu_si512(kp + i * Bk + u * 16);
-        kv[u] = reinterpret_cast<const __m512bh&>(x);
-      }
+      for (int u = 0; u < KV; ++u) kv[u] = as_pairs(_mm512_loadu_si512(kp + i * Bk + u * 16));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         std::uint32_t pair;
         std::memcpy(&pair, qb + r * Dp + 2 * i, sizeof pair);
-        const __m512i x = _mm512_set1_epi32(static_cast<int>(pair));
-        const __m512bh q = reinterpret_cast<const __m512bh&>(x);
+        const __m512bh q = as_pairs(_mm512_set1_epi32(static_cast<int>(pair)));
 #pragma GCC unroll 8
         for (int u = 0; u < KV; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], q, kv[u]);
       }

@@ -79,13 +79,12 @@ struct DecodeValuesBf16 {
           const __m512i a = _mm512_loadu_si512(vrow + c * kPairDims);
           const __m512i b = _mm512_loadu_si512(vrow + v.stride + c * kPairDims);
           const __m512i l = _mm512_unpacklo_epi16(a, b), h = _mm512_unpackhi_epi16(a, b);
-          lo[c] = reinterpret_cast<const __m512bh&>(l);
-          hi[c] = reinterpret_cast<const __m512bh&>(h);
+          lo[c] = as_pairs(l);
+          hi[c] = as_pairs(h);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const __m512i pr = _mm512_set1_epi32(static_cast<int>(pairs[r * kPairsPerRow + j / 2]));
-          const __m512bh pb = reinterpret_cast<const __m512bh&>(pr);
+          const __m512bh pb = as_pairs(_mm512_set1_epi32(static_cast<int>(pairs[r * kPairsPerRow + j / 2])));
 #pragma GCC unroll 4
           for (int c = 0; c < C; ++c) {
             acc[r][2 * c] = _mm512_dpbf16_ps(acc[r][2 * c], lo[c], pb);

@@ -43,7 +43,6 @@ struct DotBf16Ops {
   static Pair pair(std::uint16_t lo, std::uint16_t hi) {
     return static_cast<Pair>(lo) | static_cast<Pair>(hi) << 16;
   }
-  static __m512bh as_pairs(__m512i x) { return reinterpret_cast<const __m512bh&>(x); }
 
   // Pair d of a row: where the dims are contiguous it is the row's 32-bit word d (the
   // even element in the low half, little-endian); a last odd dim pairs with 0.

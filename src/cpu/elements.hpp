@@ -107,6 +107,18 @@ bool on_bf16_dot_products([[maybe_unused]] DType dtype) {
   return false;
 }
 
+#if defined(FATTN_AVX512_BF16)
+// 32 bfloat16 held as integers (loaded, broadcast or shuffled as bits) as vdpbf16ps takes
+// them: 16 pairs, the same bits.
+inline __m512bh as_pairs(__m512i x) { return reinterpret_cast<const __m512bh&>(x); }
+// 32 bfloat16 from `at` as bits, or where only 16 are left (`half`: a head dim that is an
+// odd number of 16s) those and 16 zeros, whose products add nothing.
+inline __m512i load_bf16x32(const void* at, bool half) {
+  return half ? _mm512_zextsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(at)))
+              : _mm512_loadu_si512(at);
+}
+#endif
+
 // S::lanes contiguous elements as a vector of floats: one load for float32; for 16-bit
 // elements a load and a widening (a shift for bfloat16, vcvtph2ps for float16) where the
 // unit has the instructions, else element by element.
