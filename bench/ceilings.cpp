@@ -175,9 +175,12 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
-Roof roof_for(fattn::DType dtype, fattn::Impl impl, fattn::Isa isa, const Ceilings& ceilings) {
-  const bool dot_kernel = impl == fattn::Impl::fused || impl == fattn::Impl::decode ||
-                          impl == fattn::Impl::automatic;
+Roof roof_for(fattn::DType dtype, fattn::Impl impl, fattn::Isa isa, std::int64_t head_dim,
+              const Ceilings& ceilings) {
+  constexpr std::int64_t kVectorDims = 16;  // of the decode kernel's in-place rows
+  const bool decode_in_place = head_dim % kVectorDims == 0;
+  const bool dot_kernel = impl == fattn::Impl::fused ||
+                          ((impl == fattn::Impl::decode || impl == fattn::Impl::automatic) && decode_in_place);
   const bool on_avx512 = isa == fattn::Isa::avx512 || isa == fattn::Isa::automatic;
   if (dtype == fattn::DType::bfloat16 && dot_kernel && on_avx512 && ceilings.bf16_dot_peak_gflops > 0)
     return {"bf16_dot", ceilings.bf16_dot_peak_gflops};

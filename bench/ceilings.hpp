@@ -18,6 +18,7 @@
 // Each figure is the best of several repetitions.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -57,13 +58,15 @@ struct Ceilings {
 // The peak of the instructions a run's kernel multiplies with: "bf16_dot" (VDPBF16PS)
 // for bfloat16 inputs on the fused or decode kernel on avx512 (where Isa::automatic sends
 // 16-bit inputs, amx machines included) when the CPU has it, else "fma" (fp32 FMA).
-// isa: the isa asked for (automatic or one ISA). The decode kernel's staged caches
-// (strided dims, odd head dims) compute in float32; the sweeps' caches are read in place.
+// isa: the isa asked for (automatic or one ISA). The decode kernel multiplies on it only
+// where it reads the cache in place: the sweeps' contiguous caches with a head dim of
+// whole 16-element vectors (others are staged as float32).
 struct Roof {
   std::string name;
   double gflops = 0;
 };
-Roof roof_for(fattn::DType dtype, fattn::Impl impl, fattn::Isa isa, const Ceilings& ceilings);
+Roof roof_for(fattn::DType dtype, fattn::Impl impl, fattn::Isa isa, std::int64_t head_dim,
+              const Ceilings& ceilings);
 
 // isa must be concrete (not automatic) and supported by this CPU. roofline: also the
 // peak of every other ISA and the bandwidth of each cache level (a few seconds more).

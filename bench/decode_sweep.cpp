@@ -111,7 +111,7 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.flops = 4 * p.B * p.Hq * pairs * p.D;
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
-  const Roof roof = roof_for(c.dtype, impl, options.isa, ceilings);
+  const Roof roof = roof_for(c.dtype, impl, options.isa, p.D, ceilings);
   r.roof = roof.name;
   r.pct_roof = 100.0 * r.gflops / roof.gflops;
   r.extra_bytes = fattn::extra_bytes(p.q.view, p.k.view, p.v.view, options);

@@ -16,7 +16,8 @@
 //   out ← os / l, lse ← ln(2)·(m + log2 l)            (or a partial, with split keys)
 // K and V are read where they lie when each row holds D contiguous elements, D a whole
 // number of vectors (16-bit elements widened to float32 as they are loaded, so a 16-bit
-// cache moves half the bytes); otherwise (strided dims, odd head dims) each key tile is
+// cache moves half the bytes; a bfloat16 cache on AVX512-BF16 is multiplied as it lies,
+// on vdpbf16ps); otherwise (strided dims, odd head dims) each key tile is
 // first staged as float32 in address order, zero-padded.
 // Split-KV (flash-decoding): when sequences × kv heads × row tiles cannot keep every
 // worker busy, each sequence's keys are cut into `splits` chunks computed in parallel;

@@ -10,7 +10,8 @@
 //   st[r][·]   = factor · acc[r][·]                       (factor = scale·log2(e))
 // so a 16×16 block of the transpose covers 32 dims instead of 16, nothing is widened, and
 // the products take half the instructions. Products of two bfloat16 are exact in float32
-// and the sums are float32, as in the direct scores.
+// (vdpbf16ps flushes denormal inputs and results to zero) and the sums are float32, as in
+// the direct scores.
 #pragma once
 
 #include "cpu/isa_target.hpp"
