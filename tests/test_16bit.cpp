@@ -204,9 +204,13 @@ struct Inputs16 {
 };
 
 // Whether a kernel rounds P to bfloat16 for P·V: the fused and decode kernels on bfloat16
-// dot products (an avx512 table built with AVX512-BF16, on a CPU that has it).
-bool rounds_p(DType dtype, Impl impl, Isa isa) {
-  return dtype == DType::bfloat16 && (impl == Impl::fused || impl == Impl::decode) &&
+// dot products (an avx512 table built with AVX512-BF16, on a CPU that has it); the decode
+// kernel only where it reads the cache in place (dims contiguous, D a whole number of
+// 16-element vectors), as it stages other caches as float32.
+bool rounds_p(DType dtype, Impl impl, Isa isa, Layout layout, std::int64_t D) {
+  constexpr std::int64_t kVectorDims = 16;
+  const bool decode_in_place = layout != Layout::strided && D % kVectorDims == 0;
+  return dtype == DType::bfloat16 && (impl == Impl::fused || (impl == Impl::decode && decode_in_place)) &&
          (isa == Isa::avx512 || isa == Isa::automatic) && fattn::cpu_has_bf16_dot_products();
 }
 
@@ -266,7 +270,7 @@ TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
   const Inputs16 in(c, dtype, rng);
   const auto [ref, ref_out, out, lse] = run_forward16(in, c, dtype, variant);
   std::optional<Tensor> p_rounding;
-  if (rounds_p(dtype, variant.impl, variant.isa)) {
+  if (rounds_p(dtype, variant.impl, variant.isa, c.layout, c.D)) {
     Options reference;
     reference.causal = c.causal;
     const Result ref_abs = run_reference(in.q, in.k, abs_of(in.v), reference);
@@ -396,7 +400,7 @@ TEST(KvCache16, AppendsBitsAndDecodes) {
     // Where the kernel rounds P, the bound on that: the same call on |v|, in a cache of its
     // own (kc before the append below, |vc|), appended alike.
     std::optional<Tensor> p_rounding;
-    if (rounds_p(dtype, Impl::decode, Isa::automatic)) {
+    if (rounds_p(dtype, Impl::decode, Isa::automatic, Layout::bshd, D)) {
       Tensor kc_abs = kc.clone(), vc_abs = abs_of(vc), out_abs = make_output(Layout::bhsd, B, Hq, 1, D);
       std::vector<std::int32_t> lengths_abs{77, 150};
       const TensorView seqlens_abs = TensorView::int32_vector(lengths_abs.data(), B);
