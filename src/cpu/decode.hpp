@@ -334,7 +334,7 @@ struct DecodeWorker {
       if (p.mods.any() || p.has_window())  // a mask hiding the tile from every row: skipped
         if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) continue;
       Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
-      values(st, it.rows, visible, nj, v, h, D);
+      values(st, it.rows, visible, nj, v, h);
     }
   }
 
@@ -353,13 +353,14 @@ struct DecodeWorker {
   // os ← alpha·os + P·V: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems
   // (cpu/decode_values_bf16.hpp), else in float32.
   template <class Rows>
-  void values(const float* p, std::int64_t rows, const std::int32_t* visible, std::int64_t nj,
-              const Rows& v, const HeadState& h, std::int64_t D) const {
+  void values(const float* probs, std::int64_t rows, const std::int32_t* visible, std::int64_t nj,
+              const Rows& v, const HeadState& h) const {
+    const std::int64_t D = p.head_dim;
 #if defined(FATTN_AVX512_BF16)
     if constexpr (std::is_same_v<Rows, typename DecodeValuesBf16<S>::Rows>)
-      if (plan.dot_bf16) return DecodeValuesBf16<S>::accumulate(p, rows, visible, nj, v, h.alpha, D, h.os);
+      if (plan.dot_bf16) return DecodeValuesBf16<S>::accumulate(probs, rows, visible, nj, v, h.alpha, D, h.os);
 #endif
-    Ops::pv_accumulate(p, rows, visible, nj, v, h.alpha, D, h.os);
+    Ops::pv_accumulate(probs, rows, visible, nj, v, h.alpha, D, h.os);
   }
 
   // The item's rows: out and lse, or with split keys its chunk's partial (os, m, l).

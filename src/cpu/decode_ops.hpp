@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 
 #include "core/problem.hpp"
 #include "cpu/blocks.hpp"

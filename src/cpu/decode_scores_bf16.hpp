@@ -85,8 +85,9 @@ struct DecodeScoresBf16 {
   // line per pair of dims. A function of its own: inlined into the worker's key loop it
   // shares the registers with it (Sq = 16, 8k keys: 545-548 → 511-526 GFLOP/s).
   template <int R>
-  [[gnu::noinline]] static void block(const std::uint16_t* qb, std::int64_t Dp, const std::uint32_t* kp, float factor,
-                    float* st, Prefetch& next) {
+  [[gnu::noinline]] static void block(const std::uint16_t* qb, std::int64_t Dp,
+                                      const std::uint32_t* kp, float factor, float* st,
+                                      Prefetch& next) {
     __m512 acc[R][KV];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
