@@ -231,23 +231,28 @@ struct DecodeOps {
   template <int R>
   static void scores_block(const float* qs, std::int64_t Dp, std::int64_t D, const float* kt,
                            float* st, Prefetch& next) {
-    vec acc[R][KV] = {};
-    for (std::int64_t d = 0; d < D; ++d) {
-      next.issue_line();
-      vec kv[KV];
+    for_chains(D, [&](std::int64_t d0, std::int64_t d1, bool first) {
+      vec acc[R][KV] = {};
+      for (std::int64_t d = d0; d < d1; ++d) {
+        next.issue_line();
+        vec kv[KV];
 #pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) kv[u] = S::load(kt + d * Bk + u * L);
+        for (int u = 0; u < KV; ++u) kv[u] = S::load(kt + d * Bk + u * L);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const vec qb = S::splat(qs[r * Dp + d]);
+        for (int r = 0; r < R; ++r) {
+          const vec qb = S::splat(qs[r * Dp + d]);
 #pragma GCC unroll 8
-        for (int u = 0; u < KV; ++u) acc[r][u] = S::fma(qb, kv[u], acc[r][u]);
+          for (int u = 0; u < KV; ++u) acc[r][u] = S::fma(qb, kv[u], acc[r][u]);
+        }
       }
-    }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
+      for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) S::store(st + r * Bk + u * L, acc[r][u]);
+        for (int u = 0; u < KV; ++u) {
+          float* to = st + r * Bk + u * L;
+          S::store(to, first ? acc[r][u] : S::load(to) + acc[r][u]);
+        }
+    });
   }
 
   // Scores of the key tile against `rows` query rows; the rows of `next` the transpose

@@ -165,23 +165,28 @@ struct TileOps {
   template <class Keys, class EachDim = Nothing>
   static void scores_block(const Keys& k, const float* qt, std::int64_t D, float* st,
                            EachDim each_dim = {}) {
-    vec acc[MK][NV] = {};
-    for (std::int64_t d = 0; d < D; ++d) {
-      each_dim();
-      vec qv[NV];
+    for_chains(D, [&](std::int64_t d0, std::int64_t d1, bool first) {
+      vec acc[MK][NV] = {};
+      for (std::int64_t d = d0; d < d1; ++d) {
+        each_dim();
+        vec qv[NV];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) qv[v] = S::load(qt + d * Br + v * L);
+        for (int v = 0; v < NV; ++v) qv[v] = S::load(qt + d * Br + v * L);
 #pragma GCC unroll 16
-      for (int r = 0; r < MK; ++r) {
-        const vec kb = S::splat(k.at(d, r));
+        for (int r = 0; r < MK; ++r) {
+          const vec kb = S::splat(k.at(d, r));
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) acc[r][v] = S::fma(kb, qv[v], acc[r][v]);
+          for (int v = 0; v < NV; ++v) acc[r][v] = S::fma(kb, qv[v], acc[r][v]);
+        }
       }
-    }
 #pragma GCC unroll 16
-    for (int r = 0; r < MK; ++r)
+      for (int r = 0; r < MK; ++r)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) S::store(st + r * Br + v * L, acc[r][v]);
+        for (int v = 0; v < NV; ++v) {
+          float* to = st + r * Br + v * L;
+          S::store(to, first ? acc[r][v] : S::load(to) + acc[r][v]);
+        }
+    });
   }
 
   // Scores of keys [j0, j0 + nj) against the query tile: nj rows of st.
