@@ -175,16 +175,19 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
-Roof roof_for(fattn::DType dtype, fattn::Impl impl, fattn::Isa isa, std::int64_t head_dim,
-              const Ceilings& ceilings) {
-  constexpr std::int64_t kVectorDims = 16;  // of the decode kernel's in-place rows
-  const bool decode_in_place = head_dim % kVectorDims == 0;
-  const bool dot_kernel = impl == fattn::Impl::fused ||
-                          ((impl == fattn::Impl::decode || impl == fattn::Impl::automatic) && decode_in_place);
-  const bool on_avx512 = isa == fattn::Isa::avx512 || isa == fattn::Isa::automatic;
-  if (dtype == fattn::DType::bfloat16 && dot_kernel && on_avx512 && ceilings.bf16_dot_peak_gflops > 0)
-    return {"bf16_dot", ceilings.bf16_dot_peak_gflops};
-  return {"fma", ceilings.fma_peak_gflops};
+Roof roof_for(const fattn::ForwardPlan& plan, const Ceilings& ceilings) {
+  const char* name = fattn::to_string(plan.products);
+  if (plan.products == fattn::Products::bf16_dot && ceilings.bf16_dot_peak_gflops > 0)
+    return {name, ceilings.bf16_dot_peak_gflops};
+  if (plan.products == fattn::Products::amx && ceilings.amx_fp32_roof_gflops() > 0)
+    return {name, ceilings.amx_fp32_roof_gflops()};
+  return {fattn::to_string(fattn::Products::fma), ceilings.fma_peak_gflops};
+}
+
+const char* roof_mark(const std::string& roof) {
+  if (roof == fattn::to_string(fattn::Products::bf16_dot)) return " dot";
+  if (roof == fattn::to_string(fattn::Products::amx)) return " amx";
+  return "";
 }
 
 }  // namespace fattn_bench

@@ -55,18 +55,17 @@ struct Ceilings {
   static constexpr int kAmxPartialProducts = 6;
 };
 
-// The peak of the instructions a run's kernel multiplies with: "bf16_dot" (VDPBF16PS)
-// for bfloat16 inputs on the fused or decode kernel on avx512 (where Isa::automatic sends
-// 16-bit inputs, amx machines included) when the CPU has it, else "fma" (fp32 FMA).
-// isa: the isa asked for (automatic or one ISA). The decode kernel multiplies on it only
-// where it reads the cache in place: the sweeps' contiguous caches with a head dim of
-// whole 16-element vectors (others are staged as float32).
+// The peak of the instructions a run's kernel multiplies with (fattn::forward_plan's
+// products), named as they are: "bf16_dot" (VDPBF16PS), "amx" (the amx kernels' float32
+// roof, where the tile peak was measured), else "fma" (float32 FMA; for the float64
+// reference an upper bound).
 struct Roof {
   std::string name;
   double gflops = 0;
 };
-Roof roof_for(fattn::DType dtype, fattn::Impl impl, fattn::Isa isa, std::int64_t head_dim,
-              const Ceilings& ceilings);
+Roof roof_for(const fattn::ForwardPlan& plan, const Ceilings& ceilings);
+// A table cell's mark for a roof other than the FMA peak: " dot" (bf16_dot), " amx".
+const char* roof_mark(const std::string& roof);
 
 // isa must be concrete (not automatic) and supported by this CPU. roofline: also the
 // peak of every other ISA and the bandwidth of each cache level (a few seconds more).

@@ -111,7 +111,7 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.flops = 4 * p.B * p.Hq * pairs * p.D;
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
-  const Roof roof = roof_for(c.dtype, impl, options.isa, p.D, ceilings);
+  const Roof roof = roof_for(fattn::forward_plan(p.q.view, p.k.view, p.v.view, options), ceilings);
   r.roof = roof.name;
   r.pct_roof = 100.0 * r.gflops / roof.gflops;
   r.extra_bytes = fattn::extra_bytes(p.q.view, p.k.view, p.v.view, options);
@@ -186,7 +186,7 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
                  static_cast<long long>(r.batch), static_cast<long long>(r.kv_heads),
                  static_cast<long long>(r.head_dim), static_cast<long long>(r.q_len),
                  static_cast<long long>(r.kv_len), static_cast<double>(r.kv_bytes) / (1 << 20),
-                 r.ms_median, r.gbs, r.pct_bandwidth, r.gflops, r.pct_roof, r.roof == "fma" ? "" : " dot",
+                 r.ms_median, r.gbs, r.pct_bandwidth, r.gflops, r.pct_roof, roof_mark(r.roof),
                  static_cast<double>(r.extra_bytes) / 1024, fused_ms, ratio, r.max_abs_err);
   }
 }

@@ -38,7 +38,7 @@ const char* kJsonSchema =
     "bf16_dot_peak_gflops (0: none), bandwidth_gbs, date, ...}, \"results\": [{impl, dtype,\n"
     "B, Hq, Hkv, Sq, Sk, D, causal, causal_alignment, ms_median, ms_min, ms_max, gflops,\n"
     "max_abs_err, err_rows, extra_bytes, ai_model, flops, model_bytes, pct_fma_peak, roof\n"
-    "(fma|bf16_dot), pct_roof, lse_written,\n"
+    "(fma|bf16_dot|amx), pct_roof, lse_written,\n"
     "fused_ai_kv_reread (fused only), stages (naive only: qk_gemm, softmax, pv_gemm, each\n"
     "{ms_median, flops, model_bytes, ai_model, gflops}), ...}], \"model\": [the AI model at\n"
     "S = 128..4096, fp32 and 16-bit, per stage]}; machine.roofline: FMA peak per ISA and\n"

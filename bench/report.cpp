@@ -232,7 +232,7 @@ void print_table(std::FILE* out, const Machine& m, const std::vector<Result>& re
        }},
       {"GF/s", [](const Result& r) { return format("%.1f", r.gflops); }},
       {"%pk", [](const Result& r) {  // of the peak of the instructions it runs
-         return format("%.1f%%%s", r.pct_roof, r.roof == "fma" ? "" : " dot");
+         return format("%.1f%%%s", r.pct_roof, roof_mark(r.roof));
        }},
       {"AI", [](const Result& r) { return format("%.1f", r.ai_model); }},
       {"extra", [](const Result& r) { return bytes_label(r.extra_bytes); }},
@@ -280,8 +280,8 @@ void print_table(std::FILE* out, const Machine& m, const std::vector<Result>& re
       "\nms = median (min-max) wall time, ! = other processes used > %.1f core meanwhile;\n"
       "fused/naive = naive median / fused median.\n"
       "GF/s = 4*B*Hq*visible_pairs*D / median time; %%pk = share of the measured peak of the\n"
-      "instructions the kernel runs: fp32 FMA, or \"dot\": the bf16 dot-product peak (VDPBF16PS)\n"
-      "(amx rows: FMA too; their own float32 roof is the ceilings' AMX line).\n"
+      "instructions the kernel runs (fattn::forward_plan): fp32 FMA, \"dot\": the bf16 dot-product\n"
+      "peak (VDPBF16PS), \"amx\": the amx kernels' float32 roof (the ceilings' AMX line).\n"
       "AI = FLOP per DRAM byte (model.hpp): fused counts Q, K, V, O once; "
       "naive adds 7 passes over the scores.\nextra = fattn::extra_bytes. err rows: "
       "all = whole output vs Impl::reference (B*Hq*Sq*Sk <= 2^26);\n"

@@ -124,10 +124,9 @@ Result measure(const SweepConfig& c, const Ceilings& ceilings, const Inputs& in,
   constexpr double kGigaPerMilli = 1e-6;  // FLOP/ms → GFLOP/s
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
-  r.isa = c.isa_automatic ? fattn::automatic_cpu_isa(s.kv_len) : c.isa;
-  if (r.isa == fattn::Isa::amx && c.dtype != fattn::DType::float32)
-    r.isa = fattn::Isa::avx512;  // where Isa::automatic runs 16-bit inputs on an AMX machine
-  const Roof roof = roof_for(c.dtype, impl, options.isa, s.head_dim, ceilings);
+  const fattn::ForwardPlan plan = fattn::forward_plan(in.q_in, in.k_in, in.v_in, options);
+  r.isa = plan.isa;
+  const Roof roof = roof_for(plan, ceilings);
   r.roof = roof.name;
   r.pct_roof = 100.0 * r.gflops / roof.gflops;
   r.others_cores = others_cores;

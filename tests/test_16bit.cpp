@@ -21,6 +21,7 @@ namespace fattn_test {
 namespace {
 
 using fattn::DType;
+using fattn::Products;
 using fattn::cpu::BFloat16;
 using fattn::cpu::Float16;
 using fattn::cpu::from_float;
@@ -203,15 +204,11 @@ struct Inputs16 {
         q16(to_16bit(q, dtype)), k16(to_16bit(k, dtype)), v16(to_16bit(v, dtype)) {}
 };
 
-// Whether a kernel rounds P to bfloat16 for P·V: the fused and decode kernels on bfloat16
-// dot products (an avx512 table built with AVX512-BF16, on a CPU that has it); the decode
-// kernel only where it reads the cache in place (dims contiguous, D a whole number of
-// 16-element vectors), as it stages other caches as float32.
-bool rounds_p(DType dtype, Impl impl, Isa isa, Layout layout, std::int64_t D) {
-  constexpr std::int64_t kVectorDims = 16;
-  const bool decode_in_place = layout != Layout::strided && D % kVectorDims == 0;
-  return dtype == DType::bfloat16 && (impl == Impl::fused || (impl == Impl::decode && decode_in_place)) &&
-         (isa == Isa::avx512 || isa == Isa::automatic) && fattn::cpu_has_bf16_dot_products();
+// Whether the kernel rounds P to bfloat16 for P·V: where its products run on bfloat16 dot
+// products (the fused kernel, and the decode kernel on a cache it reads in place, on a CPU
+// and build with AVX512-BF16), as fattn::forward_plan says.
+bool rounds_p(const TensorView& q, const TensorView& k, const TensorView& v, const Options& options) {
+  return fattn::forward_plan(q, k, v, options).products == fattn::Products::bf16_dot;
 }
 
 // |t| element by element, in t's layout.
@@ -270,7 +267,11 @@ TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
   const Inputs16 in(c, dtype, rng);
   const auto [ref, ref_out, out, lse] = run_forward16(in, c, dtype, variant);
   std::optional<Tensor> p_rounding;
-  if (rounds_p(dtype, variant.impl, variant.isa, c.layout, c.D)) {
+  Options options;
+  options.causal = c.causal;
+  options.impl = variant.impl;
+  options.isa = variant.isa;
+  if (rounds_p(in.q16.view, in.k16.view, in.v16.view, options)) {
     Options reference;
     reference.causal = c.causal;
     const Result ref_abs = run_reference(in.q, in.k, abs_of(in.v), reference);
@@ -400,7 +401,7 @@ TEST(KvCache16, AppendsBitsAndDecodes) {
     // Where the kernel rounds P, the bound on that: the same call on |v|, in a cache of its
     // own (kc before the append below, |vc|), appended alike.
     std::optional<Tensor> p_rounding;
-    if (rounds_p(dtype, Impl::decode, Isa::automatic, Layout::bshd, D)) {
+    if (rounds_p(q16.view, kc16.view, vc16.view, Options{})) {
       Tensor kc_abs = kc.clone(), vc_abs = abs_of(vc), out_abs = make_output(Layout::bhsd, B, Hq, 1, D);
       std::vector<std::int32_t> lengths_abs{77, 150};
       const TensorView seqlens_abs = TensorView::int32_vector(lengths_abs.data(), B);
@@ -449,6 +450,66 @@ TEST(Errors16, IsaAmxIsRefusedNamingTheIsasThatRun) {
     EXPECT_NE(std::string(e.what()).find("out must have dtype float32, got bfloat16"), std::string::npos)
         << e.what();
   }
+}
+
+// ---- what a forward runs on ---------------------------------------------------------------
+
+// The plan of a (1, Hq, Sq, D) × (1, Hkv, Sk, D) forward in dtype, laid out as `layout`.
+fattn::ForwardPlan plan_of(DType dtype, Layout layout, std::int64_t Hq, std::int64_t Hkv, std::int64_t Sq,
+                           std::int64_t Sk, std::int64_t D, const Options& options) {
+  Rng rng;
+  Tensor q = make_input(layout, 1, Hq, Sq, D, rng), k = make_input(layout, 1, Hkv, Sk, D, rng),
+         v = make_input(layout, 1, Hkv, Sk, D, rng);
+  if (dtype == DType::float32) return fattn::forward_plan(q.view(), k.view(), v.view(), options);
+  const Tensor16 q16 = to_16bit(q, dtype), k16 = to_16bit(k, dtype), v16 = to_16bit(v, dtype);
+  return fattn::forward_plan(q16.view, k16.view, v16.view, options);
+}
+
+Options with(Impl impl, Isa isa = Isa::automatic) {
+  Options o;
+  o.impl = impl;
+  o.isa = isa;
+  return o;
+}
+
+TEST(ForwardPlan, NamesTheKernelAndWhatItsProductsRunOn) {
+  const bool dots = fattn::cpu_has_bf16_dot_products();
+  const auto bf16_dot_if_here = dots ? Products::bf16_dot : Products::fma;
+  // Long queries: fused, on the ISA automatic picks for their keys.
+  fattn::ForwardPlan p = plan_of(DType::float32, Layout::bhsd, 4, 2, 200, 300, 64, {});
+  EXPECT_EQ(p.impl, Impl::fused);
+  EXPECT_EQ(p.isa, fattn::automatic_cpu_isa(300));
+  EXPECT_EQ(p.products, p.isa == Isa::amx ? Products::amx : Products::fma);
+  // A few query rows per kv head: decode, float32 FMAs.
+  p = plan_of(DType::float32, Layout::bshd, 8, 2, 1, 300, 64, {});
+  EXPECT_EQ(p.impl, Impl::decode);
+  EXPECT_EQ(p.products, Products::fma);
+  // bfloat16: the fused kernel and the decode kernel on a cache read in place run on
+  // vdpbf16ps where this CPU has it; naive, float16 and a staged cache on FMAs.
+  EXPECT_EQ(plan_of(DType::bfloat16, Layout::bhsd, 4, 2, 200, 300, 64, {}).products, bf16_dot_if_here);
+  EXPECT_EQ(plan_of(DType::bfloat16, Layout::bshd, 8, 2, 3, 300, 80, {}).products, bf16_dot_if_here);
+  EXPECT_EQ(plan_of(DType::bfloat16, Layout::strided, 8, 2, 3, 300, 64, {}).products, Products::fma);
+  EXPECT_EQ(plan_of(DType::bfloat16, Layout::bshd, 8, 2, 3, 300, 72, {}).products, Products::fma);
+  EXPECT_EQ(plan_of(DType::bfloat16, Layout::bhsd, 4, 2, 200, 300, 64, with(Impl::naive)).products, Products::fma);
+  EXPECT_EQ(plan_of(DType::float16, Layout::bhsd, 4, 2, 200, 300, 64, with(Impl::fused)).products, Products::fma);
+  if (fattn::cpu_supports(Isa::avx2))
+    EXPECT_EQ(plan_of(DType::bfloat16, Layout::bhsd, 4, 2, 200, 300, 64, with(Impl::fused, Isa::avx2)).products,
+              Products::fma);
+  p = plan_of(DType::bfloat16, Layout::bhsd, 4, 2, 20, 30, 64, with(Impl::reference));
+  EXPECT_EQ(p.impl, Impl::reference);
+  EXPECT_EQ(p.isa, Isa::portable);
+  EXPECT_EQ(p.products, Products::float64);
+  EXPECT_STREQ(fattn::to_string(Products::bf16_dot), "bf16_dot");
+}
+
+TEST(ForwardPlan, ChecksItsArgumentsAsTheForwardDoes) {
+  Rng rng;
+  const Tensor q = make_input(Layout::bhsd, 1, 4, 8, 64, rng), k = make_input(Layout::bhsd, 1, 2, 8, 32, rng);
+  expect_error([&] { fattn::forward_plan(q.view(), k.view(), k.view()); },
+               "k.size(3) (head dim) must equal q.size(3) = 64, got 32");
+  if (!fattn::cpu_supports(Isa::amx))
+    expect_error([&] { fattn::forward_plan(q.view(), q.view(), q.view(), with(Impl::fused, Isa::amx)); },
+                 "isa amx is not supported by this CPU");
 }
 
 }  // namespace

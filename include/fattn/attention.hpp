@@ -49,9 +49,22 @@ enum class Impl : std::uint8_t { automatic, reference, naive, fused, decode };
 //   avx512, avx2: float32 FMA micro-kernels.   portable: compiler-vectorised, any CPU.
 enum class Isa : std::uint8_t { automatic, amx, avx512, avx2, portable };
 
+// The instructions a CPU forward's products (Q·Kᵀ, P·V) run on: the peak its speed is
+// measured against (fattn-bench's roof) and the rounding to expect.
+//   float64:  the reference's float64 loops
+//   fma:      float32 FMAs; 16-bit elements are widened to float32 as they are loaded
+//   bf16_dot: AVX512-BF16's vdpbf16ps on pairs of bfloat16, float32 sums; P is rounded
+//             to bfloat16 for P·V (the decode kernel: in the key tiles every one of
+//             its query rows sees whole; the fused kernel: inputs with NaN/Inf run
+//             its float32 loop)
+//   amx:      AMX tiles (TDPBF16PS) on float32 split into bfloat16 parts (inputs with
+//             NaN/Inf run the avx512 kernels: fma)
+enum class Products : std::uint8_t { float64, fma, bf16_dot, amx };
+
 const char* to_string(Causal causal);
 const char* to_string(Impl impl);
 const char* to_string(Isa isa);
+const char* to_string(Products products);
 Impl parse_impl(const std::string& name);  // throws Error on an unknown name
 Isa parse_isa(const std::string& name);    // throws Error on an unknown name
 
@@ -153,6 +166,18 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
 // Bytes of working memory the chosen implementation allocates for this problem
 // (the naive path's Sq×Sk buffer, per-thread tiles, packed operands).
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const Options& options = {});
+
+// What attention_forward runs for these inputs and options on this CPU: the kernel
+// (automatic resolved), the instruction set of its table (the reference: portable) and
+// what its products run on. Checks its arguments as attention_forward does; CPU tensors
+// only (a cuda q is an Error).
+struct ForwardPlan {
+  Impl impl;
+  Isa isa;
+  Products products;
+};
+ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options = {});
 
 // The CPU kernels keep their working memory between calls (the naive path's Sq×Sk

@@ -173,6 +173,18 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   run(p, exec, forward_pass(cpu_kernels(options, p, Direction::forward)), impl);
 }
 
+ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const Options& options) {
+  if (q.device == Device::cuda)
+    throw Error("fattn: forward_plan describes the CPU kernels; q is on cuda");
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
+  const Impl impl = resolve(options.impl, q.dtype, p);
+  if (impl == Impl::reference) return {impl, Isa::portable, Products::float64};
+  const cpu::Kernels& kernels = detail::forward_kernels(options, p);
+  return {impl, kernels.isa, kernels.products(p, impl)};
+}
+
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options) {
 #ifdef FATTN_WITH_CUDA

@@ -69,6 +69,16 @@ const char* to_string(Isa isa) {
   return "unknown isa";
 }
 
+const char* to_string(Products products) {
+  switch (products) {
+    case Products::float64: return "float64";
+    case Products::fma: return "fma";
+    case Products::bf16_dot: return "bf16_dot";
+    case Products::amx: return "amx";
+  }
+  return "unknown products";
+}
+
 Impl parse_impl(const std::string& name) {
   for (Impl i : {Impl::automatic, Impl::reference, Impl::naive, Impl::fused, Impl::decode})
     if (name == to_string(i)) return i;

@@ -25,6 +25,8 @@ struct Kernels {
                                           std::int64_t splits);
   void (*decode)(const detail::Problem& p, const detail::Exec& exec, float* workspace,
                  std::int64_t splits);
+  // What the forward's products run on in kernel `impl` (naive, fused or decode).
+  Products (*products)(const detail::Problem& p, Impl impl);
 };
 
 // Built from kernels_isa.cpp, once per instruction set. avx512 and avx2 exist only on x86-64;

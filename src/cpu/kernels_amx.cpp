@@ -40,11 +40,16 @@ std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std:
   return DecodePlan<S>(p, workers, splits).total;
 }
 
+// The naive and fused kernels on tiles; the decode kernel on AVX-512 FMAs (above).
+Products products(const detail::Problem&, Impl impl) {
+  return impl == Impl::decode ? Products::fma : Products::amx;
+}
+
 }  // namespace
 
 const Kernels amx_kernels = {Isa::amx,          AmxOps<S>::Br,       workspace_floats,
                              amx_fused_forward<S>, amx_naive_forward<S>, backward_workspace_floats,
                              amx_fused_backward<S>, amx_naive_backward<S>, decode_workspace_floats,
-                             decode_forward<S>};
+                             decode_forward<S>, products};
 
 }  // namespace fattn::cpu

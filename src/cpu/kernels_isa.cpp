@@ -46,11 +46,18 @@ std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std:
   return DecodePlan<S>(p, workers, splits).total;
 }
 
+// bfloat16 dot products where fused() and the decode kernel take them (the decode kernel
+// on a cache it reads in place: it stages other caches as float32); FMAs elsewhere.
+Products products(const detail::Problem& p, Impl impl) {
+  const bool dot_kernel = impl == Impl::fused || (impl == Impl::decode && DecodeOps<S>::reads_in_place(p));
+  return dot_kernel && on_bf16_dot_products<S>(p.dtype) ? Products::bf16_dot : Products::fma;
+}
+
 }  // namespace
 
 const Kernels FATTN_KERNELS = {Isa::FATTN_ISA,        TileOps<S>::Br,     workspace_floats,
                                fused,                 naive_forward<S>,   backward_workspace_floats,
                                fused_backward<S>,     naive_backward<S>,  decode_workspace_floats,
-                               decode_forward<S>};
+                               decode_forward<S>,     products};
 
 }  // namespace fattn::cpu
