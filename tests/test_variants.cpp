@@ -10,6 +10,7 @@
 #include "util/checks.hpp"
 #include "util/cpu_variants.hpp"
 #include "util/reference.hpp"
+#include "util/tensor16.hpp"
 
 namespace fattn_test {
 namespace {
@@ -259,6 +260,54 @@ INSTANTIATE_TEST_SUITE_P(Grid, VariantTest,
                            return variant_name(std::get<0>(info.param)) + "_" +
                                   case_name(std::get<1>(info.param));
                          });
+
+// ---- 16-bit inputs ----------------------------------------------------------------------
+
+// Each case in bfloat16 and float16 (additive masks excepted: they take q's dtype; the
+// Python tests run those) on the kernels that read 16-bit inputs, against the reference
+// on the same rounded values: half an ulp of the dtype, plus P's rounding where the
+// kernel rounds it (util/tensor16.hpp).
+class Variant16Test : public ::testing::TestWithParam<std::tuple<DType, Variant, Case>> {};
+
+TEST_P(Variant16Test, ForwardWithinHalfAnUlp) {
+  const auto& [dtype, variant, c] = GetParam();
+  FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
+  Problem p(c);
+  const Tensor16 q16 = to_16bit(p.q, dtype), k16 = to_16bit(p.k, dtype), v16 = to_16bit(p.v, dtype);
+  const Result ref = p.forward(Impl::reference, Isa::automatic);
+  Options o = p.options;
+  o.impl = variant.impl;
+  o.isa = variant.isa;
+  Tensor16 out = output_like(make_output(c.layout, c.B, c.Hq, c.Sq, c.D), dtype);
+  Tensor lse = make_lse(LseLayout::strided, c.B, c.Hq, c.Sq);
+  fattn::attention_forward(q16.view, k16.view, v16.view, out.view, lse.view_ptr(), o);
+  std::optional<Tensor> p_rounding;
+  if (rounds_p(q16.view, k16.view, v16.view, o)) {  // the reference's output for |v|
+    Options reference = p.options;
+    reference.impl = Impl::reference;
+    const Tensor abs_v = abs_of(p.v);
+    Tensor out_abs = make_output(c.layout, c.B, c.Hq, c.Sq, c.D);
+    fattn::attention_forward(p.q.view(), p.k.view(), abs_v.view(), out_abs.view(), nullptr, reference);
+    p_rounding = p_rounding_bound(out_abs);
+  }
+  EXPECT_TRUE(near_16bit(out, ref.out, dtype, 0.5, p_rounding ? &*p_rounding : nullptr));
+  EXPECT_TRUE(lse_near(lse, ref.lse));
+}
+
+std::vector<std::tuple<DType, Variant, Case>> cases16() {
+  std::vector<std::tuple<DType, Variant, Case>> all;
+  for (DType dtype : {DType::bfloat16, DType::float16})
+    for (Impl impl : {Impl::fused, Impl::decode, Impl::naive})
+      for (Isa isa : {Isa::avx512, Isa::avx2})
+        for (const Case& c : grid())
+          if (c.mask != MaskKind::additive) all.emplace_back(dtype, Variant{impl, isa}, c);
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Variant16Test, ::testing::ValuesIn(cases16()), [](const auto& info) {
+  return std::string(fattn::to_string(std::get<0>(info.param))) + "_" +
+         variant_name(std::get<1>(info.param)) + "_" + case_name(std::get<2>(info.param));
+});
 
 // Contiguous random q, k, v (B, H, S, D) and one forward call into contiguous outputs.
 struct Small {
