@@ -127,7 +127,13 @@ std::vector<std::tuple<DType, Variant, Case16>> kernel_cases() {
                           // decode's transposed key tile (with AVX512-BF16 of bfloat16
                           // pairs), D = 80 ending in half a 32-dim block, a last tile of 3
                           // key groups and 6 keys
-                          {1, 3, 1, 5, 150, 80, Causal::bottom_right, Layout::bshd}};
+                          {1, 3, 1, 5, 150, 80, Causal::bottom_right, Layout::bshd},
+                          // 48-64 rows per kv head: decode's query-lane tiles (with
+                          // AVX512-BF16 on bfloat16 pairs), a causal last tile, a tail of
+                          // 12 keys, lanes past the rows, D = 16 (8 pairs)
+                          {1, 8, 2, 16, 300, 128, Causal::bottom_right, Layout::bshd},
+                          {2, 10, 1, 5, 200, 64, Causal::none, Layout::bhsd},
+                          {1, 4, 1, 12, 150, 16, Causal::bottom_right, Layout::bhsd}};
   std::vector<std::tuple<DType, Variant, Case16>> all;
   for (DType dtype : {DType::bfloat16, DType::float16})
     for (Impl impl : {Impl::fused, Impl::naive, Impl::decode})

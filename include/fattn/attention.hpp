@@ -54,9 +54,9 @@ enum class Isa : std::uint8_t { automatic, amx, avx512, avx2, portable };
 //   float64:  the reference's float64 loops
 //   fma:      float32 FMAs; 16-bit elements are widened to float32 as they are loaded
 //   bf16_dot: AVX512-BF16's vdpbf16ps on pairs of bfloat16, float32 sums; P is rounded
-//             to bfloat16 for P·V (the decode kernel: in the key tiles every one of
-//             its query rows sees whole; the fused kernel: inputs with NaN/Inf run
-//             its float32 loop)
+//             to bfloat16 for P·V (the float32 P·V runs instead for inputs or tiles with
+//             NaN/Inf values, and in the decode kernel's items of under 48 query rows for
+//             the tiles some row does not see whole)
 //   amx:      AMX tiles (TDPBF16PS) on float32 split into bfloat16 parts (inputs with
 //             NaN/Inf run the avx512 kernels: fma)
 enum class Products : std::uint8_t { float64, fma, bf16_dot, amx };
@@ -203,7 +203,7 @@ bool cpu_supports(Isa isa);
 // Whether bfloat16 inputs on avx512 run on bfloat16 dot products here (AVX512-BF16's
 // vdpbf16ps, in this CPU and this build): the fused forward and the decode kernel (a cache
 // read in place), with P rounded to bfloat16 for P·V as FlashAttention does on GPUs
-// (the decode kernel's tiles where some query row does not see every key excepted).
+// (where not: Products::bf16_dot).
 bool cpu_has_bf16_dot_products();
 // Query rows per work item (Br) of the CPU kernels for an ISA (automatic: the best).
 int cpu_query_tile(Isa isa);

@@ -9,7 +9,8 @@
 //                                    through the transposed tile; items of 48 rows or
 //                                    more: the query rows along the lanes instead,
 //                                    cpu/decode_query_lanes.hpp; a bfloat16 cache on
-//                                    vdpbf16ps, cpu/decode_scores_bf16.hpp)
+//                                    vdpbf16ps, cpu/decode_scores_bf16.hpp and
+//                                    cpu/decode_query_lanes_bf16.hpp)
 //        m, l, st ← online softmax  (softmax_update; the visibility object says which
 //                                    keys each row sees)
 //        os ← alpha·os + st·V       (pv_accumulate)
@@ -35,6 +36,7 @@
 #include "cpu/decode_mods.hpp"
 #include "cpu/decode_ops.hpp"
 #include "cpu/decode_query_lanes.hpp"
+#include "cpu/decode_query_lanes_bf16.hpp"
 #include "cpu/decode_scores_bf16.hpp"
 #include "cpu/decode_values_bf16.hpp"
 #include "cpu/workspace.hpp"
@@ -84,7 +86,8 @@ struct DecodePlan {
     rows = n.mul(p.group_size(), p.q_len);
     tile_rows = std::min(rows, kRowTile);
     row_tiles = n.div_up(rows, kRowTile);
-    query_lanes = DecodeQueryLanes<S>::applies(p, !in_place) && DecodeQueryLanes<S>::takes(tile_rows);
+    query_lanes = DecodeQueryLanes<S>::applies(p, !in_place, in_place && dot_bf16) &&
+                  DecodeQueryLanes<S>::takes(tile_rows);
     lane_rows = query_lanes ? DecodeQueryLanes<S>::Br : tile_rows;
     Layout head;  // lane_rows ≤ 64, Dp ≤ 256: no overflow
     qs_at = head.take(lane_rows * Dp);
@@ -292,6 +295,14 @@ struct DecodeWorker {
   void start(const typename Plan::Item& it) const {
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
+      if (plan.query_lanes_for(it) && plan.in_place && plan.dot_bf16) {  // pairs of the bits
+#if defined(FATTN_AVX512_BF16)
+        Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.os, h.qb);
+        DecodeQueryLanesBf16<S>::to_lanes(h.qb, it.rows, plan.Dp, reinterpret_cast<std::uint32_t*>(h.qs));
+        QueryLanes::Tile::start_rows(h.m, h.l, h.os, p.head_dim);
+#endif
+        continue;
+      }
       if (plan.query_lanes_for(it)) {  // the rows loaded in os's place, then along the lanes
         Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.os, nullptr);
         QueryLanes::to_lanes(h.os, it.rows, p.head_dim, plan.Dp, h.qs);
@@ -330,6 +341,14 @@ struct DecodeWorker {
           continue;
         }
       }
+#if defined(FATTN_AVX512_BF16)
+      if constexpr (std::is_same_v<decltype(k), const typename DecodeQueryLanesBf16<S>::Rows>) {
+        if (plan.query_lanes_for(it) && plan.dot_bf16) {
+          DecodeQueryLanesBf16<S>::key_tile(k, v, nj, it.rows, visible, D, q_factor, lanes(h), kt, st, next);
+          continue;
+        }
+      }
+#endif
       scores(h, it.rows, k, nj, kt, st, next);
       if (p.mods.any() || p.has_window())  // a mask hiding the tile from every row: skipped
         if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) continue;

@@ -40,13 +40,17 @@ struct DecodeQueryLanes {
   // H, D), 2 threads, dev-zen5, GFLOP/s query lanes / key lanes: 64 rows 399-413 /
   // 312-328, 56 rows 355-364 / 295-300, 48 rows 308-314 / 296-301, 40 rows 238-257 /
   // 260-268, 32 rows 190-203 / 237-245 (docs/perf-log.md, "query rows along the lanes").
+  // bfloat16 on vdpbf16ps (DecodeQueryLanesBf16 / DecodeScoresBf16 and DecodeValuesBf16),
+  // the same shapes: 56 rows 633-642 / 516-531, 48 rows 548-554 / 516-521, 40 rows
+  // 459-466 / 503-512, 32 rows 363-365 / 452-462 ("bfloat16 query lanes").
   static constexpr std::int64_t kMinRows = 48;
 
-  // Whether problem p's items may take these tiles (float32 rows, or float32 copies where
-  // `staged`; no score variants or window), those of at least kMinRows rows.
-  static bool applies(const detail::Problem& p, bool staged) {
+  // Whether problem p's items may take these tiles (float32 rows, float32 copies where
+  // `staged`, or bfloat16 rows on bfloat16 dot products: DecodeQueryLanesBf16; no score
+  // variants or window), those of at least kMinRows rows.
+  static bool applies(const detail::Problem& p, bool staged, bool bf16_dots) {
     if constexpr (!kUsed) return false;  // measured with AVX-512's 64-row tiles only
-    return !p.mods.any() && !p.has_window() && (staged || p.dtype == DType::float32);
+    return !p.mods.any() && !p.has_window() && (staged || p.dtype == DType::float32 || bf16_dots);
   }
   static bool takes(std::int64_t item_rows) { return item_rows >= kMinRows && item_rows <= Br; }
 
@@ -86,6 +90,20 @@ struct DecodeQueryLanes {
     next.issue_rest();
   }
 
+  // Each lane's end of the keys it sees (visible: per row; lanes past the rows see all
+  // nj); whether some lane does not see the whole tile.
+  static bool lane_ends(const std::int32_t* visible, std::int64_t rows, std::int64_t nj,
+                        typename Tile::LaneEnds* ends) {
+    bool masked = false;
+    for (int u = 0; u < Tile::NV; ++u)
+      for (int i = 0; i < Tile::L; ++i) {
+        const std::int64_t r = u * Tile::L + i;
+        ends->end[u][i] = r < rows ? visible[r] : static_cast<std::int32_t>(nj);
+        masked |= ends->end[u][i] < nj;
+      }
+    return masked;
+  }
+
   // One key tile for one kv head: scores, the keys each row does not see hidden (visible:
   // per row, as the keys-along-lanes tiles take it), online softmax, ot ← alpha·ot + P·V.
   static void key_tile(const Rows& k, const Rows& v, std::int64_t nj, std::int64_t rows,
@@ -93,13 +111,7 @@ struct DecodeQueryLanes {
                        typename Ops::Prefetch& next) {
     scores(k, nj, h.qt, D, st, next);
     typename Tile::LaneEnds ends;
-    bool masked = false;
-    for (int u = 0; u < Tile::NV; ++u)
-      for (int i = 0; i < Tile::L; ++i) {
-        const std::int64_t r = u * Tile::L + i;
-        ends.end[u][i] = r < rows ? visible[r] : static_cast<std::int32_t>(nj);
-        masked |= ends.end[u][i] < nj;
-      }
+    const bool masked = lane_ends(visible, rows, nj, &ends);
     if (masked) Tile::mask_tile(st, nj, ends);
     Tile::softmax_update(st, nj, h.m, h.l, h.alpha);
     if (masked)

@@ -100,54 +100,81 @@ struct DotBf16Ops {
       }
   }
 
-  // vp[j][d] = (v[2j][d], v[2j+1][d]) for keys [0, n) of head (b, h); a last odd key's
-  // partner is 0. Returns whether every value is finite: a hidden pair's product p = 0
-  // times an infinite value would be NaN, where the float32 kernels skip hidden pairs.
-  // With contiguous dims, 16 dims of both rows at a time (vpermt2w interleaves them).
-  static bool pack_v_pairs(const detail::Problem& p, std::int64_t b, std::int64_t h,
-                           std::int64_t n, Pair* vp) {
-    const auto v = detail::retype<const BFloat16>(p.v);
-    const std::int64_t D = p.head_dim;
+  // out[d] = (even[d], odd[d]) for d < n, n a multiple of L, dims contiguous (odd null: a
+  // last odd key, partner 0). Returns whether every value is finite. vpermt2w interleaves
+  // 16 dims of both rows at a time.
+  static bool interleave_rows(const BFloat16* even, const BFloat16* odd, std::int64_t n, Pair* out) {
     constexpr std::uint16_t kExponent = 0x7f80;  // all ones: inf or NaN
     alignas(64) static constexpr std::uint16_t kInterleave[32] = {
         0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i interleave = _mm512_load_si512(kInterleave), exponent = _mm512_set1_epi16(kExponent);
+    __mmask32 not_finite = 0;
+    for (std::int64_t d = 0; d < n; d += L) {
+      const __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + d)));
+      const __m512i hi = odd ? _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + d)))
+                             : _mm512_setzero_si512();
+      const __m512i pairs = _mm512_permutex2var_epi16(lo, interleave, hi);
+      not_finite |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(pairs, exponent), exponent);
+      _mm512_storeu_si512(out + d, pairs);
+    }
+    return not_finite == 0;
+  }
+
+  // vp[j][d] = (v[2j][d], v[2j+1][d]) for keys [0, n) of head (b, h); a last odd key's
+  // partner is 0. Returns whether every value is finite: a hidden pair's product p = 0
+  // times an infinite value would be NaN, where the float32 kernels skip hidden pairs.
+  static bool pack_v_pairs(const detail::Problem& p, std::int64_t b, std::int64_t h,
+                           std::int64_t n, Pair* vp) {
+    const auto v = detail::retype<const BFloat16>(p.v);
+    const std::int64_t D = p.head_dim;
+    constexpr std::uint16_t kExponent = 0x7f80;
     const std::int64_t dims_done = v.dim == 1 ? D / L * L : 0;
-    __mmask32 not_finite_lanes = 0;
-    std::uint16_t not_finite = 0;
+    bool finite = true;
     for (std::int64_t j = 0; j < pairs_of(n); ++j) {
       const BFloat16* even = v.row(b, h, 2 * j);
       const BFloat16* odd = 2 * j + 1 < n ? v.row(b, h, 2 * j + 1) : nullptr;
-      for (std::int64_t d = 0; d < dims_done; d += L) {
-        const __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + d)));
-        const __m512i hi = odd ? _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + d)))
-                               : _mm512_setzero_si512();
-        const __m512i pairs = _mm512_permutex2var_epi16(lo, interleave, hi);
-        not_finite_lanes |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(pairs, exponent), exponent);
-        _mm512_storeu_si512(vp + j * D + d, pairs);
-      }
+      finite &= interleave_rows(even, odd, dims_done, vp + j * D);
       for (std::int64_t d = dims_done; d < D; ++d) {
         const std::uint16_t x = even[d * v.dim].bits, y = odd ? odd[d * v.dim].bits : 0;
-        not_finite |= static_cast<std::uint16_t>(((x & kExponent) == kExponent) |
-                                                 ((y & kExponent) == kExponent));
+        finite &= (x & kExponent) != kExponent && (y & kExponent) != kExponent;
         vp[j * D + d] = pair(x, y);
       }
     }
-    return not_finite == 0 && not_finite_lanes == 0;
+    return finite;
   }
 
-  // st[r][·] = factor · Σ_d kp[d][r] · qp[d][·] for the MK keys of one panel.
-  static void scores_block(const Pair* kp, const Pair* qp, std::int64_t D2, float factor,
-                           float* st) {
+  // Where the MK key pairs of a scores_block lie, its key policy: a packed panel
+  // kp[d][MK] (pack_k_pairs) ...
+  struct KeyPanel {
+    const Pair* kp;
+    Pair at(std::int64_t d, int r) const { return kp[d * MK + r]; }
+  };
+  // ... or MK rows of bfloat16 where they lie, dims contiguous and even in number: pair d
+  // is the row's 32-bit word d (the decode kernel's cache).
+  struct KeyRows {
+    const BFloat16* row[MK];
+    Pair at(std::int64_t d, int r) const {
+      Pair word;
+      std::memcpy(&word, row[r] + 2 * d, sizeof word);
+      return word;
+    }
+  };
+
+  // st[r][·] = factor · Σ_d k(d, r) · qp[d][·] for MK keys (a KeyPanel or KeyRows); each_dim()
+  // runs once per pair of dims (the decode kernel asks for a line of its next tile there).
+  template <class Keys, class EachDim = typename Ops::Nothing>
+  static void scores_block(const Keys& k, const Pair* qp, std::int64_t D2, float factor, float* st,
+                           EachDim each_dim = {}) {
     __m512 acc[MK][NV] = {};
     for (std::int64_t d = 0; d < D2; ++d) {
+      each_dim();
       __m512bh qv[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) qv[v] = as_pairs(_mm512_load_si512(qp + d * Br + v * L));
 #pragma GCC unroll 16
       for (int r = 0; r < MK; ++r) {
-        const __m512bh kb = as_pairs(_mm512_set1_epi32(static_cast<int>(kp[d * MK + r])));
+        const __m512bh kb = as_pairs(_mm512_set1_epi32(static_cast<int>(k.at(d, r))));
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kb, qv[v]);
       }
@@ -164,7 +191,7 @@ struct DotBf16Ops {
                           std::int64_t D, float factor, float* st) {
     const std::int64_t D2 = pairs_of(D);
     for (std::int64_t g = j0 / MK; g * MK < j0 + nj; ++g)
-      scores_block(kpanels + g * D2 * MK, qp, D2, factor, st + (g * MK - j0) * Br);
+      scores_block(KeyPanel{kpanels + g * D2 * MK}, qp, D2, factor, st + (g * MK - j0) * Br);
   }
 
   // pp[j][·] = (p[2j][·], p[2j+1][·]) rounded to bfloat16 (nearest even) for nj keys;
