@@ -11,8 +11,12 @@ changes every draw; a failure names its case.
 The bound is the C++ suites' for every element (tests/util/tensor16.hpp, checks.hpp): the
 output's rounding to its dtype (half an ulp of the exact value), P's rounding to bfloat16
 where a kernel rounds it (2^-8 times the definition's output for |v|), and float32's own
-1e-5 relative to max(1, max|ref|); the logsumexp within 1e-5 relative.
+1e-5 relative to max(1, max|ref|); the logsumexp within 1e-5 relative. Gradients (dq, dk,
+dv and the sinks'): two ulps of the dtype at the largest gradient (the backward reads the
+forward's rounded output) plus float32's 2e-5 relative to max(1, max|ref|), as
+tests/test_16bit.cpp and tests/test_backward.cpp.
 """
+import math
 import os
 import random
 
@@ -39,11 +43,11 @@ def seed_offset() -> int:
 def draw(index):
     """The options of case `index`: a dict the case builds its tensors from."""
     r = random.Random(1_000_003 * (index + 1) ^ seed_offset())
-    c = dict(entry=r.choice(["flash", "flash", "kvcache"]),
+    c = dict(entry=r.choice(["flash", "flash", "kvcache", "backward"]),
              dtype=r.choice([torch.float32, torch.bfloat16, torch.float16]),
              b=r.choice([1, 2]), hkv=r.choice([1, 2, 3]), group=r.choice([1, 2, 4, 5, 8]),
              d=r.choice(HEAD_DIMS), causal=r.random() < 0.5, seed=r.randrange(1 << 30))
-    c["sq"] = r.choice([1, 2, 3, 4, 7, 16, 33, 65, 130] if c["entry"] == "flash" else [1, 2, 3, 5, 12, 16])
+    c["sq"] = r.choice([1, 2, 3, 5, 12, 16] if c["entry"] == "kvcache" else [1, 2, 3, 4, 7, 16, 33, 65, 130])
     c["sk"] = r.choice([1, 5, 31, 64, 97, 257, 600])
     c["layout"] = r.choice(["bhsd", "bshd", "strided"])
     c["window"] = (r.choice([-1, 0, 3, 40]), r.choice([-1, 0, 2, 50])) if r.random() < 0.3 else (-1, -1)
@@ -121,6 +125,61 @@ def run_flash(c):
     assert_lse_near(lse, ref_lse, "lse")
 
 
+GRAD_TOL = 2e-5  # float32's own error in a gradient, as tests/test_backward.cpp
+
+
+def assert_grad_near(got, ref, dtype, what, moved=0.0):
+    """Within two ulps of dtype at the largest gradient, float32's own error, and `moved`
+    (per element: what the rounded output moves it by)."""
+    got, ref = got.double(), ref.double()
+    largest = max(1.0, ref.abs().max().item()) if ref.numel() else 1.0
+    bound = 2 * 2.0 ** -MANTISSA_BITS[dtype] * ref.abs().max().item() + GRAD_TOL * largest + moved
+    excess = (got - ref).abs() - bound
+    assert excess.numel() == 0 or excess.max().item() <= 0, (
+        f"{what}: the error exceeds its bound by {excess.max().item():.3g}")
+
+
+def run_backward(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    hq, dtype = c["hkv"] * c["group"], c["dtype"]
+    logits = 4.0 if c["softcap"] else 1.0
+    q = tensor(g, (c["b"], hq, c["sq"], c["d"]), c["layout"], dtype, logits)
+    k = tensor(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype, logits)
+    v = tensor(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype)
+    dout = torch.randn(q.shape, generator=g).to(dtype)
+    o = options(c, hq, g)
+    causal = "bottom_right" if c["causal"] else None
+
+    def grads(q, k, v, sinks, fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        sink = None if sinks is None else sinks.detach().clone().requires_grad_()
+        fn(*leaves, sink).backward(dout.to(leaves[0].dtype))
+        return [t.grad for t in leaves] + ([] if sink is None else [sink.grad])
+
+    ours = grads(q, k, v, o["sinks"], lambda q, k, v, s: fattn.flash_attention(
+        q, k, v, layout="bhsd", causal=c["causal"], window_size=o["window"],
+        softcap=o["softcap"], alibi_slopes=o["slopes"], sinks=s))
+    exact = grads(q.double(), k.double(), v.double(), o["sinks"], lambda q, k, v, s: plain(
+        q, k, v, causal=causal, window=o["window"], softcap=o["softcap"], slopes=o["slopes"],
+        sinks=s)[0])
+    # The backward reads the forward's out rounded to dtype: each Δ_i = dout_i·out_i moves
+    # by up to half an ulp of Σ_d |dout||out|, and dS_ij = P_ij (dP_ij − Δ_i) with it, so
+    # dq_i by scale·δΔ_i·Σ_j P_ij |k_j|, dk_j by scale·Σ_i P_ij δΔ_i |q_i| (the softcap's
+    # derivative is at most 1), dsinks_h by Σ_i p_sink,i δΔ_i.
+    out, lse, p = plain(q, k, v, causal=causal, **o, return_p=True)
+    delta = (dout.double().abs() * out.abs()).sum(-1, keepdim=True) * 2.0 ** -(MANTISSA_BITS[dtype] + 1)
+    scale = 1 / math.sqrt(c["d"])
+    k_all = k.double().abs().repeat_interleave(c["group"], dim=1)
+    moved_dq = scale * delta * (p @ k_all)
+    moved_dk = scale * (p.transpose(-1, -2) @ (delta * q.double().abs()))
+    moved_dk = moved_dk.view(c["b"], c["hkv"], c["group"], c["sk"], c["d"]).sum(2)
+    for name, got, ref, moved in zip(["dq", "dk", "dv"], ours, exact, [moved_dq, moved_dk, 0.0]):
+        assert_grad_near(got, ref, dtype, name, moved)
+    if o["sinks"] is not None:
+        p_sink = torch.exp(o["sinks"].double().view(1, -1, 1, 1) - lse.unsqueeze(-1))
+        assert_grad_near(ours[3], exact[3], torch.float32, "dsinks", (p_sink * delta).sum((0, 2, 3)))
+
+
 def paged(k_cache, v_cache, block):
     """(B, S, H, D) caches as pages of `block` keys, and their shuffled block table."""
     b, s = k_cache.shape[:2]
@@ -181,4 +240,4 @@ def run_kvcache(c):
 @pytest.mark.parametrize("index", range(CASES), ids=case_id)
 def test_random_problem(index):
     c = draw(index)
-    (run_flash if c["entry"] == "flash" else run_kvcache)(c)
+    {"flash": run_flash, "kvcache": run_kvcache, "backward": run_backward}[c["entry"]](c)

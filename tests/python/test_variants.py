@@ -21,9 +21,10 @@ NEG_INF = float("-inf")
 
 
 def plain(q, k, v, *, causal=None, window=(-1, -1), softcap=0.0, slopes=None, mask=None,
-          sinks=None, scale=None):
-    """float64 attention with every variant, (B, H, S, D); returns (out, lse). A row with
-    no visible key and no sink gives 0 and lse -inf."""
+          sinks=None, scale=None, return_p=False):
+    """float64 attention with every variant, (B, H, S, D); returns (out, lse), and with
+    return_p the probabilities P (B, Hq, Sq, Sk) too. A row with no visible key and no
+    sink gives 0 and lse -inf."""
     q, k, v = q.double(), k.double(), v.double()
     b, hq, sq, d = q.shape
     hkv, sk = k.size(1), k.size(2)
@@ -57,7 +58,7 @@ def plain(q, k, v, *, causal=None, window=(-1, -1), softcap=0.0, slopes=None, ma
     p = torch.where(lse.unsqueeze(-1) == NEG_INF, torch.zeros_like(p), p)
     if sinks is not None:
         p = p[..., :-1]
-    return p @ v, lse
+    return (p @ v, lse, p) if return_p else (p @ v, lse)
 
 
 def padding_mask(b, sq, sk, hidden_keys):
