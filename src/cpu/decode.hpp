@@ -137,6 +137,8 @@ struct DecodePlan {
   bool query_lanes_for(const Item& it) const {
     return query_lanes && DecodeQueryLanes<S>::takes(it.rows);
   }
+  // ... on bfloat16 dot products (DecodeQueryLanesBf16: a bfloat16 cache read in place).
+  bool dot_lanes_for(const Item& it) const { return query_lanes_for(it) && in_place && dot_bf16; }
   // Items run head group by head group, the chunks of one row tile side by side.
   Item item(const detail::Problem& p, std::int64_t index) const {
     const std::int64_t chunk = index % splits, tile = index / splits;
@@ -295,7 +297,7 @@ struct DecodeWorker {
   void start(const typename Plan::Item& it) const {
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
-      if (plan.query_lanes_for(it) && plan.in_place && plan.dot_bf16) {  // pairs of the bits
+      if (plan.dot_lanes_for(it)) {  // pairs of the bits
 #if defined(FATTN_AVX512_BF16)
         Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.os, h.qb);
         DecodeQueryLanesBf16<S>::to_lanes(h.qb, it.rows, plan.Dp, reinterpret_cast<std::uint32_t*>(h.qs));
@@ -343,7 +345,7 @@ struct DecodeWorker {
       }
 #if defined(FATTN_AVX512_BF16)
       if constexpr (std::is_same_v<decltype(k), const typename DecodeQueryLanesBf16<S>::Rows>) {
-        if (plan.query_lanes_for(it) && plan.dot_bf16) {
+        if (plan.dot_lanes_for(it)) {
           DecodeQueryLanesBf16<S>::key_tile(k, v, nj, it.rows, visible, D, q_factor, lanes(h), kt, st, next);
           continue;
         }

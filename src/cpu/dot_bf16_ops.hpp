@@ -39,6 +39,9 @@ struct DotBf16Ops {
   static_assert(Bc % 2 == 0, "a key tile is a whole number of key pairs");
   using Pair = std::uint32_t;  // two bfloat16, the lower index in the low half
 
+  // A bfloat16 whose exponent bits are all ones is infinite or NaN.
+  static constexpr std::uint16_t kExponent = 0x7f80;
+
   static std::int64_t pairs_of(std::int64_t n) { return (n + 1) / 2; }
   static Pair pair(std::uint16_t lo, std::uint16_t hi) {
     return static_cast<Pair>(lo) | static_cast<Pair>(hi) << 16;
@@ -104,7 +107,6 @@ struct DotBf16Ops {
   // last odd key, partner 0). Returns whether every value is finite. vpermt2w interleaves
   // 16 dims of both rows at a time.
   static bool interleave_rows(const BFloat16* even, const BFloat16* odd, std::int64_t n, Pair* out) {
-    constexpr std::uint16_t kExponent = 0x7f80;  // all ones: inf or NaN
     alignas(64) static constexpr std::uint16_t kInterleave[32] = {
         0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
@@ -128,7 +130,6 @@ struct DotBf16Ops {
                            std::int64_t n, Pair* vp) {
     const auto v = detail::retype<const BFloat16>(p.v);
     const std::int64_t D = p.head_dim;
-    constexpr std::uint16_t kExponent = 0x7f80;
     const std::int64_t dims_done = v.dim == 1 ? D / L * L : 0;
     bool finite = true;
     for (std::int64_t j = 0; j < pairs_of(n); ++j) {

@@ -25,19 +25,26 @@ def ulp_floor(ref, dtype):
     return ref.abs().max().item() * 2.0 ** -MANTISSA_BITS[dtype]
 
 
+def laid_out(g, shape, layout, dtype, scale=1.0):
+    """A (B, H, S, D) tensor of scale·N(0, 1) drawn from g and rounded to dtype, laid out as
+    `layout` in memory: contiguous "bhsd", a (B, S, H, D) view "bshd", or "strided"
+    (padded rows and head dim, dims not contiguous)."""
+    b, h, s, d = shape
+    if layout == "bhsd":
+        return (scale * torch.randn(b, h, s, d, generator=g)).to(dtype)
+    if layout == "bshd":
+        return (scale * torch.randn(b, s, h, d, generator=g)).to(dtype).transpose(1, 2)
+    if layout == "strided":
+        t = (scale * torch.randn(b, h + 1, s + 3, 2 * d + 1, generator=g)).to(dtype)
+        return t[:, 1:, 2:-1, 1::2]
+    raise ValueError(layout)
+
+
 def inputs(dtype, b, hq, hkv, sq, sk, d, seed, layout="bhsd", scale=1.0):
     g = torch.Generator().manual_seed(seed)
-
-    def make(h, s):
-        if layout == "bhsd":
-            return (scale * torch.randn(b, h, s, d, generator=g)).to(dtype)
-        if layout == "bshd":
-            return (scale * torch.randn(b, s, h, d, generator=g)).to(dtype).transpose(1, 2)
-        if layout == "strided":  # padded rows and head dim, dims not contiguous
-            t = (scale * torch.randn(b, h + 1, s + 3, 2 * d + 1, generator=g)).to(dtype)
-            return t[:, 1:, 2:-1, 1::2]
-        raise ValueError(layout)
-    return make(hq, sq), make(hkv, sk), make(hkv, sk)
+    return (laid_out(g, (b, hq, sq, d), layout, dtype, scale),
+            laid_out(g, (b, hkv, sk, d), layout, dtype, scale),
+            laid_out(g, (b, hkv, sk, d), layout, dtype, scale))
 
 
 def sdpa64(q, k, v, **kw):

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import fattn
+from test_16bit import laid_out
 from test_variants import plain
 
 CASES = 48
@@ -66,17 +67,6 @@ def case_id(index):
             f"-s{c['sq']}x{c['sk']}-d{c['d']}")
 
 
-def tensor(g, shape, layout, dtype, scale=1.0):
-    """(B, H, S, D) logically, laid out as `layout` in memory."""
-    b, h, s, d = shape
-    if layout == "bhsd":
-        return (scale * torch.randn(b, h, s, d, generator=g)).to(dtype)
-    if layout == "bshd":
-        return (scale * torch.randn(b, s, h, d, generator=g)).to(dtype).transpose(1, 2)
-    wide = (scale * torch.randn(b, h + 1, s + 3, 2 * d + 1, generator=g)).to(dtype)
-    return wide[:, 1:, 2:-1, 1::2]
-
-
 def assert_within_bound(got, ref, ref_abs_v, dtype, what):
     """Element by element: half an ulp of dtype at |ref|, P's rounding for bfloat16, and
     float32's own error."""
@@ -111,9 +101,9 @@ def run_flash(c):
     g = torch.Generator().manual_seed(c["seed"])
     hq, dtype = c["hkv"] * c["group"], c["dtype"]
     logits = 4.0 if c["softcap"] else 1.0  # softcap: scores well past the cap
-    q = tensor(g, (c["b"], hq, c["sq"], c["d"]), c["layout"], dtype, logits)
-    k = tensor(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype, logits)
-    v = tensor(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype)
+    q = laid_out(g, (c["b"], hq, c["sq"], c["d"]), c["layout"], dtype, logits)
+    k = laid_out(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype, logits)
+    v = laid_out(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype)
     o = options(c, hq, g)
     out, lse = fattn.flash_attention(q, k, v, layout="bhsd", causal=c["causal"], return_lse=True,
                                      window_size=o["window"], softcap=o["softcap"],
@@ -143,9 +133,9 @@ def run_backward(c):
     g = torch.Generator().manual_seed(c["seed"])
     hq, dtype = c["hkv"] * c["group"], c["dtype"]
     logits = 4.0 if c["softcap"] else 1.0
-    q = tensor(g, (c["b"], hq, c["sq"], c["d"]), c["layout"], dtype, logits)
-    k = tensor(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype, logits)
-    v = tensor(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype)
+    q = laid_out(g, (c["b"], hq, c["sq"], c["d"]), c["layout"], dtype, logits)
+    k = laid_out(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype, logits)
+    v = laid_out(g, (c["b"], c["hkv"], c["sk"], c["d"]), c["layout"], dtype)
     dout = torch.randn(q.shape, generator=g).to(dtype)
     o = options(c, hq, g)
     causal = "bottom_right" if c["causal"] else None
@@ -202,13 +192,13 @@ def run_kvcache(c):
     lens = [int(x) for x in torch.randint(0, c["sk"] + 1, (b,), generator=g)]
     lens[0] = c["sk"]
     logits = 4.0 if c["softcap"] else 1.0
-    q = tensor(g, (b, hq, c["sq"], d), "bhsd", dtype, logits).transpose(1, 2)
-    k_cache = tensor(g, (b, c["hkv"], cap, d), "bhsd", dtype, logits).transpose(1, 2).contiguous()
-    v_cache = tensor(g, (b, c["hkv"], cap, d), "bhsd", dtype).transpose(1, 2).contiguous()
+    q = laid_out(g, (b, hq, c["sq"], d), "bhsd", dtype, logits).transpose(1, 2)
+    k_cache = laid_out(g, (b, c["hkv"], cap, d), "bhsd", dtype, logits).transpose(1, 2).contiguous()
+    v_cache = laid_out(g, (b, c["hkv"], cap, d), "bhsd", dtype).transpose(1, 2).contiguous()
     k_new = v_new = None
     if c["append"]:
-        k_new = tensor(g, (b, c["hkv"], c["append"], d), "bhsd", dtype, logits).transpose(1, 2)
-        v_new = tensor(g, (b, c["hkv"], c["append"], d), "bhsd", dtype).transpose(1, 2)
+        k_new = laid_out(g, (b, c["hkv"], c["append"], d), "bhsd", dtype, logits).transpose(1, 2)
+        v_new = laid_out(g, (b, c["hkv"], c["append"], d), "bhsd", dtype).transpose(1, 2)
     o = options(c, hq, g)
     kw = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32), causal=c["causal"],
               window_size=o["window"], softcap=o["softcap"], alibi_slopes=o["slopes"],
