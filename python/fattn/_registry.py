@@ -133,6 +133,8 @@ def register(ns: str) -> None:
     torch.library.register_autograd(backward_qualname, no_double_backward,
                                     setup_context=lambda ctx, inputs, output: None)
     _register_kv_ops(ns)
+    from . import cuda_dispatch
+    cuda_dispatch.register(ns)
     _registered.add(ns)
 
 

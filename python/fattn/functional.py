@@ -28,12 +28,14 @@ import functools
 
 import torch
 
-from . import _C
+from . import _C, cuda_dispatch
 from ._registry import lse_dtype
 
 # Device types with a fattn kernel in this build: the CPU, the fake kernel (meta), and
-# CUDA once the extension is built with the library's CUDA backend (ops.cpp).
-_DEVICE_TYPES = ("cpu", "meta", "cuda") if _C.with_cuda else ("cpu", "meta")
+# CUDA where triton is installed (the Triton kernels) or the extension is built with the
+# library's CUDA backend (fattn/cuda_dispatch.py says which runs a call).
+_DEVICE_TYPES = (("cpu", "meta", "cuda") if _C.with_cuda or cuda_dispatch.triton_available()
+                 else ("cpu", "meta"))
 # The dtypes the CPU kernels take (also fattn.kvcache's); float64 on the CPU runs the
 # float64 reference (slow, exact): for torch.autograd.gradcheck.
 CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -64,7 +66,8 @@ def _check_tensors(fn: str, tensors) -> None:
     first_name, first = tensors[0]
     device = first.device.type
     if device not in _DEVICE_TYPES:
-        extra = (" (this build has no CUDA kernels: the CUDA backend is not built in yet)"
+        extra = (" (no CUDA kernels here: install triton, or build fattn with its CUDA "
+                 "backend)"
                  if device == "cuda" else "")
         raise NotImplementedError(
             f"fattn.{fn}: {first_name} is on {first.device}, but fattn runs on "

@@ -35,10 +35,12 @@ import functools
 
 import torch
 
+from .cuda_dispatch import triton_available
 from .functional import CPU_KERNEL_DTYPES, check_one_device_and_dtype, per_head, window_of
 
-# The C++ KV-cache and varlen entry points run on the CPU; meta is the fake kernel's.
-_DEVICE_TYPES = ("cpu", "meta")
+# The C++ KV-cache and varlen entry points run on the CPU (meta is the fake kernel's); on
+# CUDA the Triton kernels run them where triton is installed (fattn/cuda_dispatch.py).
+_DEVICE_TYPES = ("cpu", "meta", "cuda") if triton_available() else ("cpu", "meta")
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 
 
@@ -59,7 +61,8 @@ def _check_floats(fn: str, tensors, dtypes, rank: int, layouts) -> None:
     first_name, first = tensors[0]
     if first.device.type not in _DEVICE_TYPES:
         raise NotImplementedError(f"fattn.{fn}: {first_name} is on {first.device}, but fattn's "
-                                  "KV-cache and varlen entry points run on the CPU only")
+                                  "KV-cache and varlen entry points run on the CPU, and on "
+                                  "CUDA with triton installed")
     if first.dtype not in dtypes:
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise NotImplementedError(f"fattn.{fn}: {first_name}.dtype is {first.dtype}, but "
@@ -162,6 +165,13 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
     _check_floats(fn, [("q", q), ("k", k), ("v", v)], CPU_KERNEL_DTYPES + (torch.float64,), 3,
                   layouts)
+    if q.device.type == "cuda" and torch.is_grad_enabled():
+        needing = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
+        if needing:
+            raise NotImplementedError(
+                f"fattn.{fn}: {', '.join(needing)} require grad, but fattn's backward pass "
+                "runs on the CPU only (no CUDA backward yet). Call it under torch.no_grad() "
+                "or pass detached tensors.")
     _check_int32(fn, "cu_seqlens_q", cu_seqlens_q, 1, "(B + 1,)", q.device)
     _check_int32(fn, "cu_seqlens_k", cu_seqlens_k, 1, "(B + 1,)", q.device)
     # fattn does not need the maxima, but FlashAttention sizes its grid by them: a value

@@ -1,0 +1,152 @@
+"""What runs fattn's operators on CUDA tensors: the dispatch table, in one place.
+
+Two GPU implementations exist: the Triton kernels (fattn.triton: every variant, the KV
+cache, packed sequences) and the CUDA C++ kernels of the library (src/cuda: the plain
+forward, causal or not, when the extension is built with its CUDA backend). Per call:
+
+  impl       call                                   runs            evidence
+  auto       any forward                            triton          H100, 2026-11-26
+                                                                    (results/h100/2026-11-26):
+                                                                    Triton 345-418 TFLOP/s,
+                                                                    C++ fused 220-262, at every
+                                                                    measured shape (D 64/128,
+                                                                    S 4096-16384, causal both)
+  auto       plain forward, no triton installed     cuda_cpp        (the only one there)
+  triton     any forward                            triton
+  fused, naive, reference   plain forward           cuda_cpp        (the C++ kernel by name)
+  any        backward                               raises          (no CUDA backward yet)
+
+`plan(...)` answers which one a call runs (and why) without running it; every CUDA kernel
+registered below asks it. Nothing falls back to torch: a call no GPU implementation covers
+raises NotImplementedError naming what is missing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import torch
+
+from ._registry import _empty_like_output
+
+TRITON = "triton"
+CUDA_CPP = "cuda_cpp"
+CPP_IMPLS = ("fused", "naive", "reference")  # the C++ CUDA kernels a caller may name
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    kernel: str   # "triton" or "cuda_cpp"
+    reason: str
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def cpp_available() -> bool:
+    from . import _C
+    return bool(_C.with_cuda)
+
+
+def plan(entry: str = "attention", impl: str = "auto", variants: bool = False) -> Plan:
+    """The GPU implementation of a call: entry "attention", "attention_kvcache" or
+    "attention_varlen"; impl as the operator's; variants: the call has an attn_mask, a
+    window, softcap, ALiBi or sinks (the C++ kernels take none of them)."""
+    plain = entry == "attention" and not variants
+    if impl in CPP_IMPLS:
+        if not plain:
+            raise NotImplementedError(
+                f"fattn: impl={impl!r} names a CUDA C++ kernel, which runs the plain forward "
+                f"only (no KV cache, packed sequences, masks or variants); this call is "
+                f"{entry}{' with variants' if variants else ''}: use impl='auto'")
+        if not cpp_available():
+            raise NotImplementedError(
+                f"fattn: impl={impl!r} names a CUDA C++ kernel, but this build of fattn has no "
+                "CUDA backend (build it where nvcc and a CUDA torch are installed)")
+        return Plan(CUDA_CPP, f"impl={impl!r} asks for the CUDA C++ kernel")
+    if impl not in ("auto", TRITON, "decode"):
+        raise NotImplementedError(f"fattn: impl={impl!r} is not a CUDA implementation (auto, "
+                                  f"triton, {', '.join(CPP_IMPLS)})")
+    if triton_available():
+        return Plan(TRITON, "the Triton kernel: every variant, and faster than the C++ kernel "
+                            "at every shape measured on an H100 (2026-11-26)")
+    if plain and impl == "auto" and cpp_available():
+        return Plan(CUDA_CPP, "triton is not installed; the CUDA C++ kernel covers the plain "
+                              "forward")
+    raise NotImplementedError(
+        f"fattn: on CUDA, {entry}{' with masks or variants' if variants else ''} runs on "
+        "fattn's Triton kernels, and triton is not installed (pip install triton)")
+
+
+# --- the operators' CUDA kernels -----------------------------------------------------------
+def _has_variants(attn_mask, window_left, window_right, softcap, alibi_slopes, sinks) -> bool:
+    return (attn_mask is not None or window_left >= 0 or window_right >= 0 or softcap != 0.0
+            or alibi_slopes is not None or sinks is not None)
+
+
+def _triton():
+    import fattn.triton  # imported on the first GPU call: triton is optional
+    return fattn.triton
+
+
+def attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None, impl="auto",
+              attn_mask=None, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+              sinks=None, ns="fattn"):
+    """The CUDA kernel of <ns>::attention (the operator's schema; (B, H, S, D) views)."""
+    chosen = plan("attention", impl, _has_variants(attn_mask, window_left, window_right,
+                                                   softcap, alibi_slopes, sinks))
+    if chosen.kernel == CUDA_CPP:
+        return getattr(torch.ops, ns).cuda_attention(q, k, v, is_causal, causal_bottom_right,
+                                                     scale, "auto" if impl == "auto" else impl)
+    out = _empty_like_output(q)
+    _, lse = _triton().attention(q, k, v, attn_mask=attn_mask, causal=is_causal,
+                                 causal_bottom_right=causal_bottom_right,
+                                 window_size=(window_left, window_right), softcap=softcap,
+                                 sinks=sinks, alibi_slopes=alibi_slopes, scale=scale,
+                                 return_lse=True, out=out)
+    return out, lse
+
+
+def attention_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None,
+                      block_table=None, causal=False, scale=None, kv_splits=0, impl="auto",
+                      window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                      sinks=None):
+    """<ns>::attention_kvcache on CUDA: the operator's (B, H, S, D) views are FlashAttention's
+    (B, S, H, D) tensors transposed (fattn.kvcache), handed back in that layout."""
+    plan("attention_kvcache", impl, True)
+    t = (lambda x: None if x is None else x.transpose(1, 2))
+    out, lse = _triton().attention_with_kvcache(
+        t(q), t(k_cache), t(v_cache), k=t(k_new), v=t(v_new), cache_seqlens=cache_seqlens,
+        block_table=block_table, causal=causal, window_size=(window_left, window_right),
+        softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes, scale=scale,
+        num_splits=int(kv_splits), return_lse=True)
+    return out.transpose(1, 2), lse
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,
+                     impl="auto", window_left=-1, window_right=-1, softcap=0.0,
+                     alibi_slopes=None, sinks=None):
+    """<ns>::attention_varlen on CUDA: packed (total, H, D) rows."""
+    plan("attention_varlen", impl, True)
+    return _triton().attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
+                                      window_size=(window_left, window_right), softcap=softcap,
+                                      sinks=sinks, alibi_slopes=alibi_slopes, scale=scale,
+                                      return_lse=True)
+
+
+def _no_backward(*args, **kwargs):
+    raise NotImplementedError("fattn: the backward pass runs on the CPU only (no CUDA backward "
+                              "yet); call the forward under torch.no_grad() on CUDA")
+
+
+def register(ns: str) -> None:
+    """Registers the CUDA kernels of <ns>'s operators (the table above)."""
+    def dense(*args, **kwargs):
+        return attention(*args, **kwargs, ns=ns)
+
+    for name, fn in (("attention", dense), ("attention_kvcache", attention_kvcache),
+                     ("attention_varlen", attention_varlen),
+                     ("attention_backward", _no_backward),
+                     ("attention_varlen_backward", _no_backward)):
+        torch.library.register_kernel(f"{ns}::{name}", "cuda", fn)

@@ -1,0 +1,280 @@
+"""fattn.triton's entry points: dense attention, packed variable-length batches, and a KV
+cache with in-place append. Each one validates its arguments (ArgumentError, a ValueError
+naming the argument, the expected and the given value) before anything is written, then
+runs one Problem (problem.py)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .problem import (DTYPES, HEAD_DIMS, ArgumentError, Problem, check, check_lengths,
+                      check_variants, run_forward)
+
+
+def _check_operands(fn, named, rank, layout):
+    for name, t in named:
+        check(isinstance(t, torch.Tensor), fn,
+              f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check(t.dim() == rank, fn, f"{name} must have {rank} dimensions {layout[name]}, got "
+                                   f"shape {tuple(t.shape)}")
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        check(t.device == first.device, fn,
+              f"{name} is on {t.device} but {first_name} is on {first.device}; all inputs must "
+              "be on one device")
+        check(t.dtype == first.dtype, fn, f"{name}.dtype is {t.dtype} but {first_name}.dtype "
+                                          f"is {first.dtype}; all inputs must have one dtype")
+    check(first.dtype in DTYPES, fn, f"{first_name}.dtype must be float32, float16 or bfloat16, "
+                                     f"got {first.dtype}")
+
+
+def _check_heads_and_dim(fn, hq, hkv, d, dk, dv):
+    check(dk == d and dv == d, fn, f"q, k and v must have one head dim, got {d}, {dk}, {dv}")
+    check(HEAD_DIMS[0] <= d <= HEAD_DIMS[1], fn,
+          f"head dim must be in [{HEAD_DIMS[0]}, {HEAD_DIMS[1]}], got {d}")
+    check(hkv > 0 and hq % hkv == 0, fn,
+          f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
+
+
+def _scale(scale, d):
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def _mask_view(fn, attn_mask, q, sk):
+    """attn_mask broadcast to (B, Hq, Sq, Sk) without a copy."""
+    b, hq, sq, _ = q.shape
+    check(isinstance(attn_mask, torch.Tensor), fn,
+          f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    check(attn_mask.device == q.device, fn,
+          f"attn_mask is on {attn_mask.device} but q is on {q.device}")
+    check(attn_mask.dtype in (torch.bool, q.dtype), fn,
+          f"attn_mask must have dtype bool or q's dtype {q.dtype}, got {attn_mask.dtype}")
+    full = (b, hq, sq, sk)
+    check(1 <= attn_mask.dim() <= 4, fn, f"attn_mask must have 1 to 4 dimensions broadcastable "
+                                         f"to {full}, got shape {tuple(attn_mask.shape)}")
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+    for d, name in enumerate(("batch", "query heads", "query sequence", "key sequence")):
+        check(shape[d] in (1, full[d]), fn,
+              f"attn_mask's {name} dimension must be 1 (broadcast) or {full[d]}, got shape "
+              f"{tuple(attn_mask.shape)}")
+    return attn_mask.detach().reshape(shape).expand(full)
+
+
+def attention(q, k, v, attn_mask=None, causal=False, causal_bottom_right=False,
+              window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, scale=None,
+              return_lse=False, out=None, block_m=None, block_n=None):
+    """softmax(q·kᵀ·scale [+ variants]) v for (B, H, S, D) tensors (see the package's
+    docstring). `out` (optional): a (B, Hq, Sq, D) tensor of q's dtype to write into;
+    block_m/block_n override the tile sizes (tests)."""
+    fn = "attention"
+    _check_operands(fn, [("q", q), ("k", k), ("v", v)], 4,
+                    {"q": "(B, Hq, Sq, D)", "k": "(B, Hkv, Sk, D)", "v": "(B, Hkv, Sk, D)"})
+    b, hq, sq, d = q.shape
+    hkv, sk = k.size(1), k.size(2)
+    check(k.size(0) == b and v.size(0) == b, fn,
+          f"q, k and v must have one batch size, got {b}, {k.size(0)}, {v.size(0)}")
+    check(v.shape[:3] == k.shape[:3], fn, f"v's (batch, heads, seq) must equal k's, got "
+                                          f"{tuple(v.shape)} and {tuple(k.shape)}")
+    _check_heads_and_dim(fn, hq, hkv, d, k.size(3), v.size(3))
+    check(causal or not causal_bottom_right, fn,
+          "causal_bottom_right=True needs causal=True (it picks the causal mask's alignment)")
+    check_lengths(fn, **{"q.size(2)": sq, "k.size(2)": sk})
+    left, right, softcap, sinks, alibi = check_variants(fn, q, window_size, softcap, sinks,
+                                                        alibi_slopes, b)
+    mask = None if attn_mask is None else _mask_view(fn, attn_mask, q, sk)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    run_forward(Problem(q, k, v, out, lse, batch=b, q_len=sq, kv_len=sk, scale=_scale(scale, d),
+                        causal=(2 if causal_bottom_right else 1) if causal else 0,
+                        window_left=left, window_right=right, mask=mask,
+                        mask_source=attn_mask, softcap=softcap,
+                        alibi=alibi, sinks=sinks, block_m=block_m, block_n=block_n))
+    return (out, lse) if return_lse else out
+
+
+def _check_offsets(fn, name, cu, total, batch, device):
+    check(isinstance(cu, torch.Tensor), fn, f"{name} must be an int32 tensor")
+    check(cu.dtype == torch.int32, fn, f"{name}.dtype must be torch.int32, got {cu.dtype}")
+    check(cu.dim() == 1 and cu.numel() >= 1, fn,
+          f"{name} must have shape (B + 1,), got {tuple(cu.shape)}")
+    check(cu.device == device, fn, f"{name} is on {cu.device} but q is on {device}")
+    if batch is not None:
+        check(cu.numel() == batch + 1, fn, f"{name} must have {batch + 1} entries like "
+                                           f"cu_seqlens_q, got {cu.numel()}")
+    host = cu.tolist()  # one read of the offsets: every later check is on the host
+    check(host[0] == 0, fn, f"{name}[0] must be 0, got {host[0]}")
+    for n in range(1, len(host)):
+        check(host[n] >= host[n - 1], fn,
+              f"{name} must be non-decreasing, got {name}[{n - 1}] = {host[n - 1]} > "
+              f"{name}[{n}] = {host[n]}")
+    check(host[-1] == total, fn,
+          f"{name}[-1] must equal the packed rows {total}, got {host[-1]}")
+    return max((host[n + 1] - host[n] for n in range(len(host) - 1)), default=0)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                     causal=False, window_size=(-1, -1), softcap=0.0, sinks=None,
+                     alibi_slopes=None, scale=None, return_lse=False, out=None, block_m=None,
+                     block_n=None):
+    """Sequences packed along one axis (FlashAttention's flash_attn_varlen_func): q
+    (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k (B + 1,) int32 offsets.
+    causal and the window are aligned bottom-right per sequence. Returns out (total_q, Hq,
+    D) and with return_lse the (Hq, total_q) float32 logsumexp. No padding is computed: a
+    tile past its sequence's queries does nothing."""
+    fn = "attention_varlen"
+    _check_operands(fn, [("q", q), ("k", k), ("v", v)], 3,
+                    {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)",
+                     "v": "(total_k, Hkv, D)"})
+    total_q, hq, d = q.shape
+    total_k, hkv = k.size(0), k.size(1)
+    check(v.shape[:2] == k.shape[:2], fn, f"v's (total_k, heads) must equal k's, got "
+                                          f"{tuple(v.shape)} and {tuple(k.shape)}")
+    _check_heads_and_dim(fn, hq, hkv, d, k.size(2), v.size(2))
+    longest_q = _check_offsets(fn, "cu_seqlens_q", cu_seqlens_q, total_q, None, q.device)
+    batch = cu_seqlens_q.numel() - 1
+    longest_k = _check_offsets(fn, "cu_seqlens_k", cu_seqlens_k, total_k, batch, q.device)
+    for name, given, longest in (("max_seqlen_q", max_seqlen_q, longest_q),
+                                 ("max_seqlen_k", max_seqlen_k, longest_k)):
+        check(given is None or given >= longest, fn,
+              f"{name} = {given} is less than the longest sequence, {longest}")
+    check_lengths(fn, total_q=total_q, total_k=total_k)
+    left, right, softcap, sinks, alibi = check_variants(fn, q, window_size, softcap, sinks,
+                                                        alibi_slopes, batch)
+    if out is None:
+        out = torch.empty((total_q, hq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+
+    def packed(t):  # (total, H, D) -> (B, H, total, D), batch stride 0 (rows from offsets)
+        return t.transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1)
+
+    if batch > 0:
+        run_forward(Problem(packed(q), packed(k), packed(v), packed(out),
+                            lse.unsqueeze(0).expand(batch, -1, -1), batch=batch,
+                            q_len=longest_q, kv_len=longest_k, scale=_scale(scale, d),
+                            causal=2 if causal else 0, window_left=left, window_right=right,
+                            softcap=softcap, alibi=alibi, sinks=sinks, lengths=2,
+                            seq_q=cu_seqlens_q, seq_k=cu_seqlens_k, block_m=block_m,
+                            block_n=block_n))
+    return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+                           block_table=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           sinks=None, alibi_slopes=None, scale=None, num_splits=0,
+                           return_lse=False, block_m=None, block_n=None):
+    """Attention of q against a KV cache after appending k and v in place
+    (FlashAttention's flash_attn_with_kvcache, its layouts and meaning): q (B, Sq, Hq, D);
+    k_cache, v_cache (B, S_cache, Hkv, D), or pages (num_pages, page_size, Hkv, D) with
+    block_table (B, pages per sequence) int32; k, v (B, S_new, Hkv, D) written at
+    cache_seqlens[b] ... (int or (B,) int32; None: the whole cache). causal and the window
+    are aligned bottom-right to each sequence's length after the append. num_splits: key
+    splits (0: chosen from the problem and the GPU; 1: none). Returns out (B, Sq, Hq, D)
+    and with return_lse the (B, Hq, Sq) float32 logsumexp. Every argument is checked before
+    the append: a call that raises leaves the caches as they were."""
+    fn = "attention_with_kvcache"
+    paged = block_table is not None
+    cache_layout = "(num_pages, page_size, Hkv, D)" if paged else "(B, S_cache, Hkv, D)"
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    check((k is None) == (v is None), fn, "k and v must be given together (or neither)")
+    if k is not None:
+        named += [("k", k), ("v", v)]
+    _check_operands(fn, named, 4, {"q": "(B, Sq, Hq, D)", "k_cache": cache_layout,
+                                   "v_cache": cache_layout, "k": "(B, S_new, Hkv, D)",
+                                   "v": "(B, S_new, Hkv, D)"})
+    b, sq, hq, d = q.shape
+    hkv = k_cache.size(2)
+    check(v_cache.shape == k_cache.shape, fn, f"v_cache must have k_cache's shape "
+                                              f"{tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    _check_heads_and_dim(fn, hq, hkv, d, k_cache.size(3), v_cache.size(3))
+    check(isinstance(num_splits, int) and num_splits >= 0, fn,
+          f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
+    if paged:
+        check(isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int32
+              and block_table.dim() == 2, fn,
+              "block_table must be an int32 tensor of shape (B, pages per sequence), got "
+              f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
+              f"{tuple(getattr(block_table, 'shape', ()))}")
+        check(block_table.size(0) == b, fn,
+              f"block_table.size(0) must be the batch {b}, got {block_table.size(0)}")
+        check(block_table.device == q.device, fn,
+              f"block_table is on {block_table.device} but q is on {q.device}")
+        page = k_cache.size(1)
+        check(page > 0, fn, "k_cache's page_size (dim 1) must be positive")
+        capacity = block_table.size(1) * page
+    else:
+        check(k_cache.size(0) == b, fn,
+              f"k_cache.size(0) must be the batch {b}, got {k_cache.size(0)}")
+        capacity = k_cache.size(1)
+    new = 0
+    if k is not None:
+        expected = (b, k.size(1), hkv, d)
+        for name, t in (("k", k), ("v", v)):
+            check(tuple(t.shape) == expected, fn, f"{name} must have shape (B, S_new, Hkv, D) = "
+                                                  f"{expected}, got {tuple(t.shape)}")
+        new = k.size(1)
+        check(cache_seqlens is not None, fn, "appending k and v needs cache_seqlens")
+    if cache_seqlens is None:
+        lengths = None
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        lengths = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+    else:
+        check(isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dtype == torch.int32
+              and tuple(cache_seqlens.shape) == (b,), fn,
+              f"cache_seqlens must be an int or an int32 tensor of shape ({b},), got "
+              f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)} "
+              f"{tuple(getattr(cache_seqlens, 'shape', ()))}")
+        check(cache_seqlens.device == q.device, fn,
+              f"cache_seqlens is on {cache_seqlens.device} but q is on {q.device}")
+        lengths = cache_seqlens
+    check_lengths(fn, capacity=capacity, **{"q.size(1)": sq})
+    left, right, softcap, sinks, alibi = check_variants(fn, q.transpose(1, 2), window_size,
+                                                        softcap, sinks, alibi_slopes, b)
+    # One read of the lengths (and the block table) to the host: every length within the
+    # cache and every page a sequence uses within k_cache, before anything is written
+    ends = None
+    if lengths is not None:
+        host = lengths.tolist()
+        for n, length in enumerate(host):
+            check(0 <= length and length + new <= capacity, fn,
+                  f"cache_seqlens[{n}] = {length} with {new} new keys must fit the cache's "
+                  f"{capacity} positions (and be >= 0)")
+        ends = [length + new for length in host]
+    if paged:
+        used = ends if ends is not None else [capacity] * b
+        table = block_table.tolist()
+        pages = k_cache.size(0)
+        for n in range(b):
+            for slot in range(-(-used[n] // page)):
+                entry = table[n][slot]
+                check(0 <= entry < pages, fn,
+                      f"block_table[{n}, {slot}] = {entry} is outside k_cache's {pages} pages")
+    if k is not None and new > 0:
+        _append(k_cache, v_cache, k, v, lengths, block_table, new)
+    out = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    seq_k = None if lengths is None else (lengths + new).to(torch.int32)
+    run_forward(Problem(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                        out.transpose(1, 2), lse, batch=b, q_len=sq, kv_len=capacity,
+                        scale=_scale(scale, d), causal=2 if causal else 0, window_left=left,
+                        window_right=right, softcap=softcap, alibi=alibi, sinks=sinks,
+                        lengths=0 if seq_k is None else 1, seq_k=seq_k,
+                        block_table=block_table, num_splits=num_splits, block_m=block_m,
+                        block_n=block_n))
+    return (out, lse) if return_lse else out
+
+
+def _append(k_cache, v_cache, k, v, lengths, block_table, new):
+    """Writes k, v (B, S_new, Hkv, D) at positions lengths[b] + t of each sequence."""
+    b = k.size(0)
+    positions = lengths.to(torch.int64).view(b, 1) + torch.arange(new, device=k.device)
+    if block_table is None:
+        batch = torch.arange(b, device=k.device).view(b, 1).expand(b, new)
+        k_cache[batch, positions] = k
+        v_cache[batch, positions] = v
+    else:
+        page = k_cache.size(1)
+        pages = torch.gather(block_table.to(torch.int64), 1, positions // page)
+        k_cache[pages, positions % page] = k
+        v_cache[pages, positions % page] = v

@@ -1,0 +1,284 @@
+"""The Triton path's model: a validated forward Problem, its schedule, and its launch.
+
+Every entry point (attention, attention_varlen, attention_with_kvcache) checks its own
+arguments, then describes the call as a Problem of (B, H, S, D) views and runs it through
+run_forward: the tile configuration, GQA packing and key splits are decided here, once,
+and the one kernel of forward.py is launched with the matching constexpr switches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+
+import torch
+import triton
+
+from . import forward as kernels
+from .visibility import UNBOUNDED
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HEAD_DIMS = (16, 256)  # inclusive; padded to a power of two inside the kernel
+# One lane of the split combine per split, a power of two up to this (and one key tile each)
+MAX_SPLITS = 128
+
+
+class ArgumentError(ValueError):
+    """An invalid argument of a fattn.triton call; the message names it, what was expected
+    and what was given."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Rows (queries, or query-head × query pairs when packed) and keys of one program's
+    tile, and Triton's launch options (None: Triton's default)."""
+    block_m: int
+    block_n: int
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+
+def tile_config(head_dim: int, packed: bool, on_gpu: bool, block_m=None, block_n=None):
+    """The tile sizes. Dense problems, D <= 128: 64 × 64 with Triton's default warps and
+    stages — the configuration measured on an H100 (2026-11-26, float16, D = 128, S >= 4096:
+    409-418 TFLOP/s, 1.2x SDPA flash). D > 128 halves the key tile (the accumulator's and
+    the K/V tiles' registers; not yet measured). A packed decode tile has 16 rows (tl.dot's
+    smallest M: the query heads of one kv head, e.g. 4 × Sq at GQA 4:1) and 64 keys (not
+    yet measured). Under the interpreter the same sizes run (the numpy work per tile does
+    not depend on them much); tests pass smaller ones to cover tile edges."""
+    if packed:
+        config = TileConfig(16, 64)
+    elif head_dim > 128:
+        config = TileConfig(64, 32)
+    else:
+        config = TileConfig(64, 64)
+    return dataclasses.replace(config, block_m=block_m or config.block_m,
+                               block_n=block_n or config.block_n)
+
+
+@dataclasses.dataclass
+class Problem:
+    """One forward call as the kernel sees it. q, out: (B, Hq, Sq, D) views; k, v: (B, Hkv,
+    Sk, D), or pages (num_pages, Hkv, page_size, D) with block_table; varlen: B = 1 views
+    of the packed rows with seq_q/seq_k the cu_seqlens. lse: (B, Hq, Sq) float32 view."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    batch: int                  # sequences
+    q_len: int                  # queries per sequence (varlen: the longest)
+    kv_len: int                 # keys per sequence (cache: its capacity; varlen: the longest)
+    scale: float
+    causal: int = 0             # 0 none, 1 top-left, 2 bottom-right
+    window_left: int = -1
+    window_right: int = -1
+    mask: torch.Tensor | None = None     # (B, Hq, Sq, Sk) view (stride 0: broadcast)
+    mask_source: torch.Tensor | None = None  # the caller's mask (keys the cover's cache)
+    softcap: float = 0.0
+    alibi: torch.Tensor | None = None    # (B|1, Hq) float32 (stride 0 over a broadcast batch)
+    sinks: torch.Tensor | None = None    # (Hq,) float32
+    lengths: int = 0            # 0 uniform, 1 seq_k = keys per sequence, 2 cu_seqlens
+    seq_q: torch.Tensor | None = None
+    seq_k: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None
+    num_splits: int = 0         # 0: chosen here; 1: no split
+    block_m: int | None = None
+    block_n: int | None = None
+
+    @property
+    def q_heads(self):
+        return self.q.size(1)
+
+    @property
+    def kv_heads(self):
+        return self.k.size(1)
+
+    @property
+    def head_dim(self):
+        return self.q.size(3)
+
+
+def check(condition: bool, fn: str, message: str) -> None:
+    if not condition:
+        raise ArgumentError(f"fattn.triton.{fn}: {message}")
+
+
+def check_lengths(fn: str, **lengths) -> None:
+    """Sequence lengths below the band's open ends (visibility.UNBOUNDED)."""
+    for name, value in lengths.items():
+        check(value < UNBOUNDED, fn, f"{name} must be below {UNBOUNDED}, got {value}")
+
+
+def check_variants(fn: str, q, window_size, softcap, sinks, alibi_slopes, batch: int):
+    """window_size, softcap, sinks and alibi_slopes against q ((…, Hq, …) heads at dim
+    `heads`); returns (window_left, window_right, sinks (Hq,) float32, alibi (B|1, Hq))."""
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"fattn.triton.{fn}: window_size must be a pair of ints (left, "
+                            f"right), got {window_size!r}") from None
+    for name, value in (("window_size[0] (left)", left), ("window_size[1] (right)", right)):
+        check(value >= -1, fn, f"{name} must be >= -1 (-1: unbounded), got {value}")
+    softcap = float(softcap)
+    check(math.isfinite(softcap) and softcap >= 0.0, fn,
+          f"softcap must be a finite number >= 0 (0: off), got {softcap}")
+    hq = q.size(1)
+    if sinks is not None:
+        check(isinstance(sinks, torch.Tensor), fn,
+              f"sinks must be a tensor of shape ({hq},), got {type(sinks).__name__}")
+        check(tuple(sinks.shape) == (hq,), fn,
+              f"sinks must have shape (query heads,) = ({hq},), got {tuple(sinks.shape)}")
+        check(sinks.device == q.device, fn, f"sinks is on {sinks.device} but q is on {q.device}")
+        sinks = sinks.detach().to(torch.float32).contiguous()
+    if alibi_slopes is not None:
+        check(isinstance(alibi_slopes, torch.Tensor), fn, "alibi_slopes must be a tensor")
+        check(alibi_slopes.device == q.device, fn,
+              f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
+        check(alibi_slopes.dtype == torch.float32, fn,
+              f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+        shape = tuple(alibi_slopes.shape)
+        check(shape in ((hq,), (batch, hq)), fn,
+              f"alibi_slopes must have shape (query heads,) = ({hq},) or (batch, query heads) "
+              f"= ({batch}, {hq}), got {shape}")
+        alibi_slopes = alibi_slopes.view(1, hq).expand(batch, hq) if len(shape) == 1 \
+            else alibi_slopes
+    return left, right, softcap, sinks, alibi_slopes
+
+
+# --- the attn_mask's per-tile cover ---------------------------------------------------------
+# 0: every pair of the tile hidden (the tile is skipped), 1: none changed (the mask is not
+# read), 2: mixed. Computed once per mask and tile size, on the mask's device, over the mask
+# as stored (a broadcast dim stays 1, its cover stride 0); kept for the next call with the
+# same tensor object at the same version (a model's layers share one mask).
+_COVER_CACHE: dict = {}
+_COVER_CACHE_SIZE = 8
+
+
+def mask_cover(mask: torch.Tensor, block_m: int, block_n: int, source=None) -> torch.Tensor:
+    """(B, H, ceil(Sq/block_m), ceil(Sk/block_n)) int8 for a (B, H, Sq, Sk) mask view,
+    stride 0 where the mask is broadcast. source: the caller's tensor the view was made of
+    (its identity and version key the cache; default the view itself)."""
+    source = mask if source is None else source
+    key = (id(source), source._version, tuple(mask.shape), mask.stride(), block_m, block_n)
+    hit = _COVER_CACHE.get(key)
+    if hit is not None and hit[0]() is source:
+        return hit[1]
+    b, h, sq, sk = mask.shape
+    stored = mask[tuple(slice(0, 1) if mask.stride(d) == 0 and mask.size(d) > 1 else slice(None)
+                        for d in range(4))]
+    if stored.dtype == torch.bool:
+        visible, changed = stored, ~stored
+    else:
+        visible, changed = stored != float("-inf"), stored != 0
+    rows = block_m if stored.size(2) > 1 else 1
+    tiles_m, tiles_n = triton.cdiv(stored.size(2), rows), triton.cdiv(sk, block_n)
+    pad = (0, tiles_n * block_n - sk, 0, tiles_m * rows - stored.size(2))
+    # padding: hidden and changed, so a partial tile is never called unchanged wrongly
+    visible = torch.nn.functional.pad(visible, pad, value=False)
+    changed = torch.nn.functional.pad(changed, pad, value=True)
+    shape = (stored.size(0), stored.size(1), tiles_m, rows, tiles_n, block_n)
+    any_visible = visible.reshape(shape).any(dim=5).any(dim=3)
+    any_changed = changed.reshape(shape).any(dim=5).any(dim=3)
+    cover = torch.where(any_visible, 1 + any_changed.to(torch.int8), 0).to(torch.int8)
+    cover = cover.expand(b, h, triton.cdiv(sq, block_m), tiles_n)  # stride 0 if broadcast
+    if len(_COVER_CACHE) >= _COVER_CACHE_SIZE:
+        _COVER_CACHE.pop(next(iter(_COVER_CACHE)))
+    _COVER_CACHE[key] = (weakref.ref(source), cover)
+    return cover
+
+
+# --- scheduling --------------------------------------------------------------------------
+def _multiprocessors(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
+def choose_splits(programs: int, key_tiles: int, device: torch.device) -> int:
+    """Key splits for a call of `programs` tiles over at most `key_tiles` key tiles each:
+    enough programs for two waves of the GPU's multiprocessors, at least 4 key tiles per
+    split (FlashAttention 2's rule of thumb for split-KV; the GPU command measures decode
+    beside cuDNN). One split on the CPU (the interpreter) and for calls that fill the GPU."""
+    target = 2 * _multiprocessors(device)
+    if programs >= target:
+        return 1
+    return max(1, min(triton.cdiv(target, programs), key_tiles // 4, MAX_SPLITS))
+
+
+def _precision(p: Problem) -> tuple[str, bool]:
+    """(tl.dot input precision for float32, upcast 16-bit products to float32)."""
+    if not p.q.is_cuda:  # the interpreter: numpy products, float32 for 16-bit values
+        return "ieee", p.q.dtype != torch.float32
+    # float32: 3xTF32 (float32-level accuracy on tensor cores) unless torch allows TF32
+    # for float32 matmuls, as fattn's CUDA C++ path decides
+    return ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"), False
+
+
+def run_forward(p: Problem) -> None:
+    """Launches the forward kernel (and the split combine) for a validated Problem,
+    writing p.out and p.lse."""
+    if p.out.numel() == 0:
+        return
+    group = p.q_heads // p.kv_heads
+    # GQA packing: the query heads of one kv head share a tile's K/V loads, where a tile of
+    # queries alone would be mostly empty (decode); not with an attn_mask (its cover is per
+    # head) nor for varlen (whose sequences have their own lengths)
+    packed = (p.mask is None and p.lengths != 2 and group > 1 and p.q_len * group <= 64
+              and p.q_len < 16)
+    config = tile_config(p.head_dim, packed, p.q.is_cuda, p.block_m, p.block_n)
+    rows = p.q_len * group if packed else p.q_len
+    tiles_m = triton.cdiv(rows, config.block_m)
+    heads = p.kv_heads if packed else p.q_heads
+    splits = p.num_splits
+    if p.lengths == 2 or p.mask is not None:
+        splits = 1
+    elif splits == 0:
+        splits = choose_splits(tiles_m * p.batch * heads, triton.cdiv(p.kv_len, config.block_n),
+                               p.q.device)
+    splits = max(1, min(splits, MAX_SPLITS))
+    precision, upcast = _precision(p)
+    mask_kind, mask, cover = 0, p.mask, None
+    if mask is not None:
+        mask_kind = 1 if mask.dtype == torch.bool else 2
+        cover = mask_cover(mask, config.block_m, config.block_n, p.mask_source)
+    dummy = p.lse  # stands for the pointers a call does not use (never read)
+    if splits > 1:
+        o_part = torch.empty((splits,) + tuple(p.out.shape), dtype=torch.float32,
+                             device=p.q.device)
+        lse_part = torch.empty((splits,) + tuple(p.lse.shape), dtype=torch.float32,
+                               device=p.q.device)
+        o_dst, lse_dst = o_part[0], lse_part[0]
+        o_split, lse_split = o_part.stride(0), lse_part.stride(0)
+    else:
+        o_dst, lse_dst, o_split, lse_split = p.out, p.lse, 0, 0
+
+    def strides(t, n):
+        return t.stride() if t is not None else (0,) * n
+
+    kernels._forward_kernel[(tiles_m, p.batch * heads, splits)](
+        p.q, p.k, p.v, o_dst, lse_dst,
+        mask if mask is not None else dummy, cover if cover is not None else dummy,
+        p.alibi if p.alibi is not None else dummy, p.sinks if p.sinks is not None else dummy,
+        p.seq_q if p.seq_q is not None else dummy, p.seq_k if p.seq_k is not None else dummy,
+        p.block_table if p.block_table is not None else dummy,
+        *p.q.stride(), *p.k.stride(), *p.v.stride(), *o_dst.stride(), *lse_dst.stride(),
+        o_split, lse_split, *strides(mask, 4), *strides(cover, 4), *strides(p.alibi, 2),
+        p.block_table.stride(0) if p.block_table is not None else 0,
+        p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim,
+        p.k.size(2) if p.block_table is not None else 1, splits,
+        float(p.scale), float(p.softcap) or 1.0, p.window_left, p.window_right,
+        CAUSAL=p.causal, WINDOW=p.window_left >= 0 or p.window_right >= 0, MASK_KIND=mask_kind,
+        SOFTCAP=p.softcap != 0.0, ALIBI=p.alibi is not None, SINKS_ON=p.sinks is not None,
+        LENGTHS=p.lengths, PAGED=p.block_table is not None, PACK_GQA=packed,
+        SPLIT=splits > 1, PRECISION=precision, UPCAST=upcast,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(p.head_dim)),
+        **{k: v for k, v in (("num_warps", config.num_warps),
+                             ("num_stages", config.num_stages)) if v is not None})
+    if splits > 1:
+        kernels._combine_kernel[(p.batch * p.q_heads * p.q_len,)](
+            o_part, lse_part, p.out, p.lse, *o_part.stride(), *lse_part.stride(),
+            *p.out.stride(), *p.lse.stride(), p.q_heads, p.q_len, p.head_dim, splits,
+            SPLITS=triton.next_power_of_2(splits),
+            BLOCK_D=max(16, triton.next_power_of_2(p.head_dim)))

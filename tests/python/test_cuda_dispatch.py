@@ -1,0 +1,156 @@
+"""What runs fattn's operators on CUDA tensors (fattn/cuda_dispatch.py): the dispatch table,
+and the operators' CUDA kernels — the glue between torch.ops.fattn and the Triton kernels.
+
+Without a GPU the glue runs on CPU tensors: a fixture registers the CUDA kernels for the
+CPU dispatch key for the duration of a test (torch restores the C++ CPU kernels after), so
+fattn's public functions and a transformers model run through exactly the code CUDA
+tensors run, the Triton kernels under the interpreter. With a GPU the same tests run on
+CUDA tensors as they are."""
+import os
+import warnings
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+import fattn  # noqa: E402
+from fattn import cuda_dispatch  # noqa: E402
+from fattn.triton import reference  # noqa: E402
+from test_triton import assert_matches  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture
+def gpu_path():
+    """The CUDA kernels of torch.ops.fattn, on this test's device."""
+    if ON_GPU:
+        yield
+        return
+    lib = torch.library.Library("fattn", "IMPL")
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("attention", lambda *args: cuda_dispatch.attention(*args), "CPU")
+        lib.impl("attention_kvcache", cuda_dispatch.attention_kvcache, "CPU")
+        lib.impl("attention_varlen", cuda_dispatch.attention_varlen, "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
+def test_the_table():
+    assert cuda_dispatch.plan("attention").kernel == "triton"
+    assert cuda_dispatch.plan("attention_kvcache", "auto", True).kernel == "triton"
+    assert cuda_dispatch.plan("attention", "triton", True).kernel == "triton"
+    with pytest.raises(NotImplementedError, match="runs the plain forward only"):
+        cuda_dispatch.plan("attention", "fused", variants=True)
+    with pytest.raises(NotImplementedError, match="is not a CUDA implementation"):
+        cuda_dispatch.plan("attention", "tiled")
+    if not cuda_dispatch.cpp_available():
+        with pytest.raises(NotImplementedError, match="has no CUDA backend"):
+            cuda_dispatch.plan("attention", "fused")
+
+
+def test_without_triton_only_the_plain_forward_has_a_kernel(monkeypatch):
+    monkeypatch.setattr(cuda_dispatch, "triton_available", lambda: False)
+    with pytest.raises(NotImplementedError, match="triton is not installed"):
+        cuda_dispatch.plan("attention", "auto", variants=True)
+    with pytest.raises(NotImplementedError, match="triton is not installed"):
+        cuda_dispatch.plan("attention_kvcache", "auto", True)
+    if cuda_dispatch.cpp_available():
+        assert cuda_dispatch.plan("attention").kernel == "cuda_cpp"
+
+
+def inputs(*shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+
+
+def test_sdpa_with_a_mask_and_its_output_layout(gpu_path):
+    q = inputs(2, 37, 4, 32, seed=1).transpose(1, 2)  # (B, H, S, D) views of BSHD memory
+    k = inputs(2, 45, 2, 32, seed=2).transpose(1, 2)
+    v = inputs(2, 45, 2, 32, seed=3).transpose(1, 2)
+    mask = torch.rand(2, 1, 37, 45, generator=torch.Generator().manual_seed(4)) > 0.4
+    out = fattn.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(DEVICE),
+                                             enable_gqa=True)
+    ref, _ = reference.attention(q.cpu(), k.cpu(), v.cpu(), attn_mask=mask)
+    assert out.stride() == q.stride()  # the operator's layout rule: BSHD in, BSHD out
+    assert (out.cpu().double() - ref).abs().max().item() < 2e-5
+
+
+def test_flash_attention_variants(gpu_path):
+    q, k, v = (inputs(1, 29, h, 64, seed=s) for s, h in ((1, 4), (2, 1), (3, 1)))
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(5))
+    out, lse = fattn.flash_attention(q, k, v, causal=True, window_size=(8, 0), softcap=4.0,
+                                     sinks=sinks.to(DEVICE), return_lse=True)
+    ref, ref_lse = reference.attention(q.cpu().transpose(1, 2), k.cpu().transpose(1, 2),
+                                       v.cpu().transpose(1, 2), causal="bottom_right",
+                                       window_size=(8, 0), softcap=4.0, sinks=sinks)
+    assert_matches(out.transpose(1, 2), lse, ref, ref_lse)
+
+
+def test_flash_attn_with_kvcache_paged_append(gpu_path):
+    pages, page = 6, 16
+    k_cache, v_cache = inputs(pages, page, 2, 32, seed=1), inputs(pages, page, 2, 32, seed=2)
+    table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([5, 20], dtype=torch.int32, device=DEVICE)
+    q, k_new, v_new = inputs(2, 1, 8, 32, seed=3), inputs(2, 1, 2, 32, seed=4), \
+        inputs(2, 1, 2, 32, seed=5)
+    with torch.no_grad():
+        out, lse = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
+                                                 cache_seqlens=lens, block_table=table,
+                                                 causal=True, return_softmax_lse=True)
+    assert out.shape == (2, 1, 8, 32)
+    ref, ref_lse = reference.attention_with_kvcache(q.cpu(), k_cache.cpu(), v_cache.cpu(),
+                                                    [6, 21], table.cpu(), causal=True)
+    assert_matches(out, lse, ref, ref_lse)
+    assert torch.equal(k_cache[4, 5].cpu(), k_new[0, 0].cpu())  # appended in place
+    assert torch.equal(v_cache[5, 4].cpu(), v_new[1, 0].cpu())
+
+
+def test_flash_attn_varlen_func(gpu_path):
+    lengths = [3, 0, 11]
+    cu = torch.tensor([0, 3, 3, 14], dtype=torch.int32, device=DEVICE)
+    q, k, v = inputs(14, 4, 32, seed=1), inputs(14, 2, 32, seed=2), inputs(14, 2, 32, seed=3)
+    with torch.no_grad():
+        out, lse, _ = fattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths),
+                                                   causal=True, return_attn_probs=True)
+    ref, ref_lse = reference.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu.cpu(), cu.cpu(),
+                                              causal=True)
+    assert_matches(out, lse, ref, ref_lse)
+
+
+# --- a transformers model through the GPU path --------------------------------------------
+transformers = pytest.importorskip("transformers")
+import fattn.transformers  # noqa: E402
+from test_transformers import batch, tiny  # noqa: E402
+
+NAME = fattn.transformers.register()
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
+def test_transformers_logits_on_a_left_padded_batch(gpu_path, kind):
+    ids, mask = batch(padded=True)
+    with torch.no_grad():
+        ours = tiny(kind, NAME).to(DEVICE)(input_ids=ids.to(DEVICE),
+                                           attention_mask=mask.to(DEVICE)).logits.cpu()
+        ref = tiny(kind, "eager")(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()
+    err = (ours[keep] - ref[keep]).abs().max().item()
+    assert err <= 1e-4 * max(1.0, ref[keep].abs().max().item()), err
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+def test_transformers_greedy_generate(gpu_path, kind):
+    ids, mask = batch(padded=True)
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ours = tiny(kind, NAME).to(DEVICE).generate(ids.to(DEVICE),
+                                                    attention_mask=mask.to(DEVICE), **kw)
+        ref = tiny(kind, "eager").generate(ids, attention_mask=mask, **kw)
+    assert torch.equal(ours.cpu(), ref)
