@@ -14,7 +14,7 @@ forward, causal or not, when the extension is built with its CUDA backend). Per 
   auto       plain forward, no triton installed     cuda_cpp        (the only one there)
   triton     any forward                            triton
   fused, naive, reference   plain forward           cuda_cpp        (the C++ kernel by name)
-  any        backward                               raises          (no CUDA backward yet)
+  any        backward                               triton          (the only GPU backward)
 
 `plan(...)` answers which one a call runs (and why) without running it; every CUDA kernel
 registered below asks it. Nothing falls back to torch: a call no GPU implementation covers
@@ -135,9 +135,36 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=No
                                       return_lse=True)
 
 
-def _no_backward(*args, **kwargs):
-    raise NotImplementedError("fattn: the backward pass runs on the CPU only (no CUDA backward "
-                              "yet); call the forward under torch.no_grad() on CUDA")
+def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
+                       causal_bottom_right=False, scale=None, impl="auto", attn_mask=None,
+                       window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                       sinks=None):
+    """<ns>::attention_backward on CUDA: the Triton backward (deterministic); dq, dk, dv
+    laid out as the operator lays out outputs like q, k, v."""
+    plan("attention_backward", "auto" if impl in CPP_IMPLS else impl, True)
+    dq, dk, dv = (_empty_like_output(t) for t in (q, k, v))
+    _, _, _, dsinks = _triton().attention_backward(
+        dout, q, k, v, out, lse, dlse, attn_mask=attn_mask, causal=is_causal,
+        causal_bottom_right=causal_bottom_right, window_size=(window_left, window_right),
+        softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes, scale=scale, dq=dq, dk=dk,
+        dv=dv)
+    if dsinks is None:
+        dsinks = q.new_empty((0,), dtype=torch.float32)
+    return dq, dk, dv, dsinks
+
+
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
+                              scale=None, impl="auto", window_left=-1, window_right=-1,
+                              softcap=0.0, alibi_slopes=None, sinks=None):
+    """<ns>::attention_varlen_backward on CUDA: packed (total, H, D) gradients."""
+    plan("attention_varlen", impl, True)
+    dq, dk, dv, dsinks = _triton().attention_varlen_backward(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=causal,
+        window_size=(window_left, window_right), softcap=softcap, sinks=sinks,
+        alibi_slopes=alibi_slopes, scale=scale)
+    if dsinks is None:
+        dsinks = q.new_empty((0,), dtype=torch.float32)
+    return dq, dk, dv, dsinks
 
 
 def register(ns: str) -> None:
@@ -147,6 +174,6 @@ def register(ns: str) -> None:
 
     for name, fn in (("attention", dense), ("attention_kvcache", attention_kvcache),
                      ("attention_varlen", attention_varlen),
-                     ("attention_backward", _no_backward),
-                     ("attention_varlen_backward", _no_backward)):
+                     ("attention_backward", attention_backward),
+                     ("attention_varlen_backward", attention_varlen_backward)):
         torch.library.register_kernel(f"{ns}::{name}", "cuda", fn)

@@ -10,8 +10,8 @@ Errors:
   NotImplementedError  valid for torch, but not supported by fattn (yet): dropout_p > 0,
                        a mask that requires grad, dtypes other than float32, bfloat16 and float16
                        (float64 on the CPU: the float64 reference, for gradient checks), a
-                       device without fattn kernels, gradients of CUDA tensors (the
-                       backward is CPU only)
+                       device without fattn kernels, gradients of CUDA tensors where
+                       triton is not installed (the GPU backward is Triton's)
   TypeError            an argument that is not a tensor
   RuntimeError         raised by the operator itself, its message starting "fattn: "
                        (e.g. a head dim outside [16, 256])
@@ -77,13 +77,13 @@ def _check_tensors(fn: str, tensors) -> None:
         raise NotImplementedError(
             f"fattn.{fn}: {first_name}.dtype is {first.dtype}, but fattn on {device} takes "
             f"{allowed}")
-    if torch.is_grad_enabled() and device == "cuda":
+    if torch.is_grad_enabled() and device == "cuda" and not cuda_dispatch.triton_available():
         needing = [name for name, t in tensors if t.requires_grad]
         if needing:
             raise NotImplementedError(
                 f"fattn.{fn}: {', '.join(needing)} require grad, but fattn's backward pass "
-                "runs on the CPU only (no CUDA backward yet). Call it under torch.no_grad() "
-                "or pass detached tensors.")
+                "runs on CUDA tensors in Triton, and triton is not installed. Call it under "
+                "torch.no_grad() or pass detached tensors.")
 
 
 def _check_heads(fn: str, hq: int, hkv: int, enable_gqa: bool, hint: str) -> None:

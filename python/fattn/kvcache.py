@@ -165,13 +165,13 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
     _check_floats(fn, [("q", q), ("k", k), ("v", v)], CPU_KERNEL_DTYPES + (torch.float64,), 3,
                   layouts)
-    if q.device.type == "cuda" and torch.is_grad_enabled():
+    if q.device.type == "cuda" and torch.is_grad_enabled() and not triton_available():
         needing = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
         if needing:
             raise NotImplementedError(
                 f"fattn.{fn}: {', '.join(needing)} require grad, but fattn's backward pass "
-                "runs on the CPU only (no CUDA backward yet). Call it under torch.no_grad() "
-                "or pass detached tensors.")
+                "runs on CUDA tensors in Triton, and triton is not installed. Call it under "
+                "torch.no_grad() or pass detached tensors.")
     _check_int32(fn, "cu_seqlens_q", cu_seqlens_q, 1, "(B + 1,)", q.device)
     _check_int32(fn, "cu_seqlens_k", cu_seqlens_k, 1, "(B + 1,)", q.device)
     # fattn does not need the maxima, but FlashAttention sizes its grid by them: a value

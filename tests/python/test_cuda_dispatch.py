@@ -37,6 +37,8 @@ def gpu_path():
         lib.impl("attention", lambda *args: cuda_dispatch.attention(*args), "CPU")
         lib.impl("attention_kvcache", cuda_dispatch.attention_kvcache, "CPU")
         lib.impl("attention_varlen", cuda_dispatch.attention_varlen, "CPU")
+        lib.impl("attention_backward", cuda_dispatch.attention_backward, "CPU")
+        lib.impl("attention_varlen_backward", cuda_dispatch.attention_varlen_backward, "CPU")
     try:
         yield
     finally:
@@ -125,6 +127,35 @@ def test_flash_attn_varlen_func(gpu_path):
     assert_matches(out, lse, ref, ref_lse)
 
 
+def test_sdpa_gradients_through_autograd(gpu_path):
+    """torch.autograd through the operator's CUDA kernels: the Triton backward."""
+    q = inputs(1, 4, 23, 32, seed=1).requires_grad_()
+    k = inputs(1, 2, 31, 32, seed=2).requires_grad_()
+    v = inputs(1, 2, 31, 32, seed=3).requires_grad_()
+    mask = (torch.rand(1, 1, 23, 31, generator=torch.Generator().manual_seed(4)) > 0.3)
+    out = fattn.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(DEVICE), enable_gqa=True)
+    dout = inputs(1, 4, 23, 32, seed=5)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = reference.attention(*leaves, attn_mask=mask)
+    ref_grads = torch.autograd.grad(ref, leaves, dout.cpu().double())
+    for got, want in zip(grads, ref_grads):
+        assert (got.cpu().double() - want).abs().max().item() <= 5e-5 * max(1.0, want.abs().max().item())
+
+
+def test_varlen_gradients_through_autograd(gpu_path):
+    cu = torch.tensor([0, 6, 6, 19], dtype=torch.int32, device=DEVICE)
+    q, k, v = (inputs(19, h, 32, seed=s).requires_grad_() for s, h in ((1, 4), (2, 2), (3, 2)))
+    out = fattn.flash_attn_varlen_func(q, k, v, cu, cu, 13, 13, causal=True)
+    dout = inputs(19, 4, 32, seed=4)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = reference.attention_varlen(*leaves, cu.cpu(), cu.cpu(), causal=True)
+    ref_grads = torch.autograd.grad(ref, leaves, dout.cpu().double())
+    for got, want in zip(grads, ref_grads):
+        assert (got.cpu().double() - want).abs().max().item() <= 5e-5 * max(1.0, want.abs().max().item())
+
+
 # --- a transformers model through the GPU path --------------------------------------------
 transformers = pytest.importorskip("transformers")
 import fattn.transformers  # noqa: E402
@@ -154,3 +185,20 @@ def test_transformers_greedy_generate(gpu_path, kind):
                                                     attention_mask=mask.to(DEVICE), **kw)
         ref = tiny(kind, "eager").generate(ids, attention_mask=mask, **kw)
     assert torch.equal(ours.cpu(), ref)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt_oss"])
+def test_transformers_training_gradients(gpu_path, kind):
+    """A training step's parameter gradients (gpt-oss: the sinks' too) against eager's."""
+    ids, mask = batch(padded=False)
+    grads = []
+    for attn, device in ((NAME, DEVICE), ("eager", "cpu")):
+        model = tiny(kind, attn).to(device).train()
+        model(input_ids=ids.to(device), attention_mask=mask.to(device),
+              labels=ids.to(device)).loss.backward()
+        grads.append({n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None})
+    ours, ref = grads
+    assert ours.keys() == ref.keys()
+    for n in ref:
+        bound = 1e-4 * max(1e-3, ref[n].abs().max().item())
+        assert (ours[n] - ref[n]).abs().max().item() <= bound, n

@@ -19,7 +19,9 @@ def test_every_policy_combination_compiles_for_sm90(tmp_path):
                          capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = json.loads(out.read_text())
-    from fattn.triton.compile_check import COMBINATIONS
-    assert [r["combination"] for r in rows] == [c[0] for c in COMBINATIONS] + ["splits8"]
+    from fattn.triton.compile_check import BACKWARD, COMBINATIONS
+    assert [r["combination"] for r in rows] == ([c[0] for c in COMBINATIONS]
+                                                + [c[0] for c in BACKWARD for _ in range(2)]
+                                                + ["splits8"])
     for row in rows:  # ptxas accepted each one (its report, where Triton bundles ptxas)
         assert row.get("registers", 1) > 0

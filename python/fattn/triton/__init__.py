@@ -31,7 +31,9 @@ tests run there. The kernel is in forward.py, the band of visible keys in visibi
 scheduling (tile sizes, GQA packing, key splits) in problem.py, its float64 definition in
 reference.py. Imported on use: triton is optional.
 """
-from .api import attention, attention_varlen, attention_with_kvcache  # noqa: F401
+from .api import (attention, attention_backward, attention_varlen,  # noqa: F401
+                  attention_varlen_backward, attention_with_kvcache)
 from .problem import ArgumentError  # noqa: F401
 
-__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "ArgumentError"]
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward",
+           "attention_with_kvcache", "ArgumentError"]

@@ -9,7 +9,7 @@ import math
 import torch
 
 from .problem import (DTYPES, HEAD_DIMS, ArgumentError, Problem, check, check_lengths,
-                      check_variants, run_forward)
+                      check_variants, run_backward, run_forward)
 
 
 def _check_operands(fn, named, rank, layout):
@@ -61,13 +61,10 @@ def _mask_view(fn, attn_mask, q, sk):
     return attn_mask.detach().reshape(shape).expand(full)
 
 
-def attention(q, k, v, attn_mask=None, causal=False, causal_bottom_right=False,
-              window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, scale=None,
-              return_lse=False, out=None, block_m=None, block_n=None):
-    """softmax(q·kᵀ·scale [+ variants]) v for (B, H, S, D) tensors (see the package's
-    docstring). `out` (optional): a (B, Hq, Sq, D) tensor of q's dtype to write into;
-    block_m/block_n override the tile sizes (tests)."""
-    fn = "attention"
+def _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_size, softcap,
+                   sinks, alibi_slopes, scale, out, block_m, block_n):
+    """The checked Problem of a (B, H, S, D) call (forward or backward); out and lse
+    allocated unless given."""
     _check_operands(fn, [("q", q), ("k", k), ("v", v)], 4,
                     {"q": "(B, Hq, Sq, D)", "k": "(B, Hkv, Sk, D)", "v": "(B, Hkv, Sk, D)"})
     b, hq, sq, d = q.shape
@@ -86,12 +83,57 @@ def attention(q, k, v, attn_mask=None, causal=False, causal_bottom_right=False,
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    run_forward(Problem(q, k, v, out, lse, batch=b, q_len=sq, kv_len=sk, scale=_scale(scale, d),
-                        causal=(2 if causal_bottom_right else 1) if causal else 0,
-                        window_left=left, window_right=right, mask=mask,
-                        mask_source=attn_mask, softcap=softcap,
-                        alibi=alibi, sinks=sinks, block_m=block_m, block_n=block_n))
-    return (out, lse) if return_lse else out
+    return Problem(q, k, v, out, lse, batch=b, q_len=sq, kv_len=sk, scale=_scale(scale, d),
+                   causal=(2 if causal_bottom_right else 1) if causal else 0,
+                   window_left=left, window_right=right, mask=mask, mask_source=attn_mask,
+                   softcap=softcap, alibi=alibi, sinks=sinks, block_m=block_m, block_n=block_n)
+
+
+def attention(q, k, v, attn_mask=None, causal=False, causal_bottom_right=False,
+              window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, scale=None,
+              return_lse=False, out=None, block_m=None, block_n=None):
+    """softmax(q·kᵀ·scale [+ variants]) v for (B, H, S, D) tensors (see the package's
+    docstring). `out` (optional): a (B, Hq, Sq, D) tensor of q's dtype to write into;
+    block_m/block_n override the tile sizes (tests)."""
+    p = _dense_problem("attention", q, k, v, attn_mask, causal, causal_bottom_right,
+                       window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n)
+    run_forward(p)
+    return (p.out, p.lse) if return_lse else p.out
+
+
+def _check_gradient_inputs(fn, p, dout, out, lse, dlse, lse_shape, packed_shape=None):
+    shape_q = packed_shape or tuple(p.q.shape)
+    for name, t, shape, dtype in (("dout", dout, shape_q, p.q.dtype),
+                                  ("out", out, shape_q, p.q.dtype),
+                                  ("lse", lse, lse_shape, torch.float32),
+                                  ("dlse", dlse, lse_shape, torch.float32)):
+        if t is None and name == "dlse":
+            continue
+        check(isinstance(t, torch.Tensor), fn, f"{name} must be a tensor")
+        check(t.device == p.q.device, fn, f"{name} is on {t.device} but q is on {p.q.device}")
+        check(tuple(t.shape) == shape, fn, f"{name} must have shape {shape}, got "
+                                           f"{tuple(t.shape)}")
+        check(t.dtype == dtype, fn, f"{name}.dtype must be {dtype}, got {t.dtype}")
+
+
+def attention_backward(dout, q, k, v, out, lse, dlse=None, attn_mask=None, causal=False,
+                       causal_bottom_right=False, window_size=(-1, -1), softcap=0.0,
+                       sinks=None, alibi_slopes=None, scale=None, dq=None, dk=None, dv=None,
+                       block_m=None, block_n=None):
+    """The gradients of attention(q, k, v, ...) -> (out, lse) given dout and optionally
+    dlse (the logsumexp's gradient): (dq, dk, dv, dsinks), dsinks float32 of sinks' shape
+    (None without sinks). The options must be the forward's; out and lse its results.
+    dq, dk, dv (optional): tensors shaped as q, k, v to write into. Deterministic: the same
+    bits run to run (no atomics)."""
+    fn = "attention_backward"
+    p = _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_size,
+                       softcap, sinks, alibi_slopes, scale, out, block_m, block_n)
+    _check_gradient_inputs(fn, p, dout, out, lse, dlse, tuple(p.lse.shape))
+    p.lse = lse
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) if g is None else g
+                  for t, g in ((q, dq), (k, dk), (v, dv)))
+    dsinks = run_backward(p, dout, dlse, *grads)
+    return grads + (dsinks,)
 
 
 def _check_offsets(fn, name, cu, total, batch, device):
@@ -114,16 +156,10 @@ def _check_offsets(fn, name, cu, total, batch, device):
     return max((host[n + 1] - host[n] for n in range(len(host) - 1)), default=0)
 
 
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
-                     causal=False, window_size=(-1, -1), softcap=0.0, sinks=None,
-                     alibi_slopes=None, scale=None, return_lse=False, out=None, block_m=None,
-                     block_n=None):
-    """Sequences packed along one axis (FlashAttention's flash_attn_varlen_func): q
-    (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k (B + 1,) int32 offsets.
-    causal and the window are aligned bottom-right per sequence. Returns out (total_q, Hq,
-    D) and with return_lse the (Hq, total_q) float32 logsumexp. No padding is computed: a
-    tile past its sequence's queries does nothing."""
-    fn = "attention_varlen"
+def _varlen_problem(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                    window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n):
+    """The checked Problem of packed (total, H, D) sequences: (B, H, total, D) views with
+    batch stride 0, the rows of sequence b from the offsets."""
     _check_operands(fn, [("q", q), ("k", k), ("v", v)], 3,
                     {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)",
                      "v": "(total_k, Hkv, D)"})
@@ -140,24 +176,61 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         check(given is None or given >= longest, fn,
               f"{name} = {given} is less than the longest sequence, {longest}")
     check_lengths(fn, total_q=total_q, total_k=total_k)
-    left, right, softcap, sinks, alibi = check_variants(fn, q, window_size, softcap, sinks,
-                                                        alibi_slopes, batch)
+    left, right, softcap, sinks, alibi = check_variants(fn, q, window_size,
+                                                        softcap, sinks, alibi_slopes, batch)
     if out is None:
         out = torch.empty((total_q, hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+    return Problem(packed(q, batch), packed(k, batch), packed(v, batch), packed(out, batch),
+                   lse.unsqueeze(0).expand(batch, -1, -1), batch=batch, q_len=longest_q,
+                   kv_len=longest_k, scale=_scale(scale, d), causal=2 if causal else 0,
+                   window_left=left, window_right=right, softcap=softcap, alibi=alibi,
+                   sinks=sinks, lengths=2, seq_q=cu_seqlens_q, seq_k=cu_seqlens_k,
+                   block_m=block_m, block_n=block_n)
 
-    def packed(t):  # (total, H, D) -> (B, H, total, D), batch stride 0 (rows from offsets)
-        return t.transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1)
 
-    if batch > 0:
-        run_forward(Problem(packed(q), packed(k), packed(v), packed(out),
-                            lse.unsqueeze(0).expand(batch, -1, -1), batch=batch,
-                            q_len=longest_q, kv_len=longest_k, scale=_scale(scale, d),
-                            causal=2 if causal else 0, window_left=left, window_right=right,
-                            softcap=softcap, alibi=alibi, sinks=sinks, lengths=2,
-                            seq_q=cu_seqlens_q, seq_k=cu_seqlens_k, block_m=block_m,
-                            block_n=block_n))
+def packed(t, batch):
+    """(total, H, D) -> (B, H, total, D) with batch stride 0 (rows from the offsets)."""
+    return t.transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                     causal=False, window_size=(-1, -1), softcap=0.0, sinks=None,
+                     alibi_slopes=None, scale=None, return_lse=False, out=None, block_m=None,
+                     block_n=None):
+    """Sequences packed along one axis (FlashAttention's flash_attn_varlen_func): q
+    (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k (B + 1,) int32 offsets.
+    causal and the window are aligned bottom-right per sequence. Returns out (total_q, Hq,
+    D) and with return_lse the (Hq, total_q) float32 logsumexp. No padding is computed: a
+    tile past its sequence's queries does nothing."""
+    p = _varlen_problem("attention_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, causal, window_size, softcap, sinks, alibi_slopes, scale,
+                        out, block_m, block_n)
+    if p.batch > 0:
+        run_forward(p)
+    out, lse = p.out[0].transpose(0, 1), p.lse[0]
     return (out, lse) if return_lse else out
+
+
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
+                              window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None,
+                              scale=None, block_m=None, block_n=None):
+    """The gradients of attention_varlen (its options; out and lse (Hq, total_q) its
+    results): (dq, dk, dv, dsinks), packed as q, k, v."""
+    fn = "attention_varlen_backward"
+    p = _varlen_problem(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal,
+                        window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n)
+    _check_gradient_inputs(fn, p, dout, out, lse, None, (q.size(1), q.size(0)),
+                           packed_shape=tuple(q.shape))
+    p.lse = lse.unsqueeze(0).expand(p.batch, -1, -1)
+    grads = tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    dsinks = None
+    if p.batch > 0:
+        dsinks = run_backward(p, packed(dout, p.batch), None,
+                              *(packed(g, p.batch) for g in grads))
+    elif sinks is not None:
+        dsinks = torch.zeros(sinks.shape, dtype=torch.float32, device=q.device)
+    return grads + (dsinks,)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,

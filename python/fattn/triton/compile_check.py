@@ -25,7 +25,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import forward
+from . import backward, forward
 
 # The policy combinations compiled, named as the calls that use them; launch options as
 # problem.tile_config gives them (num_warps 4, num_stages 3: Triton's defaults)
@@ -45,7 +45,15 @@ COMBINATIONS = [  # (name, dtype, constexprs over BASE)
     ("decode_paged_split", "bf16", dict(LENGTHS=1, PAGED=True, PACK_GQA=True, SPLIT=True,
                                         CAUSAL=2, BLOCK_M=16)),
 ]
-_POINTERS = {"LSE": "fp32", "MASK": "i1", "COVER": "i8", "SLOPES": "fp32", "SINKS": "fp32",
+# the backward's kernels: (name, dtype, constexprs); dK/dV tile 32 × 64, dQ tile 64 × 32
+BACKWARD_BASE = dict(CAUSAL=0, WINDOW=False, MASK_KIND=0, SOFTCAP=False, ALIBI=False, LENGTHS=0,
+                     PRECISION="tf32x3", UPCAST=False, BLOCK_D=128)
+BACKWARD = [
+    ("plain", "bf16", {}),
+    ("variants", "fp16", dict(CAUSAL=2, WINDOW=True, MASK_KIND=2, SOFTCAP=True, ALIBI=True)),
+    ("varlen_float32", "fp32", dict(LENGTHS=2, CAUSAL=2, BLOCK_D=64)),
+]
+_POINTERS = {"LSE": "fp32", "DELTA": "fp32", "MASK": "i1", "COVER": "i8", "SLOPES": "fp32", "SINKS": "fp32",
              "SEQ_Q": "i32", "SEQ_K": "i32", "TABLE": "i32"}
 _FLOATS = {"scale", "softcap"}
 
@@ -56,7 +64,7 @@ def _signature(fn, dtype, constexprs):
         if fn.params[index].is_constexpr:
             signature[name] = "constexpr"
             values[(index,)] = constexprs[name]
-        elif name in ("Q", "K", "V", "O"):
+        elif name in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV"):
             signature[name] = "*" + dtype
         elif name in _POINTERS:
             signature[name] = "*" + _POINTERS[name]
@@ -102,6 +110,15 @@ def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
                          shared_bytes=kernel.metadata.shared,
                          seconds=round(time.perf_counter() - start, 2),
                          **_ptxas_report(kernel.asm["ptx"], arch)))
+    for name, dtype, over in BACKWARD:
+        for kernel_fn, tiles in ((backward._dkdv_kernel, dict(BLOCK_M=32, BLOCK_N=64)),
+                                 (backward._dq_kernel, dict(BLOCK_M=64, BLOCK_N=32))):
+            signature, values = _signature(kernel_fn, dtype, {**BACKWARD_BASE, **over, **tiles})
+            kernel = triton.compile(ASTSource(kernel_fn, signature, values), target=target,
+                                    options={"num_warps": num_warps, "num_stages": num_stages})
+            rows.append(dict(kernel=kernel_fn.__name__.strip("_"), combination=name, dtype=dtype,
+                             shared_bytes=kernel.metadata.shared,
+                             **_ptxas_report(kernel.asm["ptx"], arch)))
     fn = forward._combine_kernel
     signature, values = {}, {}
     for index, name in enumerate(fn.arg_names):

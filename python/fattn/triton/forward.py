@@ -31,27 +31,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import visibility
+from . import scores, visibility
 
-# globals a jit function reads must be constexprs
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _tanh(x):
-    # 1 − 2/(e^{2x} + 1): exact limits ±1 (e^{2x} → inf or 0), absolute error ~1e-7 near 0
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision=PRECISION)
-    else:
-        return tl.dot(a, b).to(tl.float32)
+from .scores import LN2, LOG2E
 
 
 @triton.jit
@@ -128,6 +110,7 @@ def _forward_kernel(
                          mask=row_ok[:, None] & (tail_dims < head_dim)[None, :], other=0.0)
     k_base = K + b * skb + hk * skh + k_start * sks
     v_base = V + b * svb + hk * svh + k_start * svs
+    slope2 = 0.0
     if ALIBI:
         slope2 = tl.load(SLOPES + b * sab + head * sah).to(tl.float32) * LOG2E
     # --- the online softmax's state; a sink starts every row with its term -------------
@@ -138,7 +121,6 @@ def _forward_kernel(
             m = tl.zeros([BLOCK_M], tl.float32) + tl.load(SINKS + head).to(tl.float32) * LOG2E
             l = tl.where(m > float("-inf"), 1.0, 0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    scale_log2 = scale * LOG2E
 
     for start in range(begin, end, BLOCK_N):
         cover = 2
@@ -158,36 +140,18 @@ def _forward_kernel(
                 v_ptr = v_base + keys.to(tl.int64) * svs
             k = tl.load(k_ptr[:, None] + head_dims[None, :] * skd,
                         mask=key_ok[:, None] & (head_dims < head_dim)[None, :], other=0.0)
-            s = _dot(q, tl.trans(k), PRECISION, UPCAST)
+            s = scores.dot(q, tl.trans(k), PRECISION, UPCAST)
             if TWO_CHAINS:
                 k_tail = tl.load(k_ptr[:, None] + tail_dims[None, :] * skd,
                                  mask=key_ok[:, None] & (tail_dims < head_dim)[None, :],
                                  other=0.0)
-                s += _dot(q_tail, tl.trans(k_tail), PRECISION, UPCAST)
-            if SOFTCAP:
-                s = softcap * _tanh(s * (scale / softcap)) * LOG2E
-            else:
-                s = s * scale_log2
-            if ALIBI:
-                distance = tl.abs(i[:, None] + (lk - lq) - keys[None, :]).to(tl.float32)
-                if PACK_GQA:  # one slope per row
-                    s = s - slope2[:, None] * distance
-                else:
-                    s = s - slope2 * distance
+                s += scores.dot(q_tail, tl.trans(k_tail), PRECISION, UPCAST)
+            mask_rows = MASK
             if MASK_KIND != 0:
-                if cover == 2:
-                    m_ptr = MASK + b * smb + head * smh + i.to(tl.int64) * sms
-                    mval = tl.load(m_ptr[:, None] + keys[None, :].to(tl.int64) * smk,
-                                   mask=row_ok[:, None] & key_ok[None, :], other=0)
-                    if MASK_KIND == 1:
-                        s = tl.where(mval != 0, s, float("-inf"))
-                    else:
-                        s = s + mval.to(tl.float32) * LOG2E
-            visible = key_ok[None, :]
-            if CAUSAL != 0 or WINDOW:
-                diagonal = keys[None, :] - i[:, None]
-                visible = visible & (diagonal >= lo) & (diagonal <= hi)
-            s = tl.where(visible, s, float("-inf"))
+                mask_rows = MASK + b * smb + head * smh + i.to(tl.int64) * sms
+            s, _ = scores.modify(s, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale, softcap,
+                                 slope2, mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND,
+                                 SOFTCAP, ALIBI, PACK_GQA)
             m_new = tl.maximum(m, tl.max(s, 1))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible score yet
             p = tl.exp2(s - m_ref[:, None])
@@ -195,7 +159,7 @@ def _forward_kernel(
             l = l * alpha + tl.sum(p, 1)
             v = tl.load(v_ptr[:, None] + dims[None, :] * svd,
                         mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+            acc = acc * alpha[:, None] + scores.dot(p.to(v.dtype), v, PRECISION, UPCAST)
             m = m_new
 
     # --- epilogue: out = acc / l, lse in natural units; a row that saw nothing: 0, −inf --

@@ -282,3 +282,77 @@ def run_forward(p: Problem) -> None:
             *p.out.stride(), *p.lse.stride(), p.q_heads, p.q_len, p.head_dim, splits,
             SPLITS=triton.next_power_of_2(splits),
             BLOCK_D=max(16, triton.next_power_of_2(p.head_dim)))
+
+
+def backward_tiles(head_dim: int, block_m=None, block_n=None):
+    """(dK/dV tile, dQ tile) as (query rows, keys): the dK/dV program holds its keys' K, V,
+    dK and dV, so it takes more keys than queries, the dQ program the reverse
+    (FlashAttention 2's Triton tutorial's shapes; not yet measured here). Halved above
+    D = 128 (the accumulators' registers)."""
+    small, large = (16, 32) if head_dim > 128 else (32, 64)
+    return (TileConfig(block_m or small, block_n or large),
+            TileConfig(block_m or large, block_n or small))
+
+
+def run_backward(p: Problem, dout, dlse, dq, dk, dv):
+    """dq, dk, dv (views shaped as p.q, p.k, p.v) of the forward Problem p, whose out and
+    lse are the forward's results; returns the sinks' gradient (float32) or None."""
+    from . import backward as kernels_bwd
+    # Δ = rowsum(dO ∘ O) − dlse, float32, laid out as lse (packed sequences: (Hq, total)
+    # behind a batch stride of 0)
+    if p.lengths == 2:
+        delta = (dout[0].float() * p.out[0].float()).sum(-1)
+        lse = p.lse[0].float().contiguous().unsqueeze(0).expand(p.batch, -1, -1)
+        delta = delta.unsqueeze(0).expand(p.batch, -1, -1)
+    else:
+        delta = (dout.float() * p.out.float()).sum(-1)
+        if dlse is not None:
+            delta = delta - dlse
+        lse = p.lse.float().contiguous()
+        delta = delta.contiguous()
+    dsinks = None
+    if p.sinks is not None:  # −Σ_rows P_sink·Δ, P_sink = e^(sink − lse)
+        rows = lse[0:1] if p.lengths == 2 else lse
+        deltas = delta[0:1] if p.lengths == 2 else delta
+        p_sink = torch.exp(p.sinks.view(1, -1, 1) - rows).nan_to_num(0.0)  # −inf − −inf
+        dsinks = -(p_sink * deltas).sum(dim=(0, 2))
+    if dq.numel() == 0 or p.k.size(2) == 0 or p.batch == 0:
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
+        return dsinks
+    precision, upcast = _precision(p)
+    dkdv_tiles, dq_tiles = backward_tiles(p.head_dim, p.block_m, p.block_n)
+    block_d = max(16, triton.next_power_of_2(p.head_dim))
+    dummy = lse
+
+    def variant_args(tiles):
+        mask, cover = p.mask, None
+        if mask is not None:
+            cover = mask_cover(mask, tiles.block_m, tiles.block_n, p.mask_source)
+        strides = (lambda t, n: t.stride() if t is not None else (0,) * n)
+        return ((mask if mask is not None else dummy, cover if cover is not None else dummy,
+                 p.alibi if p.alibi is not None else dummy,
+                 p.seq_q if p.seq_q is not None else dummy,
+                 p.seq_k if p.seq_k is not None else dummy),
+                (*strides(mask, 4), *strides(cover, 4), *strides(p.alibi, 2)))
+
+    common = dict(CAUSAL=p.causal, WINDOW=p.window_left >= 0 or p.window_right >= 0,
+                  MASK_KIND=0 if p.mask is None else (1 if p.mask.dtype == torch.bool else 2),
+                  SOFTCAP=p.softcap != 0.0, ALIBI=p.alibi is not None, LENGTHS=p.lengths,
+                  PRECISION=precision, UPCAST=upcast, BLOCK_D=block_d)
+    scalars = (p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, float(p.scale),
+               float(p.softcap) or 1.0, p.window_left, p.window_right)
+    pointers, strides = variant_args(dkdv_tiles)
+    kernels_bwd._dkdv_kernel[(triton.cdiv(p.kv_len, dkdv_tiles.block_n), p.batch * p.kv_heads)](
+        p.q, p.k, p.v, dout, lse, delta, dk, dv, *pointers,
+        *p.q.stride(), *p.k.stride(), *p.v.stride(), *dout.stride(), *lse.stride(),
+        *dk.stride(), *dv.stride(), *strides, *scalars,
+        BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n, **common)
+    pointers, strides = variant_args(dq_tiles)
+    kernels_bwd._dq_kernel[(triton.cdiv(p.q_len, dq_tiles.block_m), p.batch * p.q_heads)](
+        p.q, p.k, p.v, dout, lse, delta, dq, *pointers,
+        *p.q.stride(), *p.k.stride(), *p.v.stride(), *dout.stride(), *lse.stride(),
+        *dq.stride(), *strides, *scalars,
+        BLOCK_M=dq_tiles.block_m, BLOCK_N=dq_tiles.block_n, **common)
+    return dsinks

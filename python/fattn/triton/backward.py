@@ -1,0 +1,189 @@
+"""fattn's Triton backward: dQ, dK, dV of the forward in forward.py, FlashAttention 2's
+split into two kernels that each own what they write (no atomics, so the gradients are
+the same bits run to run):
+
+  _dkdv_kernel  one program per key tile of one kv head: every query head of its group and
+                every query tile whose band reaches the keys; dK and dV summed over the
+                group in registers (GQA without copies)
+  _dq_kernel    one program per query tile of one query head: every key tile of its band
+
+Both recompute the probabilities from the forward's logsumexp, p = 2^(s − lse·log2 e), with
+the forward's score tile (scores.modify: softcap, ALiBi, the mask's cover, the band), so
+every variant the forward takes has its gradient:
+  dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP − Δ)  with Δ = rowsum(dO ∘ O) − dlse,
+  through the softcap dS ← dS·(1 − tanh²),  dQ = scale·dS·K,  dK = scale·dSᵀ·Q.
+P and dS are rounded to the inputs' dtype for their products with 16-bit inputs, as in
+FlashAttention. The sinks' gradient, −Σ_rows e^(sink − lse)·Δ, is a torch reduction
+(api.py). Padded rows and keys contribute nothing; a row that saw no key (lse = −inf)
+has P = 0.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import scores, visibility
+from .scores import LOG2E
+
+
+@triton.jit
+def _sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS: tl.constexpr):
+    """(first query row, queries, first key row, keys) of sequence b."""
+    q_start = 0
+    k_start = 0
+    lq = q_len
+    lk = kv_len
+    if LENGTHS == 2:
+        q_start = tl.load(SEQ_Q + b)
+        lq = tl.load(SEQ_Q + b + 1) - q_start
+        k_start = tl.load(SEQ_K + b)
+        lk = tl.load(SEQ_K + b + 1) - k_start
+    return q_start, lq, k_start, lk
+
+
+@triton.jit
+def _dkdv_kernel(
+        Q, K, V, DO, LSE, DELTA, DK, DV, MASK, COVER, SLOPES, SEQ_Q, SEQ_K,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sdob, sdoh, sdos, sdod, slb, slh, sls, sdkb, sdkh, sdks, sdkd, sdvb, sdvh, sdvs, sdvd,
+        smb, smh, sms, smk, scb, sch, scm, scn, sab, sah,
+        q_heads, kv_heads, q_len, kv_len, head_dim, scale, softcap, window_left, window_right,
+        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, LENGTHS: tl.constexpr,
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    key_tile = tl.program_id(0)
+    b = (tl.program_id(1) // kv_heads).to(tl.int64)
+    hk = tl.program_id(1) % kv_heads
+    group = q_heads // kv_heads
+    q_start, lq, k_start, lk = _sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
+    lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)
+    keys = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    key_ok = keys < lk
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < head_dim
+    kv_mask = key_ok[:, None] & dim_ok[None, :]
+    k_rows = (k_start + keys).to(tl.int64)
+    k = tl.load(K + b * skb + hk * skh + k_rows[:, None] * sks + dims[None, :] * skd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + b * svb + hk * svh + k_rows[:, None] * svs + dims[None, :] * svd,
+                mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # the queries whose band reaches these keys: lo <= j − i <= hi for some key j here
+    key_last = tl.minimum(key_tile * BLOCK_N + BLOCK_N, lk) - 1
+    first = tl.minimum(tl.maximum(key_tile * BLOCK_N - hi, 0), lq)
+    last = tl.minimum(tl.maximum(key_last - lo + 1, 0), lq)
+    last = tl.where(key_last >= key_tile * BLOCK_N, last, first)
+    first = first // BLOCK_M * BLOCK_M
+    for g in range(0, group):
+        head = hk * group + g
+        slope2 = 0.0
+        if ALIBI:
+            slope2 = tl.load(SLOPES + b * sab + head * sah).to(tl.float32) * LOG2E
+        for start in range(first, last, BLOCK_M):
+            cover = 2
+            if MASK_KIND != 0:
+                cover = tl.load(COVER + b * scb + head * sch + (start // BLOCK_M) * scm
+                                + key_tile * scn)
+            if cover != 0:
+                i = start + tl.arange(0, BLOCK_M)
+                row_ok = i < lq
+                q_rows = (q_start + i).to(tl.int64)
+                row_mask = row_ok[:, None] & dim_ok[None, :]
+                q = tl.load(Q + b * sqb + head * sqh + q_rows[:, None] * sqs + dims[None, :] * sqd,
+                            mask=row_mask, other=0.0)
+                do = tl.load(DO + b * sdob + head * sdoh + q_rows[:, None] * sdos
+                             + dims[None, :] * sdod, mask=row_mask, other=0.0)
+                lse = tl.load(LSE + b * slb + head * slh + q_rows * sls, mask=row_ok,
+                              other=float("inf"))
+                delta = tl.load(DELTA + b * slb + head * slh + q_rows * sls, mask=row_ok,
+                                other=0.0)
+                mask_rows = MASK
+                if MASK_KIND != 0:
+                    mask_rows = MASK + b * smb + head * smh + i.to(tl.int64) * sms
+                qk = scores.dot(q, tl.trans(k), PRECISION, UPCAST)
+                s, t = scores.modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale,
+                                     softcap, slope2, mask_rows, smk, cover, CAUSAL, WINDOW,
+                                     MASK_KIND, SOFTCAP, ALIBI, False)
+                # rows that saw no key have lse −inf and only −inf scores: P = 0
+                lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+                p = tl.exp2(s - lse2[:, None])
+                dv += scores.dot(tl.trans(p.to(v.dtype)), do, PRECISION, UPCAST)
+                dp = scores.dot(do, tl.trans(v), PRECISION, UPCAST)
+                ds = p * (dp - delta[:, None])
+                if SOFTCAP:
+                    ds = ds * (1.0 - t * t)
+                dk += scores.dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
+    dk = dk * scale
+    tl.store(DK + b * sdkb + hk * sdkh + k_rows[:, None] * sdks + dims[None, :] * sdkd,
+             dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * sdvb + hk * sdvh + k_rows[:, None] * sdvs + dims[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_kernel(
+        Q, K, V, DO, LSE, DELTA, DQ, MASK, COVER, SLOPES, SEQ_Q, SEQ_K,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sdob, sdoh, sdos, sdod, slb, slh, sls, sdqb, sdqh, sdqs, sdqd,
+        smb, smh, sms, smk, scb, sch, scm, scn, sab, sah,
+        q_heads, kv_heads, q_len, kv_len, head_dim, scale, softcap, window_left, window_right,
+        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, LENGTHS: tl.constexpr,
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    tile = tl.program_id(0)
+    b = (tl.program_id(1) // q_heads).to(tl.int64)
+    head = tl.program_id(1) % q_heads
+    hk = head // (q_heads // kv_heads)
+    q_start, lq, k_start, lk = _sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
+    lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)
+    i = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = i < lq
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < head_dim
+    row_mask = row_ok[:, None] & dim_ok[None, :]
+    q_rows = (q_start + i).to(tl.int64)
+    q = tl.load(Q + b * sqb + head * sqh + q_rows[:, None] * sqs + dims[None, :] * sqd,
+                mask=row_mask, other=0.0)
+    do = tl.load(DO + b * sdob + head * sdoh + q_rows[:, None] * sdos + dims[None, :] * sdod,
+                 mask=row_mask, other=0.0)
+    lse = tl.load(LSE + b * slb + head * slh + q_rows * sls, mask=row_ok, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    delta = tl.load(DELTA + b * slb + head * slh + q_rows * sls, mask=row_ok, other=0.0)
+    slope2 = 0.0
+    if ALIBI:
+        slope2 = tl.load(SLOPES + b * sab + head * sah).to(tl.float32) * LOG2E
+    mask_rows = MASK
+    if MASK_KIND != 0:
+        mask_rows = MASK + b * smb + head * smh + i.to(tl.int64) * sms
+    i_last = tl.minimum(tile * BLOCK_M + BLOCK_M, lq) - 1
+    begin, end = visibility.key_range(tile * BLOCK_M, i_last, lo, hi, lk, BLOCK_N)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(begin, end, BLOCK_N):
+        cover = 2
+        if MASK_KIND != 0:
+            cover = tl.load(COVER + b * scb + head * sch + tile * scm + (start // BLOCK_N) * scn)
+        if cover != 0:
+            keys = start + tl.arange(0, BLOCK_N)
+            key_ok = keys < lk
+            kv_mask = key_ok[:, None] & dim_ok[None, :]
+            k_rows = (k_start + keys).to(tl.int64)
+            k = tl.load(K + b * skb + hk * skh + k_rows[:, None] * sks + dims[None, :] * skd,
+                        mask=kv_mask, other=0.0)
+            v = tl.load(V + b * svb + hk * svh + k_rows[:, None] * svs + dims[None, :] * svd,
+                        mask=kv_mask, other=0.0)
+            qk = scores.dot(q, tl.trans(k), PRECISION, UPCAST)
+            s, t = scores.modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale, softcap,
+                                 slope2, mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND,
+                                 SOFTCAP, ALIBI, False)
+            p = tl.exp2(s - lse2[:, None])
+            dp = scores.dot(do, tl.trans(v), PRECISION, UPCAST)
+            ds = p * (dp - delta[:, None])
+            if SOFTCAP:
+                ds = ds * (1.0 - t * t)
+            dq += scores.dot(ds.to(k.dtype), k, PRECISION, UPCAST)
+    dq = dq * scale
+    tl.store(DQ + b * sdqb + head * sdqh + q_rows[:, None] * sdqs + dims[None, :] * sdqd,
+             dq.to(DQ.dtype.element_ty), mask=row_mask)
