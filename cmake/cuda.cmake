@@ -160,13 +160,18 @@ if(_fattn_wgmma_sources)
   list(APPEND _fattn_cuda_targets fattn_cuda_sm90a)
 endif()
 # -lineinfo: source lines in ncu and compute-sanitizer reports; no effect on the code.
-target_compile_options(fattn_cuda PRIVATE -lineinfo)
+target_compile_options(fattn_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
 foreach(target IN ITEMS fattn_cuda ${_fattn_cuda_targets})
+  # nvcc's options for the CUDA sources only: fattn_cuda also holds C++ sources
+  # (device.cpp, plan.cpp, kernels.cpp) that the host compiler builds, and g++ rejects
+  # -Xptxas / -Xcompiler / --Werror all-warnings.
   if(FATTN_CUDA_WERROR)
-    target_compile_options(${target} PRIVATE --Werror all-warnings -Xcompiler=-Wall,-Wextra)
+    target_compile_options(${target} PRIVATE
+      "$<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings;-Xcompiler=-Wall,-Wextra>"
+      "$<$<COMPILE_LANGUAGE:CXX>:-Wall;-Wextra;-Werror>")
   endif()
   if(FATTN_CUDA_PTXAS_VERBOSE)
-    target_compile_options(${target} PRIVATE -Xptxas=-v)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
   endif()
 endforeach()
 install(TARGETS fattn_cuda EXPORT fattnTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})

@@ -1,52 +1,81 @@
 #!/usr/bin/env bash
-# fattn — build, test, sanitize, benchmark and profile the CUDA backend on a machine with an
-# NVIDIA GPU (CUDA toolkit, CMake; compute-sanitizer and Nsight Compute where installed).
+# fattn — build, test, benchmark, sanitize and profile the GPU paths on a machine with an
+# NVIDIA GPU: CUDA toolkit and CMake; a python3 with torch (CUDA), triton and pytest for the
+# Python steps; compute-sanitizer and Nsight Compute where installed. Downloads nothing
+# when GoogleTest is there (package or source tree, see --gtest-source).
+#
+# The one GPU command (about 7 minutes on an H100; docs/cuda.md):
+#
+#   scripts/gpu-check.sh --out DIR --deadline-s 450
 #
 #   scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma] [--arch SM]
-#                        [--gtest-source DIR]
+#                        [--gtest-source DIR] [--no-python] [--dry-run]
 #
 #   --out DIR         where the results go (default: gpu-check-out in the repository root;
 #                     env OUT)
 #   --deadline-s S    finish within S seconds (env DEADLINE_S): each step gets at most its
-#                     own cap, less what the later steps keep in reserve; below about 330 s
-#                     the build is starved. Default: no limit; the benchmark then runs with
-#                     its own time budget.
+#                     own cap, less what the later steps keep in reserve, and a step with
+#                     less than its minimum left is skipped (said in summary.txt); below
+#                     about 300 s the build is starved. Default: no limit.
 #   --focus wgmma     the Hopper wgmma kernels only (env FOCUS; docs/cuda.md): tests *wgmma*
 #                     and CudaBehaviour.*, compute-sanitizer on their Small cases, the
 #                     benchmark of fused (and its 128-row tiles) against fused_wgmma and
-#                     fused_wgmma_pipelined, ncu as usual; minutes less than the whole check
+#                     fused_wgmma_pipelined, ncu as usual; no Python steps
 #   --arch SM         CUDA architecture to build for, e.g. 90 (env CUDA_ARCH; default: the
 #                     compute capability of GPU 0 as nvidia-smi reports it, else 90)
 #   --gtest-source DIR  GoogleTest source tree to build when the system has no GoogleTest
 #                     package (env GTEST_SOURCE; see below)
-#   env BUILD         build directory (default /tmp/fattn-gpu-build); JOBS: parallel jobs
+#   --no-python       skip the Python steps (3 and 4) and the extension's build
+#   --dry-run         a rehearsal on a machine without a GPU: the build, the C++ tests (they
+#                     skip), the Python steps on the CPU (Triton under its interpreter, the
+#                     benchmark with --smoke); no sanitizer, fattn_gpu_bench or ncu
+#   env BUILD         build directory (default /tmp/fattn-gpu-build); JOBS: parallel jobs;
+#                     PYTHON: the interpreter of the Python steps (default python3);
+#                     FATTN_COMMIT: the revision the evidence names (default: git's HEAD)
 #
-# Steps:
-#   1 build      the library, fattn_cuda_tests (tests/cuda) and fattn_gpu_bench (gpu/),
-#                Release, ptxas -v into build.log. The tests are configured through a
-#                small wrapper project (repo as a subdirectory + tests/cuda), so this
-#                script does not depend on tests/CMakeLists.txt. GoogleTest: the system's
-#                package (libgtest-dev), else built from a source tree: --gtest-source,
-#                .gpu-deps/googletest (scripts/gpu-deps.sh stages it, for a machine that
-#                cannot download) or /usr/src/googletest; else cloned from GitHub.
-#   2 tests      the wgmma probe, then the whole CUDA test suite         -> tests.log
-#   3 sanitizer  compute-sanitizer on the Small/CudaSanitize subset: memcheck (+leaks)
-#                on all of it, racecheck and synccheck on its D=64 cases -> sanitizer.log
-#   4 bench      fattn_gpu_bench, both suites                            -> bench.json
-#   5 ncu        --clock-control none; SpeedOfLight, roofline, launch, occupancy and
+# Steps, the most valuable first; every step writes its file as it runs:
+#   1 build      one CMake build of the library, fattn_cuda_tests (tests/cuda), the wgmma
+#                probe, fattn_gpu_bench (gpu/) and the Python extension fattn._C (python/,
+#                against $PYTHON's torch, sharing the same CUDA objects), Release, ptxas -v,
+#                keep-going: one target's failure does not stop the others -> build.log.
+#                The tests come through a small wrapper project (repo as a subdirectory +
+#                tests/cuda), so this script does not depend on tests/CMakeLists.txt.
+#                The Python package is staged as $BUILD/python-stage/fattn (python/fattn +
+#                the built _C) and used through PYTHONPATH: nothing is pip-installed; when
+#                the extension does not build and scikit-build-core is there, pip install
+#                --target (no index) is the fallback -> pyinstall.log.
+#                GoogleTest: the system's package (libgtest-dev), else built from a source
+#                tree: --gtest-source, .gpu-deps/googletest (scripts/gpu-deps.sh stages it,
+#                for a machine that cannot download) or /usr/src/googletest; else cloned.
+#                pytest: $PYTHON's, else .gpu-deps/python (scripts/gpu-deps.sh stages it).
+#   2 tests      in the background: the wgmma probe, the whole CUDA test suite, then
+#                compute-sanitizer on the Small/CudaSanitize subset: memcheck (+leaks) on
+#                all of it, racecheck and synccheck on its D=64 cases
+#                                              -> cuda-checks.log, tests.log, sanitizer.log
+#   3 triton     meanwhile: pytest tests/python/test_triton*.py on the GPU (2 and 3 share
+#                one window, at most 200 s under --deadline-s; nothing is timed there)
+#                                                         -> triton.log, triton-junit.xml
+#   4 pybench    python -m fattn.bench --gpu, the GPU to itself: fattn.triton and the CUDA
+#                operator beside SDPA flash / cuDNN / efficient and FlexAttention (masked
+#                and plain forward, decode against the copy roof), one process per
+#                section -> pybench-<section>.log,
+#                results/<machine>/gpu/{evidence,masked,forward,decode}.json
+#   5 bench      fattn_gpu_bench, both suites (the kernel variants)      -> bench.json
+#   6 ncu        --clock-control none; SpeedOfLight, roofline, launch, occupancy and
 #                compute sections + DRAM bytes, flop and tensor-pipe counters, bank
 #                conflicts, of every naive and fused kernel at S = 1024 and 4096
 #                                                  -> ncu_raw.csv, ncu_details.csv, fattn.ncu-rep
 # summary.txt (also printed last) holds the machine, step results, spills and the bench
-# table. Files in the output directory: summary.txt build.log tests.log sanitizer.log
-# bench.json ncu_raw.csv ncu_details.csv fattn.ncu-rep.
+# table. Copy DIR/results/<machine>/gpu/ into the repository's results/ to keep them.
 set -u
-usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma] [--arch SM] [--gtest-source DIR]"
+usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma] [--arch SM] [--gtest-source DIR] [--no-python] [--dry-run]"
 OUT=${OUT:-}
 DEADLINE_S=${DEADLINE_S:-}
 FOCUS=${FOCUS:-}
 CUDA_ARCH=${CUDA_ARCH:-}
 GTEST_SOURCE=${GTEST_SOURCE:-}
+PYTHON_STEPS=1
+DRY_RUN=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out|--deadline-s|--focus|--arch|--gtest-source)
@@ -59,7 +88,9 @@ while [ $# -gt 0 ]; do
         --gtest-source) GTEST_SOURCE=$2 ;;
       esac
       shift 2 ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    --no-python) PYTHON_STEPS=0; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) sed -n '2,68p' "$0"; exit 0 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -75,6 +106,7 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-check-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-/tmp/fattn-gpu-build}
+PY=${PYTHON:-python3}
 if [ -z "$CUDA_ARCH" ]; then
   CUDA_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
   case "$CUDA_ARCH" in ""|*[!0-9]*) CUDA_ARCH=90 ;; esac
@@ -92,7 +124,8 @@ case "$FOCUS" in
     RACE_FILTER="Small/CudaSanitize.*wgmma*_D64_*"
     SYNC_FILTER="$RACE_FILTER"
     # fattn_gpu_bench's variant names: gpu/gpu_bench.cu, namespace variant
-    BENCH_IMPLS=(--impls "fused,fused_br128,fused_wgmma,fused_wgmma_pipelined") ;;
+    BENCH_IMPLS=(--impls "fused,fused_br128,fused_wgmma,fused_wgmma_pipelined")
+    PYTHON_STEPS=0 ;;
   *) echo "--focus (FOCUS) must be empty or wgmma, got '$FOCUS'" >&2; exit 2 ;;
 esac
 JOBS=${JOBS:-$(nproc)}
@@ -111,19 +144,62 @@ cap() {
   [ "$left" -lt 5 ] && left=5
   echo "$left"
 }
+# ended RC: "exit RC", or "timed out" for timeout's 124.
+ended() { if [ "$1" = 124 ]; then echo "timed out"; else echo "exit $1"; fi; }
+# late MIN RESERVE NAME: true (and said) when under --deadline-s the step NAME would get
+# less than MIN seconds after RESERVE for the later steps: it is skipped.
+late() {
+  [ -n "$DEADLINE_S" ] || return 1
+  local left=$((DEADLINE_S - $(elapsed) - $2))
+  [ "$left" -ge "$1" ] && return 1
+  say "$3 skipped: ${left} s left before the deadline's reserve, it needs ${1}"
+  return 0
+}
 
 # ---- 0. the machine -----------------------------------------------------------------------
 {
   echo "== machine"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv 2>&1
+  nvidia-smi 2>/dev/null | grep -o "CUDA Version: [0-9.]*"
   nvcc --version 2>&1 | tail -2
   cmake --version 2>&1 | head -1
   ncu --version 2>&1 | tail -1
   compute-sanitizer --version 2>&1 | tail -1
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| CUDA available:', torch.cuda.is_available())" 2>&1 | tail -1
+  "$PY" -c "import triton; print('triton', triton.__version__)" 2>&1 | tail -1
 } | tee -a "$SUMMARY"
 DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+COMMIT=${FATTN_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}
+[ "$COMMIT" != unknown ] && [ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null)" ] &&
+  COMMIT="$COMMIT (plus uncommitted changes)"
+say "fattn revision: $COMMIT"
 GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
+KEEP_GOING=(-- -k)
+if command -v ninja >/dev/null; then GEN=(-G Ninja); KEEP_GOING=(-- -k 0); fi
+
+# The Python steps need $PY with torch (on CUDA, unless --dry-run) and Python's headers (the
+# extension); pytest from $PY or from .gpu-deps/python.
+PYDEPS=""
+HAVE_PYTEST=1
+if [ "$PYTHON_STEPS" = 1 ]; then
+  if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    say "Python steps off: $PY cannot import torch"; PYTHON_STEPS=0
+  elif [ "$DRY_RUN" = 0 ] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    say "Python steps off: torch in $PY sees no CUDA device (--dry-run rehearses them on the CPU)"
+    PYTHON_STEPS=0
+  elif ! "$PY" -c "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))" 2>/dev/null; then
+    say "Python steps off: no Python.h for $PY (the extension cannot be built)"; PYTHON_STEPS=0
+  fi
+  if ! "$PY" -c "import pytest" >/dev/null 2>&1; then
+    if [ -d "$ROOT/.gpu-deps/python" ] && PYTHONPATH="$ROOT/.gpu-deps/python" "$PY" -c "import pytest" >/dev/null 2>&1; then
+      PYDEPS=$ROOT/.gpu-deps/python
+      say "pytest from .gpu-deps/python"
+    else
+      say "WARNING: no pytest for $PY (scripts/gpu-deps.sh stages one in .gpu-deps/python): no Triton tests"
+      HAVE_PYTEST=0
+    fi
+  fi
+fi
 
 # ---- 1. build ------------------------------------------------------------------------------
 BUILD_LOG=$OUT/build.log
@@ -143,7 +219,7 @@ if [ -z "$SYSTEM_GTEST" ]; then
   if [ -z "$GTEST_SRC" ] && command -v git >/dev/null; then
     say "cloning GoogleTest (no package or source tree on this machine)"
     rm -rf /tmp/fattn-googletest
-    timeout 120 git clone --quiet --depth 1 --branch v1.15.2 \
+    timeout 60 git clone --quiet --depth 1 --branch v1.15.2 \
       https://github.com/google/googletest.git /tmp/fattn-googletest >>"$BUILD_LOG" 2>&1 &&
       GTEST_SRC=/tmp/fattn-googletest
   fi
@@ -174,28 +250,57 @@ add_subdirectory("$ROOT" fattn)
 enable_testing()
 add_subdirectory("$ROOT/tests/cuda" cuda_tests)
 EOF
-say "configure + build (sm_${CUDA_ARCH}, Release, ${JOBS} jobs)"
+TESTS=$BUILD/cuda_tests/fattn_cuda_tests
+PROBE=$BUILD/cuda_tests/fattn_cuda_wgmma_probe_tests
+BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
+TARGETS=(fattn_cuda_tests fattn_cuda_wgmma_probe_tests fattn_gpu_bench)
+# The Python extension in the same build: it links the same fattn library (CPU kernels and
+# the CUDA backend), built once for both. Against $PY's torch, whatever its version.
+PY_ARGS=(-DFATTN_BUILD_PYTHON=OFF)
+if [ "$PYTHON_STEPS" = 1 ]; then
+  PY_ARGS=(-DFATTN_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PY")"
+    -DFATTN_CHECK_TORCH_VERSION=OFF)
+  TARGETS+=(fattn_python)
+fi
+# Fresh outputs only: a target that fails leaves no older binary to be run in its place.
+rm -f "$TESTS" "$PROBE" "$BENCH" "$BUILD"/fattn/python/_C*.so
+say "configure + build (sm_${CUDA_ARCH}, Release, ${JOBS} jobs): ${TARGETS[*]}"
 T0=$(date +%s)
-BUILD_OK=0
-if timeout "$(cap 60 400)" cmake -S "$WRAPPER" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DFATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DFATTN_BUILD_TESTS=OFF -DFATTN_BUILD_BENCH=OFF \
-  -DFATTN_BUILD_GPU_BENCH=ON -DFATTN_CUDA_PTXAS_VERBOSE=ON \
-  "${PREFIX_ARGS[@]}" >>"$BUILD_LOG" 2>&1 &&
-  timeout "$(cap 240 290)" cmake --build "$BUILD" -j"$JOBS" --target fattn_gpu_bench fattn_cuda_tests \
-    fattn_cuda_wgmma_probe_tests \
-    >>"$BUILD_LOG" 2>&1; then
-  BUILD_OK=1
-  say "build OK in $(($(date +%s) - T0)) s"
+configure() {
+  timeout "$(cap 90 380)" cmake -S "$WRAPPER" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DFATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DFATTN_BUILD_TESTS=OFF \
+    -DFATTN_BUILD_BENCH=OFF -DFATTN_BUILD_GPU_BENCH=ON -DFATTN_CUDA_PTXAS_VERBOSE=ON \
+    "${PY_ARGS[@]}" "${PREFIX_ARGS[@]}" "$@" >>"$BUILD_LOG" 2>&1
+}
+CONFIGURED=0
+if configure; then
+  CONFIGURED=1
+elif [ "$PYTHON_STEPS" = 1 ]; then
+  say "configure FAILED with the Python extension; again without it (see build.log)"
+  PYTHON_STEPS=0
+  PY_ARGS=(-DFATTN_BUILD_PYTHON=OFF)
+  TARGETS=(fattn_cuda_tests fattn_cuda_wgmma_probe_tests fattn_gpu_bench)
+  configure && CONFIGURED=1
+fi
+BUILD_RC=1
+if [ "$CONFIGURED" = 1 ]; then
+  timeout "$(cap 240 260)" cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" \
+    "${KEEP_GOING[@]}" >>"$BUILD_LOG" 2>&1
+  BUILD_RC=$?
+fi
+BUILT=""
+for f in "$TESTS" "$PROBE" "$BENCH"; do [ -x "$f" ] && BUILT+=" $(basename "$f")"; done
+ls "$BUILD"/fattn/python/_C*.so >/dev/null 2>&1 && BUILT+=" fattn._C"
+if [ "$BUILD_RC" = 0 ]; then
+  say "build OK in $(($(date +%s) - T0)) s:$BUILT"
 else
-  say "build FAILED after $(($(date +%s) - T0)) s; last lines of build.log:"
+  say "build FAILED (exit $BUILD_RC; 124: timed out) after $(($(date +%s) - T0)) s; built:${BUILT:- nothing}; from build.log:"
   grep -E "error|Error|FAILED" "$BUILD_LOG" | head -20 | tee -a "$SUMMARY"
   tail -5 "$BUILD_LOG" | tee -a "$SUMMARY"
 fi
-TESTS=$BUILD/cuda_tests/fattn_cuda_tests
-BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
 {
   echo "== compiler warnings in build.log: $(grep -c -i 'warning' "$BUILD_LOG")"
-  echo "== ptxas: kernels with a stack frame or spills (sm_${CUDA_ARCH})"
+  echo "== ptxas: $(grep -c 'Compiling entry' "$BUILD_LOG") kernels compiled with -v; those with a stack frame or spills (sm_${CUDA_ARCH})"
   grep -B2 -E "[1-9][0-9]* bytes spill (stores|loads)|[1-9][0-9]* bytes stack frame" "$BUILD_LOG" |
     grep -E "Compiling entry|spill" | sed 's/ptxas info    : //' | head -20
   echo "== SASS (sm_${CUDA_ARCH}): tensor-core (HMMA) and local-memory (LDL/STL) instructions per kernel"
@@ -211,58 +316,183 @@ BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
   done
 } | tee -a "$SUMMARY"
 
-# ---- 2. tests ------------------------------------------------------------------------------
-# The wgmma probe first (seconds): which descriptor assignment matches; the fused_wgmma
-# kernel (src/cuda/core_tile.cuh) uses the LBO = K-adjacent one (variant 0: "A0B0").
-PROBE=$BUILD/cuda_tests/fattn_cuda_wgmma_probe_tests
-if [ "$BUILD_OK" = 1 ] && [ -x "$PROBE" ]; then
-  say "wgmma probe"
-  # Its whole log is appended to tests.log below, beside the other tests' output.
-  timeout 60 "$PROBE" >/tmp/wgmma_probe.log 2>&1
-  say "wgmma probe exit $?"
-  grep -E '\[wgmma probe\]|FAILED|SKIPPED' /tmp/wgmma_probe.log | head -50 | tee -a "$SUMMARY"
-  # Whether ptxas kept the wgmma as tensor-core instructions (HGMMA) in the probe's SASS:
-  # 23 expected: 10 SS in the four probe_kernel, 5 RS in the two probe_rs_kernel, 4 + 4 in
-  # the two kernel_layout_probe.
-  if command -v cuobjdump >/dev/null 2>&1; then
-    echo "wgmma probe SASS: HGMMA instructions: $(cuobjdump --dump-sass "$PROBE" 2>/dev/null | grep -c HGMMA)" |
-      tee -a "$SUMMARY"
+# The Python package: python/fattn with the _C just built, staged for PYTHONPATH.
+STAGE=""
+if [ "$PYTHON_STEPS" = 1 ]; then
+  if ls "$BUILD"/fattn/python/_C*.so >/dev/null 2>&1; then
+    STAGE=$BUILD/python-stage
+    rm -rf "$STAGE" && mkdir -p "$STAGE"
+    cp -r "$ROOT/python/fattn" "$STAGE/fattn"
+    find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
+    cp "$BUILD"/fattn/python/_C*.so "$STAGE/fattn/"
+  elif "$PY" -c "import scikit_build_core" >/dev/null 2>&1 && ! late 120 200 "pip install (fallback)"; then
+    say "the extension did not build in the CMake build: pip install --target (no index)"
+    STAGE=$BUILD/python-pip
+    rm -rf "$STAGE"
+    if ! timeout "$(cap 240 200)" "$PY" -m pip install --no-build-isolation --no-deps --no-index \
+      --target "$STAGE" . -Ccmake.define.FATTN_CUDA=ON \
+      -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
+      -Ccmake.define.FATTN_CHECK_TORCH_VERSION=OFF -Cbuild-dir=/tmp/fattn-python-build \
+      >"$OUT/pyinstall.log" 2>&1; then
+      say "pip install FAILED (pyinstall.log):"
+      tail -5 "$OUT/pyinstall.log" | tee -a "$SUMMARY"
+      STAGE=""
+    fi
+  fi
+  if [ -n "$STAGE" ]; then
+    PYPATH=$STAGE${PYDEPS:+:$PYDEPS}
+    say "python package: $(cd /tmp && PYTHONPATH=$PYPATH "$PY" -c "import fattn; print('fattn', fattn.__version__, 'from', fattn.__file__, '| CUDA backend:', fattn._C.with_cuda)" 2>&1 | tail -1)"
+  else
+    say "no fattn package with its extension: the Python steps are skipped"
+    PYTHON_STEPS=0
   fi
 fi
-if [ "$BUILD_OK" = 1 ] && [ -x "$TESTS" ]; then
-  say "tests"
-  timeout "$(cap 150 230)" "$TESTS" --gtest_brief=1 --gtest_filter="$TEST_FILTER" >"$OUT/tests.log" 2>&1
-  RC=$?
-  say "tests exit $RC: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -25 | tee -a "$SUMMARY"
-  [ -f /tmp/wgmma_probe.log ] && { echo "== wgmma probe"; cat /tmp/wgmma_probe.log; } >>"$OUT/tests.log"
-fi
 
-# ---- 3. compute-sanitizer ------------------------------------------------------------------
-if [ "$BUILD_OK" = 1 ] && [ -x "$TESTS" ]; then
-  SAN=$OUT/sanitizer.log
-  : >"$SAN"
-  # memcheck: the whole Small subset; racecheck: the D=64 cases; synccheck: the fused D=64 ones.
-  for spec in "memcheck 60 $MEM_FILTER:CudaBehaviour.FullyMasked*" \
-    "racecheck 60 $RACE_FILTER" "synccheck 30 $SYNC_FILTER"; do
-    read -r tool limit filter <<<"$spec"
-    extra=()
-    case $tool in
-      memcheck) extra=(--leak-check full) ;;
-      racecheck) extra=(--racecheck-report all) ;;
-    esac
-    say "compute-sanitizer --tool $tool ($filter)"
-    echo "===== $tool $filter" >>"$SAN"
-    timeout "$(cap "$limit" 150)" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
-      "$TESTS" --gtest_filter="$filter" --gtest_brief=1 >>"$SAN" 2>&1
+# ---- 2 + 3: correctness, side by side ------------------------------------------------------
+# The CUDA checks (wgmma probe, tests, compute-sanitizer) in the background beside the Triton
+# tests in the foreground (mostly Triton's compiler, on the CPU): nothing is timed in either,
+# and the window they share ends at PHASE_END (under --deadline-s), before the benchmarks,
+# which then have the GPU to themselves.
+PHASE_END=""
+if [ -n "$DEADLINE_S" ]; then
+  PHASE_END=$(($(date +%s) + $(cap 200 190)))
+fi
+# until N [END]: seconds a step may take: at most N, and not past END (default PHASE_END);
+# 0 (no limit) without a deadline.
+until_end() {
+  local end=${2:-$PHASE_END}
+  [ -n "$end" ] || { echo 0; return; }
+  local left=$((end - $(date +%s)))
+  [ "$left" -gt "$1" ] && left=$1
+  [ "$left" -lt 5 ] && left=5
+  echo "$left"
+}
+# short MIN NAME: true (and said) when fewer than MIN seconds are left before PHASE_END.
+short() {
+  [ -n "$PHASE_END" ] || return 1
+  local left=$((PHASE_END - $(date +%s)))
+  [ "$left" -ge "$1" ] && return 1
+  say "$2 skipped: ${left} s left in the correctness window, it needs ${1}"
+  return 0
+}
+
+cuda_checks() {
+  # The wgmma probe first (seconds): which descriptor assignment matches; the fused_wgmma
+  # kernel (src/cuda/core_tile.cuh) uses the LBO = K-adjacent one (variant 0: "A0B0").
+  if [ -x "$PROBE" ] && ! short 10 "wgmma probe"; then
+    say "wgmma probe"
+    # Its whole log is appended to tests.log below, beside the other tests' output.
+    timeout "$(until_end 60)" "$PROBE" >/tmp/wgmma_probe.log 2>&1
+    say "wgmma probe exit $?"
+    grep -E '\[wgmma probe\]|FAILED|SKIPPED' /tmp/wgmma_probe.log | head -50 | tee -a "$SUMMARY"
+    # Whether ptxas kept the wgmma as tensor-core instructions (HGMMA) in the probe's SASS:
+    # 23 expected: 10 SS in the four probe_kernel, 5 RS in the two probe_rs_kernel, 4 + 4 in
+    # the two kernel_layout_probe.
+    if command -v cuobjdump >/dev/null 2>&1; then
+      echo "wgmma probe SASS: HGMMA instructions: $(cuobjdump --dump-sass "$PROBE" 2>/dev/null | grep -c HGMMA)" |
+        tee -a "$SUMMARY"
+    fi
+  fi
+  if [ -x "$TESTS" ] && ! short 15 "CUDA tests"; then
+    say "tests"
+    timeout "$(until_end 150)" "$TESTS" --gtest_brief=1 --gtest_filter="$TEST_FILTER" >"$OUT/tests.log" 2>&1
+    local rc=$?
+    say "tests exit $rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -25 | tee -a "$SUMMARY"
+    [ -f /tmp/wgmma_probe.log ] && { echo "== wgmma probe"; cat /tmp/wgmma_probe.log; } >>"$OUT/tests.log"
+  fi
+  # compute-sanitizer. memcheck: the whole Small subset; racecheck: the D=64 cases;
+  # synccheck: the fused D=64 ones.
+  if [ "$DRY_RUN" = 0 ] && [ -x "$TESTS" ] && command -v compute-sanitizer >/dev/null; then
+    local san=$OUT/sanitizer.log spec tool limit filter extra
+    : >"$san"
+    for spec in "memcheck 60 $MEM_FILTER:CudaBehaviour.FullyMasked*" \
+      "racecheck 45 $RACE_FILTER" "synccheck 30 $SYNC_FILTER"; do
+      read -r tool limit filter <<<"$spec"
+      short 10 "compute-sanitizer --tool $tool" && continue
+      extra=()
+      case $tool in
+        memcheck) extra=(--leak-check full) ;;
+        racecheck) extra=(--racecheck-report all) ;;
+      esac
+      say "compute-sanitizer --tool $tool ($filter)"
+      echo "===== $tool $filter" >>"$san"
+      timeout "$(until_end "$limit")" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+        "$TESTS" --gtest_filter="$filter" --gtest_brief=1 >>"$san" 2>&1
+      local rc=$?
+      say "  $tool exit $rc (99: errors found, 124: timed out): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY' "$san" | tail -2 | tr '\n' ' ')"
+    done
+  fi
+}
+# Its own summary part and console log (merged into summary.txt when it is done).
+rm -f /tmp/wgmma_probe.log
+(SUMMARY=$OUT/summary-cuda-checks.txt; : >"$SUMMARY"; cuda_checks) >"$OUT/cuda-checks.log" 2>&1 &
+CUDA_CHECKS=$!
+say "CUDA checks (probe, tests, compute-sanitizer) in the background -> cuda-checks.log${PHASE_END:+, until +$((PHASE_END - START)) s}"
+
+if [ "$PYTHON_STEPS" = 1 ] && [ "$HAVE_PYTEST" = 1 ] && ! short 30 "Triton tests"; then
+  TRITON_TESTS=()
+  for f in "$ROOT"/tests/python/test_triton*.py; do [ -f "$f" ] && TRITON_TESTS+=("$f"); done
+  if [ ${#TRITON_TESTS[@]} -eq 0 ]; then
+    say "Triton tests: no tests/python/test_triton*.py"
+  else
+    INTERPRET=()
+    [ "$DRY_RUN" = 1 ] && INTERPRET=(env TRITON_INTERPRET=1)
+    say "Triton tests: ${TRITON_TESTS[*]#$ROOT/}${INTERPRET:+ (interpreter: dry run)}"
+    (cd "$ROOT" && PYTHONPATH=$PYPATH FATTN_COMMIT=$COMMIT timeout "$(until_end 600)" \
+      "${INTERPRET[@]}" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --durations=10 \
+      --junitxml="$OUT/triton-junit.xml" "${TRITON_TESTS[@]}") >"$OUT/triton.log" 2>&1
     RC=$?
-    say "  $tool exit $RC (99: errors found, 124: timed out): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY' "$SAN" | tail -2 | tr '\n' ' ')"
+    say "Triton tests $(ended $RC): $(grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$OUT/triton.log" | tail -1)"
+    grep -E '^(FAILED|ERROR) ' "$OUT/triton.log" | head -25 | tee -a "$SUMMARY"
+  fi
+fi
+wait "$CUDA_CHECKS"
+say "CUDA checks done:"
+tee -a "$SUMMARY" <"$OUT/summary-cuda-checks.txt"
+
+# ---- 4. fattn's GPU paths beside torch's (Python) ------------------------------------------
+# One process per section, so that a kernel that faults (a CUDA context lost) costs its own
+# section only; each section may use its share of the time left: masked 40, forward 35,
+# decode 25 (what one leaves goes to the next).
+if [ "$PYTHON_STEPS" = 1 ] && ! late 60 65 "Python benchmark"; then
+  T=$(cap 200 65)
+  END4=$(($(date +%s) + T))
+  SMOKE=()
+  [ "$DRY_RUN" = 1 ] && SMOKE=(--smoke)
+  say "Python benchmark: python -m fattn.bench --gpu ${SMOKE[*]}, one process per section${DEADLINE_S:+, until +$((END4 - START)) s}"
+  for spec in "masked 40 100" "forward 35 60" "decode 25 25"; do
+    read -r section share rest <<<"$spec"
+    LOG=$OUT/pybench-$section.log
+    ST=0
+    BUDGET=()
+    if [ "$T" -gt 0 ]; then
+      ST=$(( (END4 - $(date +%s)) * share / rest ))
+      if [ "$ST" -lt 25 ]; then say "  $section skipped: ${ST} s left"; continue; fi
+      BUDGET=(--budget-s $((ST - 15)))  # start-up (torch, CUDA, triton) and the last row
+    fi
+    (cd /tmp && PYTHONPATH=$PYPATH FATTN_COMMIT=$COMMIT PYTHONUNBUFFERED=1 timeout "$ST" \
+      "$PY" -m fattn.bench --gpu --sections "$section" "${SMOKE[@]}" "${BUDGET[@]}" \
+      --results "$OUT/results") >"$LOG" 2>&1
+    RC=$?
+    say "  $section $(ended $RC): $(grep '^wrote' "$LOG" | sed 's/.* in /in /')"
+    [ "$RC" = 0 ] || tail -5 "$LOG" | tee -a "$SUMMARY"
+    # The table: one line per row that ran (the JSON has the others' statuses).
+    grep -E ' ms .*(TFLOP/s|GB/s)' "$LOG" >>"$SUMMARY"
   done
 fi
 
-# ---- 4. benchmark --------------------------------------------------------------------------
-if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ]; then
-  T=$(cap 160 80)
+if [ "$DRY_RUN" = 1 ]; then
+  say "dry run: no benchmark of the kernel variants, no ncu"
+  say "done"
+  echo "===================== summary ====================="
+  cat "$SUMMARY"
+  exit 0
+fi
+
+# ---- 5. benchmark of the kernel variants (C++) ---------------------------------------------
+if [ -x "$BENCH" ] && ! late 45 25 "fattn_gpu_bench"; then
+  T=$(cap 160 25)
   BUDGET=()
   if [ "$T" -gt 0 ]; then
     BUDGET=(--budget-s $((T - 35)))  # the benchmark's own budget inside the step's cap
@@ -275,8 +505,8 @@ if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ]; then
     --out "$OUT/bench.json" 2>&1 | tee -a "$SUMMARY" | tail -3
 fi
 
-# ---- 5. Nsight Compute ---------------------------------------------------------------------
-if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ] && command -v ncu >/dev/null; then
+# ---- 6. Nsight Compute ---------------------------------------------------------------------
+if [ -x "$BENCH" ] && command -v ncu >/dev/null && ! late 20 5 "ncu"; then
   say "ncu"
   KNOWN=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}')
   METRICS=""
@@ -305,14 +535,14 @@ if [ "$BUILD_OK" = 1 ] && [ -x "$BENCH" ] && command -v ncu >/dev/null; then
   METRIC_ARGS=()
   [ -n "$METRICS" ] && METRIC_ARGS=(--metrics "$METRICS")
   rm -f /tmp/fattn_prof.ncu-rep
-  timeout "$(cap 200 15)" ncu --clock-control none --kernel-name regex:'naive_|fused_' \
+  timeout "$(cap 200 5)" ncu --clock-control none --kernel-name regex:'naive_|fused_' \
     "${SECTIONS[@]}" "${METRIC_ARGS[@]}" -o /tmp/fattn_prof -f "$BENCH" --profile \
     >/tmp/ncu.log 2>&1
   say "ncu exit $? ($(grep -c '==PROF==' /tmp/ncu.log) profiler lines; errors: $(grep -c '==ERROR==' /tmp/ncu.log))"
   grep '==ERROR==\|==WARNING==' /tmp/ncu.log | head -5 | tee -a "$SUMMARY"
-  if [ ! -f /tmp/fattn_prof.ncu-rep ] && [ ${#METRIC_ARGS[@]} -gt 0 ]; then
+  if [ ! -f /tmp/fattn_prof.ncu-rep ] && [ ${#METRIC_ARGS[@]} -gt 0 ] && ! late 20 5 "ncu (sections only)"; then
     say "ncu again without the extra metrics (sections only)"
-    timeout "$(cap 150 10)" ncu --clock-control none --kernel-name regex:'naive_|fused_' \
+    timeout "$(cap 150 5)" ncu --clock-control none --kernel-name regex:'naive_|fused_' \
       "${SECTIONS[@]}" -o /tmp/fattn_prof -f "$BENCH" --profile >/tmp/ncu.log 2>&1
     say "ncu exit $?"
   fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# fattn — the whole GPU evidence set in one command, about 10 minutes on an H100:
-# scripts/gpu-check.sh (build, CUDA tests, compute-sanitizer, fattn_gpu_bench, ncu) with
-# --deadline-s $CHECK_DEADLINE_S (default 360), then scripts/gpu-torch-bench.sh (the
+# fattn — the whole GPU evidence set in one command, about 12 minutes on an H100:
+# scripts/gpu-check.sh (build, CUDA and Triton tests, python -m fattn.bench --gpu,
+# compute-sanitizer, fattn_gpu_bench, ncu) with
+# --deadline-s $CHECK_DEADLINE_S (default 480), then scripts/gpu-torch-bench.sh (the
 # PyTorch side by side) limited to $TORCH_TIMEOUT_S (default 220). The two result folders
 # are packed as one archive, gpu-evidence.tar.gz (unpack: tar xzf gpu-evidence.tar.gz -> check/
 # torch/), beside the two summaries, in $OUT (default gpu-evidence-out in the repository
@@ -15,7 +16,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 WORK=/tmp/fattn-gpu-evidence
 rm -rf "$WORK" && mkdir -p "$WORK/check" "$WORK/torch"
-scripts/gpu-check.sh --out "$WORK/check" --deadline-s "${CHECK_DEADLINE_S:-360}" \
+scripts/gpu-check.sh --out "$WORK/check" --deadline-s "${CHECK_DEADLINE_S:-480}" \
   >"$WORK/check.log" 2>&1
 echo "gpu-check exit $?"
 OUT=$WORK/torch timeout "${TORCH_TIMEOUT_S:-220}" scripts/gpu-torch-bench.sh --suite all \

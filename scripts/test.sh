@@ -21,7 +21,10 @@ done
 scripts/setup.sh
 
 echo "== build and test (Release)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+# FATTN_CUDA_PTXAS_VERBOSE: ptxas -v on every CUDA source, as scripts/gpu-check.sh builds
+# (registers and spills per kernel in the log; the option must keep building the C++
+# sources of the CUDA library too). Unused where there is no nvcc.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFATTN_CUDA_PTXAS_VERBOSE=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 

@@ -13,6 +13,8 @@
   variants  masks, sliding window, softcap, ALiBi
   cuda      fattn vs torch SDPA on a GPU, every SDPA backend forced in turn
             (``python -m fattn.bench_cuda``)
+  gpu       fattn.triton and the CUDA operator vs SDPA's GPU backends and FlexAttention:
+            masked and plain forward, decode (``python -m fattn.bench --gpu``)
 Modules import only from core (cli also from the benchmarks it starts); none imports another's
 private names.
 """

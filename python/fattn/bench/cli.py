@@ -47,6 +47,10 @@ decode, fattn vs transformers' sdpa, time in attention and its share).
 --variants runs the variants' rows instead (fattn/bench/variants.py: masks, sliding
 window, softcap, ALiBi, each beside what it should cost).
 
+--gpu runs fattn's GPU paths beside torch's instead (fattn/bench/gpu.py: fattn.triton and the
+CUDA operator vs SDPA flash / cuDNN / efficient and FlexAttention, masked and plain forward
+and decode, into results/<machine>/gpu/*.json; --gpu --smoke: every row tiny, on the CPU).
+
 --pass train times forward + backward instead (fattn/bench/train.py: fattn's fused and
 naive backward vs torch SDPA's and standard attention's autograd), into train.json,
 train.csv, train_time_vs_s.png, train_memory_vs_s.png.
@@ -78,6 +82,9 @@ def main(argv=None):
     if "--variants" in argv:  # masks, window, softcap, ALiBi (fattn/bench/variants.py)
         from . import variants
         return variants.main([a for a in argv if a != "--variants"])
+    if "--gpu" in argv:  # fattn's GPU paths beside torch's (fattn/bench/gpu.py)
+        from . import gpu
+        return gpu.main([a for a in argv if a != "--gpu"])
     p = argparse.ArgumentParser(prog="python -m fattn.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes, few calls (CI)")

@@ -1,0 +1,696 @@
+"""fattn's GPU paths beside torch's, in one process: ``python -m fattn.bench --gpu``.
+
+Every row is one implementation at one problem, timed and checked in the same run as the
+torch rows it is compared with. Sections (--sections; each its own JSON file):
+
+  masked   B=4 H=16 S=4096 D=128, float16 and bfloat16, three masks:
+             causal      query i sees keys j <= i
+             window1024  causal and j >= i - 1023 (FlashAttention's window_size=(1023, 0))
+             padding     a boolean (B, 1, 1, S) key mask, random lengths in [S/4, S]
+           fattn_triton  fattn.triton.attention(causal=True / window_size= / attn_mask=)
+           fattn_op      fattn.scaled_dot_product_attention / fattn.flash_attention (the
+                         dispatched operator)
+           sdpa_flash, sdpa_cudnn, sdpa_efficient: F.scaled_dot_product_attention with one
+                         backend forced (is_causal for causal; the boolean mask for the
+                         others, which the flash backend does not take: skipped)
+           flex          FlexAttention, torch.compile'd, with create_block_mask of the same
+                         mask (the block mask is built once, outside the timing)
+           TFLOP/s = 4·H·D·(visible (query, key) pairs summed over the batch) / time.
+  forward  FlashAttention's hidden-2048 shapes: D=64 (H=32) and D=128 (H=16), S=4096 (B=4)
+           and 16384 (B=1), causal and not, float16 and bfloat16: fattn_triton
+           (fattn.triton.attention), fattn_op (fattn.scaled_dot_product_attention), sdpa_flash,
+           sdpa_cudnn. TFLOP/s as above.
+  decode   one query, Hq=32 Hkv=8 D=128, a bfloat16 cache of Sk = 8k, 32k, 128k keys, B = 1
+           and 8: fattn_triton (fattn.triton.attention_with_kvcache, FlashAttention's
+           (B, S, H, D) cache), fattn_op (fattn.flash_attn_with_kvcache), sdpa_cudnn and
+           sdpa_flash with enable_gqa (on their own contiguous (B, H, S, D) copy of the
+           cache). GB/s = bytes of K and V read / time, and as a percentage of the
+           device-to-device copy bandwidth measured first in the same run (torch_copy:
+           bytes read + written / time of dst.copy_(src) over 1 GiB).
+
+Timing: triton.testing.do_bench (CUDA events around each call, L2 flushed before each,
+25 ms warm-up, 100 ms of calls; --warmup-ms, --rep-ms), the median. The first call of each
+row is not timed: it compiles (Triton, torch.compile) and gives the output that max_err
+checks: the max abs difference from a float64 reference (float32 where the float64 copy of a
+decode cache would pass 1 GiB) on 16 sampled query rows of every (batch, head) (decode: the
+first and last sequence).
+
+Every row is guarded: an implementation that raises records its error in the row's
+"status" ("error: <type>: <message>"), one that cannot run here "skipped: <reason>", and
+the run goes on. The JSON files are rewritten after every row, so a run cut off keeps what
+it measured. --budget-s bounds the whole run: each section may use its share of what is
+left (masked 40 %, forward 35 %, decode 25 %; what one leaves goes to the next); rows past
+it are "skipped: out of time".
+
+Output: DIR/evidence.json (device, driver, CUDA, cuDNN, torch, triton, fattn, commit, date)
+and DIR/<section>.json ({"machine": ..., "rows": [...]}: impl, variant, dtype, B, Hq, Hkv,
+Sq, Sk, D, ms_median, tflops or gbps, max_err, status, ...), where DIR is --out, else
+--results/<machine>/gpu with <machine> the GPU's short name (h100 for "NVIDIA H100 80GB
+HBM3").
+
+--smoke: every row at tiny sizes, by default on the CPU (--device cpu): Triton under its
+interpreter (TRITON_INTERPRET=1, set here before triton is imported), FlexAttention eager,
+SDPA's GPU backends "skipped: needs CUDA", one call's wall time instead of do_bench: it
+proves the script, it measures nothing (tests/python/test_bench_gpu.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SECTIONS = ("masked", "forward", "decode")
+# The share of the time left that each section may use under --budget-s.
+SHARES = {"masked": 0.40, "forward": 0.35, "decode": 0.25}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+ERROR_ROWS = 16                 # sampled query rows per (batch, head) checked for max_err
+COPY_BYTES = 1 << 30            # the copy roof's tensor (bytes)
+FLOAT64_CACHE_LIMIT = 1 << 30   # decode reference in float64 below this many bytes of K, V
+
+
+class Skip(Exception):
+    """The implementation cannot run here (recorded as "skipped: <reason>")."""
+
+
+# ---- sizes ----------------------------------------------------------------------------------
+def sizes(smoke: bool) -> dict:
+    if smoke:  # tiny, same structure: every row runs, in seconds, on a CPU
+        return {"masked": {"B": 2, "H": 2, "S": 64, "D": 32, "window": 16},
+                "forward": [(1, 2, s, d) for d in (64, 128) for s in (32, 64)],
+                "decode": {"Bs": (1, 2), "Hq": 4, "Hkv": 1, "D": 32, "Sks": (64, 128, 256)},
+                "copy_bytes": 1 << 22}
+    return {"masked": {"B": 4, "H": 16, "S": 4096, "D": 128, "window": 1024},
+            # FlashAttention's hidden-2048 sweep: H = 2048 / D, B = 16384 / S
+            "forward": [(16384 // s, 2048 // d, s, d) for d in (64, 128) for s in (4096, 16384)],
+            "decode": {"Bs": (1, 8), "Hq": 32, "Hkv": 8, "D": 128,
+                       "Sks": (8192, 32768, 131072)},
+            "copy_bytes": COPY_BYTES}
+
+
+# ---- the machine ----------------------------------------------------------------------------
+def machine_name(device_name: str) -> str:
+    """The short name of a GPU for results/<machine>/: "NVIDIA H100 80GB HBM3" -> "h100",
+    "NVIDIA A100-SXM4-80GB" -> "a100", "NVIDIA GeForce RTX 4090" -> "rtx4090"."""
+    words = [w for w in re.sub(r"[^a-z0-9]+", " ", device_name.lower()).split()
+             if w not in ("nvidia", "geforce", "tesla", "quadro")]
+    for i, w in enumerate(words):
+        if re.search(r"[0-9]", w):
+            return (words[i - 1] + w) if w.isdigit() and i > 0 else w
+    return words[0] if words else "unknown"
+
+
+def _run(cmd) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        return p.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_info(device: torch.device) -> dict:
+    import fattn
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "fattn": fattn.__version__, "fattn_file": fattn.__file__,
+            "fattn_cuda_backend": bool(getattr(fattn._C, "with_cuda", False)),
+            "commit": os.environ.get("FATTN_COMMIT") or _run(
+                ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"])
+            or "unknown"}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    nvcc = _run(["nvcc", "--version"]).splitlines()
+    info["nvcc"] = nvcc[-1] if nvcc else None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,power.limit",
+                    "--format=csv,noheader"]).splitlines()
+        fields = [f.strip() for f in smi[0].split(",")] if smi else []
+        name = fields[0] if fields else p.name
+        header = re.search(r"CUDA Version:\s*([0-9.]+)", _run(["nvidia-smi"]))
+        info.update(device=name, machine=machine_name(name),
+                    driver=fields[1] if len(fields) > 1 else "unknown",
+                    cuda_driver=header.group(1) if header else None,
+                    clocks_max_sm=fields[2] if len(fields) > 2 else None,
+                    power_limit=fields[3] if len(fields) > 3 else None,
+                    compute_capability=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count,
+                    memory_bytes=p.total_memory,
+                    timer="triton.testing.do_bench, median (CUDA events, L2 flushed per call)")
+    else:
+        info.update(device=f"cpu: {platform.processor() or platform.machine()} (smoke test: "
+                    "not a GPU measurement)", machine="cpu", driver=None,
+                    timer="perf_counter, one call (smoke: not a measurement)")
+    return info
+
+
+# ---- timing ---------------------------------------------------------------------------------
+class Clock:
+    """Milliseconds of one call: do_bench's median on a GPU, one call's wall time (smoke)."""
+
+    def __init__(self, device: torch.device, warmup_ms: float, rep_ms: float):
+        self.cuda = device.type == "cuda"
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+        self.do_bench = None
+        if self.cuda:
+            try:
+                from triton.testing import do_bench
+                self.do_bench = do_bench
+            except ImportError:
+                pass
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def __call__(self, fn) -> float:
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        if self.do_bench is not None:
+            return float(self.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms,
+                                       return_mode="median"))
+        # Without triton: CUDA events around each call, the median (L2 not flushed).
+        times = []
+        deadline = time.monotonic() + self.rep_ms / 1e3
+        for _ in range(3):
+            fn()
+        while len(times) < 5 or (time.monotonic() < deadline and len(times) < 1000):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        times.sort()
+        return times[len(times) // 2]
+
+
+# ---- references -----------------------------------------------------------------------------
+def sample_rows(s: int, device) -> torch.Tensor:
+    return torch.unique(torch.linspace(0, s - 1, min(s, ERROR_ROWS)).round().long()).to(device)
+
+
+def reference_rows(q, k, v, rows, visible=None) -> torch.Tensor:
+    """float64 softmax(q kᵀ/sqrt(D), hidden pairs -inf) v at query rows `rows` of every
+    (batch, head): (B, Hq, R, D). visible: a bool tensor broadcastable to (B, Hq, R, Sk), or
+    None. A row that sees no key gives 0."""
+    hq, hkv, d = q.size(1), k.size(1), q.size(-1)
+    qd = q[:, :, rows].double()
+    kd, vd = k.double(), v.double()
+    if hq != hkv:
+        kd = kd.repeat_interleave(hq // hkv, dim=1)
+        vd = vd.repeat_interleave(hq // hkv, dim=1)
+    s = torch.matmul(qd, kd.transpose(-2, -1)) / math.sqrt(d)
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return torch.matmul(p, vd)
+
+
+def max_err(got, ref) -> float:
+    return float((got.double() - ref).abs().max().item())
+
+
+def json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return repr(x)
+    return x
+
+
+# ---- the run --------------------------------------------------------------------------------
+class Run:
+    def __init__(self, args, device, info, out_dir: Path):
+        self.args, self.device, self.info, self.out = args, device, info, out_dir
+        self.cuda = device.type == "cuda"
+        self.clock = Clock(device, args.warmup_ms, args.rep_ms)
+        self.rows = {s: [] for s in args.sections}
+        self.start = time.monotonic()
+        self.section_deadline = math.inf
+        self.section_start = self.start
+        self.gen = torch.Generator(device=device).manual_seed(args.seed)
+
+    # the time each section may use: its share of what is left
+    def begin(self, section: str):
+        self.section_start = time.monotonic()
+        if self.args.budget_s <= 0:
+            self.section_deadline = math.inf
+            return
+        left = self.args.budget_s - (time.monotonic() - self.start)
+        later = [s for s in self.args.sections if self.args.sections.index(s) >=
+                 self.args.sections.index(section)]
+        share = SHARES[section] / sum(SHARES[s] for s in later)
+        self.section_deadline = time.monotonic() + max(0.0, left) * share
+
+    def randn(self, *shape, dtype):
+        return torch.randn(*shape, generator=self.gen, device=self.device,
+                           dtype=torch.float32).to(dtype)
+
+    def needs_cuda(self):
+        if not self.cuda:
+            raise Skip("needs CUDA")
+
+    def row(self, section, base, impl, variant, make, check, work):
+        """make() -> the call (raises Skip where it cannot run here); check(out) -> max_err;
+        work(ms) -> {"tflops": ...} or {"gbps": ...}."""
+        row = dict(base, impl=impl, variant=variant, ms_median=None, max_err=None)
+        t0 = time.monotonic()
+        if t0 > self.section_deadline:
+            row["status"] = "skipped: out of time (--budget-s)"
+        else:
+            caught = []
+            try:
+                # recorded: SDPA says in warnings why a backend refuses a problem
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    fn = make()
+                    out = fn()
+                    self.clock.sync()
+                    row["first_call_s"] = round(time.monotonic() - t0, 3)
+                    if check is not None:
+                        row["max_err"] = json_safe(check(out))
+                    del out
+                    ms = self.clock(fn)
+                row["ms_median"] = ms
+                row.update({k: json_safe(v) for k, v in work(ms).items()})
+                row["status"] = "ok"
+            except Skip as e:
+                row["status"] = f"skipped: {e}"
+            except Exception as e:  # noqa: BLE001 -- every failure is a result here
+                text = " | ".join(str(e).strip().splitlines()[:4])[:600]
+                why = [str(w.message).strip().splitlines()[0][:300] for w in caught
+                       if str(w.message).strip()][:3]
+                row["status"] = f"error: {type(e).__name__}: {text}"
+                if why:
+                    row["warnings"] = why
+        row["wall_s"] = round(time.monotonic() - t0, 3)
+        self.rows[section].append(row)
+        self.print_row(row)
+        self.write(section)
+        return row
+
+    @staticmethod
+    def print_row(r):
+        if r.get("B") is None:  # the copy roof
+            what = f"{r['impl']:14s} {r['variant']}"
+        else:
+            what = f"{r['impl']:14s} {r['dtype']:8s} B={r['B']} Hq={r['Hq']} Hkv={r['Hkv']} " \
+                   f"Sq={r['Sq']} Sk={r['Sk']} D={r['D']} " + \
+                   (r.get("mask") or ("causal" if r.get("causal") else ""))
+        if r["status"] != "ok":
+            print(f"  {what}: {r['status'][:160]}", flush=True)
+            return
+        rate = (f"{r['tflops']:7.1f} TFLOP/s" if "tflops" in r else
+                f"{r['gbps']:7.0f} GB/s" + (f" ({r['pct_of_copy']:.0f} % of copy)"
+                                            if r.get("pct_of_copy") is not None else ""))
+        err = r["max_err"]
+        err = f"{err:.1e}" if isinstance(err, float) else str(err)
+        print(f"  {what}: {r['ms_median']:8.3f} ms {rate}  max_err {err}", flush=True)
+
+    def write(self, section):
+        doc = {"machine": self.info, "section": section,
+               "seconds": round(time.monotonic() - self.section_start, 1),
+               "rows": self.rows[section]}
+        (self.out / f"{section}.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+    def free(self):
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+
+def sdpa_call(run, backend_name, q, k, v, **kw):
+    """F.scaled_dot_product_attention with one backend forced; the GPU backends only on CUDA."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
+               "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+    run.needs_cuda()
+
+    def call():
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+    return call
+
+
+def triton_call(name, *args, **kwargs):
+    """fattn.triton.<name>(*args, **kwargs) as a call; imported here, on first use (under
+    the interpreter on the CPU: TRITON_INTERPRET is set by then)."""
+    import fattn.triton
+    fn = getattr(fattn.triton, name)
+    return lambda: fn(*args, **kwargs)
+
+
+def bench_masked(run: Run):
+    import fattn
+    cfg = sizes(run.args.smoke)["masked"]
+    b, h, s, d, w = cfg["B"], cfg["H"], cfg["S"], cfg["D"], cfg["window"]
+    dev = run.device
+    lengths = torch.randint(s // 4, s + 1, (b,), generator=torch.Generator().manual_seed(7))
+    lengths[0] = s  # one full sequence
+    lengths = lengths.to(dev)
+    i = torch.arange(s, device=dev).view(-1, 1)
+    j = torch.arange(s, device=dev).view(1, -1)
+    window_mask = ((j <= i) & (j >= i - (w - 1))).view(1, 1, s, s)  # True: takes part
+    padding_mask = (torch.arange(s, device=dev).view(1, 1, 1, -1)
+                    < lengths.view(-1, 1, 1, 1))             # (B, 1, 1, S)
+    rows = sample_rows(s, dev)
+    ri = rows.view(-1, 1)
+    masks = {  # name: (visible pairs summed over the batch, visible at the sampled rows)
+        "causal": (b * s * (s + 1) // 2, (j <= ri).view(1, 1, -1, s)),
+        "window1024" if w == 1024 else f"window{w}":
+            (b * sum(min(x + 1, w) for x in range(s)),
+             ((j <= ri) & (j >= ri - (w - 1))).view(1, 1, -1, s)),
+        "padding": (s * int(lengths.sum().item()),
+                    (j < lengths.view(-1, 1, 1, 1)).expand(b, 1, rows.numel(), s)),
+    }
+    flex = flex_callables(run)
+    for dname in run.args.dtypes:
+        dtype = DTYPES[dname]
+        q, k, v = (run.randn(b, h, s, d, dtype=dtype) for _ in range(3))
+        for mname, (pairs, visible) in masks.items():
+            base = {"section": "masked", "mask": mname, "dtype": dname, "B": b, "Hq": h,
+                    "Hkv": h, "Sq": s, "Sk": s, "D": d, "visible_pairs": pairs}
+            ref = reference_rows(q, k, v, rows, visible)
+            flops = 4 * h * d * pairs
+
+            def check(out, ref=ref):
+                return max_err(out[:, :, rows], ref)
+
+            def work(ms, flops=flops):
+                return {"tflops": flops / (ms * 1e9)}
+            kind = "causal" if mname == "causal" else ("padding" if mname == "padding"
+                                                       else "window")
+            # fattn.triton.attention
+            if kind == "causal":
+                tri = ({"causal": True}, "causal=True")
+            elif kind == "window":
+                tri = ({"causal": True, "window_size": (w - 1, 0)},
+                       f"causal=True, window_size=({w - 1}, 0)")
+            else:
+                tri = ({"attn_mask": padding_mask}, "attn_mask (B,1,1,S) bool")
+            run.row("masked", base, "fattn_triton", f"fattn.triton.attention({tri[1]})",
+                    lambda kw=tri[0]: triton_call("attention", q, k, v, **kw), check, work)
+            # the dispatched operator
+            if kind == "causal":
+                op = (lambda: lambda: fattn.scaled_dot_product_attention(q, k, v, is_causal=True),
+                      "fattn.scaled_dot_product_attention(is_causal=True)")
+            elif kind == "window":
+                op = (lambda: lambda: fattn.flash_attention(q, k, v, layout="bhsd", causal=True,
+                                                            window_size=(w - 1, 0)),
+                      f"fattn.flash_attention(causal=True, window_size=({w - 1}, 0))")
+            else:
+                op = (lambda: lambda: fattn.scaled_dot_product_attention(
+                    q, k, v, attn_mask=padding_mask),
+                      "fattn.scaled_dot_product_attention(attn_mask (B,1,1,S) bool)")
+            run.row("masked", base, "fattn_op", op[1], op[0], check, work)
+            # torch SDPA, one backend at a time
+            for backend in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):
+                if kind == "causal":
+                    kw, variant = {"is_causal": True}, "is_causal=True"
+                elif kind == "window":
+                    kw, variant = {"attn_mask": window_mask}, "attn_mask (1,1,S,S) bool"
+                else:
+                    kw, variant = {"attn_mask": padding_mask}, "attn_mask (B,1,1,S) bool"
+
+                def make(backend=backend, kw=kw):
+                    if backend == "sdpa_flash" and "attn_mask" in kw:
+                        raise Skip("SDPA's flash backend takes no attn_mask")
+                    return sdpa_call(run, backend, q, k, v, **kw)
+                run.row("masked", base, backend, variant, make, check, work)
+            # FlexAttention with the same mask as a block mask
+            run.row("masked", base, "flex", flex["variant"],
+                    lambda kind=kind: flex["make"](q, k, v, kind, w, lengths), check, work)
+            del ref
+            run.free()
+        del q, k, v
+        run.free()
+
+
+def flex_callables(run: Run) -> dict:
+    """FlexAttention: compiled on CUDA, eager on the CPU (smoke). Block masks cached per
+    (kind, shape): built once, outside the timing."""
+    cache = {}
+    state = {}
+
+    def make(q, k, v, kind, w, lengths):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        if "fn" not in state:
+            if run.cuda:  # one compilation per mask and dtype: 6, beside torch's limit of 8
+                if hasattr(torch._dynamo.config, "recompile_limit"):
+                    torch._dynamo.config.recompile_limit = max(
+                        64, torch._dynamo.config.recompile_limit)
+                state["fn"] = torch.compile(flex_attention, dynamic=False)
+            else:
+                state["fn"] = flex_attention
+        b, _, s, _ = q.shape
+        key = (kind, b, s, w)
+        if key not in cache:
+            if kind == "causal":
+                def mask_mod(bi, hi, qi, ki):
+                    return ki <= qi
+                mb = None
+            elif kind == "window":
+                def mask_mod(bi, hi, qi, ki):
+                    return (ki <= qi) & (ki >= qi - (w - 1))
+                mb = None
+            else:
+                def mask_mod(bi, hi, qi, ki):
+                    return ki < lengths[bi]
+                mb = b
+            cache[key] = create_block_mask(mask_mod, mb, None, s, s, device=str(q.device))
+        block_mask, fn = cache[key], state["fn"]
+        return lambda: fn(q, k, v, block_mask=block_mask)
+    return {"make": make, "variant": "flex_attention compiled + create_block_mask"
+            if run.cuda else "flex_attention eager + create_block_mask (smoke)"}
+
+
+def bench_forward(run: Run):
+    import fattn
+    dev = run.device
+    for b, h, s, d in sizes(run.args.smoke)["forward"]:
+        rows = sample_rows(s, dev)
+        for dname in run.args.dtypes:
+            dtype = DTYPES[dname]
+            q, k, v = (run.randn(b, h, s, d, dtype=dtype) for _ in range(3))
+            for causal in (False, True):
+                pairs = b * (s * (s + 1) // 2 if causal else s * s)
+                base = {"section": "forward", "dtype": dname, "B": b, "Hq": h, "Hkv": h,
+                        "Sq": s, "Sk": s, "D": d, "causal": causal, "visible_pairs": pairs}
+                visible = (torch.arange(s, device=dev).view(1, -1) <= rows.view(-1, 1)) \
+                    if causal else None
+                ref = reference_rows(q, k, v, rows, visible)
+
+                def check(out, ref=ref, rows=rows):
+                    return max_err(out[:, :, rows], ref)
+
+                def work(ms, flops=4 * h * d * pairs):
+                    return {"tflops": flops / (ms * 1e9)}
+                run.row("forward", base, "fattn_triton",
+                        f"fattn.triton.attention(causal={causal})",
+                        lambda c=causal: triton_call("attention", q, k, v, causal=c), check, work)
+                run.row("forward", base, "fattn_op",
+                        f"fattn.scaled_dot_product_attention(is_causal={causal})",
+                        lambda c=causal: (lambda: fattn.scaled_dot_product_attention(
+                            q, k, v, is_causal=c)), check, work)
+                for backend in ("sdpa_flash", "sdpa_cudnn"):
+                    run.row("forward", base, backend, f"is_causal={causal}",
+                            lambda be=backend, c=causal: sdpa_call(run, be, q, k, v, is_causal=c),
+                            check, work)
+                del ref
+            del q, k, v
+            run.free()
+
+
+def decode_reference(q, k_cache, v_cache, batches):
+    """softmax(q kᵀ/sqrt(D)) v of one query per sequence in `batches`, from FlashAttention's
+    layouts (q (B, 1, Hq, D), caches (B, Sk, Hkv, D)): (len(batches), Hq, D), in float64, or
+    float32 where the float64 copies of K and V would pass FLOAT64_CACHE_LIMIT."""
+    _, sk, hkv, d = k_cache.shape
+    hq = q.size(2)
+    dt = torch.float64 if 2 * sk * hkv * d * 8 <= FLOAT64_CACHE_LIMIT else torch.float32
+    outs = []
+    for bi in batches:
+        qg = q[bi, 0].to(dt).view(hkv, hq // hkv, d)             # (Hkv, G, D)
+        kb = k_cache[bi].to(dt).permute(1, 2, 0)                  # (Hkv, D, Sk)
+        vb = v_cache[bi].to(dt).permute(1, 0, 2)                  # (Hkv, Sk, D)
+        p = torch.softmax(torch.matmul(qg, kb) / math.sqrt(d), dim=-1)
+        outs.append(torch.matmul(p, vb).reshape(hq, d).double())
+        del kb, vb, p
+    return torch.stack(outs), dt
+
+
+def bench_decode(run: Run):
+    import fattn
+    cfg = sizes(run.args.smoke)
+    dc = cfg["decode"]
+    hq, hkv, d = dc["Hq"], dc["Hkv"], dc["D"]
+    dev = run.device
+    # The roof: a device-to-device copy, bytes read + written / time.
+    n = cfg["copy_bytes"] // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device=dev).fill_(1.0)
+    dst = torch.empty_like(src)
+    copy = run.row("decode", {"section": "decode", "dtype": "bfloat16", "B": None, "Hq": None,
+                              "Hkv": None, "Sq": None, "Sk": None, "D": None,
+                              "bytes": 4 * n}, "torch_copy", f"dst.copy_(src), {2 * n} bytes",
+                   lambda: (lambda: dst.copy_(src)), None,
+                   lambda ms: {"gbps": 4 * n / (ms * 1e6)})
+    del src, dst
+    run.free()
+    roof = copy.get("gbps") if copy["status"] == "ok" else None
+    dtype = torch.bfloat16
+    for sk in dc["Sks"]:
+        for b in dc["Bs"]:
+            q = run.randn(b, 1, hq, d, dtype=dtype)
+            k_cache = run.randn(b, sk, hkv, d, dtype=dtype)
+            v_cache = run.randn(b, sk, hkv, d, dtype=dtype)
+            seqlens = torch.full((b,), sk, dtype=torch.int32, device=dev)
+            batches = sorted({0, b - 1})
+            ref, ref_dtype = decode_reference(q, k_cache, v_cache, batches)
+            kv_bytes = 2 * b * sk * hkv * d * k_cache.element_size()
+            base = {"section": "decode", "dtype": "bfloat16", "B": b, "Hq": hq, "Hkv": hkv,
+                    "Sq": 1, "Sk": sk, "D": d, "bytes": kv_bytes,
+                    "reference": str(ref_dtype).replace("torch.", "")}
+
+            def check_bshd(out, ref=ref, batches=batches):  # (B, 1, Hq, D)
+                return max_err(out[batches, 0], ref)
+
+            def check_bhsd(out, ref=ref, batches=batches):  # (B, Hq, 1, D)
+                return max_err(out[batches, :, 0], ref)
+
+            def work(ms, kv_bytes=kv_bytes):
+                gbps = kv_bytes / (ms * 1e6)
+                return {"gbps": gbps, "pct_of_copy": 100 * gbps / roof if roof else None}
+            run.row("decode", base, "fattn_triton",
+                    "fattn.triton.attention_with_kvcache(cache_seqlens=Sk), (B,S,H,D) cache",
+                    lambda: triton_call("attention_with_kvcache", q, k_cache, v_cache,
+                                        cache_seqlens=seqlens), check_bshd, work)
+            run.row("decode", base, "fattn_op",
+                    "fattn.flash_attn_with_kvcache(cache_seqlens=Sk), (B,S,H,D) cache",
+                    lambda: (lambda: fattn.flash_attn_with_kvcache(
+                        q, k_cache, v_cache, cache_seqlens=seqlens)), check_bshd, work)
+            # torch on its own layout: (B, H, S, D) contiguous copies of the same cache
+            torch_kv = {}
+
+            def make_sdpa(backend):
+                run.needs_cuda()
+                if not torch_kv:
+                    torch_kv["k"] = k_cache.transpose(1, 2).contiguous()
+                    torch_kv["v"] = v_cache.transpose(1, 2).contiguous()
+                    torch_kv["q"] = q.transpose(1, 2).contiguous()
+                return sdpa_call(run, backend, torch_kv["q"], torch_kv["k"], torch_kv["v"],
+                                 enable_gqa=True)
+            for backend in ("sdpa_cudnn", "sdpa_flash"):
+                run.row("decode", base, backend, "enable_gqa=True, (B,H,S,D) contiguous cache",
+                        lambda be=backend: make_sdpa(be), check_bhsd, work)
+            del q, k_cache, v_cache, seqlens, ref, torch_kv
+            run.free()
+
+
+def write_evidence(out: Path, info: dict) -> None:
+    """evidence.json: the machine and software, and per section file in `out` (this run's
+    and those a run of other --sections wrote beside them, e.g. one process per section)
+    its date, time and row counts by status."""
+    doc = dict(info, sections={})
+    for section in SECTIONS:
+        path = out / f"{section}.json"
+        if not path.exists():
+            continue
+        try:
+            sec = json.loads(path.read_text())
+        except ValueError:
+            continue
+        counts = {}
+        for r in sec.get("rows", []):
+            key = str(r.get("status", "?")).split(":")[0]
+            counts[key] = counts.get(key, 0) + 1
+        doc["sections"][section] = {"date": sec.get("machine", {}).get("date"),
+                                    "seconds": sec.get("seconds"), "rows": counts}
+    (out / "evidence.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+BENCHES = {"masked": bench_masked, "forward": bench_forward, "decode": bench_decode}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fattn.bench --gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes; on the CPU unless --device cuda (proves the script only)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default: cuda, or cpu with --smoke")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES),
+                   help="of the masked and forward sections (decode: bfloat16)")
+    p.add_argument("--results", default="results",
+                   help="the results root: files go to RESULTS/<machine>/gpu/ (default results)")
+    p.add_argument("--out", default=None, help="the output directory itself (over --results)")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="seconds for the whole run (0: no limit); see the shares above")
+    p.add_argument("--warmup-ms", type=float, default=25.0)
+    p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.device = args.device or ("cpu" if args.smoke else "cuda")
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        if not args.smoke:
+            p.error("--device cpu is for --smoke only: it measures nothing")
+        # Triton reads it when a kernel is defined: before fattn.triton is imported.
+        os.environ["TRITON_INTERPRET"] = "1"
+        if "fattn.triton" in sys.modules:
+            print("fattn.bench --gpu: fattn.triton was imported before TRITON_INTERPRET was "
+                  "set: its rows will fail on CPU tensors", file=sys.stderr)
+    elif not torch.cuda.is_available():
+        p.error("no CUDA device visible to torch (--smoke runs on the CPU)")
+    info = machine_info(device)
+    out = Path(args.out) if args.out else Path(args.results) / info["machine"] / "gpu"
+    out.mkdir(parents=True, exist_ok=True)
+    write_evidence(out, info)
+    print(f"fattn.bench --gpu: {info['device']}, driver {info.get('driver')}, CUDA "
+          f"{info['cuda']}, torch {info['torch']}, triton {info['triton']}, fattn "
+          f"{info['fattn']} (CUDA backend: {info['fattn_cuda_backend']}); -> {out}", flush=True)
+    run = Run(args, device, info, out)
+    for section in args.sections:
+        print(f"== {section}", flush=True)
+        run.begin(section)
+        run.write(section)
+        try:
+            BENCHES[section](run)
+        except Exception as e:  # noqa: BLE001 -- a section's set-up failed; the others run
+            text = " | ".join(str(e).strip().splitlines()[:4])[:600]
+            run.rows[section].append({"section": section, "status":
+                                      f"error: {type(e).__name__}: {text}"})
+            run.write(section)
+            print(f"  {section}: error: {type(e).__name__}: {text}", flush=True)
+        run.free()
+    seconds = round(time.monotonic() - run.start, 1)
+    write_evidence(out, info)
+    counts = {}
+    for section in args.sections:
+        for r in run.rows[section]:
+            key = r["status"].split(":")[0]
+            counts[key] = counts.get(key, 0) + 1
+    print(f"wrote {out}/evidence.json, " + ", ".join(f"{s}.json" for s in args.sections) +
+          f" in {seconds} s: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
