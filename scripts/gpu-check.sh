@@ -59,7 +59,7 @@
 #                operator beside SDPA flash / cuDNN / efficient and FlexAttention (masked
 #                and plain forward, decode against the copy roof), one process per
 #                section -> pybench-<section>.log,
-#                results/<machine>/gpu/{evidence,masked,forward,decode}.json
+#                results/<machine>/gpu/{evidence,masked,forward,decode,training}.json
 #   5 bench      fattn_gpu_bench, both suites (the kernel variants)      -> bench.json
 #   6 ncu        --clock-control none; SpeedOfLight, roofline, launch, occupancy and
 #                compute sections + DRAM bytes, flop and tensor-pipe counters, bank
@@ -453,15 +453,15 @@ tee -a "$SUMMARY" <"$OUT/summary-cuda-checks.txt"
 
 # ---- 4. fattn's GPU paths beside torch's (Python) ------------------------------------------
 # One process per section, so that a kernel that faults (a CUDA context lost) costs its own
-# section only; each section may use its share of the time left: masked 40, forward 35,
-# decode 25 (what one leaves goes to the next).
+# section only; each section may use its share of the time left: masked 30, forward 25,
+# decode 20, training 25 (what one leaves goes to the next).
 if [ "$PYTHON_STEPS" = 1 ] && ! late 60 65 "Python benchmark"; then
   T=$(cap 200 65)
   END4=$(($(date +%s) + T))
   SMOKE=()
   [ "$DRY_RUN" = 1 ] && SMOKE=(--smoke)
   say "Python benchmark: python -m fattn.bench --gpu ${SMOKE[*]}, one process per section${DEADLINE_S:+, until +$((END4 - START)) s}"
-  for spec in "masked 40 100" "forward 35 60" "decode 25 25"; do
+  for spec in "masked 30 100" "forward 25 70" "decode 20 45" "training 25 25"; do
     read -r section share rest <<<"$spec"
     LOG=$OUT/pybench-$section.log
     ST=0

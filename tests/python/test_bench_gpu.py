@@ -26,7 +26,7 @@ def test_gpu_bench_smoke_on_cpu(tmp_path):
         set(evidence)
     assert "not a GPU measurement" in evidence["device"]
     rows = {}
-    for section in ("masked", "forward", "decode"):
+    for section in ("masked", "forward", "decode", "training"):
         doc = json.loads((tmp_path / f"{section}.json").read_text())
         assert doc["section"] == section and doc["machine"]["torch"] == evidence["torch"]
         rows[section] = doc["rows"]
@@ -36,6 +36,7 @@ def test_gpu_bench_smoke_on_cpu(tmp_path):
     assert len(rows["masked"]) == 2 * 3 * 6            # dtypes x masks x impls
     assert len(rows["forward"]) == 4 * 2 * 2 * 4       # shapes x dtypes x causal x impls
     assert len(rows["decode"]) == 1 + 3 * 2 * 4        # the copy, Sk x B x impls
+    assert len(rows["training"]) == 2 * 2 * 4          # dtypes x causal x impls
     for section, rs in rows.items():
         for r in rs:
             assert KEYS <= set(r), (section, KEYS - set(r))
@@ -53,9 +54,8 @@ def test_gpu_bench_smoke_on_cpu(tmp_path):
                 assert ("gbps" if section == "decode" else "tflops") in r
             else:
                 assert r["ms_median"] is None
-    # what the Triton API gives today runs: causal and plain forward. Its masks, window and
-    # KV cache may still be errors recorded in their rows (the API grows; the run goes on).
-    for r in rows["forward"] + [r for r in rows["masked"] if r["mask"] == "causal"]:
+    # every fattn row runs: masks, window, KV cache, forward + backward
+    for r in rows["forward"] + rows["masked"] + rows["decode"] + rows["training"]:
         if r["impl"] == "fattn_triton":
             assert r["status"] == "ok", r
     assert "wrote" in p.stdout

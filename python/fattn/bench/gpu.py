@@ -27,6 +27,13 @@ torch rows it is compared with. Sections (--sections; each its own JSON file):
            cache). GB/s = bytes of K and V read / time, and as a percentage of the
            device-to-device copy bandwidth measured first in the same run (torch_copy:
            bytes read + written / time of dst.copy_(src) over 1 GiB).
+  training forward + backward, B=4 S=4096, D=64 (H=32) and 128 (H=16), causal and not,
+           float16 and bfloat16: fattn_triton (fattn.triton.attention + attention_backward),
+           fattn_op (autograd through fattn.scaled_dot_product_attention), sdpa_flash and
+           sdpa_cudnn through autograd. TFLOP/s with the FLOPs counted as 3.5x the
+           forward's; peak_extra_mib: what one step allocates at its peak beyond what was
+           allocated before it; max_err over dq, dk, dv against float32 autograd of the
+           definition on the first (batch, 2 heads).
 
 Timing: triton.testing.do_bench (CUDA events around each call, L2 flushed before each,
 25 ms warm-up, 100 ms of calls; --warmup-ms, --rep-ms), the median. The first call of each
@@ -39,7 +46,7 @@ Every row is guarded: an implementation that raises records its error in the row
 "status" ("error: <type>: <message>"), one that cannot run here "skipped: <reason>", and
 the run goes on. The JSON files are rewritten after every row, so a run cut off keeps what
 it measured. --budget-s bounds the whole run: each section may use its share of what is
-left (masked 40 %, forward 35 %, decode 25 %; what one leaves goes to the next); rows past
+left (masked 30 %, forward 25 %, decode 20 %, training 25 %; what one leaves goes to the next); rows past
 it are "skipped: out of time".
 
 Output: DIR/evidence.json (device, driver, CUDA, cuDNN, torch, triton, fattn, commit, date)
@@ -71,9 +78,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SECTIONS = ("masked", "forward", "decode")
+SECTIONS = ("masked", "forward", "decode", "training")
 # The share of the time left that each section may use under --budget-s.
-SHARES = {"masked": 0.40, "forward": 0.35, "decode": 0.25}
+SHARES = {"masked": 0.30, "forward": 0.25, "decode": 0.20, "training": 0.25}
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 ERROR_ROWS = 16                 # sampled query rows per (batch, head) checked for max_err
 COPY_BYTES = 1 << 30            # the copy roof's tensor (bytes)
@@ -90,12 +97,15 @@ def sizes(smoke: bool) -> dict:
         return {"masked": {"B": 2, "H": 2, "S": 64, "D": 32, "window": 16},
                 "forward": [(1, 2, s, d) for d in (64, 128) for s in (32, 64)],
                 "decode": {"Bs": (1, 2), "Hq": 4, "Hkv": 1, "D": 32, "Sks": (64, 128, 256)},
+                "training": [(1, 2, 48, 32)],
                 "copy_bytes": 1 << 22}
     return {"masked": {"B": 4, "H": 16, "S": 4096, "D": 128, "window": 1024},
             # FlashAttention's hidden-2048 sweep: H = 2048 / D, B = 16384 / S
             "forward": [(16384 // s, 2048 // d, s, d) for d in (64, 128) for s in (4096, 16384)],
             "decode": {"Bs": (1, 8), "Hq": 32, "Hkv": 8, "D": 128,
                        "Sks": (8192, 32768, 131072)},
+            # forward + backward: B = 4, S = 4096, H = 2048 / D (the anchors' shapes)
+            "training": [(4, 2048 // d, 4096, d) for d in (64, 128)],
             "copy_bytes": COPY_BYTES}
 
 
@@ -602,6 +612,87 @@ def bench_decode(run: Run):
             run.free()
 
 
+def bench_training(run: Run):
+    """Forward + backward (FLOPs counted as 3.5x the forward's: the backward's five
+    products against the forward's two): fattn's Triton forward and backward called
+    directly, the same through autograd (fattn.scaled_dot_product_attention), SDPA flash and
+    cuDNN; the peak memory one step allocates beyond its inputs; max_err of the three
+    gradients against float32 autograd of the definition on the first (batch, 2 heads)."""
+    import fattn
+    for b, h, s, d in sizes(run.args.smoke)["training"]:
+        for dname in run.args.dtypes:
+            dtype = DTYPES[dname]
+            q, k, v, dout = (run.randn(b, h, s, d, dtype=dtype) for _ in range(4))
+            for causal in (False, True):
+                pairs = b * (s * (s + 1) // 2 if causal else s * s)
+                base = {"section": "training", "dtype": dname, "B": b, "Hq": h, "Hkv": h,
+                        "Sq": s, "Sk": s, "D": d, "causal": causal, "visible_pairs": pairs}
+                leaves = [t[:1, :2].float().requires_grad_() for t in (q, k, v)]
+                F.scaled_dot_product_attention(*leaves, is_causal=causal).backward(
+                    dout[:1, :2].float())
+                ref = [t.grad for t in leaves]
+
+                def check(grads, ref=ref):
+                    return max(max_err(g[:1, :2], r) for g, r in zip(grads, ref))
+
+                def work(ms, flops=3.5 * 4 * h * d * pairs):
+                    return {"tflops": flops / (ms * 1e9)}
+
+                def autograd_step(forward):
+                    def step():
+                        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                        return torch.autograd.grad(forward(*leaves), leaves, dout)
+                    return step
+
+                def triton_step(c=causal):
+                    import fattn.triton
+
+                    def step():
+                        out, lse = fattn.triton.attention(q, k, v, causal=c, return_lse=True)
+                        return fattn.triton.attention_backward(dout, q, k, v, out, lse,
+                                                               causal=c)[:3]
+                    return step
+
+                def sdpa_step(backend, c=causal):
+                    call = None
+
+                    def forward(*t):
+                        nonlocal call
+                        call = sdpa_call(run, backend, *t, is_causal=c)
+                        return call()
+                    run.needs_cuda()
+                    return autograd_step(forward)
+
+                for impl, variant, make in (
+                        ("fattn_triton", "fattn.triton.attention + attention_backward",
+                         triton_step),
+                        ("fattn_op", "autograd through fattn.scaled_dot_product_attention",
+                         lambda c=causal: autograd_step(
+                             lambda *t: fattn.scaled_dot_product_attention(*t, is_causal=c))),
+                        ("sdpa_flash", "autograd", lambda: sdpa_step("sdpa_flash")),
+                        ("sdpa_cudnn", "autograd", lambda: sdpa_step("sdpa_cudnn"))):
+                    row = run.row("training", dict(base, causal=causal), impl,
+                                  f"{variant} (causal={causal})", make, check, work)
+                    if run.cuda and row["status"] == "ok":
+                        row["peak_extra_mib"] = peak_extra_mib(make())
+                        run.write("training")
+                del ref
+            del q, k, v, dout
+            run.free()
+
+
+def peak_extra_mib(step) -> float:
+    """MiB one call allocates at its peak beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del result
+    return round((peak - before) / 2**20, 1)
+
+
 def write_evidence(out: Path, info: dict) -> None:
     """evidence.json: the machine and software, and per section file in `out` (this run's
     and those a run of other --sections wrote beside them, e.g. one process per section)
@@ -624,7 +715,8 @@ def write_evidence(out: Path, info: dict) -> None:
     (out / "evidence.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
-BENCHES = {"masked": bench_masked, "forward": bench_forward, "decode": bench_decode}
+BENCHES = {"masked": bench_masked, "forward": bench_forward, "decode": bench_decode,
+           "training": bench_training}
 
 
 def main(argv=None) -> int:
