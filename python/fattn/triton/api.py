@@ -304,25 +304,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     check_lengths(fn, capacity=capacity, **{"q.size(1)": sq})
     left, right, softcap, sinks, alibi = check_variants(fn, q.transpose(1, 2), window_size,
                                                         softcap, sinks, alibi_slopes, b)
-    # One read of the lengths (and the block table) to the host: every length within the
-    # cache and every page a sequence uses within k_cache, before anything is written
-    ends = None
-    if lengths is not None:
-        host = lengths.tolist()
-        for n, length in enumerate(host):
-            check(0 <= length and length + new <= capacity, fn,
-                  f"cache_seqlens[{n}] = {length} with {new} new keys must fit the cache's "
-                  f"{capacity} positions (and be >= 0)")
-        ends = [length + new for length in host]
-    if paged:
-        used = ends if ends is not None else [capacity] * b
-        table = block_table.tolist()
-        pages = k_cache.size(0)
-        for n in range(b):
-            for slot in range(-(-used[n] // page)):
-                entry = table[n][slot]
-                check(0 <= entry < pages, fn,
-                      f"block_table[{n}, {slot}] = {entry} is outside k_cache's {pages} pages")
+    _check_cache_indices(fn, lengths, new, capacity, block_table,
+                         k_cache.size(0) if paged else 0, k_cache.size(1))
     if k is not None and new > 0:
         _append(k_cache, v_cache, k, v, lengths, block_table, new)
     out = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
@@ -336,6 +319,35 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                         block_table=block_table, num_splits=num_splits, block_m=block_m,
                         block_n=block_n))
     return (out, lse) if return_lse else out
+
+
+def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page):
+    """Every length within the cache and every page a sequence uses within k_cache, before
+    anything is written. The checks run on the tensors' device and come to the host in one
+    read (a decode step pays one synchronisation); the entry named in an error is found
+    only then."""
+    b = block_table.size(0) if block_table is not None else (
+        lengths.numel() if lengths is not None else 0)
+    checks = []
+    if lengths is not None:
+        length_bad = (lengths < 0) | (lengths + new > capacity)
+        checks.append(length_bad.any())
+    if block_table is not None:
+        used = (torch.full((b,), capacity, dtype=torch.int64, device=block_table.device)
+                if lengths is None else lengths.to(torch.int64) + new)
+        slots = torch.arange(block_table.size(1), device=block_table.device)
+        in_use = slots.view(1, -1) * page < used.view(-1, 1)
+        table_bad = ((block_table < 0) | (block_table >= pages)) & in_use
+        checks.append(table_bad.any())
+    if not checks or not any(torch.stack(checks).tolist()):
+        return
+    if lengths is not None and bool(length_bad.any()):
+        n = int(length_bad.nonzero()[0, 0])
+        check(False, fn, f"cache_seqlens[{n}] = {int(lengths[n])} with {new} new keys must fit "
+                         f"the cache's {capacity} positions (and be >= 0)")
+    n, slot = (int(x) for x in table_bad.nonzero()[0])
+    check(False, fn, f"block_table[{n}, {slot}] = {int(block_table[n, slot])} is outside "
+                     f"k_cache's {pages} pages")
 
 
 def _append(k_cache, v_cache, k, v, lengths, block_table, new):
