@@ -27,18 +27,15 @@ from .scores import LOG2E
 
 
 @triton.jit
-def _sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS: tl.constexpr):
-    """(first query row, queries, first key row, keys) of sequence b."""
-    q_start = 0
-    k_start = 0
-    lq = q_len
-    lk = kv_len
-    if LENGTHS == 2:
-        q_start = tl.load(SEQ_Q + b)
-        lq = tl.load(SEQ_Q + b + 1) - q_start
-        k_start = tl.load(SEQ_K + b)
-        lk = tl.load(SEQ_K + b + 1) - k_start
-    return q_start, lq, k_start, lk
+def _query_rows(Q, DO, LSE, DELTA, b, head, q_rows, dims, row_ok, dim_ok, sqb, sqh, sqs, sqd,
+                sdob, sdoh, sdos, sdod, slb, slh, sls):
+    """q, dO, the logsumexp in log2 units (+inf for a row that saw no key: P = 0 there)
+    and Δ of the query rows q_rows of (b, head)."""
+    q = scores.load_rows(Q + b * sqb + head * sqh, q_rows, sqs, dims, sqd, row_ok, dim_ok)
+    do = scores.load_rows(DO + b * sdob + head * sdoh, q_rows, sdos, dims, sdod, row_ok, dim_ok)
+    lse = tl.load(LSE + b * slb + head * slh + q_rows * sls, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + b * slb + head * slh + q_rows * sls, mask=row_ok, other=0.0)
+    return q, do, tl.where(lse == float("-inf"), float("inf"), lse * LOG2E), delta
 
 
 @triton.jit
@@ -56,18 +53,15 @@ def _dkdv_kernel(
     b = (tl.program_id(1) // kv_heads).to(tl.int64)
     hk = tl.program_id(1) % kv_heads
     group = q_heads // kv_heads
-    q_start, lq, k_start, lk = _sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
+    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
     lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)
     keys = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     key_ok = keys < lk
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
-    kv_mask = key_ok[:, None] & dim_ok[None, :]
     k_rows = (k_start + keys).to(tl.int64)
-    k = tl.load(K + b * skb + hk * skh + k_rows[:, None] * sks + dims[None, :] * skd,
-                mask=kv_mask, other=0.0)
-    v = tl.load(V + b * svb + hk * svh + k_rows[:, None] * svs + dims[None, :] * svd,
-                mask=kv_mask, other=0.0)
+    k = scores.load_rows(K + b * skb + hk * skh, k_rows, sks, dims, skd, key_ok, dim_ok)
+    v = scores.load_rows(V + b * svb + hk * svh, k_rows, svs, dims, svd, key_ok, dim_ok)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # the queries whose band reaches these keys: lo <= j − i <= hi for some key j here
@@ -90,15 +84,9 @@ def _dkdv_kernel(
                 i = start + tl.arange(0, BLOCK_M)
                 row_ok = i < lq
                 q_rows = (q_start + i).to(tl.int64)
-                row_mask = row_ok[:, None] & dim_ok[None, :]
-                q = tl.load(Q + b * sqb + head * sqh + q_rows[:, None] * sqs + dims[None, :] * sqd,
-                            mask=row_mask, other=0.0)
-                do = tl.load(DO + b * sdob + head * sdoh + q_rows[:, None] * sdos
-                             + dims[None, :] * sdod, mask=row_mask, other=0.0)
-                lse = tl.load(LSE + b * slb + head * slh + q_rows * sls, mask=row_ok,
-                              other=float("inf"))
-                delta = tl.load(DELTA + b * slb + head * slh + q_rows * sls, mask=row_ok,
-                                other=0.0)
+                q, do, lse2, delta = _query_rows(Q, DO, LSE, DELTA, b, head, q_rows, dims,
+                                                 row_ok, dim_ok, sqb, sqh, sqs, sqd, sdob,
+                                                 sdoh, sdos, sdod, slb, slh, sls)
                 mask_rows = MASK
                 if MASK_KIND != 0:
                     mask_rows = MASK + b * smb + head * smh + i.to(tl.int64) * sms
@@ -106,8 +94,6 @@ def _dkdv_kernel(
                 s, t = scores.modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale,
                                      softcap, slope2, mask_rows, smk, cover, CAUSAL, WINDOW,
                                      MASK_KIND, SOFTCAP, ALIBI, False)
-                # rows that saw no key have lse −inf and only −inf scores: P = 0
-                lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
                 p = tl.exp2(s - lse2[:, None])
                 dv += scores.dot(tl.trans(p.to(v.dtype)), do, PRECISION, UPCAST)
                 dp = scores.dot(do, tl.trans(v), PRECISION, UPCAST)
@@ -116,6 +102,7 @@ def _dkdv_kernel(
                     ds = ds * (1.0 - t * t)
                 dk += scores.dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
     dk = dk * scale
+    kv_mask = key_ok[:, None] & dim_ok[None, :]
     tl.store(DK + b * sdkb + hk * sdkh + k_rows[:, None] * sdks + dims[None, :] * sdkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + b * sdvb + hk * sdvh + k_rows[:, None] * sdvs + dims[None, :] * sdvd,
@@ -137,21 +124,15 @@ def _dq_kernel(
     b = (tl.program_id(1) // q_heads).to(tl.int64)
     head = tl.program_id(1) % q_heads
     hk = head // (q_heads // kv_heads)
-    q_start, lq, k_start, lk = _sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
+    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
     lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)
     i = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = i < lq
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
-    row_mask = row_ok[:, None] & dim_ok[None, :]
     q_rows = (q_start + i).to(tl.int64)
-    q = tl.load(Q + b * sqb + head * sqh + q_rows[:, None] * sqs + dims[None, :] * sqd,
-                mask=row_mask, other=0.0)
-    do = tl.load(DO + b * sdob + head * sdoh + q_rows[:, None] * sdos + dims[None, :] * sdod,
-                 mask=row_mask, other=0.0)
-    lse = tl.load(LSE + b * slb + head * slh + q_rows * sls, mask=row_ok, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    delta = tl.load(DELTA + b * slb + head * slh + q_rows * sls, mask=row_ok, other=0.0)
+    q, do, lse2, delta = _query_rows(Q, DO, LSE, DELTA, b, head, q_rows, dims, row_ok, dim_ok,
+                                     sqb, sqh, sqs, sqd, sdob, sdoh, sdos, sdod, slb, slh, sls)
     slope2 = 0.0
     if ALIBI:
         slope2 = tl.load(SLOPES + b * sab + head * sah).to(tl.float32) * LOG2E
@@ -168,12 +149,9 @@ def _dq_kernel(
         if cover != 0:
             keys = start + tl.arange(0, BLOCK_N)
             key_ok = keys < lk
-            kv_mask = key_ok[:, None] & dim_ok[None, :]
             k_rows = (k_start + keys).to(tl.int64)
-            k = tl.load(K + b * skb + hk * skh + k_rows[:, None] * sks + dims[None, :] * skd,
-                        mask=kv_mask, other=0.0)
-            v = tl.load(V + b * svb + hk * svh + k_rows[:, None] * svs + dims[None, :] * svd,
-                        mask=kv_mask, other=0.0)
+            k = scores.load_rows(K + b * skb + hk * skh, k_rows, sks, dims, skd, key_ok, dim_ok)
+            v = scores.load_rows(V + b * svb + hk * svh, k_rows, svs, dims, svd, key_ok, dim_ok)
             qk = scores.dot(q, tl.trans(k), PRECISION, UPCAST)
             s, t = scores.modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale, softcap,
                                  slope2, mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND,
@@ -186,4 +164,4 @@ def _dq_kernel(
             dq += scores.dot(ds.to(k.dtype), k, PRECISION, UPCAST)
     dq = dq * scale
     tl.store(DQ + b * sdqb + head * sdqh + q_rows[:, None] * sdqs + dims[None, :] * sdqd,
-             dq.to(DQ.dtype.element_ty), mask=row_mask)
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])

@@ -66,17 +66,7 @@ def _forward_kernel(
         i = r
     b = b.to(tl.int64)
     # --- the sequence's queries and keys -----------------------------------------------
-    q_start = 0
-    k_start = 0
-    lq = q_len
-    lk = kv_len
-    if LENGTHS == 1:
-        lk = tl.load(SEQ_K + b)
-    if LENGTHS == 2:
-        q_start = tl.load(SEQ_Q + b)
-        lq = tl.load(SEQ_Q + b + 1) - q_start
-        k_start = tl.load(SEQ_K + b)
-        lk = tl.load(SEQ_K + b + 1) - k_start
+    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
     rows = lq * group if PACK_GQA else lq
     row_ok = r < rows
     lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)

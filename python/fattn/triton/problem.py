@@ -111,8 +111,9 @@ def check_lengths(fn: str, **lengths) -> None:
 
 
 def check_variants(fn: str, q, window_size, softcap, sinks, alibi_slopes, batch: int):
-    """window_size, softcap, sinks and alibi_slopes against q ((…, Hq, …) heads at dim
-    `heads`); returns (window_left, window_right, sinks (Hq,) float32, alibi (B|1, Hq))."""
+    """window_size, softcap, sinks and alibi_slopes against q's heads (q.size(1): (B, Hq, S,
+    D) and packed (total, Hq, D) alike); returns (window_left, window_right, softcap,
+    sinks (Hq,) float32, alibi (B, Hq) with batch stride 0 for (Hq,) slopes)."""
     try:
         left, right = (int(x) for x in window_size)
     except (TypeError, ValueError):

@@ -36,6 +36,13 @@ def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def load_rows(base, rows, row_stride, dims, dim_stride, row_ok, dim_ok):
+    """The tile [rows, dims] of a strided tensor (int64 row offsets), 0 outside."""
+    return tl.load(base + rows[:, None] * row_stride + dims[None, :] * dim_stride,
+                   mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+
+
+@triton.jit
 def modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale, softcap, slope2, mask_rows, smk,
            cover, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, ROW_SLOPES: tl.constexpr):
