@@ -52,7 +52,7 @@
 #                compute-sanitizer on the Small/CudaSanitize subset: memcheck (+leaks) on
 #                all of it, racecheck and synccheck on its D=64 cases
 #                                              -> cuda-checks.log, tests.log, sanitizer.log
-#   3 triton     meanwhile: pytest tests/python/test_triton*.py on the GPU (2 and 3 share
+#   3 triton     meanwhile: pytest tests/python/test_triton*.py test_cuda_dispatch.py on the GPU (2 and 3 share
 #                one window, at most 200 s under --deadline-s; nothing is timed there)
 #                                                         -> triton.log, triton-junit.xml
 #   4 pybench    python -m fattn.bench --gpu, the GPU to itself: fattn.triton and the CUDA
@@ -432,7 +432,10 @@ say "CUDA checks (probe, tests, compute-sanitizer) in the background -> cuda-che
 
 if [ "$PYTHON_STEPS" = 1 ] && [ "$HAVE_PYTEST" = 1 ] && ! short 30 "Triton tests"; then
   TRITON_TESTS=()
-  for f in "$ROOT"/tests/python/test_triton*.py; do [ -f "$f" ] && TRITON_TESTS+=("$f"); done
+  # the Triton kernels' tests and the CUDA glue of torch.ops.fattn (on CUDA tensors there)
+  for f in "$ROOT"/tests/python/test_triton*.py "$ROOT"/tests/python/test_cuda_dispatch.py; do
+    [ -f "$f" ] && TRITON_TESTS+=("$f")
+  done
   if [ ${#TRITON_TESTS[@]} -eq 0 ]; then
     say "Triton tests: no tests/python/test_triton*.py"
   else
