@@ -202,3 +202,43 @@ def test_transformers_training_gradients(gpu_path, kind):
     for n in ref:
         bound = 1e-4 * max(1e-3, ref[n].abs().max().item())
         assert (ours[n] - ref[n]).abs().max().item() <= bound, n
+
+
+# --- torch.library.opcheck of the operators' CUDA kernels --------------------------------
+def opcheck_cases():
+    g = torch.Generator().manual_seed(9)
+
+    def t(*shape, grad=False):
+        return torch.randn(*shape, generator=g).to(DEVICE).requires_grad_(grad)
+
+    mask = (torch.rand(1, 1, 19, 27, generator=g) > 0.3).to(DEVICE)
+    bshd = [t(1, 19, 4, 32, grad=True).transpose(1, 2)] + \
+        [t(1, 27, 2, 32, grad=True).transpose(1, 2) for _ in range(2)]
+    cu = torch.tensor([0, 5, 19], dtype=torch.int32, device=DEVICE)
+    cache = [t(2, 2, 40, 32) for _ in range(2)]
+    lens = torch.tensor([7, 30], dtype=torch.int32, device=DEVICE)
+    return {
+        "attention_mask_bshd": (torch.ops.fattn.attention.default, tuple(bshd),
+                                dict(is_causal=False, attn_mask=mask, softcap=3.0)),
+        "attention_window_sinks": (torch.ops.fattn.attention.default,
+                                   (t(1, 4, 19, 32, grad=True), t(1, 1, 27, 32, grad=True),
+                                    t(1, 1, 27, 32, grad=True)),
+                                   dict(is_causal=True, causal_bottom_right=True,
+                                        window_left=5, window_right=0,
+                                        sinks=t(4, grad=True))),
+        "attention_varlen": (torch.ops.fattn.attention_varlen.default,
+                             (t(19, 4, 32, grad=True), t(19, 2, 32, grad=True),
+                              t(19, 2, 32, grad=True), cu, cu), dict(causal=True)),
+        "attention_kvcache": (torch.ops.fattn.attention_kvcache.default,
+                              (t(2, 4, 1, 32), *cache, t(2, 2, 1, 32), t(2, 2, 1, 32), lens),
+                              dict(causal=True)),
+    }
+
+
+@pytest.mark.parametrize("name", list(opcheck_cases()))
+def test_opcheck_of_the_cuda_kernels(gpu_path, name):
+    """Schema (the KV cache's in-place append), fake kernel against the real one (shapes,
+    strides, dtypes), autograd registration."""
+    op, args, kwargs = opcheck_cases()[name]
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(op, args, kwargs, test_utils=tests)
