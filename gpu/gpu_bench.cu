@@ -11,7 +11,8 @@
 // TF32 mode ("fused_tf32", what Options::allow_tf32 runs); for 16-bit types at D <= 128 the
 // fused kernel forced to 64- and to 128-row query tiles ("fused_br64", "fused_br128"),
 // whose ratio sets the automatic choice; on compute capability 9.0 the Hopper wgmma
-// kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; 16-bit, D <= 128);
+// kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; "fused_tma": the
+// pipelined one on TMA loads from a producer warpgroup; 16-bit, D <= 128);
 // in the b2h8 suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in
 // the flash suite above S = 4096 (its score buffer alone is 2·16384·H·S bytes there).
 //
@@ -29,7 +30,7 @@
 // usual order; an unknown name is an error.
 // --profile: for ncu. Runs each naive and fused variant once at the b2h8 shape
 // (B=2, H=8, D=64) with S = 1024 and 4096, not causal, and the float16 fused kernels
-// (fused_mma, both fused_wgmma schedules) at B=4, H=16, S=4096, D=128; nothing else.
+// (fused_mma, both fused_wgmma schedules, fused_tma) at B=4, H=16, S=4096, D=128; nothing else.
 //
 // TODO(pytorch binding): time torch.nn.functional.scaled_dot_product_attention side by
 // side on the same shapes (that belongs with the PyTorch binding, not here).
@@ -131,11 +132,12 @@ float host_float(DType dtype, const std::uint8_t* p) {
 // The variants (the JSON's "impl", what --impls takes) and the suites (the JSON's "suite",
 // what --suite takes), defined here only.
 // A variant that runs one CUDA kernel as it is is named after it (fattn::cuda::to_string:
-// naive, fused_tf32, fused_fma, fused_wgmma, fused_wgmma_pipelined); the others are here.
+// naive, fused_tf32, fused_fma, fused_wgmma, fused_wgmma_pipelined, fused_tma); the others are here.
 namespace variant {
 constexpr const char* fused = "fused";  // what Impl::fused dispatches to
 constexpr Kernel kernels[] = {Kernel::naive, Kernel::fused_tf32, Kernel::fused_fma,
-                              Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined};
+                              Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined,
+                              Kernel::fused_tma};
 // The dispatched 16-bit kernel forced to one query-tile height (rows per block).
 struct ForcedTile {
   const char* name;
@@ -207,7 +209,7 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
       // compute capability 9.0 once these numbers say it should
       const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
       if (!dims.empty() && D <= dims.back()) {
-        for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined})
+        for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined, Kernel::fused_tma})
           out.push_back(kernel_config(k, t, B, H, S, D, causal, suite));
       }
     }

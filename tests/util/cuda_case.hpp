@@ -447,7 +447,8 @@ inline Outcome run_case(const Case& c) {
 // take any head dim).
 inline bool compiled_for(const Case& c) {
   if (c.kernel == Kernel::reference || c.kernel == Kernel::naive) return true;
-  if (c.kernel == Kernel::fused_wgmma || c.kernel == Kernel::fused_wgmma_pipelined) {
+  if (c.kernel == Kernel::fused_wgmma || c.kernel == Kernel::fused_wgmma_pipelined ||
+      c.kernel == Kernel::fused_tma) {
     const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
     return !dims.empty() && c.D <= dims.back();
   }
@@ -473,16 +474,17 @@ inline std::vector<KernelCase> all_kernels() {
           {DType::bfloat16, Kernel::naive, 0},       {DType::bfloat16, Kernel::fused_mma, 64},
           {DType::bfloat16, Kernel::fused_mma, 128}, {DType::float16, Kernel::fused_wgmma, 0},
           {DType::bfloat16, Kernel::fused_wgmma, 0}, {DType::float16, Kernel::fused_wgmma_pipelined, 0},
-          {DType::bfloat16, Kernel::fused_wgmma_pipelined, 0}};
+          {DType::bfloat16, Kernel::fused_wgmma_pipelined, 0}, {DType::float16, Kernel::fused_tma, 0},
+          {DType::bfloat16, Kernel::fused_tma, 0}};
 }
 
-// Why the current device cannot run c's kernel ("" when it can): the wgmma kernels are
-// sm_90a code and run on compute capability 9.0 only.
+// Why the current device cannot run c's kernel ("" when it can): the wgmma and TMA kernels
+// are sm_90a code and run on compute capability 9.0 only.
 inline std::string why_not_here(const Case& c) {
   if (fattn::cuda::runs_on_current_device(c.kernel)) return "";
   return std::string("the ") + fattn::cuda::to_string(c.kernel) +
-         " kernel does not run on this device (the wgmma kernels: compute capability 9.0 and "
-         "a build with them)";
+         " kernel does not run on this device (the wgmma and TMA kernels: compute capability "
+         "9.0 and a build with them)";
 }
 
 // all_kernels() less the ones the current device cannot run, for tests that loop over
