@@ -181,6 +181,10 @@ __device__ __forceinline__ bool mbar_test_wait(std::uint64_t* bar, std::uint32_t
       : "memory");
   return done != 0;
 }
+// Waits for the phase. No time limit: a trap after ~10 s in this loop (so that a phase
+// that never completes fails the launch instead of hanging) made ptxas spill 424 bytes and
+// serialize every wgmma of fused_tma at D = 128 (C7512, nvcc 13.0), with or without a clock
+// read; the probe's own waits are bounded instead (tests/cuda/tma_probe.cu).
 __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
   while (!mbar_try_wait(bar, parity)) {
   }
