@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -209,9 +208,9 @@ std::vector<__half> random_matrix(int rows, int cols, std::uint64_t seed) {
 }
 double h(const __half& x) { return static_cast<double>(__half2float(x)); }
 double h16(std::uint16_t bits) {
-  __half x;
-  std::memcpy(&x, &bits, 2);
-  return static_cast<double>(__half2float(x));
+  __half_raw r;
+  r.x = bits;
+  return static_cast<double>(__half2float(__half(r)));
 }
 
 // A 64×N product: ref, Σ|ab|, and how raw registers compare to it.
