@@ -85,7 +85,9 @@ set(_fattn_fused_instances
   "fma|fused_fma.cuh|launch_fused_fma<@D@>")
 set(_fattn_wgmma_instances
   "wgmma_f16|fused_wgmma.cuh|launch_fused_wgmma<__half, @D@>"
-  "wgmma_bf16|fused_wgmma.cuh|launch_fused_wgmma<__nv_bfloat16, @D@>")
+  "wgmma_bf16|fused_wgmma.cuh|launch_fused_wgmma<__nv_bfloat16, @D@>"
+  "tma_f16|fused_tma.cuh|launch_fused_tma<__half, @D@>"
+  "tma_bf16|fused_tma.cuh|launch_fused_tma<__nv_bfloat16, @D@>")
 # Writes the translation unit of `instance` at head dim `dim`; its path into out_var.
 function(_fattn_instance_file instance dim out_var)
   string(REPLACE "|" ";" parts "${instance}")

@@ -2,6 +2,7 @@
 //
 //   fattn_gpu_bench [--out results.json] [--driver STRING] [--suite b2h8|flash|all]
 //                   [--budget-s SECONDS] [--profile] [--impls NAME,NAME,...]
+//                   [--skip NAME,NAME,...]
 //
 // Suites (Sq = Sk = S, Hq = Hkv = H, contiguous (B, H, S, D) tensors):
 //   b2h8   B=2, H=8, D=64, S in {128, 512, 1024, 4096}, causal and not
@@ -11,7 +12,8 @@
 // TF32 mode ("fused_tf32", what Options::allow_tf32 runs); for 16-bit types at D <= 128 the
 // fused kernel forced to 64- and to 128-row query tiles ("fused_br64", "fused_br128"),
 // whose ratio sets the automatic choice; on compute capability 9.0 the Hopper wgmma
-// kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; 16-bit, D <= 128);
+// kernels ("fused_wgmma", "fused_wgmma_pipelined": its two schedules; "fused_tma": the
+// pipelined one on TMA loads from a producer warpgroup; 16-bit, D <= 128);
 // in the b2h8 suite the exact-FMA float32 kernel ("fused_fma"). naive is skipped in
 // the flash suite above S = 4096 (its score buffer alone is 2·16384·H·S bytes there).
 //
@@ -26,10 +28,11 @@
 // stream-ordered score buffer is not re-mapped on every call.
 //
 // --impls: run only the variants with these names (e.g. fused,fused_wgmma), in the
-// usual order; an unknown name is an error.
+// usual order; an unknown name is an error. --skip: leave these variants out (gpu-check.sh
+// leaves out a kernel that hung in its smoke test).
 // --profile: for ncu. Runs each naive and fused variant once at the b2h8 shape
 // (B=2, H=8, D=64) with S = 1024 and 4096, not causal, and the float16 fused kernels
-// (fused_mma, both fused_wgmma schedules) at B=4, H=16, S=4096, D=128; nothing else.
+// (fused_mma, both fused_wgmma schedules, fused_tma) at B=4, H=16, S=4096, D=128; nothing else.
 //
 // TODO(pytorch binding): time torch.nn.functional.scaled_dot_product_attention side by
 // side on the same shapes (that belongs with the PyTorch binding, not here).
@@ -131,11 +134,12 @@ float host_float(DType dtype, const std::uint8_t* p) {
 // The variants (the JSON's "impl", what --impls takes) and the suites (the JSON's "suite",
 // what --suite takes), defined here only.
 // A variant that runs one CUDA kernel as it is is named after it (fattn::cuda::to_string:
-// naive, fused_tf32, fused_fma, fused_wgmma, fused_wgmma_pipelined); the others are here.
+// naive, fused_tf32, fused_fma, fused_wgmma, fused_wgmma_pipelined, fused_tma); the others are here.
 namespace variant {
 constexpr const char* fused = "fused";  // what Impl::fused dispatches to
 constexpr Kernel kernels[] = {Kernel::naive, Kernel::fused_tf32, Kernel::fused_fma,
-                              Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined};
+                              Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined,
+                              Kernel::fused_tma};
 // The dispatched 16-bit kernel forced to one query-tile height (rows per block).
 struct ForcedTile {
   const char* name;
@@ -207,7 +211,7 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
       // compute capability 9.0 once these numbers say it should
       const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
       if (!dims.empty() && D <= dims.back()) {
-        for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined})
+        for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined, Kernel::fused_tma})
           out.push_back(kernel_config(k, t, B, H, S, D, causal, suite));
       }
     }
@@ -438,6 +442,7 @@ int main(int argc, char** argv) {
   double budget_s = 240.0;
   bool profile = false;
   std::vector<std::string> impls;  // empty: every variant
+  std::vector<std::string> skip;   // variants left out
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -452,14 +457,15 @@ int main(int argc, char** argv) {
     else if (a == "--suite") suite = next();
     else if (a == "--budget-s") budget_s = std::atof(next().c_str());
     else if (a == "--profile") profile = true;
-    else if (a == "--impls") {
+    else if (a == "--impls" || a == "--skip") {
       std::stringstream list(next());
       for (std::string name; std::getline(list, name, ',');)
-        if (!name.empty()) impls.push_back(name);
+        if (!name.empty()) (a == "--impls" ? impls : skip).push_back(name);
     } else {
       std::fprintf(stderr,
                    "usage: fattn_gpu_bench [--out FILE] [--driver STR] "
-                   "[--suite b2h8|flash|all] [--budget-s S] [--profile] [--impls A,B,...]\n");
+                   "[--suite b2h8|flash|all] [--budget-s S] [--profile] [--impls A,B,...] "
+                   "[--skip A,B,...]\n");
       return 2;
     }
   }
@@ -468,12 +474,13 @@ int main(int argc, char** argv) {
                  suite.c_str(), suite_name::b2h8, suite_name::flash, suite_name::all);
     return 2;
   }
-  for (const std::string& name : impls)
-    if (!is_variant(name)) {
-      std::fprintf(stderr, "fattn_gpu_bench: --impls: unknown variant '%s' (%s)\n", name.c_str(),
-                   variant_list().c_str());
-      return 2;
-    }
+  for (const std::vector<std::string>* names : {&impls, &skip})
+    for (const std::string& name : *names)
+      if (!is_variant(name)) {
+        std::fprintf(stderr, "fattn_gpu_bench: %s: unknown variant '%s' (%s)\n",
+                     names == &impls ? "--impls" : "--skip", name.c_str(), variant_list().c_str());
+        return 2;
+      }
 
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
@@ -494,7 +501,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> skipped;
   std::vector<Config> configs;
   for (const Config& c : make_configs(suite, profile))
-    if (impls.empty() || std::find(impls.begin(), impls.end(), c.impl) != impls.end())
+    if ((impls.empty() || std::find(impls.begin(), impls.end(), c.impl) != impls.end()) &&
+        std::find(skip.begin(), skip.end(), c.impl) == skip.end())
       configs.push_back(c);
   if (!profile)
     std::printf("%-10s %-9s %3s %3s %6s %4s %-6s %10s %10s %12s\n", "impl", "dtype", "B", "H", "S",

@@ -8,7 +8,7 @@
 #
 #   scripts/gpu-check.sh --out DIR --deadline-s 450
 #
-#   scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma] [--arch SM]
+#   scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma] [--arch SM]
 #                        [--gtest-source DIR] [--no-python] [--dry-run]
 #
 #   --out DIR         where the results go (default: gpu-check-out in the repository root;
@@ -21,6 +21,12 @@
 #                     and CudaBehaviour.*, compute-sanitizer on their Small cases, the
 #                     benchmark of fused (and its 128-row tiles) against fused_wgmma and
 #                     fused_wgmma_pipelined, ncu as usual; no Python steps
+#   --focus tma       the TMA kernel (fused_tma, docs/cuda.md), within about 8 minutes under
+#                     --deadline-s 450: the TMA and wgmma probes first, tests *fused_tma* and
+#                     CudaBehaviour.*, compute-sanitizer on its Small cases, the flash-suite
+#                     benchmark of fused (fused_mma) / fused_wgmma / fused_wgmma_pipelined /
+#                     fused_tma, ncu on those kernels only (L2 and tensor-pipe throughput, shared
+#                     bank conflicts; a table of them in summary.txt); no Python steps
 #   --arch SM         CUDA architecture to build for, e.g. 90 (env CUDA_ARCH; default: the
 #                     compute capability of GPU 0 as nvidia-smi reports it, else 90)
 #   --gtest-source DIR  GoogleTest source tree to build when the system has no GoogleTest
@@ -68,7 +74,7 @@
 # summary.txt (also printed last) holds the machine, step results, spills and the bench
 # table. Copy DIR/results/<machine>/gpu/ into the repository's results/ to keep them.
 set -u
-usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma] [--arch SM] [--gtest-source DIR] [--no-python] [--dry-run]"
+usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma] [--arch SM] [--gtest-source DIR] [--no-python] [--dry-run]"
 OUT=${OUT:-}
 DEADLINE_S=${DEADLINE_S:-}
 FOCUS=${FOCUS:-}
@@ -90,7 +96,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --no-python) PYTHON_STEPS=0; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,68p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,74p' "$0"; exit 0 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -111,6 +117,9 @@ if [ -z "$CUDA_ARCH" ]; then
   CUDA_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
   case "$CUDA_ARCH" in ""|*[!0-9]*) CUDA_ARCH=90 ;; esac
 fi
+# BENCH_SUITE: fattn_gpu_bench's --suite; NCU_KERNELS: the kernels ncu profiles.
+BENCH_SUITE=all
+NCU_KERNELS="regex:naive_|fused_"
 case "$FOCUS" in
   "")
     TEST_FILTER="*"
@@ -126,7 +135,17 @@ case "$FOCUS" in
     # fattn_gpu_bench's variant names: gpu/gpu_bench.cu, namespace variant
     BENCH_IMPLS=(--impls "fused,fused_br128,fused_wgmma,fused_wgmma_pipelined")
     PYTHON_STEPS=0 ;;
-  *) echo "--focus (FOCUS) must be empty or wgmma, got '$FOCUS'" >&2; exit 2 ;;
+  tma)
+    # The kernel's names carry "fused_tma" (tests/util/cuda_case.hpp: Case::name).
+    TEST_FILTER="*fused_tma*:CudaBehaviour.*"
+    MEM_FILTER="Small/CudaSanitize.*fused_tma*"
+    RACE_FILTER="Small/CudaSanitize.*fused_tma*_D64_*"
+    SYNC_FILTER="$RACE_FILTER"
+    BENCH_IMPLS=(--impls "fused,fused_wgmma,fused_wgmma_pipelined,fused_tma")
+    BENCH_SUITE=flash  # D = 64 and 128, S = 512..16384: where the 450 TFLOP/s bar is read
+    NCU_KERNELS="regex:fused_(mma|wgmma|tma)"
+    PYTHON_STEPS=0 ;;
+  *) echo "--focus (FOCUS) must be empty, wgmma or tma, got '$FOCUS'" >&2; exit 2 ;;
 esac
 JOBS=${JOBS:-$(nproc)}
 START=$(date +%s)
@@ -252,8 +271,9 @@ add_subdirectory("$ROOT/tests/cuda" cuda_tests)
 EOF
 TESTS=$BUILD/cuda_tests/fattn_cuda_tests
 PROBE=$BUILD/cuda_tests/fattn_cuda_wgmma_probe_tests
+TMA_PROBE=$BUILD/cuda_tests/fattn_cuda_tma_probe_tests
 BENCH=$BUILD/fattn/gpu/fattn_gpu_bench
-TARGETS=(fattn_cuda_tests fattn_cuda_wgmma_probe_tests fattn_gpu_bench)
+TARGETS=(fattn_cuda_tests fattn_cuda_wgmma_probe_tests fattn_cuda_tma_probe_tests fattn_gpu_bench)
 # The Python extension in the same build: it links the same fattn library (CPU kernels and
 # the CUDA backend), built once for both. Against $PY's torch, whatever its version.
 PY_ARGS=(-DFATTN_BUILD_PYTHON=OFF)
@@ -263,7 +283,7 @@ if [ "$PYTHON_STEPS" = 1 ]; then
   TARGETS+=(fattn_python)
 fi
 # Fresh outputs only: a target that fails leaves no older binary to be run in its place.
-rm -f "$TESTS" "$PROBE" "$BENCH" "$BUILD"/fattn/python/_C*.so
+rm -f "$TESTS" "$PROBE" "$TMA_PROBE" "$BENCH" "$BUILD"/fattn/python/_C*.so
 say "configure + build (sm_${CUDA_ARCH}, Release, ${JOBS} jobs): ${TARGETS[*]}"
 T0=$(date +%s)
 configure() {
@@ -279,7 +299,7 @@ elif [ "$PYTHON_STEPS" = 1 ]; then
   say "configure FAILED with the Python extension; again without it (see build.log)"
   PYTHON_STEPS=0
   PY_ARGS=(-DFATTN_BUILD_PYTHON=OFF)
-  TARGETS=(fattn_cuda_tests fattn_cuda_wgmma_probe_tests fattn_gpu_bench)
+  TARGETS=(fattn_cuda_tests fattn_cuda_wgmma_probe_tests fattn_cuda_tma_probe_tests fattn_gpu_bench)
   configure && CONFIGURED=1
 fi
 BUILD_RC=1
@@ -289,7 +309,7 @@ if [ "$CONFIGURED" = 1 ]; then
   BUILD_RC=$?
 fi
 BUILT=""
-for f in "$TESTS" "$PROBE" "$BENCH"; do [ -x "$f" ] && BUILT+=" $(basename "$f")"; done
+for f in "$TESTS" "$PROBE" "$TMA_PROBE" "$BENCH"; do [ -x "$f" ] && BUILT+=" $(basename "$f")"; done
 ls "$BUILD"/fattn/python/_C*.so >/dev/null 2>&1 && BUILT+=" fattn._C"
 if [ "$BUILD_RC" = 0 ]; then
   say "build OK in $(($(date +%s) - T0)) s:$BUILT"
@@ -303,16 +323,18 @@ fi
   echo "== ptxas: $(grep -c 'Compiling entry' "$BUILD_LOG") kernels compiled with -v; those with a stack frame or spills (sm_${CUDA_ARCH})"
   grep -B2 -E "[1-9][0-9]* bytes spill (stores|loads)|[1-9][0-9]* bytes stack frame" "$BUILD_LOG" |
     grep -E "Compiling entry|spill" | sed 's/ptxas info    : //' | head -20
-  echo "== SASS (sm_${CUDA_ARCH}): tensor-core (HMMA) and local-memory (LDL/STL) instructions per kernel"
+  echo "== SASS (sm_${CUDA_ARCH}): tensor-core (HMMA), TMA (UTMALDG), mbarrier (SYNCS) and local-memory (LDL/STL) instructions per kernel"
   # HGMMA: wgmma (the sm_90a library; 16 per tile at D = 128 and 12 at D = 64 expected:
   # D/16 for S = Q·Kᵀ plus Bc/16 for P·V). HMMA also matches HGMMA's mnemonic, so the
-  # sm_90a kernels show both counts equal.
+  # sm_90a kernels show both counts equal. Static counts of fused_tma_kernel (nvcc 13.0,
+  # docs/cuda.md): D = 128: HGMMA 56, UTMALDG 8, SYNCS 36; D = 64: HGMMA 40, UTMALDG 4, SYNCS 40.
   for lib in "$BUILD/fattn/libfattn_cuda.a" "$BUILD/fattn/libfattn_cuda_sm90a.a"; do
     [ -f "$lib" ] || continue
     cuobjdump --dump-sass "$lib" 2>/dev/null |
-      awk '/Function :/ {f=$3; seen[f]=1} /HMMA/ {n[f]++} /HGMMA/ {g[f]++} /LDL|STL/ {l[f]++}
-           END {for (k in seen) printf "  %-80s HMMA %d, HGMMA %d, local ld/st %d\n", k, n[k], g[k], l[k]}' |
-      sort | head -40
+      awk '/Function :/ {f=$3; seen[f]=1} /HMMA/ {n[f]++} /HGMMA/ {g[f]++} /UTMALDG/ {t[f]++}
+           /SYNCS/ {y[f]++} /LDL|STL/ {l[f]++}
+           END {for (k in seen) printf "  %-80s HMMA %d, HGMMA %d, UTMALDG %d, SYNCS %d, local ld/st %d\n", k, n[k], g[k], t[k], y[k], l[k]}' |
+      sort | head -48
   done
 } | tee -a "$SUMMARY"
 
@@ -377,7 +399,31 @@ short() {
 }
 
 cuda_checks() {
-  # The wgmma probe first (seconds): which descriptor assignment matches; the fused_wgmma
+  # The TMA probe first (seconds): the copy engine's 128-byte swizzle, the mbarrier phases and
+  # wgmma on swizzled tiles, each assumption fused_tma makes (tests/cuda/test_tma_probe.cpp).
+  if [ -x "$TMA_PROBE" ] && ! short 10 "TMA probe"; then
+    say "TMA probe"
+    timeout "$(until_end 60)" "$TMA_PROBE" >/tmp/tma_probe.log 2>&1
+    say "TMA probe exit $?"
+    grep -E '\[tma probe\]|FAILED|SKIPPED|Failure|error' /tmp/tma_probe.log | head -60 | tee -a "$SUMMARY"
+  fi
+  # fused_tma's smoke test: one small case in its own process, 30 s at most (about a second
+  # when it works). A kernel that hangs (an mbarrier phase that never completes) is left
+  # out of every later step — FATTN_CUDA_SKIP_KERNELS for the tests and compute-sanitizer,
+  # fattn_gpu_bench --skip for the benchmark and ncu (the file fused_tma.hung) — so that
+  # the other kernels' checks and timings still come back.
+  if [ -x "$TESTS" ] && ! short 10 "fused_tma smoke test"; then
+    timeout 30 "$TESTS" --gtest_brief=1 --gtest_filter='Small/CudaSanitize.*fused_tma*' >/tmp/tma_smoke.log 2>&1
+    local smoke=$?
+    if [ "$smoke" = 124 ]; then
+      export FATTN_CUDA_SKIP_KERNELS=fused_tma
+      touch "$OUT/fused_tma.hung"
+      say "fused_tma smoke test HUNG (30 s): fused_tma is left out of the later steps"
+    else
+      say "fused_tma smoke test exit $smoke: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' /tmp/tma_smoke.log | tr '\n' ' ')"
+    fi
+  fi
+  # The wgmma probe (seconds): which descriptor assignment matches; the fused_wgmma
   # kernel (src/cuda/core_tile.cuh) uses the LBO = K-adjacent one (variant 0: "A0B0").
   if [ -x "$PROBE" ] && ! short 10 "wgmma probe"; then
     say "wgmma probe"
@@ -400,6 +446,7 @@ cuda_checks() {
     say "tests exit $rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -25 | tee -a "$SUMMARY"
     [ -f /tmp/wgmma_probe.log ] && { echo "== wgmma probe"; cat /tmp/wgmma_probe.log; } >>"$OUT/tests.log"
+    [ -f /tmp/tma_probe.log ] && { echo "== TMA probe"; cat /tmp/tma_probe.log; } >>"$OUT/tests.log"
   fi
   # compute-sanitizer. memcheck: the whole Small subset; racecheck: the D=64 cases;
   # synccheck: the fused D=64 ones.
@@ -425,7 +472,7 @@ cuda_checks() {
   fi
 }
 # Its own summary part and console log (merged into summary.txt when it is done).
-rm -f /tmp/wgmma_probe.log
+rm -f /tmp/wgmma_probe.log /tmp/tma_probe.log "$OUT/fused_tma.hung"
 (SUMMARY=$OUT/summary-cuda-checks.txt; : >"$SUMMARY"; cuda_checks) >"$OUT/cuda-checks.log" 2>&1 &
 CUDA_CHECKS=$!
 say "CUDA checks (probe, tests, compute-sanitizer) in the background -> cuda-checks.log${PHASE_END:+, until +$((PHASE_END - START)) s}"
@@ -494,6 +541,8 @@ if [ "$DRY_RUN" = 1 ]; then
 fi
 
 # ---- 5. benchmark of the kernel variants (C++) ---------------------------------------------
+BENCH_SKIP=()
+[ -f "$OUT/fused_tma.hung" ] && BENCH_SKIP=(--skip fused_tma)
 if [ -x "$BENCH" ] && ! late 45 25 "fattn_gpu_bench"; then
   T=$(cap 160 25)
   BUDGET=()
@@ -504,7 +553,7 @@ if [ -x "$BENCH" ] && ! late 45 25 "fattn_gpu_bench"; then
     say "benchmark (fattn_gpu_bench's default time budget)"
   fi
   echo "== bench" >>"$SUMMARY"
-  timeout "$T" "$BENCH" --suite all "${BUDGET[@]}" --driver "${DRIVER:-unknown}" "${BENCH_IMPLS[@]}" \
+  timeout "$T" "$BENCH" --suite "$BENCH_SUITE" "${BUDGET[@]}" --driver "${DRIVER:-unknown}" "${BENCH_IMPLS[@]}" "${BENCH_SKIP[@]}" \
     --out "$OUT/bench.json" 2>&1 | tee -a "$SUMMARY" | tail -3
 fi
 
@@ -523,6 +572,9 @@ if [ -x "$BENCH" ] && command -v ncu >/dev/null && ! late 20 5 "ncu"; then
     sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
     l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum \
     l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum \
+    lts__throughput.avg.pct_of_peak_sustained_elapsed \
+    lts__t_sectors.avg.pct_of_peak_sustained_elapsed \
     sm__warps_active.avg.pct_of_peak_sustained_active; do
     base=${m%%.*}
     if [ -z "$KNOWN" ] || grep -qx "$base" <<<"$KNOWN"; then METRICS+="${METRICS:+,}$m"; fi
@@ -538,15 +590,15 @@ if [ -x "$BENCH" ] && command -v ncu >/dev/null && ! late 20 5 "ncu"; then
   METRIC_ARGS=()
   [ -n "$METRICS" ] && METRIC_ARGS=(--metrics "$METRICS")
   rm -f /tmp/fattn_prof.ncu-rep
-  timeout "$(cap 200 5)" ncu --clock-control none --kernel-name regex:'naive_|fused_' \
-    "${SECTIONS[@]}" "${METRIC_ARGS[@]}" -o /tmp/fattn_prof -f "$BENCH" --profile \
+  timeout "$(cap 200 5)" ncu --clock-control none --kernel-name "$NCU_KERNELS" \
+    "${SECTIONS[@]}" "${METRIC_ARGS[@]}" -o /tmp/fattn_prof -f "$BENCH" --profile "${BENCH_IMPLS[@]}" "${BENCH_SKIP[@]}" \
     >/tmp/ncu.log 2>&1
   say "ncu exit $? ($(grep -c '==PROF==' /tmp/ncu.log) profiler lines; errors: $(grep -c '==ERROR==' /tmp/ncu.log))"
   grep '==ERROR==\|==WARNING==' /tmp/ncu.log | head -5 | tee -a "$SUMMARY"
   if [ ! -f /tmp/fattn_prof.ncu-rep ] && [ ${#METRIC_ARGS[@]} -gt 0 ] && ! late 20 5 "ncu (sections only)"; then
     say "ncu again without the extra metrics (sections only)"
-    timeout "$(cap 150 5)" ncu --clock-control none --kernel-name regex:'naive_|fused_' \
-      "${SECTIONS[@]}" -o /tmp/fattn_prof -f "$BENCH" --profile >/tmp/ncu.log 2>&1
+    timeout "$(cap 150 5)" ncu --clock-control none --kernel-name "$NCU_KERNELS" \
+      "${SECTIONS[@]}" -o /tmp/fattn_prof -f "$BENCH" --profile "${BENCH_IMPLS[@]}" "${BENCH_SKIP[@]}" >/tmp/ncu.log 2>&1
     say "ncu exit $?"
   fi
   if [ -f /tmp/fattn_prof.ncu-rep ]; then
@@ -554,6 +606,35 @@ if [ -x "$BENCH" ] && command -v ncu >/dev/null && ! late 20 5 "ncu"; then
     ncu --import /tmp/fattn_prof.ncu-rep --csv --page details >"$OUT/ncu_details.csv" 2>&1
     cp /tmp/fattn_prof.ncu-rep "$OUT/fattn.ncu-rep"
     say "ncu: $(($(wc -l <"$OUT/ncu_raw.csv") - 2)) kernels profiled"
+    # The bars of the TMA work (docs/cuda.md): L2 throughput < 60 %, tensor pipe > 50 %; and
+    # shared-memory bank conflicts. One line per profiled kernel launch.
+    if [ -n "$FOCUS" ] && command -v python3 >/dev/null; then
+      echo "== ncu: kernel | grid | duration | L2 throughput % | tensor pipe (gmma / hmma) % | shared bank conflicts (ld+st)" >>"$SUMMARY"
+      python3 - "$OUT/ncu_raw.csv" >>"$SUMMARY" 2>&1 <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1], newline="")))
+head, data = rows[0], rows[2:]  # row 1: units
+col = {name: i for i, name in enumerate(head)}
+def get(row, *names):
+    for n in names:
+        if n in col and row[col[n]] not in ("", "n/a"):
+            return row[col[n]]
+    return "-"
+for r in data:
+    name = get(r, "Kernel Name")[:60]
+    bank = "-"
+    try:
+        bank = str(int(float(get(r, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum").replace(",", "")) +
+                       float(get(r, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum").replace(",", ""))))
+    except ValueError:
+        pass
+    print("  %-60s | %s | %s | %s | %s / %s | %s" % (
+        name, get(r, "Grid Size", "launch__grid_size"), get(r, "gpu__time_duration.sum"),
+        get(r, "lts__throughput.avg.pct_of_peak_sustained_elapsed", "lts__t_sectors.avg.pct_of_peak_sustained_elapsed"),
+        get(r, "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"),
+        get(r, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"), bank))
+PY
+    fi
   fi
 fi
 

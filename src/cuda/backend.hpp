@@ -12,7 +12,8 @@
 //   Impl::fused      float16/bfloat16: FlashAttention-2 on mma.sync (Kernel::fused_mma,
 //                    which picks 64- or 128-row query tiles per problem). The Hopper
 //                    wgmma kernels (Kernel::fused_wgmma and fused_wgmma_pipelined, compute
-//                    capability 9.0, head dims up to 128) are reached through forward_with
+//                    capability 9.0, head dims up to 128) and Kernel::fused_tma (the same
+//                    on TMA loads and warp specialization) are reached through forward_with
 //                    only until they have been measured against fused_mma on an H100
 //                    (docs/cuda.md).
 //   Impl::automatic  float32: 3xTF32 on mma.sync m16n8k8 (Kernel::fused_tf32x3), which
@@ -36,6 +37,7 @@ enum class Kernel : std::uint8_t {
   fused_mma,        // float16 / bfloat16 only
   fused_wgmma,      // float16 / bfloat16, head dim <= 128, compute capability 9.0 (sm_90a)
   fused_wgmma_pipelined,  // the same with FlashAttention-3's overlapped schedule
+  fused_tma,        // the pipelined schedule fed by TMA loads from a producer warpgroup (sm_90a)
   fused_tf32x3,     // float32 only
   fused_tf32,       // float32 only, TF32 mode: Q·Kᵀ plain TF32, P·V with V split (fused_tf32.cuh)
   fused_fma,        // float32 only
@@ -78,12 +80,13 @@ int naive_launch_count();
 std::vector<int> supported_head_dims();
 std::string supported_head_dims_text();  // e.g. "32, 64, 96, 128, 256"
 
-// Head dims the fused_wgmma kernel is compiled for (64 and 128 where they are in
-// FATTN_CUDA_HEAD_DIMS; empty when it is not built). Smaller dims run on the next one.
+// Head dims the Hopper kernels (fused_wgmma, fused_wgmma_pipelined, fused_tma) are compiled
+// for (64 and 128 where they are in FATTN_CUDA_HEAD_DIMS; empty when they are not built).
+// Smaller dims run on the next one.
 std::vector<int> wgmma_head_dims();
 
 // Whether `kernel` can run on the current CUDA device: compute capability 8.0 or newer,
-// and for fused_wgmma exactly 9.0 and a build that has it. False without a device.
+// and for the Hopper kernels (fused_wgmma*, fused_tma) exactly 9.0 and a build that has them. False without a device.
 bool runs_on_current_device(Kernel kernel);
 
 }  // namespace fattn::cuda

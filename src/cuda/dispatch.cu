@@ -93,7 +93,10 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
     if (is_wgmma(plan.kernel)) {
       if constexpr (!std::is_same_v<T, float>)
         with_head_dim(WgmmaHeadDims{}, "wgmma", plan.kernel_dim, [&](auto dim) {
-          launch_fused_wgmma<T, decltype(dim)::value>(params, {plan.kernel, 0}, stream);
+          if (is_tma(plan.kernel))
+            launch_fused_tma<T, decltype(dim)::value>(params, {plan.kernel, 0}, stream);
+          else
+            launch_fused_wgmma<T, decltype(dim)::value>(params, {plan.kernel, 0}, stream);
         });
       return;
     }

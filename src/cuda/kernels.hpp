@@ -21,6 +21,7 @@ enum class Method : std::uint8_t {
   tf32_slices,      // mma.sync m16n8k8 in 16-row warp slices (fused_tf32.cuh)
   fma,              // float32 FMAs, no tensor cores (fused_fma.cuh)
   wgmma,            // Hopper warpgroup MMA, sm_90a (fused_wgmma.cuh)
+  wgmma_tma,        // the same fed by the bulk tensor copy engine, warp-specialized (fused_tma.cuh)
 };
 
 enum class Inputs : std::uint8_t { any, sixteen_bit, float32 };
@@ -39,6 +40,7 @@ inline constexpr KernelFamily kKernelFamilies[] = {
     {Kernel::fused_mma, "fused_mma", Method::mma_slices, Inputs::sixteen_bit},
     {Kernel::fused_wgmma, "fused_wgmma", Method::wgmma, Inputs::sixteen_bit},
     {Kernel::fused_wgmma_pipelined, "fused_wgmma_pipelined", Method::wgmma, Inputs::sixteen_bit},
+    {Kernel::fused_tma, "fused_tma", Method::wgmma_tma, Inputs::sixteen_bit},
     {Kernel::fused_tf32x3, "fused_tf32x3", Method::tf32_slices, Inputs::float32},
     {Kernel::fused_tf32, "fused_tf32", Method::tf32_slices, Inputs::float32},
     {Kernel::fused_fma, "fused_fma", Method::fma, Inputs::float32},
@@ -56,7 +58,12 @@ constexpr const KernelFamily& family(Kernel kernel) {
   return kKernelFamilies[static_cast<std::size_t>(kernel)];
 }
 
-constexpr bool is_wgmma(Kernel kernel) { return family(kernel).method == Method::wgmma; }
+// The Hopper kernels (sm_90a, compute capability 9.0 only, head dims 64 and 128, one tile
+// height): the wgmma kernels and the TMA kernel.
+constexpr bool is_wgmma(Kernel kernel) {
+  return family(kernel).method == Method::wgmma || family(kernel).method == Method::wgmma_tma;
+}
+constexpr bool is_tma(Kernel kernel) { return family(kernel).method == Method::wgmma_tma; }
 constexpr bool is_tf32(Kernel kernel) { return family(kernel).method == Method::tf32_slices; }
 // The warp-slice kernels: 64- or 128-row tiles (one or two slices per warp).
 constexpr bool is_slice_kernel(Kernel kernel) {
@@ -65,14 +72,20 @@ constexpr bool is_slice_kernel(Kernel kernel) {
 constexpr SliceTiles slice_tiles(Kernel kernel, int dim) {
   return is_tf32(kernel) ? tf32_tiles(dim) : mma_tiles(dim);
 }
-// Tile rows of the wgmma kernel (one 64-row warpgroup each).
+// Tile rows of the wgmma kernels (one 64-row warpgroup each) and of the TMA kernel (one
+// 64-row consumer warpgroup each).
 constexpr int wgmma_tile_rows(int dim) { return 64 * wgmma_tiles(dim).warpgroups; }
+constexpr int tma_tile_rows(int dim) { return 64 * tma_tiles(dim).consumers; }
+constexpr int hopper_tile_rows(Kernel kernel, int dim) {
+  return is_tma(kernel) ? tma_tile_rows(dim) : wgmma_tile_rows(dim);
+}
 
 // The fewest query rows per block the kernel may use (its largest grid); 1 for the
 // per-row kernels.
 constexpr int smallest_tile_rows(Kernel kernel, int dim) {
   switch (family(kernel).method) {
     case Method::wgmma: return wgmma_tile_rows(dim);
+    case Method::wgmma_tma: return tma_tile_rows(dim);
     case Method::mma_slices:
     case Method::tf32_slices: return slice_tiles(kernel, dim).tile_rows(1);
     case Method::fma: return fma_tiles(dim).br;

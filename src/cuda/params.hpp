@@ -61,6 +61,9 @@ void launch_fused_mma(const Params& p, const FusedLaunch& launch, cudaStream_t s
 // above, D = 64 or 128 (wgmma_head_dim); run only on compute capability 9.0.
 template <class T, int D>
 void launch_fused_wgmma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
+// The TMA kernel (fused_tma.cuh; same library, target and device as the wgmma kernels).
+template <class T, int D>
+void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
 template <int D>
 void launch_fused_tf32(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
 template <int D>

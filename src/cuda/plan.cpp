@@ -137,7 +137,7 @@ void force_tile_rows(Plan& plan, int tile_rows, std::int64_t head_dim) {
                                    " is not a tile height of the " + to_string(plan.kernel) +
                                    " CUDA kernel (0, or ";
   if (is_wgmma(plan.kernel)) {
-    const int rows = wgmma_tile_rows(plan.kernel_dim);
+    const int rows = hopper_tile_rows(plan.kernel, plan.kernel_dim);
     if (tile_rows != rows) fail(not_a_height + std::to_string(rows) + ")");
     return;
   }

@@ -83,6 +83,23 @@ struct WgmmaTiles {
 constexpr bool wgmma_head_dim(int d) { return d == 64 || d == 128; }
 constexpr WgmmaTiles wgmma_tiles(int) { return WgmmaTiles{2, 128}; }
 
+// The TMA kernel (fused_tma.cuh, sm_90a, float16 / bfloat16): FlashAttention-3's warp
+// specialization. A producer warpgroup (one thread issues every copy; setmaxnreg gives its
+// registers away) loads Q once and K/V tiles into a ring of `stages` 128-byte-swizzled stages
+// with the bulk tensor copy engine; `consumers` warpgroups of 64 query rows each run the
+// fused_wgmma_pipelined schedule on them (SS wgmma for Q·Kᵀ, RS for P·V).
+//   2 consumers (Br = 128), Bc = 128 for D = 64 and 128, as FlashAttention-3's D = 128
+//   forward: 384 threads; registers 24 (producer) / 240 (consumers) after setmaxnreg:
+//   24·128 + 240·256 = 64512 of the SM's 65536. Shared memory per stage of K or V:
+//   Bc·D·2 B = 32 KB at D = 128 (16 KB at D = 64).
+//   stages: 2 at D = 128 (FlashAttention-3's choice; Q 32 KB + 4·32 KB = 160 KB; 3 stages
+//   would fit in 224 KB and are the first thing to try on the GPU), 3 at D = 64 (112 KB).
+// First choice, not yet measured on a GPU (docs/cuda.md, "The TMA kernel").
+struct TmaTiles {
+  int consumers, bc, stages;
+};
+constexpr TmaTiles tma_tiles(int d) { return d <= 64 ? TmaTiles{2, 128, 3} : TmaTiles{2, 128, 2}; }
+
 // 3xTF32 / TF32 on mma.sync m16n8k8 (float32). Same warp layout as the 16-bit kernel
 // (kM = 1 or 2 slices of 16 rows per warp, 4 warps, Br = 64 or 128; the 128-row tiles
 // share each K/V fragment load and split between two slices). K and V each have one shared stage, with the

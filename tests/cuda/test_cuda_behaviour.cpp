@@ -181,8 +181,11 @@ TEST(CudaBehaviour, GraphCaptureCountsLaunches) {
                           Expect{DType::float32, Kernel::reference, Layout::bhsd, 1},
                           Expect{DType::bfloat16, Kernel::fused_wgmma, Layout::bshd, 1},
                           Expect{DType::float16, Kernel::fused_wgmma, Layout::misaligned, 4},
-                          Expect{DType::float16, Kernel::fused_wgmma_pipelined, Layout::padded, 1}}) {
-    if (!fattn::cuda::runs_on_current_device(e.kernel)) continue;
+                          Expect{DType::float16, Kernel::fused_wgmma_pipelined, Layout::padded, 1},
+                          Expect{DType::bfloat16, Kernel::fused_tma, Layout::bshd, 1},
+                          Expect{DType::float16, Kernel::fused_tma, Layout::misaligned, 4},
+                          Expect{DType::float16, Kernel::fused_tma, Layout::padded, 1}}) {
+    if (!fattn::cuda::runs_on_current_device(e.kernel) || skipped_by_environment(e.kernel)) continue;
     Case c;
     c.dtype = e.dtype;
     c.kernel = e.kernel;
@@ -297,6 +300,8 @@ TEST(CudaBehaviour, KernelMustMatchDtype) {
   EXPECT_THAT(
       error_of([&] { fattn::cuda::extra_bytes_with(q, k, v, {}, Kernel::fused_wgmma_pipelined); }),
       HasSubstr("the fused_wgmma_pipelined CUDA kernel takes float16 or bfloat16, got float32"));
+  EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(q, k, v, {}, Kernel::fused_tma); }),
+              HasSubstr("the fused_tma CUDA kernel takes float16 or bfloat16, got float32"));
 }
 
 // fused_wgmma: head dims up to its largest compiled one (64 and 128; smaller ones padded),
@@ -327,6 +332,13 @@ TEST(CudaBehaviour, WgmmaLimitsAreChecked) {
   EXPECT_THAT(
       error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_wgmma_pipelined, 64); }),
       HasSubstr("tile_rows = 64 is not a tile height of the fused_wgmma_pipelined CUDA kernel"));
+  // The TMA kernel: the same head dims and device, 128-row tiles.
+  EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h256, h256, h256, {}, Kernel::fused_tma); }),
+              HasSubstr("head dim 256 is larger than every head dim the fused_tma CUDA kernel is "
+                        "built for (" + listed + "); use the fused_mma kernel"));
+  EXPECT_EQ(fattn::cuda::extra_bytes_with(h40, h40, h40, {}, Kernel::fused_tma), 0);  // padded to 64
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_tma, 64); }),
+              HasSubstr("tile_rows = 64 is not a tile height of the fused_tma CUDA kernel (0, or 128)"));
   if (!why_no_gpu().empty() || fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) return;
   // A GPU other than compute capability 9.0: a clear error, no launch.
   Case c;

@@ -31,6 +31,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -447,7 +448,8 @@ inline Outcome run_case(const Case& c) {
 // take any head dim).
 inline bool compiled_for(const Case& c) {
   if (c.kernel == Kernel::reference || c.kernel == Kernel::naive) return true;
-  if (c.kernel == Kernel::fused_wgmma || c.kernel == Kernel::fused_wgmma_pipelined) {
+  if (c.kernel == Kernel::fused_wgmma || c.kernel == Kernel::fused_wgmma_pipelined ||
+      c.kernel == Kernel::fused_tma) {
     const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
     return !dims.empty() && c.D <= dims.back();
   }
@@ -473,16 +475,32 @@ inline std::vector<KernelCase> all_kernels() {
           {DType::bfloat16, Kernel::naive, 0},       {DType::bfloat16, Kernel::fused_mma, 64},
           {DType::bfloat16, Kernel::fused_mma, 128}, {DType::float16, Kernel::fused_wgmma, 0},
           {DType::bfloat16, Kernel::fused_wgmma, 0}, {DType::float16, Kernel::fused_wgmma_pipelined, 0},
-          {DType::bfloat16, Kernel::fused_wgmma_pipelined, 0}};
+          {DType::bfloat16, Kernel::fused_wgmma_pipelined, 0}, {DType::float16, Kernel::fused_tma, 0},
+          {DType::bfloat16, Kernel::fused_tma, 0}};
 }
 
-// Why the current device cannot run c's kernel ("" when it can): the wgmma kernels are
-// sm_90a code and run on compute capability 9.0 only.
+// Whether the environment variable FATTN_CUDA_SKIP_KERNELS (kernel names, comma-separated)
+// names `kernel`: scripts/gpu-check.sh sets it for a kernel that hung in its smoke test, so
+// that the other kernels' checks still run.
+inline bool skipped_by_environment(Kernel kernel) {
+  const char* list = std::getenv("FATTN_CUDA_SKIP_KERNELS");
+  if (!list) return false;
+  std::stringstream names(list);
+  for (std::string name; std::getline(names, name, ',');)
+    if (name == fattn::cuda::to_string(kernel)) return true;
+  return false;
+}
+
+// Why the current device cannot run c's kernel ("" when it can): the wgmma and TMA kernels
+// are sm_90a code and run on compute capability 9.0 only.
 inline std::string why_not_here(const Case& c) {
+  if (skipped_by_environment(c.kernel))
+    return std::string("the ") + fattn::cuda::to_string(c.kernel) +
+           " kernel is left out by FATTN_CUDA_SKIP_KERNELS";
   if (fattn::cuda::runs_on_current_device(c.kernel)) return "";
   return std::string("the ") + fattn::cuda::to_string(c.kernel) +
-         " kernel does not run on this device (the wgmma kernels: compute capability 9.0 and "
-         "a build with them)";
+         " kernel does not run on this device (the wgmma and TMA kernels: compute capability "
+         "9.0 and a build with them)";
 }
 
 // all_kernels() less the ones the current device cannot run, for tests that loop over
@@ -490,7 +508,8 @@ inline std::string why_not_here(const Case& c) {
 inline std::vector<KernelCase> kernels_here() {
   std::vector<KernelCase> here;
   for (const KernelCase& k : all_kernels())
-    if (fattn::cuda::runs_on_current_device(k.kernel)) here.push_back(k);
+    if (fattn::cuda::runs_on_current_device(k.kernel) && !skipped_by_environment(k.kernel))
+      here.push_back(k);
   return here;
 }
 

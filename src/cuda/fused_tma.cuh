@@ -1,0 +1,391 @@
+// fattn — fused attention for float16 / bfloat16 on Hopper with the bulk tensor copy engine
+// (TMA) and warp specialization (sm_90a): FlashAttention-3's producer/consumer structure
+// around fused_wgmma.cuh's pipelined schedule.
+//
+// Why: fused_wgmma stages K and V with cp.async, 16 bytes per thread per row, into the
+// no-swizzle core-matrix layout; on the H100 it was L2-bound (L2 throughput 90 %, tensor
+// pipe 25 %, results/h100/2026-11-26). Here one thread issues each tile as D/64 bulk tensor
+// copies of 64 columns × Bc rows (whole 128-byte rows per request) into 128-byte-swizzled
+// shared memory (tma.cuh), which wgmma reads without bank conflicts.
+//
+// One block = one query tile of Br = 128 rows of one (batch, head), 3 warpgroups:
+//   warpgroup 0 (producer): setmaxnreg down to 24 registers; thread 0 loads Q (one mbarrier,
+//     q_full), then K_0, and for j = 0, 1, ...: K_{j+1}, V_j, each into stage j % kStages of
+//     its ring after waiting for that stage's `empty` barrier (phase parity (j/kStages+1)%2:
+//     the first round passes at once), announcing the tile's bytes on its `full` barrier
+//     (arrive.expect_tx) before the copies. Loads stop at the causal limit of the tile's
+//     last row, as in the other kernels.
+//   warpgroups 1, 2 (consumers, 64 query rows each): setmaxnreg up to 240; the
+//     fused_wgmma_pipelined schedule: iteration j waits for K_j and V_{j-1} (full barriers,
+//     parity (j/kStages)%2), issues S_j = Q·K_jᵀ (SS wgmma, both operands swizzled K-major)
+//     and O += P_{j-1}·V_{j-1} (RS wgmma, V swizzled MN-major), waits for S_j, releases K_j's
+//     stage (one arrival per consumer warpgroup on its empty barrier), computes the softmax
+//     of S_j under the P·V, waits for it and releases V_{j-1}'s stage.
+// Softmax, masking, causal tile skipping, the NaN/Inf rule for hidden keys' values and the
+// epilogue are fused_wgmma's (warp_softmax.cuh; the slow path below reads the swizzled V and
+// synchronizes the 256 consumer threads with a named barrier instead of __syncthreads).
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/fused_wgmma.cuh"
+#include "cuda/host_checks.hpp"
+#include "cuda/tensor_map.hpp"
+#include "cuda/tile_config.hpp"
+#include "cuda/tma.cuh"
+#include "cuda/warp_softmax.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace fattn::cuda {
+
+template <class T, int kD>
+struct TmaShape {
+  static_assert(wgmma_head_dim(kD), "the TMA kernel is built for head dims 64 and 128");
+  static constexpr int kConsumers = tma_tiles(kD).consumers;  // warpgroups of 64 query rows
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kThreads = 128 + kConsumerThreads;  // + the producer warpgroup
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;
+  static constexpr int kBr = 64 * kConsumers;
+  static constexpr int kBc = tma_tiles(kD).bc;
+  static constexpr int kStages = tma_tiles(kD).stages;
+  static constexpr int kNS = kBc / 8;   // 8-column score blocks per warp
+  static constexpr int kDB = kD / 8;    // 8-column output blocks per warp
+  static constexpr int kKS = kBc / 16;  // 16-key slices: P's A fragments
+  static constexpr int kPanels = kD / kPanelCols;
+  static constexpr int kTileElems = kBc * kD;
+  static constexpr std::uint32_t kQBytes = kBr * kD * 2;
+  static constexpr std::uint32_t kTileBytes = kBc * kD * 2;
+  // Shared memory from a 1024-aligned base: Q, the K stages, the V stages, the barriers
+  // (q_full, then k_full, k_empty, v_full, v_empty: kStages each).
+  static constexpr int kKOffset = kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr int kBarOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kBarriers = 1 + 4 * kStages;
+  static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + kSwizzleAtomBytes;  // + alignment
+  // Registers per thread after setmaxnreg (multiples of 8, 24..256); the sum must fit the
+  // SM's 64K registers.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kBc == 64 || kBc == 128, "m64n64 or m64n128 for S");
+  static_assert(kQBytes % kSwizzleAtomBytes == 0 && kTileBytes % kSwizzleAtomBytes == 0,
+                "every tile starts 1024-aligned");
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536,
+                "the warpgroups' registers fit the SM");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block on sm_90");
+};
+
+// The three tensor maps (tensor_map.hpp), passed by value as a __grid_constant__ parameter.
+struct TmaMaps {
+  CUtensorMap q, k, v;
+};
+
+// Whether a swizzled tile (all of it: rows past the sequence are zero-filled) holds a NaN or
+// an infinity; every consumer thread calls it (named barrier 1).
+template <class T, int kTileBytes, int kThreads>
+__device__ __forceinline__ bool consumers_see_nonfinite(const void* tile, int ctid) {
+  const uint4* chunks = static_cast<const uint4*>(tile);
+  bool bad = false;
+#pragma unroll 1
+  for (int c = ctid; c < kTileBytes / 16; c += kThreads) bad |= chunk_nonfinite<T>(chunks[c]);
+  return named_sync_or(1, kThreads, bad);
+}
+
+// The slow path (fused_wgmma.cuh's pv_visible_keys_shared on the swizzled V): O += P·V summing
+// each row's visible keys only, with FMAs; P goes through `scratch` (a K stage no MMA reads
+// any more). Every consumer thread calls it; named barrier 1 instead of __syncthreads. Ends
+// with the scratch's generic writes fenced for the copy engine's next write into it.
+template <class T, int kD, int kKS, int kWarps, int kScratchElems>
+__device__ __forceinline__ void pv_visible_keys_sw128(const std::uint32_t (&a)[kKS][4],
+                                                      float (&o)[kD / 8][4], const T* v_tile,
+                                                      T* scratch, const Params& p, int warp,
+                                                      int lane, int row0, int k0) {
+  constexpr int kBc = 16 * kKS;
+  constexpr int kWarpElems = 16 * kBc;
+  constexpr int kWarpsPerTurn = kScratchElems / kWarpElems;
+  static_assert(kWarpsPerTurn >= 1, "a warp's probabilities fit in the scratch");
+  const int g = lane / 4, t = lane % 4;
+  for (int first = 0; first < kWarps; first += kWarpsPerTurn) {
+    named_sync(1, 32 * kWarps);  // the scratch's MMAs (first turn) or last turn's reads are done
+    if (warp < first || warp >= first + kWarpsPerTurn) continue;
+    T* const mine = scratch + (warp - first) * kWarpElems;
+    std::uint32_t* const pairs = reinterpret_cast<std::uint32_t*>(mine);
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        pairs[(g + 8 * (r % 2)) * (kBc / 2) + kk * 8 + t + 4 * (r / 2)] = a[kk][r];
+    __syncwarp();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + 8 * half;
+      const T* const prow = mine + (g + 8 * half) * kBc;
+#pragma unroll 1
+      for (int key = 0; key < kBc; ++key) {
+        if (visibility(p).hidden(row, k0 + key)) continue;
+        const float pe = to_float(prow[key]);
+        // Columns 8d + 2t, +1 of this key: element offset sw128_offset / 2 with the chunk
+        // d % 8 XOR key % 8 inside panel d / 8.
+        const T* const vrow = v_tile + key * (kSwizzleRowBytes / 2) + 2 * t;
+        const int x = key % 8;
+#pragma unroll
+        for (int d = 0; d < kD / 8; ++d) {
+          const T* const v2 = vrow + (d / 8) * (kBc * kSwizzleRowBytes / 2) + ((d % 8) ^ x) * 8;
+          o[d][2 * half] = fmaf(pe, to_float(v2[0]), o[d][2 * half]);
+          o[d][2 * half + 1] = fmaf(pe, to_float(v2[1]), o[d][2 * half + 1]);
+        }
+      }
+    }
+  }
+  fence_proxy_async_shared();  // generic writes to the scratch, before the copy engine's
+  named_sync(1, 32 * kWarps);
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+
+template <class T, int kD>
+__global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
+    fused_tma_kernel(const Params p, const __grid_constant__ TmaMaps maps) {
+  using S = TmaShape<T, kD>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The dynamic window's start is not promised to be 1024-aligned: round up (kSmemBytes
+  // holds the slack).
+  const std::uint32_t raw = smem_u32(smem_raw);
+  unsigned char* const smem =
+      smem_raw + (((raw + kSwizzleAtomBytes - 1) & ~std::uint32_t(kSwizzleAtomBytes - 1)) - raw);
+  auto k_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::kKOffset + s * S::kTileBytes); };
+  auto v_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::kVOffset + s * S::kTileBytes); };
+  std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(smem + S::kBarOffset);
+  std::uint64_t* const q_full = bars;
+  std::uint64_t* const k_full = bars + 1;
+  std::uint64_t* const k_empty = k_full + S::kStages;
+  std::uint64_t* const v_full = k_empty + S::kStages;
+  std::uint64_t* const v_empty = v_full + S::kStages;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
+  const FusedBlock<T> block = fused_block<T>(p, S::kBr, S::kBc);
+  const BlockCoord c = block.c;
+  const int tiles = block.tiles;
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < S::kStages; ++s) {
+      mbar_init(k_full + s, 1);  // the producer's arrive.expect_tx
+      mbar_init(v_full + s, 1);
+      mbar_init(k_empty + s, S::kConsumers);  // one arrival per consumer warpgroup
+      mbar_init(v_empty + s, S::kConsumers);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<S::kProducerRegs>();
+    if (tid == 0 && tiles > 0) {
+      tma_prefetch_map(&maps.q);
+      tma_prefetch_map(&maps.k);
+      tma_prefetch_map(&maps.v);
+      mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+      for (int panel = 0; panel < S::kPanels; ++panel)
+        tma_load_4d(smem + panel * sw128_panel_bytes<S::kBr>(), &maps.q, q_full,
+                    panel * kPanelCols, c.q0, c.h, c.b);
+      // Tile j of K (or V) into stage j % kStages, once the consumers have released the
+      // tile that was there (j - kStages).
+      auto load = [&](const CUtensorMap* map, unsigned char* ring, std::uint64_t* full,
+                      std::uint64_t* empty, int j) {
+        const int s = j % S::kStages;
+        mbar_wait(empty + s, ((j / S::kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(full + s, S::kTileBytes);
+        unsigned char* const dst = ring + s * S::kTileBytes;
+#pragma unroll
+        for (int panel = 0; panel < S::kPanels; ++panel)
+          tma_load_4d(dst + panel * sw128_panel_bytes<S::kBc>(), map, full + s, panel * kPanelCols,
+                      j * S::kBc, c.kv_head, c.b);
+      };
+      load(&maps.k, smem + S::kKOffset, k_full, k_empty, 0);
+#pragma unroll 1
+      for (int j = 0; j < tiles; ++j) {
+        if (j + 1 < tiles) load(&maps.k, smem + S::kKOffset, k_full, k_empty, j + 1);
+        load(&maps.v, smem + S::kVOffset, v_full, v_empty, j);
+      }
+    }
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<S::kConsumerRegs>();
+    const int ctid = tid - 128;             // 0 .. 255
+    const int cwarp = warp - 4;             // 0 .. 7
+    const int consumer = warpgroup - 1;     // 64 query rows each
+    const bool signals = ctid % 128 == 0;   // the warpgroup's arrival on an empty barrier
+    const int warp_row0 = c.q0 + cwarp * 16;
+    const int row0 = warp_row0 + lane / 4;
+    // The warpgroup's 64 rows of Q: row 64·consumer of each panel (8 KB in, 1024-aligned).
+    const std::uint64_t q_desc =
+        sw128_k_major_desc<S::kBr>(smem + consumer * 64 * kSwizzleRowBytes);
+    auto k_desc = [&](int s) { return sw128_k_major_desc<S::kBc>(k_stage(s)); };
+    auto v_desc = [&](int s) { return sw128_mn_major_desc<S::kBc>(v_stage(s)); };
+    auto wait_k = [&](int j) { mbar_wait(k_full + j % S::kStages, (j / S::kStages) & 1); };
+    auto wait_v = [&](int j) { mbar_wait(v_full + j % S::kStages, (j / S::kStages) & 1); };
+    auto release_k = [&](int j) {
+      if (signals) mbar_arrive(k_empty + j % S::kStages);
+    };
+    auto release_v = [&](int j) {
+      if (signals) mbar_arrive(v_empty + j % S::kStages);
+    };
+
+    const Visibility visible = visibility(p);
+    auto crosses_diagonal = [&](int j, int first_row) {
+      return visible.crosses_limit(j * S::kBc, S::kBc, first_row);
+    };
+    auto hides_keys = [&](int j, int first_row) {
+      return visible.tile_hides_keys(j * S::kBc, S::kBc, first_row);
+    };
+    // Whether V_j must skip the tensor cores (fused_wgmma.cuh): uniform over the consumers.
+    auto needs_visible_keys_only = [&](int j) {
+      return crosses_diagonal(j, c.q0) &&
+             consumers_see_nonfinite<T, S::kTileBytes, S::kConsumerThreads>(
+                 v_stage(j % S::kStages), ctid);
+    };
+    auto scale_mask_softmax = [&](float (&s)[S::kNS][4], int j, bool may_mask, WarpRows& rows,
+                                  float (&alphas)[2]) {
+      const bool mask = may_mask && hides_keys(j, warp_row0);
+      scale_and_mask(s, p, mask, row0, j * S::kBc + 2 * (lane % 4));
+      softmax_scores(s, rows, alphas);
+    };
+
+    float o[S::kDB][4];
+#pragma unroll
+    for (int d = 0; d < S::kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    WarpRows rows;
+    rows.start();
+    float s[S::kNS][4];
+    std::uint32_t a[S::kKS][4];
+    float alphas[2];
+    auto pv_visible_keys_only = [&](int jv, int j_scratch) {
+      pv_visible_keys_sw128<T, kD, S::kKS, S::kConsumerWarps, S::kTileElems>(
+          a, o, v_stage(jv % S::kStages), k_stage(j_scratch % S::kStages), p, cwarp, lane, row0,
+          jv * S::kBc);
+    };
+    auto finish = [&]() {
+      store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h),
+                    lse_head(p, c.b, c.h), row0, lane);
+    };
+
+    if (tiles > 0) {
+      // Tile 0 peeled off (as in fused_wgmma: every branch of the loop issues and waits for
+      // its own wgmma groups, so ptxas keeps them asynchronous).
+      mbar_wait(q_full, 0);
+      wait_k(0);
+      issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(0));
+      wgmma_wait_group<0>();
+      wgmma_fence_operands(s);
+      release_k(0);
+      scale_mask_softmax(s, 0, true, rows, alphas);
+      pack_probs<T>(s, a);
+#pragma unroll 1
+      for (int j = 1; j < tiles; ++j) {
+        wait_k(j);
+        wait_v(j - 1);
+        if (needs_visible_keys_only(j - 1)) {  // rare: a NaN/Inf value at a key some rows do not see
+          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
+          wgmma_wait_group<0>();
+          wgmma_fence_operands(s);
+          scale_mask_softmax(s, j, true, rows, alphas);
+          pv_visible_keys_only(j - 1, j);  // scratch: K_j's stage, whose Q·Kᵀ is done
+          release_k(j);
+          release_v(j - 1);
+        } else if (hides_keys(j, c.q0)) {
+          // Masking tiles wait for both groups first (fused_wgmma.cuh: C7514).
+          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
+          issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc((j - 1) % S::kStages));
+          wgmma_wait_group<0>();
+          wgmma_fence_operands(s);
+          pv_done<kD, S::kKS>(a, o);
+          release_k(j);
+          release_v(j - 1);
+          scale_mask_softmax(s, j, true, rows, alphas);
+        } else {
+          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
+          issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc((j - 1) % S::kStages));
+          wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
+          wgmma_fence_operands(s);
+          release_k(j);
+          scale_mask_softmax(s, j, false, rows, alphas);  // overlaps P_{j-1}·V_{j-1}
+          wgmma_wait_group<0>();
+          pv_done<kD, S::kKS>(a, o);
+          release_v(j - 1);
+        }
+        rescale_rows(o, alphas);
+        pack_probs<T>(s, a);
+      }
+      // The last tile's P·V. Its K stage was released, but the producer has nothing left to
+      // load into a K stage (V_last is its last copy), so the slow path may use it.
+      const int last = tiles - 1;
+      wait_v(last);
+      if (needs_visible_keys_only(last)) {
+        pv_visible_keys_only(last, last);
+      } else {
+        issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc(last % S::kStages));
+        wgmma_wait_group<0>();
+        pv_done<kD, S::kKS>(a, o);
+      }
+    }
+    finish();  // tiles == 0: no key visible to any row of the tile: 0 and lse = -inf
+  }
+}
+
+// The host side: the tensor maps of Q, K and V (tensor_map.hpp), then the launch.
+template <class T>
+constexpr CUtensorMapDataType tma_data_type() {
+  return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+inline void encode_or_fail(CUtensorMap* map, CUtensorMapDataType type,
+                           const HeadTensorGeometry& g, std::uint32_t box_rows, const char* name) {
+  const CUresult r = encode_head_tile_map(map, type, g, box_rows);
+  if (r == CUDA_ERROR_NOT_FOUND)
+    fail("the fused_tma CUDA kernel needs the driver's cuTensorMapEncodeTiled, which this "
+         "driver does not provide");
+  if (r != CUDA_SUCCESS)
+    fail(std::string("the fused_tma CUDA kernel could not describe ") + name +
+         " as a TMA tensor map (cuTensorMapEncodeTiled returned " + std::to_string(static_cast<int>(r)) +
+         "; its data pointer must be 16-byte aligned and its strides multiples of 16 bytes)");
+}
+
+template <class T, int D>
+void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t stream) {
+  (void)launch;
+  using S = TmaShape<T, D>;
+  const long long tiles = (p.q_len + S::kBr - 1) / S::kBr;
+  const auto blocks = static_cast<unsigned>(tiles * p.batch * p.q_heads);
+  if (blocks == 0) return;
+  TmaMaps maps;
+  auto geometry = [&](const void* data, const Strides3& st, int heads, int seq) {
+    HeadTensorGeometry g;
+    g.data = data;
+    g.batch_stride = st.batch;
+    g.head_stride = st.head;
+    g.seq_stride = st.seq;
+    g.batch = p.batch;
+    g.heads = heads;
+    g.seq = seq;
+    g.head_dim = p.head_dim;
+    return g;
+  };
+  constexpr CUtensorMapDataType type = tma_data_type<T>();
+  encode_or_fail(&maps.q, type, geometry(p.q, p.q_stride, p.q_heads, p.q_len), S::kBr, "q");
+  encode_or_fail(&maps.k, type, geometry(p.k, p.k_stride, p.kv_heads, p.kv_len), S::kBc, "k");
+  encode_or_fail(&maps.v, type, geometry(p.v, p.v_stride, p.kv_heads, p.kv_len), S::kBc, "v");
+  auto kernel = fused_tma_kernel<T, D>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+             "fused_tma_kernel");
+  kernel<<<blocks, S::kThreads, S::kSmemBytes, stream>>>(p, maps);
+  check_launch("fused_tma_kernel");
+}
+
+}  // namespace fattn::cuda
