@@ -332,6 +332,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         }
       },
       pybind11::arg("isa"));
+  m.def(
+      "set_cpu_isa",
+      [](const std::string& isa) {
+        fattn::Isa wanted;
+        try {
+          wanted = fattn::parse_isa(isa);
+        } catch (const fattn::Error& e) {
+          TORCH_CHECK(false, e.what());
+        }
+        TORCH_CHECK(fattn::cpu_supports(wanted), "fattn: isa ", isa,
+                    " is not supported by this CPU (best: ",
+                    fattn::to_string(fattn::best_cpu_isa()), ")");
+        return std::string(fattn::to_string(cpu_isa.exchange(wanted)));
+      },
+      pybind11::arg("isa"),
+      "the instruction set of every later CPU call of this process (auto: the library's "
+      "choice per problem, the default); returns the one before. For tests: the AVX2 "
+      "kernels on an AVX-512 machine");
   m.def("num_threads", [] { return at::get_num_threads(); },
         "threads the CPU operator uses: torch.get_num_threads()");
   m.def("extra_bytes", &extra_bytes, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),

@@ -7,6 +7,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -86,8 +87,13 @@ inline fattn::Impl impl_of(c10::string_view impl) {
   }
 }
 
+// The instruction set every CPU call of this process asks for: automatic unless
+// _C.set_cpu_isa chose one (the Python tests run the AVX2 kernels on an AVX-512 machine
+// this way, as the C++ suites do through Options::isa).
+inline std::atomic<fattn::Isa> cpu_isa{fattn::Isa::automatic};
+
 // The options every CPU call shares: torch.get_num_threads() threads, on torch's pool
-// (never more threads than torch uses).
+// (never more threads than torch uses), the process's cpu_isa.
 inline fattn::Options base_options(const at::Tensor& q, fattn::Causal causal,
                                    std::optional<double> scale, c10::string_view impl) {
   fattn::Options options;
@@ -97,6 +103,7 @@ inline fattn::Options base_options(const at::Tensor& q, fattn::Causal causal,
   if (q.device().is_cpu()) {
     options.num_threads = at::get_num_threads();
     options.runner = &kAtenRunner;
+    options.isa = cpu_isa.load(std::memory_order_relaxed);
   }
   return options;
 }

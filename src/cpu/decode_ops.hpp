@@ -227,13 +227,14 @@ struct DecodeOps {
     return r;
   }
 
-  // st[r][·] = Σ_d qs[r][d] · kt[d][·] for R rows.
+  // st[r][·] = Σ_d qs[r][d] · kt[d][·] for R rows, the head dim in chains summed
+  // pairwise (sum_chains).
   template <int R>
   static void scores_block(const float* qs, std::int64_t Dp, std::int64_t D, const float* kt,
                            float* st, Prefetch& next) {
-    for_chains(D, [&](std::int64_t d0, std::int64_t d1, bool first) {
-      vec acc[R][KV] = {};
-      for (std::int64_t d = d0; d < d1; ++d) {
+    vec acc[R][KV];
+    sum_chains(D, acc, [&](std::int64_t d0, std::int64_t d1) {
+      auto dim = [&](std::int64_t d, auto first) {
         next.issue_line();
         vec kv[KV];
 #pragma GCC unroll 8
@@ -242,17 +243,17 @@ struct DecodeOps {
         for (int r = 0; r < R; ++r) {
           const vec qb = S::splat(qs[r * Dp + d]);
 #pragma GCC unroll 8
-          for (int u = 0; u < KV; ++u) acc[r][u] = S::fma(qb, kv[u], acc[r][u]);
+          for (int u = 0; u < KV; ++u)
+            acc[r][u] = decltype(first)::value ? qb * kv[u] : S::fma(qb, kv[u], acc[r][u]);
         }
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int u = 0; u < KV; ++u) {
-          float* to = st + r * Bk + u * L;
-          S::store(to, first ? acc[r][u] : S::load(to) + acc[r][u]);
-        }
+      };
+      dim(d0, std::true_type{});
+      for (std::int64_t d = d0 + 1; d < d1; ++d) dim(d, std::false_type{});
     });
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < KV; ++u) S::store(st + r * Bk + u * L, acc[r][u]);
   }
 
   // Scores of the key tile against `rows` query rows; the rows of `next` the transpose

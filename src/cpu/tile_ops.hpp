@@ -157,17 +157,18 @@ struct TileOps {
     });
   }
 
-  // st[r][·] = Σ_d k(d, r) · qt[d][·] for MK keys (a KeyPanel or KeyRows); each_dim()
-  // runs once per dim (the decode kernel asks for a line of its next tile there).
+  // st[r][·] = Σ_d k(d, r) · qt[d][·] for MK keys (a KeyPanel or KeyRows), the head dim
+  // in chains summed pairwise (sum_chains); each_dim() runs once per dim (the decode
+  // kernel asks for a line of its next tile there).
   struct Nothing {
     void operator()() const {}
   };
   template <class Keys, class EachDim = Nothing>
   static void scores_block(const Keys& k, const float* qt, std::int64_t D, float* st,
                            EachDim each_dim = {}) {
-    for_chains(D, [&](std::int64_t d0, std::int64_t d1, bool first) {
-      vec acc[MK][NV] = {};
-      for (std::int64_t d = d0; d < d1; ++d) {
+    vec acc[MK][NV];
+    sum_chains(D, acc, [&](std::int64_t d0, std::int64_t d1) {
+      auto dim = [&](std::int64_t d, auto first) {
         each_dim();
         vec qv[NV];
 #pragma GCC unroll 8
@@ -176,17 +177,17 @@ struct TileOps {
         for (int r = 0; r < MK; ++r) {
           const vec kb = S::splat(k.at(d, r));
 #pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v) acc[r][v] = S::fma(kb, qv[v], acc[r][v]);
+          for (int v = 0; v < NV; ++v)
+            acc[r][v] = decltype(first)::value ? kb * qv[v] : S::fma(kb, qv[v], acc[r][v]);
         }
-      }
-#pragma GCC unroll 16
-      for (int r = 0; r < MK; ++r)
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) {
-          float* to = st + r * Br + v * L;
-          S::store(to, first ? acc[r][v] : S::load(to) + acc[r][v]);
-        }
+      };
+      dim(d0, std::true_type{});
+      for (std::int64_t d = d0 + 1; d < d1; ++d) dim(d, std::false_type{});
     });
+#pragma GCC unroll 16
+    for (int r = 0; r < MK; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) S::store(st + r * Br + v * L, acc[r][v]);
   }
 
   // Scores of keys [j0, j0 + nj) against the query tile: nj rows of st.

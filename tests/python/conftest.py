@@ -1,4 +1,5 @@
 """Shared helpers of the Python tests: inputs and a float64 reference."""
+import contextlib
 import math
 import os
 import subprocess
@@ -19,6 +20,20 @@ import fattn  # noqa: F401,E402  (registers torch.ops.fattn)
 # for outputs, 1e-5 * max(1, |ref|) for each logsumexp.
 OUT_TOL = 1e-5
 LSE_TOL = 1e-5
+
+
+@contextlib.contextmanager
+def cpu_isa(name):
+    """Inside, every fattn CPU call runs the kernels of instruction set `name` ("avx512",
+    "avx2", "portable", "auto": the library's choice), so an AVX-512 machine tests the AVX2
+    kernels too; skips the test where this CPU lacks them."""
+    if not fattn._C.cpu_supports(name):
+        pytest.skip(f"this CPU does not support isa {name} (best: {fattn.best_cpu_isa()})")
+    before = fattn._C.set_cpu_isa(name)
+    try:
+        yield
+    finally:
+        fattn._C.set_cpu_isa(before)
 
 
 def randn(*shape, seed=0, dtype=torch.float32):

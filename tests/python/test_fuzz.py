@@ -4,7 +4,9 @@ Each case draws its entry point (flash_attention, where Impl::automatic picks th
 or the decode kernel; flash_attn_with_kvcache, paged or not, split or not, with an append
 or not), dtype (float32, bfloat16, float16), shape (batch, GQA ratio, odd lengths, Sq ≠ Sk
 both ways, head dims 16-256, odd multiples of 8 among them), layout ((B, H, S, D),
-(B, S, H, D) views, strided views), causal alignment, window, softcap, ALiBi and sinks.
+(B, S, H, D) views, strided views), causal alignment, window, softcap, ALiBi and sinks,
+and the CPU kernels' instruction set (the library's choice, or AVX2 where the CPU has it:
+on an AVX-512 machine the AVX2 kernels are tested too).
 FATTN_TEST_SEED (read as the C++ suites read it: decimal, 0x hexadecimal, 0 octal)
 changes every draw; a failure names its case.
 
@@ -58,13 +60,14 @@ def draw(index):
     c["paged"] = r.random() < 0.5
     c["append"] = r.choice([0, 0, 1, 3])
     c["splits"] = r.choice([0, 0, 1, 3])
+    c["isa"] = r.choice(["auto", "auto", "avx2"])  # drawn last: the draws above stay as they were
     return c
 
 
 def case_id(index):
     c = draw(index)
     return (f"{index}-{c['entry']}-{str(c['dtype'])[6:]}-b{c['b']}h{c['hkv'] * c['group']}x{c['hkv']}"
-            f"-s{c['sq']}x{c['sk']}-d{c['d']}")
+            f"-s{c['sq']}x{c['sk']}-d{c['d']}-{c['isa']}")
 
 
 def assert_within_bound(got, ref, ref_abs_v, dtype, what):
@@ -230,4 +233,9 @@ def run_kvcache(c):
 @pytest.mark.parametrize("index", range(CASES), ids=case_id)
 def test_random_problem(index):
     c = draw(index)
-    {"flash": run_flash, "kvcache": run_kvcache, "backward": run_backward}[c["entry"]](c)
+    isa = c["isa"] if fattn._C.cpu_supports(c["isa"]) else "auto"
+    before = fattn._C.set_cpu_isa(isa)
+    try:
+        {"flash": run_flash, "kvcache": run_kvcache, "backward": run_backward}[c["entry"]](c)
+    finally:
+        fattn._C.set_cpu_isa(before)
