@@ -6,6 +6,7 @@
 #   FATTN_VLLM_VENV   the environment (default ~/.cache/fattn/venv-vllm); created if missing,
 #                     reused otherwise (only what is missing is installed, then fattn is
 #                     rebuilt: its objects are kept in build-python/vllm-venv/)
+#   FATTN_VLLM_BUILD_DIR  fattn's build folder (default build-python/vllm-venv)
 # The main environment (~/.cache/fattn/venv, torch 2.11.0) is not touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,5 +38,5 @@ echo "== fattn against torch $torch_version (pip install --no-build-isolation --
 # replace this environment's torch; FATTN_CHECK_TORCH_VERSION=OFF lets CMake build against
 # the torch that is here; a build folder of its own keeps the main build's objects.
 PATH="$venv/bin:$PATH" "$py" -m pip install -q --no-build-isolation --no-deps \
-  -Ccmake.define.FATTN_CHECK_TORCH_VERSION=OFF -Cbuild-dir=build-python/vllm-venv .
+  -Ccmake.define.FATTN_CHECK_TORCH_VERSION=OFF -Cbuild-dir="${FATTN_VLLM_BUILD_DIR:-build-python/vllm-venv}" .
 "$py" -c "import torch, vllm, fattn.vllm; print('torch', torch.__version__, '| vllm', vllm.__version__, '| fattn', fattn.__version__)"

@@ -198,3 +198,13 @@ def test_engine_greedy_identical_to_cpu_attn(tmp_path):
 
     assert check.main(["--kinds", "llama,mistral", "--dtypes", "bfloat16",
                        "--out", str(tmp_path)]) == 0
+
+
+@pytest.mark.skipif(os.environ.get("FATTN_VLLM_E2E", "0") in ("", "0"),
+                    reason="minutes: set FATTN_VLLM_E2E=1")
+def test_engine_in_vllms_own_processes(tmp_path):
+    """vLLM's default engine and worker processes: fattn's plugin registers it there."""
+    from fattn.vllm import check
+
+    assert check.main(["--kinds", "llama", "--dtypes", "float32", "--multiprocess",
+                       "--out", str(tmp_path)]) == 0

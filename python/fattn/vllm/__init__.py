@@ -39,7 +39,20 @@ def register() -> str:
         register_backend(NAME, BACKEND)
     register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND)
     os.environ[ENV] = "1"
+    _forget_selections()
     return BACKEND
+
+
+def _forget_selections() -> None:
+    """vLLM caches its backend selection per layer configuration for the process; an
+    engine built after (un)registering must select again."""
+    try:
+        from vllm.v1.attention import selector
+    except ImportError:
+        return
+    cached = getattr(selector, "_cached_get_attn_backend", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()
 
 
 def unregister() -> None:
@@ -48,6 +61,7 @@ def unregister() -> None:
 
     AttentionBackendEnum.CPU_ATTN.clear_override()
     os.environ.pop(ENV, None)
+    _forget_selections()
 
 
 def is_registered() -> bool:

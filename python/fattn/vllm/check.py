@@ -55,8 +55,9 @@ def make_model(kind: str, path: str | Path, seed: int = 0) -> Path:
     elif kind == "mistral":
         config = transformers.MistralConfig(**_COMMON, sliding_window=40)
         model = transformers.MistralForCausalLM(config)
-    elif kind == "gemma2":
-        config = transformers.Gemma2Config(**_COMMON, sliding_window=40,
+    elif kind == "gemma2":  # vLLM's Gemma 2 ties the output embedding to the input's
+        config = transformers.Gemma2Config(**{**_COMMON, "tie_word_embeddings": True},
+                                           sliding_window=40,
                                            attn_logit_softcapping=5.0,
                                            final_logit_softcapping=None,
                                            query_pre_attn_scalar=64)
@@ -67,7 +68,12 @@ def make_model(kind: str, path: str | Path, seed: int = 0) -> Path:
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(12.0)
             layer.self_attn.k_proj.weight.mul_(12.0)
-        model.lm_head.weight.mul_(20.0)  # logits with margins: greedy is not a coin toss
+        # logits with margins, so that greedy decoding is rarely a coin toss (Gemma 2's tied
+        # embedding scales the inputs too, and its logits saturate at 20x)
+        if kind == "gemma2":
+            model.model.embed_tokens.weight.mul_(3.0)
+        else:
+            model.lm_head.weight.mul_(20.0)
     model = model.to(torch.bfloat16)
     path = Path(path)
     model.save_pretrained(path)
