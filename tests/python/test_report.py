@@ -216,7 +216,8 @@ def test_gpu_bar_fp32_met_and_not_met():
     assert "| fattn_fused | 3xTF32, the default | no | 1.00 | 2.50 | 2.50× | 1.0e-06 | met |" \
         in text
     assert "| 5.00× | 2.0e-03 | not met |" in text
-    assert "Bar b: fattn_fused **met** (2 of 2); fattn_fused_tf32 **not met** (0 of 2)." in text
+    assert ("2x SDPA float32 target: fattn_fused **met** (2 of 2); fattn_fused_tf32 **not met** "
+            "(0 of 2).") in text
     slow = [dict(r, ms_median=2.0) if r["impl"] == "fattn_fused" else r for r in results]
     text = "\n".join(gpu_section.bar_fp32({"results": slow}))
     assert "fattn_fused **not met** (0 of 2)" in text
@@ -234,11 +235,12 @@ def test_gpu_bar_tflops_met_and_not_met():
             bench_row("fused", 1.0, suite="b2h8", gflops=100.0)]            # not the sweep
     text = "\n".join(gpu_section.bar_tflops({"results": rows}))
     assert "| float16 | 4 | 16 | 4096 | 310 | met |" in text
-    assert "Bar a: **met** — 2 of 2 shapes reach 300 TFLOP/s; the best is 320 TFLOP/s" in text
+    assert ("300 TFLOP/s target: **met** — 2 of 2 shapes reach 300 TFLOP/s; the best is "
+            "320 TFLOP/s") in text
     rows.append(bench_row("fused", 1.0, Sq=16384, B=1, gflops=250_000))
     text = "\n".join(gpu_section.bar_tflops({"results": rows}))
     assert "| float16 | 1 | 16 | 16384 | 250 | not met |" in text
-    assert "Bar a: **not met** — 2 of 3 shapes" in text
+    assert "300 TFLOP/s target: **not met** — 2 of 3 shapes" in text
     assert "Not evaluated: no bench.json." in "\n".join(gpu_section.bar_tflops(None))
 
 
@@ -315,7 +317,8 @@ def test_gpu_bench_cuda_without_results_is_a_clear_error(results_dir):
                     reason="no GPU evidence committed")
 def test_gpu_section_from_the_committed_evidence(results_dir, tmp_path):
     text = document.write(sources.load(results_dir), tmp_path / "out").read_text()
-    for said in ("Bar a: **", "Bar b: fattn_fused **", "Time (bench.json): **",
+    for said in ("300 TFLOP/s target: **", "2x SDPA float32 target: fattn_fused **",
+                 "Time (bench.json): **",
                  "#### 128-row vs 64-row query tiles"):
         assert said in text
 
