@@ -22,13 +22,16 @@
 // first staged as float32 in address order, zero-padded.
 // Split-KV (flash-decoding): when sequences × kv heads × row tiles cannot keep every
 // worker busy, each sequence's keys are cut into `splits` chunks computed in parallel;
-// each chunk leaves (os, m, l) and a second pass merges them in chunk order, so the
-// result has the same bits on every run with the same thread count.
+// each chunk leaves (os, m, l), and the worker that finishes a row tile's last chunk
+// merges them in chunk order, so the result has the same bits on every run with the same
+// thread count.
 // Working memory: per worker O(D·(rows + Bk)), plus the split partials; none grows with Sk.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 
 #include "core/parallel.hpp"
@@ -417,6 +420,26 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
   auto worker_of = [&](int worker) {
     return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats, q_factor};
   };
+  // With split keys, the chunks of one (sequence, head group, row tile) count themselves
+  // done here; the worker whose chunk comes last merges the partials. One parallel
+  // section, not a second one for the merge: each section's start and end costs a wake-up
+  // of every worker, on a busy machine a scheduler tick (docs/perf-log.md, 2026-11-27).
+  std::unique_ptr<std::atomic<std::int64_t>[]> chunks_done;
+  if (plan.splits > 1) {
+    chunks_done = std::make_unique<std::atomic<std::int64_t>[]>(
+        static_cast<std::size_t>(plan.items / plan.splits));
+    for (std::int64_t t = 0; t < plan.items / plan.splits; ++t) chunks_done[t] = 0;
+  }
+  // The last chunk of a row tile: its partials, merged in chunk order whichever worker
+  // finishes last, so the result has the same bits on every run.
+  auto merge = [&](const typename Plan::Item& it, const DecodeWorker<S>& run) {
+    const HeadState h = run.state(0);
+    for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
+      merge_partials<S>(plan, it.rows, memory + plan.partial_at(p, it.b, hk, it.row_tile, 0), h.os,
+                        h.m, h.l);
+      store_group_rows<S>(p, it.b, hk, it.r0, it.rows, h.os, h.m, h.l);
+    }
+  };
 
   // tiles_of(worker): where its key tiles come from, TilesInCache (the cache's elements
   // read where they lie) or its StagedTiles (float32 copies in its own buffers).
@@ -431,6 +454,10 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
       for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk)
         run.key_tile(it, j0, std::min<std::int64_t>(Ops::Bk, kv_end - j0), kv_end, tiles);
       run.finish(it, memory);
+      // acq_rel: this chunk's partial is published to, and the others' seen by, the merger.
+      if (plan.splits > 1 &&
+          chunks_done[index / plan.splits].fetch_add(1, std::memory_order_acq_rel) == plan.splits - 1)
+        merge(it, run);
     });
   };
   if (!plan.in_place) {
@@ -442,16 +469,6 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
       run_items([&](const DecodeWorker<S>&) { return cache; });
     });
   }
-  if (plan.splits == 1) return;
-  // Each (sequence, kv head, row tile): its chunks' partials merged in chunk order.
-  detail::parallel_items(exec, p.batch * p.kv_heads * plan.row_tiles, [&](std::int64_t tile, int worker) {
-    const std::int64_t t = tile % plan.row_tiles, bh = tile / plan.row_tiles;
-    const std::int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
-    const std::int64_t r0 = t * Plan::kRowTile, rows = std::min(Plan::kRowTile, plan.rows - r0);
-    const HeadState h = worker_of(worker).state(0);
-    merge_partials<S>(plan, rows, memory + plan.partial_at(p, b, hk, t, 0), h.os, h.m, h.l);
-    store_group_rows<S>(p, b, hk, r0, rows, h.os, h.m, h.l);
-  });
 }
 
 }  // namespace fattn::cpu
