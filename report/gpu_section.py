@@ -24,16 +24,16 @@ SDPA_BACKENDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")
 SDPA_COMPARED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 
 # The GPU performance goals.
-BAR_TFLOPS = 300.0             # a: 16-bit, D = 128, non-causal, S >= BAR_TFLOPS_MIN_S
-BAR_TFLOPS_SUITE = "flash"     #    bench.json's FlashAttention sweep
-BAR_TFLOPS_D = 128
-BAR_TFLOPS_MIN_S = 4096
-BAR_SPEEDUP = 2.0              # b: fp32, B = 2, H = 8, D = 64, S = 4096 vs SDPA's default
-BAR_SPEEDUP_SHAPE = {"dtype": "float32", "B": 2, "Hq": 8, "D": 64, "Sq": 4096}
-BAR_SPEEDUP_SDPA = "sdpa_efficient"   # what SDPA picks for float32 on the GPU
-BAR_MAX_ERR = 1e-3
-BAR_NAIVE_MIN_S = 512          # c: fused faster than naive at every S >= this
-BAR_LINEAR_EXPONENT = 1.1      # c: extra memory per (B·H) ∝ S^k, O(S) when k <= this
+GOAL_TFLOPS = 300.0             # a: 16-bit, D = 128, non-causal, S >= GOAL_TFLOPS_MIN_S
+GOAL_TFLOPS_SUITE = "flash"     #    bench.json's FlashAttention sweep
+GOAL_TFLOPS_D = 128
+GOAL_TFLOPS_MIN_S = 4096
+GOAL_SPEEDUP = 2.0              # b: fp32, B = 2, H = 8, D = 64, S = 4096 vs SDPA's default
+GOAL_SPEEDUP_SHAPE = {"dtype": "float32", "B": 2, "Hq": 8, "D": 64, "Sq": 4096}
+GOAL_SPEEDUP_SDPA = "sdpa_efficient"   # what SDPA picks for float32 on the GPU
+GOAL_MAX_ERR = 1e-3
+GOAL_NAIVE_MIN_S = 512          # c: fused faster than naive at every S >= this
+GOAL_LINEAR_EXPONENT = 1.1      # c: extra memory per (B·H) ∝ S^k, O(S) when k <= this
 
 
 def absent(gpu_dir) -> str:
@@ -278,10 +278,10 @@ def sdpa_section(name: str, doc: dict) -> str:
 
 # --- the GPU goals ----------------------------------------------------------------------------
 
-def bar_tflops(bench: dict | None, flash: dict | None = None) -> list[str]:
+def goal_tflops(bench: dict | None, flash: dict | None = None) -> list[str]:
     """a: 16-bit, D = 128, non-causal, S >= 4096, fattn fused >= 300 TFLOP/s (bench.json)."""
-    title = (f"**a. fp16/bf16, D = {BAR_TFLOPS_D}, non-causal, S ≥ {BAR_TFLOPS_MIN_S}: "
-             f"fattn fused ≥ {num(BAR_TFLOPS)} TFLOP/s**")
+    title = (f"**a. fp16/bf16, D = {GOAL_TFLOPS_D}, non-causal, S ≥ {GOAL_TFLOPS_MIN_S}: "
+             f"fattn fused ≥ {num(GOAL_TFLOPS)} TFLOP/s**")
     if bench is None:
         return [title, "", "Not evaluated: no bench.json."]
     torch_side = by_shape(flash.get("results", [])) if flash else {}
@@ -289,12 +289,12 @@ def bar_tflops(bench: dict | None, flash: dict | None = None) -> list[str]:
     for shape, impls in by_shape(bench.get("results", [])).items():
         suite, dtype, d, causal, s, b, h = shape
         fused = impls.get("fused")
-        if (suite != BAR_TFLOPS_SUITE or dtype not in ("float16", "bfloat16") or d != BAR_TFLOPS_D
-                or causal or s is None or s < BAR_TFLOPS_MIN_S or not ran(fused)):
+        if (suite != GOAL_TFLOPS_SUITE or dtype not in ("float16", "bfloat16") or d != GOAL_TFLOPS_D
+                or causal or s is None or s < GOAL_TFLOPS_MIN_S or not ran(fused)):
             continue
         tflops = _tflops(fused.get("gflops"))
         values.append(tflops or 0.0)
-        met.append(tflops is not None and tflops >= BAR_TFLOPS)
+        met.append(tflops is not None and tflops >= GOAL_TFLOPS)
         other = torch_side.get(shape, {}).get("fattn_fused")
         row = [dtype, str(b), str(h), str(s), num(tflops), "met" if met[-1] else "not met"]
         if flash:
@@ -302,22 +302,22 @@ def bar_tflops(bench: dict | None, flash: dict | None = None) -> list[str]:
         rows.append(row)
     if not rows:
         return [title, "", "Not evaluated: bench.json has no such fused row."]
-    header = ["dtype", "B", "H", "S", "fused TFLOP/s (bench.json)", "bar"]
+    header = ["dtype", "B", "H", "S", "fused TFLOP/s (bench.json)", "goal"]
     if flash:
         header.insert(5, f"same shape through torch ({GPU_TORCH_FLASH})")
     summary = (f"300 TFLOP/s target: {_verdict(all(met))} — {sum(met)} of {len(met)} shapes "
-               f"reach {num(BAR_TFLOPS)} TFLOP/s; the best is {num(max(values))} TFLOP/s "
-               f"({num(100 * max(values) / BAR_TFLOPS)} % of the target).")
+               f"reach {num(GOAL_TFLOPS)} TFLOP/s; the best is {num(max(values))} TFLOP/s "
+               f"({num(100 * max(values) / GOAL_TFLOPS)} % of the target).")
     return [title, "", table(header, rows), "", summary]
 
 
-def bar_fp32(b2h8: dict | None) -> list[str]:
+def goal_fp32(b2h8: dict | None) -> list[str]:
     """b: fp32 at B = 2, H = 8, D = 64, S = 4096: fattn >= 2x SDPA (efficient), err < 1e-3."""
-    shape = BAR_SPEEDUP_SHAPE
+    shape = GOAL_SPEEDUP_SHAPE
     title = (f"**b. fp32, B = {shape['B']}, H = {shape['Hq']}, D = {shape['D']}, "
-             f"S = {shape['Sq']}, causal and not: fattn ≥ {num(BAR_SPEEDUP, 2)}× faster than "
+             f"S = {shape['Sq']}, causal and not: fattn ≥ {num(GOAL_SPEEDUP, 2)}× faster than "
              f"`F.scaled_dot_product_attention` (its float32 default, "
-             f"{BAR_SPEEDUP_SDPA.removeprefix('sdpa_')}), max_abs_err < {BAR_MAX_ERR:g}**")
+             f"{GOAL_SPEEDUP_SDPA.removeprefix('sdpa_')}), max_abs_err < {GOAL_MAX_ERR:g}**")
     if b2h8 is None:
         return [title, "", f"Not evaluated: no {GPU_TORCH_B2H8}."]
     rows, verdicts = [], []
@@ -325,7 +325,7 @@ def bar_fp32(b2h8: dict | None) -> list[str]:
         values = dict(zip(SHAPE, key))
         if any(values[k] != v for k, v in shape.items()):
             continue
-        sdpa = impls.get(BAR_SPEEDUP_SDPA)
+        sdpa = impls.get(GOAL_SPEEDUP_SDPA)
         for impl, mode in (("fattn_fused", "3xTF32, the default"),
                            ("fattn_fused_tf32", "TF32, opt-in via "
                             "torch.backends.cuda.matmul.allow_tf32")):
@@ -337,8 +337,8 @@ def bar_fp32(b2h8: dict | None) -> list[str]:
                 continue
             speedup = sdpa["ms_median"] / row["ms_median"] if ran(sdpa) else None
             err = row.get("max_abs_err")
-            met = (speedup is not None and speedup >= BAR_SPEEDUP and err is not None
-                   and err < BAR_MAX_ERR)
+            met = (speedup is not None and speedup >= GOAL_SPEEDUP and err is not None
+                   and err < GOAL_MAX_ERR)
             verdicts.append((impl, met))
             rows.append([impl, mode, _yes(values["causal"]), num(row["ms_median"]),
                          num(sdpa["ms_median"]) if ran(sdpa) else "–",
@@ -352,7 +352,7 @@ def bar_fp32(b2h8: dict | None) -> list[str]:
         said.append(f"{impl} {_verdict(all(mine))} ({sum(mine)} of {len(mine)})")
     return [title, "",
             table(["fattn", "mode", "causal", "fattn ms", "SDPA ms", "SDPA / fattn",
-                   "max_abs_err", "bar"], rows),
+                   "max_abs_err", "goal"], rows),
             "", "2x SDPA float32 target: " + "; ".join(said) + "."]
 
 
@@ -386,7 +386,7 @@ def memory_rows(name: str, doc: dict) -> list[tuple[list[str], bool | None]]:
         naive_peak = max(n for s, _, n in entry["at"] if s == largest)
         k_fused = growth_exponent(entry["fused"])
         k_naive = growth_exponent(entry["naive"])
-        linear = None if k_fused is None else k_fused <= BAR_LINEAR_EXPONENT
+        linear = None if k_fused is None else k_fused <= GOAL_LINEAR_EXPONENT
         smallest = min(s for s, _, _ in entry["at"])
         out.append(([f"`{name}`", str(suite), dtype, str(d), f"{smallest}–{largest}",
                      str(largest), _mib(fused_peak), _mib(naive_peak),
@@ -396,9 +396,9 @@ def memory_rows(name: str, doc: dict) -> list[tuple[list[str], bool | None]]:
     return out
 
 
-def bar_fused_vs_naive(bench: dict | None, torch_docs: dict[str, dict]) -> list[str]:
+def goal_fused_vs_naive(bench: dict | None, torch_docs: dict[str, dict]) -> list[str]:
     """c: fused faster than naive at every S >= 512 (bench.json), and O(S) extra memory."""
-    title = (f"**c. fused faster than naive at every S ≥ {BAR_NAIVE_MIN_S}, and fused extra "
+    title = (f"**c. fused faster than naive at every S ≥ {GOAL_NAIVE_MIN_S}, and fused extra "
              "memory O(S)**")
     lines = [title, ""]
     if bench is None:
@@ -408,19 +408,19 @@ def bar_fused_vs_naive(bench: dict | None, torch_docs: dict[str, dict]) -> list[
         for (suite, dtype, d, causal, s, b, h), impls in by_shape(
                 bench.get("results", [])).items():
             naive, fused = impls.get("naive"), impls.get("fused")
-            if s is not None and s >= BAR_NAIVE_MIN_S and ran(naive) and ran(fused):
+            if s is not None and s >= GOAL_NAIVE_MIN_S and ran(naive) and ran(fused):
                 ratios.append((naive["ms_median"] / fused["ms_median"],
                                f"{dtype}, suite {suite}, B = {b}, H = {h}, D = {d}, "
                                f"{'causal' if causal else 'non-causal'}, S = {s}"))
         if not ratios:
             lines.append("Time: not evaluated, bench.json has no shape with S ≥ "
-                         f"{BAR_NAIVE_MIN_S} that both the naive and the fused kernels ran.")
+                         f"{GOAL_NAIVE_MIN_S} that both the naive and the fused kernels ran.")
         else:
             low, where = min(ratios)
             faster = sum(r > 1 for r, _ in ratios)
             lines.append(f"Time (bench.json): {_verdict(faster == len(ratios))} — fused is "
                          f"faster at {faster} of the {len(ratios)} shapes with S ≥ "
-                         f"{BAR_NAIVE_MIN_S} that both ran; the smallest naive / fused time "
+                         f"{GOAL_NAIVE_MIN_S} that both ran; the smallest naive / fused time "
                          f"ratio is {ratio(low)} ({where}).")
     rows = [r for name, doc in torch_docs.items() for r in memory_rows(name, doc)]
     lines.append("")
@@ -435,17 +435,17 @@ def bar_fused_vs_naive(bench: dict | None, torch_docs: dict[str, dict]) -> list[
               f"Memory (peak allocated during one call, bench_cuda_*.json): "
               f"{_verdict(bool(linear) and all(linear))} — k is the exponent in "
               f"(peak / (B·H)) ∝ S^k between the smallest and the largest S both ran, causal "
-              f"and not together; O(S) means k ≤ {num(BAR_LINEAR_EXPONENT, 2)} (naive's "
+              f"and not together; O(S) means k ≤ {num(GOAL_LINEAR_EXPONENT, 2)} (naive's "
               "S×S score matrix gives k → 2); fused meets it in "
               f"{sum(linear)} of {len(linear)} series."]
     return lines
 
 
-def bars(bench: dict | None, torch_docs: dict[str, dict]) -> str:
+def goals(bench: dict | None, torch_docs: dict[str, dict]) -> str:
     parts = ["#### The GPU performance goals, evaluated from the data", ""]
-    parts += bar_tflops(bench, torch_docs.get(GPU_TORCH_FLASH)) + [""]
-    parts += bar_fp32(torch_docs.get(GPU_TORCH_B2H8)) + [""]
-    parts += bar_fused_vs_naive(bench, torch_docs)
+    parts += goal_tflops(bench, torch_docs.get(GPU_TORCH_FLASH)) + [""]
+    parts += goal_fp32(torch_docs.get(GPU_TORCH_B2H8)) + [""]
+    parts += goal_fused_vs_naive(bench, torch_docs)
     return "\n".join(parts)
 
 
@@ -460,7 +460,7 @@ def section(sources) -> str:
     parts += ["From " + ", ".join(files) + " (see the folder's README.md for how each was "
               "made).", ""]
     if bench is not None or torch_docs:
-        parts += [bars(bench, torch_docs), ""]
+        parts += [goals(bench, torch_docs), ""]
     if bench is not None:
         m = bench.get("machine", {})
         parts += ["#### fattn's naive and fused CUDA kernels", "",

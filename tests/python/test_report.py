@@ -203,7 +203,7 @@ def test_gpu_sdpa_table_float32_has_the_tf32_column():
             "| 2.00 |") in text
 
 
-def test_gpu_bar_fp32_met_and_not_met():
+def test_gpu_goal_fp32_met_and_not_met():
     from report import gpu_section
     results = []
     for causal in (False, True):
@@ -211,7 +211,7 @@ def test_gpu_bar_fp32_met_and_not_met():
                     torch_row("fattn_fused_tf32", 0.5, causal=causal, err=2e-3),
                     torch_row("sdpa_efficient", 2.5, causal=causal),
                     torch_row("fattn_fused", 9.0, Sq=1024, causal=causal)]  # another shape
-    text = "\n".join(gpu_section.bar_fp32({"machine": GPU_MACHINE, "results": results}))
+    text = "\n".join(gpu_section.goal_fp32({"machine": GPU_MACHINE, "results": results}))
     # fused: 2.5× and error 1e-6, met; TF32: 5× but error 2e-3, not met
     assert "| fattn_fused | 3xTF32, the default | no | 1.00 | 2.50 | 2.50× | 1.0e-06 | met |" \
         in text
@@ -219,12 +219,12 @@ def test_gpu_bar_fp32_met_and_not_met():
     assert ("2x SDPA float32 target: fattn_fused **met** (2 of 2); fattn_fused_tf32 **not met** "
             "(0 of 2).") in text
     slow = [dict(r, ms_median=2.0) if r["impl"] == "fattn_fused" else r for r in results]
-    text = "\n".join(gpu_section.bar_fp32({"results": slow}))
+    text = "\n".join(gpu_section.goal_fp32({"results": slow}))
     assert "fattn_fused **not met** (0 of 2)" in text
-    assert "Not evaluated" in "\n".join(gpu_section.bar_fp32(None))
+    assert "Not evaluated" in "\n".join(gpu_section.goal_fp32(None))
 
 
-def test_gpu_bar_tflops_met_and_not_met():
+def test_gpu_goal_tflops_met_and_not_met():
     from report import gpu_section
     rows = [bench_row("fused", 1.0, Sq=4096, gflops=310_000),
             bench_row("fused", 1.0, Sq=8192, B=2, dtype="bfloat16", gflops=320_000),
@@ -233,18 +233,18 @@ def test_gpu_bar_tflops_met_and_not_met():
             bench_row("fused", 1.0, D=64, gflops=100.0),                    # D = 64
             bench_row("fused", 1.0, dtype="float32", gflops=100.0),         # fp32
             bench_row("fused", 1.0, suite="b2h8", gflops=100.0)]            # not the sweep
-    text = "\n".join(gpu_section.bar_tflops({"results": rows}))
+    text = "\n".join(gpu_section.goal_tflops({"results": rows}))
     assert "| float16 | 4 | 16 | 4096 | 310 | met |" in text
     assert ("300 TFLOP/s target: **met** — 2 of 2 shapes reach 300 TFLOP/s; the best is "
             "320 TFLOP/s") in text
     rows.append(bench_row("fused", 1.0, Sq=16384, B=1, gflops=250_000))
-    text = "\n".join(gpu_section.bar_tflops({"results": rows}))
+    text = "\n".join(gpu_section.goal_tflops({"results": rows}))
     assert "| float16 | 1 | 16 | 16384 | 250 | not met |" in text
     assert "300 TFLOP/s target: **not met** — 2 of 3 shapes" in text
-    assert "Not evaluated: no bench.json." in "\n".join(gpu_section.bar_tflops(None))
+    assert "Not evaluated: no bench.json." in "\n".join(gpu_section.goal_tflops(None))
 
 
-def test_gpu_bar_fused_vs_naive():
+def test_gpu_goal_fused_vs_naive():
     from report import gpu_section
     rows = [bench_row("naive", 4.0, Sq=512), bench_row("fused", 1.0, Sq=512),
             bench_row("naive", 9.0, Sq=1024), bench_row("fused", 3.0, Sq=1024),
@@ -252,7 +252,7 @@ def test_gpu_bar_fused_vs_naive():
     torch_docs = {"bench_cuda_b2h8.json": {"results": [
         torch_row(impl, 1.0, Sq=s, peak=s * (256 if impl == "fattn_fused" else s * 4))
         for s in (512, 1024, 4096) for impl in ("fattn_fused", "fattn_naive")]}}
-    text = "\n".join(gpu_section.bar_fused_vs_naive({"results": rows}, torch_docs))
+    text = "\n".join(gpu_section.goal_fused_vs_naive({"results": rows}, torch_docs))
     assert ("Time (bench.json): **met** — fused is faster at 2 of the 2 shapes with S ≥ 512 "
             "that both ran; the smallest naive / fused time ratio is 3.00×") in text
     # fused grows as S (k = 1), naive as S² (k = 2)
@@ -263,12 +263,12 @@ def test_gpu_bar_fused_vs_naive():
     quadratic = {"f.json": {"results": [torch_row(impl, 1.0, Sq=s, peak=s * s)
                                         for s in (512, 4096)
                                         for impl in ("fattn_fused", "fattn_naive")]}}
-    text = "\n".join(gpu_section.bar_fused_vs_naive({"results": rows}, quadratic))
+    text = "\n".join(gpu_section.goal_fused_vs_naive({"results": rows}, quadratic))
     assert "Time (bench.json): **not met** — fused is faster at 2 of the 3 shapes" in text
     assert "ratio is 0.50× (float16, suite flash, B = 4, H = 16, D = 128, non-causal, " \
         "S = 2048)" in text
     assert "bench_cuda_*.json): **not met**" in text
-    text = "\n".join(gpu_section.bar_fused_vs_naive(None, {}))
+    text = "\n".join(gpu_section.goal_fused_vs_naive(None, {}))
     assert "Time: not evaluated, no bench.json." in text
     assert "Memory: not evaluated" in text
 
