@@ -5,6 +5,7 @@
 
 #include "core/checked.hpp"
 #include "core/checks.hpp"
+#include "core/diagnostics.hpp"
 #include "core/dispatch.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
@@ -101,12 +102,13 @@ struct Pass {
   std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  bool records_stages;  // the naive kernel's stage times go to fattn::last_naive_stage_seconds()
 };
 Pass forward_pass(const cpu::Kernels& k) {
-  return {"forward", k.workspace_floats, k.naive, k.fused};
+  return {"forward", k.workspace_floats, k.naive, k.fused, true};
 }
 Pass backward_pass(const cpu::Kernels& k) {
-  return {"backward", k.backward_workspace_floats, k.naive_backward, k.fused_backward};
+  return {"backward", k.backward_workspace_floats, k.naive_backward, k.fused_backward, false};
 }
 
 // Floats of working memory; every size product is checked for overflow.
@@ -133,7 +135,13 @@ void run_decode(const detail::Problem& p, const detail::Exec& exec, const Option
 void run(const detail::Problem& p, const detail::Exec& exec, const Pass& pass, Impl impl) {
   const detail::WorkspaceLease workspace(workspace_floats(p, pass, impl, exec.workers),
                                          to_string(impl));
-  (impl == Impl::naive ? pass.naive : pass.fused)(p, exec, workspace.get());
+  if (impl != Impl::naive) return pass.fused(p, exec, workspace.get());
+  // The naive kernels time their stages (fattn::last_naive_stage_seconds()).
+  NaiveStageSeconds stages;
+  detail::Problem timed = p;
+  timed.naive_stages = &stages;
+  pass.naive(timed, exec, workspace.get());
+  if (pass.records_stages) detail::record_naive_stage_seconds(stages);
 }
 
 // The backward has no CUDA kernels yet: a cuda tensor gets this error, not the generic one.

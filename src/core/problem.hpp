@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "fattn/attention.hpp"
+#include "fattn/diagnostics.hpp"
 
 namespace fattn::detail {
 
@@ -77,6 +78,9 @@ struct Problem {
 
   // KV cache (attention_kvcache only; the decode kernel and the reference read it).
   KvPaging paging;
+
+  // Where the naive kernels report their stage times, when the caller asks (null: nowhere).
+  NaiveStageSeconds* naive_stages = nullptr;
 
   std::int64_t group_size() const { return q_heads / kv_heads; }  // query heads per kv head
   std::int64_t kv_head_of(std::int64_t q_head) const { return q_head / group_size(); }

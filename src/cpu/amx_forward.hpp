@@ -18,7 +18,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "core/diagnostics.hpp"
+#include "core/stage_clock.hpp"
 #include "cpu/amx_ops.hpp"
 #include "cpu/amx_softmax.hpp"
 #include "cpu/kernels.hpp"
@@ -233,7 +233,7 @@ void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float
   using Fma = typename Ops::Fma;
   AmxWorkspace<S> ws(p, /*is_naive=*/true, exec.workers);
   ws.base = memory;
-  detail::StageClock clock;  // fattn::last_naive_stage_seconds()
+  detail::StageClock clock;  // reported through p.naive_stages
   NaiveStageSeconds seconds;
   if (!ws.prepare(exec)) return avx512_kernels.naive(p, exec, memory);
   seconds.prepare = clock.lap();
@@ -269,7 +269,7 @@ void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float
     Fma::store_output(t.ot, t.ones, p, x.b, x.h, x.i0, x.rows);
   });
   seconds.output = clock.lap();
-  detail::record_naive_stage_seconds(seconds);
+  if (p.naive_stages) *p.naive_stages = seconds;
 }
 
 }  // namespace fattn::cpu
