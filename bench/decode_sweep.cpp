@@ -56,7 +56,7 @@ struct Stored {
     std::vector<float> drawn(bits.size());
     fill_random(drawn, seed);
     std::transform(drawn.begin(), drawn.end(), bits.begin(),
-                   [dtype = view.dtype](float x) { return to_bits(x, dtype); });
+                   [dtype = view.dtype](float x) { return fattn::to_16bit(x, dtype); });
   }
 
   // NaN everywhere, so an element the kernel fails to write shows in the error.
@@ -67,7 +67,7 @@ struct Stored {
 
   float at(std::int64_t e) const {
     const auto i = static_cast<std::size_t>(e);
-    return view.dtype == fattn::DType::float32 ? values[i] : from_bits(bits[i], view.dtype);
+    return view.dtype == fattn::DType::float32 ? values[i] : fattn::from_16bit(bits[i], view.dtype);
   }
 };
 

@@ -5,8 +5,6 @@
 #include <limits>
 #include <random>
 
-#include "cpu/elements.hpp"  // the library's own rounding and widening of 16-bit elements
-
 namespace fattn_bench {
 namespace {
 
@@ -23,8 +21,8 @@ std::vector<std::uint16_t> round_to(std::vector<float>& values, fattn::DType dty
   if (dtype == fattn::DType::float32) return bits;
   bits.reserve(values.size());
   for (float& x : values) {
-    bits.push_back(to_bits(x, dtype));
-    x = from_bits(bits.back(), dtype);
+    bits.push_back(fattn::to_16bit(x, dtype));
+    x = fattn::from_16bit(bits.back(), dtype);
   }
   return bits;
 }
@@ -36,16 +34,6 @@ fattn::TensorView bhsd(std::vector<float>& values, std::vector<std::uint16_t>& b
 }
 
 }  // namespace
-
-std::uint16_t to_bits(float x, fattn::DType dtype) {
-  using namespace fattn::cpu;
-  return dtype == fattn::DType::bfloat16 ? from_float<BFloat16>(x).bits : from_float<Float16>(x).bits;
-}
-
-float from_bits(std::uint16_t bits, fattn::DType dtype) {
-  using namespace fattn::cpu;
-  return dtype == fattn::DType::bfloat16 ? to_float(BFloat16{bits}) : to_float(Float16{bits});
-}
 
 Inputs make_inputs(const Shape& s, std::uint64_t seed, fattn::DType dtype) {
   std::mt19937_64 engine(seed);
@@ -86,7 +74,7 @@ Outputs make_outputs(const Shape& s, fattn::DType dtype) {
 std::vector<float> Outputs::out_values() const {
   if (out_view.dtype == fattn::DType::float32) return out;
   std::vector<float> values(out16.size());
-  for (std::size_t e = 0; e < out16.size(); ++e) values[e] = from_bits(out16[e], out_view.dtype);
+  for (std::size_t e = 0; e < out16.size(); ++e) values[e] = fattn::from_16bit(out16[e], out_view.dtype);
   return values;
 }
 

@@ -22,11 +22,6 @@ struct Inputs {
 // A NaN in bfloat16 and in float16: what 16-bit outputs are poisoned with.
 inline constexpr std::uint16_t kNaN16 = 0x7fc0;
 
-// One value's 16-bit bits in `dtype` (bfloat16 or float16), rounded to nearest even as the
-// library rounds, and back.
-std::uint16_t to_bits(float x, fattn::DType dtype);
-float from_bits(std::uint16_t bits, fattn::DType dtype);
-
 // N(0, 1) entries (never zeros) in `dtype`, reproducible from `seed`.
 Inputs make_inputs(const Shape& shape, std::uint64_t seed, fattn::DType dtype = fattn::DType::float32);
 

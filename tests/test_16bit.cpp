@@ -8,6 +8,7 @@
 // within half a unit in the last place of the 16-bit dtype of the exact value, plus
 // float32's own error (kOutTol): that is the bound checked, element by element.
 // (The accuracy rule against torch's own 16-bit SDPA is in tests/python/test_16bit.py.)
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -92,6 +93,35 @@ TEST_P(Conversion, RoundsToNearestEven) {
   }
   EXPECT_TRUE(std::isnan(round_to(dtype, std::numeric_limits<float>::quiet_NaN())));
   EXPECT_TRUE(std::signbit(round_to(dtype, -0.0f)));
+}
+
+// The public conversions (fattn/tensor.hpp) are the kernels' own, for every pattern and
+// for floats between them; other dtypes are refused by name.
+TEST_P(Conversion, PublicConversionsAreTheKernels) {
+  const DType dtype = GetParam();
+  Rng rng;
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const float x = value_of(dtype, bits);
+    const float widened = fattn::from_16bit(bits, dtype);
+    ASSERT_EQ(std::memcmp(&widened, &x, sizeof x), 0) << std::hex << b;  // NaNs too, bit for bit
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(fattn::to_16bit(x, dtype), bits) << std::hex << b;
+    const auto between = static_cast<float>(x * (1.0 + rng.uniform(-1e-3, 1e-3)));
+    ASSERT_EQ(fattn::to_16bit(between, dtype), bits_of(dtype, between)) << between;
+  }
+  EXPECT_THROW(
+      {
+        try {
+          fattn::to_16bit(1.0f, DType::float32);
+        } catch (const fattn::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("to_16bit takes dtype float16 or bfloat16, got float32"),
+                    std::string::npos) << e.what();
+          throw;
+        }
+      },
+      fattn::Error);
+  EXPECT_THROW(fattn::from_16bit(0, DType::int32), fattn::Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Conversion, ::testing::Values(DType::bfloat16, DType::float16),

@@ -16,6 +16,12 @@ const char* to_string(DType dtype);
 const char* to_string(Device device);
 int element_size(DType dtype);
 
+// A float32 value as a float16 or bfloat16 element, rounded to nearest even as fattn's
+// kernels round their 16-bit outputs (NaN stays NaN), and an element's value back. For
+// preparing 16-bit inputs and reading 16-bit outputs; dtype must be float16 or bfloat16.
+std::uint16_t to_16bit(float value, DType dtype);
+float from_16bit(std::uint16_t bits, DType dtype);
+
 // A strided view of up to 4 dimensions. Sizes and strides are in elements (64-bit).
 // Attention tensors are always *logically* (batch, heads, seq, head_dim); the
 // strides say how they sit in memory, so (B,H,S,D), (B,S,H,D) and any other
