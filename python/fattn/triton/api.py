@@ -62,9 +62,9 @@ def _mask_view(fn, attn_mask, q, sk):
 
 
 def _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_size, softcap,
-                   sinks, alibi_slopes, scale, out, block_m, block_n):
+                   sinks, alibi_slopes, scale, out, block_m, block_n, lse=None):
     """The checked Problem of a (B, H, S, D) call (forward or backward); out and lse
-    allocated unless given."""
+    allocated unless given (the backward's lse is checked by the caller)."""
     _check_operands(fn, [("q", q), ("k", k), ("v", v)], 4,
                     {"q": "(B, Hq, Sq, D)", "k": "(B, Hkv, Sk, D)", "v": "(B, Hkv, Sk, D)"})
     b, hq, sq, d = q.shape
@@ -82,7 +82,8 @@ def _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_s
     mask = None if attn_mask is None else _mask_view(fn, attn_mask, q, sk)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     return Problem(q, k, v, out, lse, batch=b, q_len=sq, kv_len=sk, scale=_scale(scale, d),
                    causal=(2 if causal_bottom_right else 1) if causal else 0,
                    window_left=left, window_right=right, mask=mask, mask_source=attn_mask,
@@ -127,9 +128,8 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, attn_mask=None, causa
     bits run to run (no atomics)."""
     fn = "attention_backward"
     p = _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_size,
-                       softcap, sinks, alibi_slopes, scale, out, block_m, block_n)
-    _check_gradient_inputs(fn, p, dout, out, lse, dlse, tuple(p.lse.shape))
-    p.lse = lse
+                       softcap, sinks, alibi_slopes, scale, out, block_m, block_n, lse=lse)
+    _check_gradient_inputs(fn, p, dout, out, lse, dlse, tuple(q.shape[:3]))
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) if g is None else g
                   for t, g in ((q, dq), (k, dk), (v, dv)))
     dsinks = run_backward(p, dout, dlse, *grads)
@@ -157,7 +157,8 @@ def _check_offsets(fn, name, cu, total, batch, device):
 
 
 def _varlen_problem(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                    window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n):
+                    window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n,
+                    lse=None):
     """The checked Problem of packed (total, H, D) sequences: (B, H, total, D) views with
     batch stride 0, the rows of sequence b from the offsets."""
     _check_operands(fn, [("q", q), ("k", k), ("v", v)], 3,
@@ -180,7 +181,8 @@ def _varlen_problem(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
                                                         softcap, sinks, alibi_slopes, batch)
     if out is None:
         out = torch.empty((total_q, hq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
     return Problem(packed(q, batch), packed(k, batch), packed(v, batch), packed(out, batch),
                    lse.unsqueeze(0).expand(batch, -1, -1), batch=batch, q_len=longest_q,
                    kv_len=longest_k, scale=_scale(scale, d), causal=2 if causal else 0,
@@ -219,10 +221,10 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     results): (dq, dk, dv, dsinks), packed as q, k, v."""
     fn = "attention_varlen_backward"
     p = _varlen_problem(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal,
-                        window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n)
+                        window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n,
+                        lse=lse if isinstance(lse, torch.Tensor) and lse.dim() == 2 else None)
     _check_gradient_inputs(fn, p, dout, out, lse, None, (q.size(1), q.size(0)),
                            packed_shape=tuple(q.shape))
-    p.lse = lse.unsqueeze(0).expand(p.batch, -1, -1)
     grads = tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     dsinks = None
     if p.batch > 0:
