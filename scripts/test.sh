@@ -18,9 +18,12 @@ for arg in "$@"; do
   esac
 done
 
+# Each phase's start, in seconds since this script began: where CI's time goes.
+phase() { echo "== $1 (at ${SECONDS} s)"; }
+
 scripts/setup.sh
 
-echo "== build and test (Release)"
+phase "build and test (Release)"
 # FATTN_CUDA_PTXAS_VERBOSE: ptxas -v on every CUDA source, as scripts/gpu-check.sh builds
 # (registers and spills per kernel in the log; the option must keep building the C++
 # sources of the CUDA library too). Unused where there is no nvcc.
@@ -28,7 +31,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFATTN_CUDA_PTXAS_VERBOSE=ON >/d
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
-echo "== find_package(fattn) consumer"
+phase "find_package(fattn) consumer"
 rm -rf build/install build/consumer
 cmake --install build --prefix build/install >/dev/null
 cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
@@ -36,7 +39,7 @@ cmake --build build/consumer -j"$jobs"
 ctest --test-dir build/consumer --output-on-failure
 
 if [ "$sanitizers" = 1 ]; then
-  echo "== build and test (ASan + UBSan)"
+  phase "build and test (ASan + UBSan)"
   # Host code only: the sanitizers do not instrument device code, and the Release
   # build above already compiles every CUDA kernel.
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFATTN_SANITIZE=address,undefined \
@@ -47,13 +50,13 @@ if [ "$sanitizers" = 1 ]; then
 fi
 
 if [ "$python" = 1 ]; then
-  echo "== PyTorch package (pytest)"
+  phase "PyTorch package (pytest)"
   scripts/test_python.sh
-  echo "== README's PyTorch install line (fresh clone, fresh venv)"
+  phase "README's PyTorch install line (fresh clone, fresh venv)"
   scripts/check_install.sh
 fi
 
-echo "== REPORT.md from the committed results (scripts/report.sh --from results/report)"
+phase "REPORT.md from the committed results (scripts/report.sh --from results/report)"
 # Into build/, so the committed REPORT.md is left alone; fails if generation breaks.
 scripts/report.sh --from results/report --out build/report
 if ! diff -q REPORT.md build/report/REPORT.md >/dev/null; then
@@ -61,3 +64,4 @@ if ! diff -q REPORT.md build/report/REPORT.md >/dev/null; then
   echo "REPORT.md is not what results/report/ gives: run scripts/report.sh --from results/report" >&2
   exit 1
 fi
+phase "done"

@@ -15,4 +15,5 @@ source scripts/python_env.sh
 python_env_install_fattn
 
 echo "== pytest tests/python"
-exec "$py" -m pytest -q -p no:cacheprovider tests/python "$@"
+# --durations: the slowest tests in every log, where CI time goes.
+exec "$py" -m pytest -q -p no:cacheprovider --durations=20 tests/python "$@"
