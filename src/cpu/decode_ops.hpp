@@ -24,6 +24,7 @@
 #include "core/problem.hpp"
 #include "cpu/blocks.hpp"
 #include "cpu/decode_direct.hpp"
+#include "cpu/decode_direct_avx2.hpp"
 #include "cpu/elements.hpp"
 #include "cpu/exp2.hpp"
 #include "cpu/simd.hpp"
@@ -104,7 +105,11 @@ struct DecodeOps {
     // (B, S, H, D) cache: bfloat16 (4 lines a row) 16 lines 24-25 GB/s, 32: 28-29;
     // float32 (8 lines a row) 32 lines 28-31, 64: 28. (B, H, S, D): bfloat16 16 lines
     // 33 GB/s, 32: 32-33.
-    static constexpr std::int64_t kLinesPerDirectBlock = 32;
+    // An AVX2 block (cpu/decode_direct_avx2.hpp) covers half the keys of an AVX-512 one
+    // (8/R, not 16/R): half the lines keep the same lines per key. Forced AVX2 on dev-zen5,
+    // Sq = 1, 32k keys, 1 thread, median ms of two rounds, float32 / bfloat16: 8 lines
+    // 29-38 / 15-21, 16: 26-32 / 13-17, 32: 28-33 / 14-20, 64: 29-39 / 16-18.
+    static constexpr std::int64_t kLinesPerDirectBlock = L == 16 ? 32 : 16;
     // The tiles' rows as bytes: a 16-bit row is half a float32 row's lines.
     Rows<char> k{}, v{};
     std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of 2·rows (K's, then V's)
@@ -153,8 +158,8 @@ struct DecodeOps {
   };
 
   // kt[d][j] = k[j][d] for the tile's nj keys; keys past nj are zero.
-  // With AVX-512 and contiguous dims, whole 16-key × 16-dim blocks go through registers
-  // (16-bit rows widened on the way in).
+  // With contiguous dims, whole 16-key × 16-dim blocks go through registers (AVX-512;
+  // AVX2: two 8×8 blocks per 8 dims), 16-bit rows widened on the way in by load_vec.
   template <class E>
   static void transpose_keys(const Rows<E>& k, std::int64_t nj, std::int64_t D, float* kt,
                              Prefetch& next) {
@@ -172,6 +177,22 @@ struct DecodeOps {
             transpose16x16(r);
             for (int j = 0; j < kKeyGroup; ++j) _mm512_storeu_ps(dst + (d + j) * Bk, r[j]);
             next.issue(Prefetch::kRowsPerBlock);
+          }
+        }
+      }
+#elif defined(FATTN_AVX)
+      if constexpr (L == 8) {
+        if (n == kKeyGroup && k.dim_stride == 1) {
+          dims_done = D / L * L;
+          for (std::int64_t d = 0; d < dims_done; d += L) {
+            for (int h = 0; h < kKeyGroup; h += L) {
+              __m256 r[L];
+              for (int j = 0; j < L; ++j) r[j] = load_vec<S>(k.group[g] + (h + j) * k.stride + d);
+              transpose8x8(r);
+              for (int j = 0; j < L; ++j) _mm256_storeu_ps(dst + (d + j) * Bk + h, r[j]);
+            }
+            // the rows asked for per 16 × 16 elements, as with AVX-512
+            if (d % kKeyGroup == L) next.issue(Prefetch::kRowsPerBlock);
           }
         }
       }
@@ -268,7 +289,7 @@ struct DecodeOps {
   }
 
   // Scores of one key tile: straight from the key rows for a few rows (AVX-512,
-  // cpu/decode_direct.hpp), else through the transposed tile kt. Either way `next` is
+  // cpu/decode_direct.hpp; AVX2, cpu/decode_direct_avx2.hpp), else through the transposed tile kt. Either way `next` is
   // asked for between blocks, and for the rest at the end. (A bfloat16 cache on
   // AVX512-BF16 takes cpu/decode_scores_bf16.hpp instead.)
   template <class E>
@@ -283,6 +304,14 @@ struct DecodeOps {
         return;
       }
     }
+#elif defined(FATTN_AVX)
+    if constexpr (L == 8) {
+      if (rows <= kDirectRows && k.dim_stride == 1) {
+        DirectScoresAvx2<Rows<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);
+        next.issue_rest();
+        return;
+      }
+    }
 #endif
     transpose_keys(k, nj, D, kt, next);
     scores(qs, rows, D, kt, st, next);
@@ -291,12 +320,20 @@ struct DecodeOps {
   // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
   static constexpr std::int64_t kDirectRows = 4;
 
-  // Across the lanes: with AVX-512 in a tree of shuffles (4 steps, not 15 scalar ones).
+  // Across the lanes: with AVX-512 / AVX2 in a tree of shuffles (4 / 3 steps, not 15 / 7
+  // scalar ones).
   // A NaN lane may or may not win the max; either way its row's probabilities become
   // NaN in softmax_update, through exp2 of the NaN score.
   static float max_of(vec x) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) return _mm512_reduce_max_ps(x);
+#endif
+#if defined(FATTN_AVX)
+    if constexpr (L == 8) {
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    }
 #endif
     float m = x[0];
     for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
@@ -305,6 +342,13 @@ struct DecodeOps {
   static float sum_of(vec x) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) return _mm512_reduce_add_ps(x);
+#endif
+#if defined(FATTN_AVX)
+    if constexpr (L == 8) {
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
 #endif
     float s = 0.0f;
     for (int i = 0; i < L; ++i) s += x[i];

@@ -77,15 +77,19 @@ struct DecodeTiling<64> {  // AVX-512: scores 4 × 6 + 6 + 1 = 31, P·V 6 × 4 +
 };
 
 template <>
-struct DecodeTiling<32> {  // AVX2: 2 × 4 + 4 + 1 = 13 of 16 registers
+struct DecodeTiling<32> {  // AVX2: scores 2 × 4 + 4 + 1 = 13, P·V 6 × 2 + 2 + 1 = 15 of 16
   static constexpr int key_vecs = 4;  // Bk = 32
   static constexpr int score_rows = 2;
-  static constexpr int row_block = 2;
-  static constexpr int dim_vecs = 4;
+  // P·V rows × dim vectors, forced AVX2 on dev-zen5, 1 thread, GQA 4:1, D = 128, median ms
+  // of two rounds (docs/perf-log.md, 2026-11-27): Sq = 16, 8k keys, float32 6 × 2: 56-61,
+  // 2 × 4: 76, 4 × 2: 70-72, 3 × 4: 57-73; bfloat16 48-49 / 54-57 / 52-53 / 53-57. Sq = 1
+  // (4 rows, 32k keys): no difference above the noise of the shared machine.
+  static constexpr int row_block = 6;
+  static constexpr int dim_vecs = 2;
 };
 
 template <>
-struct DecodeTiling<16> {  // portable: as AVX2
+struct DecodeTiling<16> {  // portable: AVX2's first sizes, not tuned
   static constexpr int key_vecs = 4;  // Bk = 16
   static constexpr int score_rows = 2;
   static constexpr int row_block = 2;

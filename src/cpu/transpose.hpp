@@ -1,9 +1,44 @@
 // fattn — a 16×16 float transpose in AVX-512 registers, for moving query rows into the
 // kernels' transposed tiles (qt[d][i], ot[d][i]) and back, 16 rows at a time instead of
-// one element at a time.
+// one element at a time; and an 8×8 one in AVX2 registers, for the decode kernel's key
+// tiles on AVX2 (cpu/decode_ops.hpp, transpose_keys).
 #pragma once
 
 #include "cpu/isa_target.hpp"
+
+#if defined(FATTN_AVX)
+#include <immintrin.h>
+
+namespace fattn::cpu {
+namespace {  // each unit's own copy, built with its own instructions
+
+// r[k][j] ← r[j][k] for 8 vectors of 8 floats: rows interleaved by float, then by float
+// pair, then the 128-bit halves exchanged; 24 shuffles, the fewest AVX2 has for 8×8.
+inline void transpose8x8(__m256 r[8]) {
+  __m256 a[8], b[8];
+  for (int k = 0; k < 4; ++k) {
+    a[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    a[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  // b[4g + c], 128-bit half h: column 4h + c of rows 4g .. 4g+3.
+  for (int g = 0; g < 2; ++g) {
+    const __m256d lo0 = _mm256_castps_pd(a[4 * g]), hi0 = _mm256_castps_pd(a[4 * g + 1]);
+    const __m256d lo1 = _mm256_castps_pd(a[4 * g + 2]), hi1 = _mm256_castps_pd(a[4 * g + 3]);
+    b[4 * g + 0] = _mm256_castpd_ps(_mm256_unpacklo_pd(lo0, lo1));
+    b[4 * g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(lo0, lo1));
+    b[4 * g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(hi0, hi1));
+    b[4 * g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(hi0, hi1));
+  }
+  constexpr int kLowHalves = 0x20, kHighHalves = 0x31;
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(b[c], b[4 + c], kLowHalves);
+    r[4 + c] = _mm256_permute2f128_ps(b[c], b[4 + c], kHighHalves);
+  }
+}
+
+}  // namespace
+}  // namespace fattn::cpu
+#endif
 
 #if defined(FATTN_AVX512)
 #include <cstdint>

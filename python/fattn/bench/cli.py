@@ -38,6 +38,9 @@ Output: a table on stdout, and in --out DIR: bench.json (fattn-bench's --json sc
 --decode runs the decode sweep instead (fattn/bench/decode.py: short queries against a KV
 cache, fattn vs torch SDPA with enable_gqa, against the DRAM triad).
 
+--isa avx2 (or avx512, amx, portable) runs that instruction set's kernels for every fattn
+call, here and in --decode: the AVX2 kernels on an AVX-512 machine; "isa" in the JSON.
+
 --ring runs ring attention across processes instead (fattn/bench/ring.py: P ranks beside one
 process with as many threads).
 
@@ -68,7 +71,8 @@ import torch
 
 import fattn
 
-from .core import DTYPES, IMPLS, Contention, PeakRss, machine_info, write_outputs
+from .core import (DTYPES, IMPLS, Contention, PeakRss, add_isa_argument, machine_info, use_isa,
+                   write_outputs)
 from .forward import SWEEPS, bench_shape, sweeps
 
 def main(argv=None):
@@ -114,14 +118,16 @@ def main(argv=None):
                    help="seconds of timed calls per impl and shape (default 2)")
     p.add_argument("--min-reps", type=int, default=3)
     p.add_argument("--max-reps", type=int, default=30)
+    add_isa_argument(p)
     args = p.parse_args(argv)
+    args.isa_used = use_isa(args.isa)
     if args.quick:
         args.budget, args.min_reps, args.max_reps = 0.05, 2, 3
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     assert fattn.num_threads() == threads
-    print(f"fattn {fattn.__version__} ({fattn.best_cpu_isa()}) vs torch {torch.__version__}, "
+    print(f"fattn {fattn.__version__} ({args.isa_used}) vs torch {torch.__version__}, "
           f"{threads} threads each; {args.dtype}; times in ms (median); mem = extra memory "
           "(fattn::extra_bytes for fattn, peak RSS rise for torch); err = max abs error vs "
           "float64", flush=True)

@@ -30,6 +30,25 @@ FLOAT = 4  # bytes of a float32 (the logsumexp, whatever the inputs' dtype)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+# The CPU kernels the benchmarks may be told to run (--isa): "auto" is the library's choice;
+# a narrower one (avx2 on an AVX-512 machine) runs that instruction set's own kernels.
+ISAS = ("auto", "amx", "avx512", "avx2", "portable")
+
+
+def add_isa_argument(parser) -> None:
+    parser.add_argument("--isa", choices=ISAS, default="auto",
+                        help="CPU kernels to run (default auto: the widest this CPU has)")
+
+
+def use_isa(name: str) -> str:
+    """Makes every later fattn CPU call of this process run the kernels of `name`; returns
+    the name the results record (the best ISA for "auto")."""
+    if not fattn._C.cpu_supports(name):
+        raise SystemExit(f"--isa {name}: not supported by this CPU (best: {fattn.best_cpu_isa()})")
+    fattn._C.set_cpu_isa(name)
+    return fattn.best_cpu_isa() if name == "auto" else name
+
+
 def element_size(dtype: str) -> int:
     return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
 
@@ -152,7 +171,7 @@ def machine_info(threads: int, args, contention) -> dict:
     return {
         "device": "cpu",
         "cpu": cpu,
-        "isa": fattn.best_cpu_isa(),
+        "isa": getattr(args, "isa_used", None) or fattn.best_cpu_isa(),
         "threads": threads,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "fattn_version": fattn.__version__,

@@ -12,6 +12,7 @@ and its share of the DRAM triad measured in the same run (a = b + s·c over 3 ×
 24 bytes counted per element, as fattn-bench counts it), GFLOP/s (4·D per visible
 (query, key) pair), fattn's working memory (fattn::extra_bytes), the speed-up, and the max
 abs error of each against float64 on sampled rows. Output: a table, and --out DIR/decode.json.
+--isa avx2 (avx512, amx, portable) runs fattn on that instruction set's kernels.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 import fattn
 
-from .core import DTYPES, cpu_name, element_size
+from .core import DTYPES, add_isa_argument, cpu_name, element_size, use_isa
 
 TRIAD_MIB = 256
 
@@ -124,7 +125,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=0, help="default: torch.get_num_threads()")
     p.add_argument("--quick", action="store_true", help="two tiny points (CI)")
     p.add_argument("--out", default="fattn-bench-py", help="output directory for decode.json")
+    add_isa_argument(p)
     args = p.parse_args(argv)
+    isa = use_isa(args.isa)
     if args.quick:
         args.batch, args.kv_heads, args.head_dim, args.seq, args.seq_kv = [1], [2], [64], [1, 4], [256]
         args.heads, args.reps = 8, 2
@@ -132,7 +135,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     triad = triad_gbs(2 if args.quick else 5)
-    print(f"fattn {fattn.__version__} ({fattn.best_cpu_isa()}) vs torch {torch.__version__} SDPA, "
+    print(f"fattn {fattn.__version__} ({isa}) vs torch {torch.__version__} SDPA, "
           f"{threads} threads each; {args.dtype}; DRAM triad {triad:.1f} GB/s (same run)", flush=True)
     print("| B | Hq | Hkv | D | Sq | Sk | K+V MiB | fattn ms | torch ms | speed-up | fattn GB/s | "
           "% triad | fattn GFLOP/s | extra KiB | err fattn | err torch |")
@@ -157,7 +160,7 @@ def main(argv=None):
                                   f"{r['fattn_max_abs_err']:.1e} | {r['torch_max_abs_err']:.1e} |",
                                   flush=True)
     machine = {"device": "cpu", "cpu": cpu_name(),
-               "isa": fattn.best_cpu_isa(), "threads": threads, "bandwidth_gbs": triad,
+               "isa": isa, "threads": threads, "bandwidth_gbs": triad,
                "torch": torch.__version__, "fattn": fattn.__version__,
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     out = Path(args.out)
