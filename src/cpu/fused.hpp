@@ -79,7 +79,8 @@ void fused_loop(const detail::Problem& whole, const detail::Exec& exec, const Ma
     typename Mainloop::Tile tile[kGroup];
     int n = 0;
     std::int64_t first_key = p.kv_len, kv_max = 0;
-    for (; n < kGroup && first.t + n < ws.q_tiles; ++n) {
+    // The item's tiles end with its sequence's (ws.q_tiles is the longest sequence's).
+    for (; n < kGroup && (first.t + n) * Ops::Br < p.q_len; ++n) {
       q[n] = ws.query_tile(p, first.b, first.h, first.t + n);
       tile[n] = mainloop.tile(worker * kGroup + n);
       first_key = std::min(first_key, q[n].first_key_tile(Ops::Bc));
