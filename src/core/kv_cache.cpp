@@ -1,12 +1,6 @@
 // fattn — the KV-cache and variable-length entry points (fattn/kv_cache.hpp).
-#include <algorithm>
-#include <limits>
-#include <sstream>
 #include <string>
-#include <tuple>
-#include <vector>
 
-#include "core/checks.hpp"
 #include "core/dispatch.hpp"
 #include "core/kv_cache_problem.hpp"
 #include "core/varlen_problem.hpp"
