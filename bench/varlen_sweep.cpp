@@ -117,8 +117,7 @@ VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t
   // keeps every real query from the padding keys (Sq = Sk: the same pairs as bottom-right).
   fattn::Options padded_options = o;
   if (c.causal != fattn::Causal::none) padded_options.causal = fattn::Causal::top_left;
-  auto cu = [&] { return fattn::TensorView::int32_vector(p.starts.data(), B + 1); };
-  const fattn::TensorView cu_view = cu();
+  const fattn::TensorView cu_view = fattn::TensorView::int32_vector(p.starts.data(), B + 1);
   const std::vector<std::function<void()>> contenders{
       [&] {
         fattn::attention_varlen(p.q.view(0, total), p.k.view(0, total), p.v.view(0, total), cu_view,
