@@ -14,6 +14,7 @@
 #include "model.hpp"
 #include "report.hpp"
 #include "sweep.hpp"
+#include "varlen_sweep.hpp"
 
 namespace {
 
@@ -97,14 +98,39 @@ fattn_bench::DecodeConfig quick_decode(fattn_bench::DecodeConfig c) {
   return c;
 }
 
+// --varlen: the packed variable-length sweep, before (and without) the ceilings, which it
+// does not report against; the other processes' CPU use is in each row.
+int run_varlen(fattn_bench::VarlenConfig config, const SweepConfig& sweep, bool heads_given,
+               bool kv_heads_given, const std::vector<std::string>& causal_names,
+               const std::string& json_path) {
+  if (heads_given) config.q_heads = sweep.q_heads;
+  config.kv_heads = kv_heads_given ? sweep.kv_heads : config.q_heads;
+  const std::vector<fattn::Causal> causal = parse_causal(causal_names);
+  if (causal_names != std::vector<std::string>{"both"}) {
+    if (causal.size() != 1) throw CLI::ValidationError("--causal", "--varlen takes one mode");
+    config.causal = causal.front();
+  }
+  config.threads = sweep.threads;
+  config.reps = sweep.reps;
+  config.warmup = sweep.warmup;
+  config.seed = sweep.seed;
+  std::printf("cpu: %s\ndate: %s\nfattn: %s\n", fattn_bench::cpu_model_name().c_str(),
+              fattn_bench::iso8601_now().c_str(), fattn::version());
+  const auto results = fattn_bench::run_varlen_sweep(config);
+  fattn_bench::print_varlen_table(stdout, config, results);
+  if (!json_path.empty()) fattn_bench::write_varlen_json(json_path, config, results);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   SweepConfig config;
   std::vector<std::string> causal_names{"both"}, impl_names{"naive", "fused"};
   std::string isa_name = "auto", json_path, csv_path;
-  bool quick = false, decode = false;
+  bool quick = false, decode = false, varlen = false;
   fattn_bench::DecodeConfig decode_config;
+  fattn_bench::VarlenConfig varlen_config;
 
   CLI::App app{
       "fattn-bench: attention kernels against this machine's measured peaks (fp32 FMA,\n"
@@ -182,6 +208,20 @@ int main(int argc, char** argv) {
   app.add_option("--fused-max-keys", decode_config.fused_max_keys,
                  "--decode: run the fused kernel beside decode up to this many keys")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--varlen", varlen,
+               "the packed variable-length sweep instead: attention_varlen (one ragged call) "
+               "beside attention_forward once per sequence and the tokens padded into one "
+               "dense batch (Hq 8 unless --heads; causal bottom_right unless --causal)");
+  app.add_option("--varlen-mix", varlen_config.mixes,
+                 "--varlen: uniform (64 sequences of 16-512 tokens), longtail (60 of 16-64, "
+                 "4 of 256-1024)")
+      ->capture_default_str()->delimiter(',');
+  app.add_option("--varlen-head-dim", varlen_config.head_dims, "--varlen: head dims D")
+      ->capture_default_str()->check(CLI::PositiveNumber)->delimiter(',');
+  app.add_option("--varlen-dtype", varlen_config.dtypes, "--varlen: dtypes")
+      ->transform(CLI::CheckedTransformer(dtypes))->delimiter(',');
+  app.add_flag("--varlen-no-padded", [&](std::int64_t) { varlen_config.padded = false; },
+               "--varlen: skip the padded dense batch");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -195,6 +235,9 @@ int main(int argc, char** argv) {
     config.isa = resolve_isa(isa_name);
     config.isa_automatic = fattn::parse_isa(isa_name) == fattn::Isa::automatic;
     if (config.threads == 0) config.threads = fattn::default_num_threads();
+    if (varlen)
+      return run_varlen(varlen_config, config, heads->count() > 0, kv_heads->count() > 0,
+                        causal_names, json_path);
 
     fattn_bench::Machine machine;
     machine.cpu = fattn_bench::cpu_model_name();

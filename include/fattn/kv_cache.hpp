@@ -51,15 +51,20 @@ std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,
 //   total_q, Hq, D); k, v likewise (1, Hkv, total_k, D); lse (1, Hq, total_q) or null.
 //   cu_seqlens_q, cu_seqlens_k: (B + 1) int32, starting at 0, non-decreasing, ending at
 //   total_q and total_k.
-// Causal alignment is per sequence. Each sequence runs the kernel Impl::automatic picks
-// for its own shape. The variants (Options) apply per sequence, aligned to its own lengths:
-// window, softcap, sinks (Hq), alibi_slopes (Hq) or (B, Hq); not attn_mask.
+// Causal alignment is per sequence. The call is checked once and runs as one ragged
+// problem: Impl::automatic and Impl::fused run the fused kernel over the work items of all
+// sequences in one parallel section (a sequence without keys gives rows 0 and lse −inf, or
+// the sink); Impl::naive, Impl::decode and isa amx run the sequences one after another,
+// Impl::reference (and float64) the float64 reference. CPU tensors only. The variants
+// (Options) apply per sequence, aligned to its own lengths: window, softcap, sinks (Hq),
+// alibi_slopes (Hq) or (B, Hq); not attn_mask.
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                       const TensorView& out, const TensorView* lse, const Options& options = {});
 
-// Gradients of attention_varlen (the fused backward per sequence), given its out and lse;
-// with sinks, dsinks (Hq) float32 sums every sequence's, in order.
+// Gradients of attention_varlen given its out and lse, checked once: the backward kernel
+// sequence after sequence (each its own parallel section), the reference over all at once;
+// with sinks, dsinks (Hq) float32 sums every sequence's rows, in order.
 void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& dout,
                                const TensorView& lse, const TensorView& cu_seqlens_q,

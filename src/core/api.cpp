@@ -42,7 +42,8 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
                 " yet; they run on avx512, avx2 or portable");
   if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa, p.dtype);
   Isa isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
-  if (isa == Isa::amx && (sixteen_bit || variants)) isa = Isa::avx512;  // every AMX CPU has it
+  // Every AMX CPU has avx512; the AMX kernels take neither variants nor ragged batches.
+  if (isa == Isa::amx && (sixteen_bit || variants || p.is_ragged())) isa = Isa::avx512;
   return cpu::kernels_for(isa, p.dtype);
 }
 
@@ -263,6 +264,45 @@ namespace detail {
 
 const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
   return cpu_kernels(options, p, Direction::forward);
+}
+
+// A ragged problem (attention_varlen) runs the fused kernel over all its sequences in one
+// parallel section (cpu/ragged_items.hpp) under impl auto or fused: Impl::automatic does not
+// pick the decode kernel per sequence, since its gain — one sequence's keys split over the
+// cores — is what the other sequences' items already give a ragged batch. The kernels
+// without ragged items (naive, decode, AMX when isa amx is asked for) run the sequences
+// one after another; a sequence without keys goes to the reference there (rows 0, lse −inf
+// or the sink), a sequence without queries nowhere.
+void ragged_forward(const Problem& p, const Exec& exec, const Options& options) {
+  const Impl impl = p.dtype == DType::float64 ? reference_for_float64(options.impl) : options.impl;
+  if (impl == Impl::reference) return cpu::reference_forward(p, exec);
+  const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::forward);
+  const bool ragged_kernel = kernels.isa != Isa::amx;
+  if ((impl == Impl::automatic || impl == Impl::fused) && ragged_kernel)
+    return run(p, exec, forward_pass(kernels), Impl::fused);
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const Problem s = p.sequence(b);
+    if (s.q_len == 0) continue;
+    if (s.kv_len == 0) cpu::reference_forward(s, exec);
+    else if (impl == Impl::decode) run_decode(s, exec, options);
+    else run(s, exec, forward_pass(kernels), impl == Impl::automatic ? Impl::fused : impl);
+  }
+}
+
+// The backward of a ragged problem: the reference over all sequences at once; the kernels
+// sequence after sequence (their items are one sequence's), a sequence without (query, key)
+// pairs through the reference (zero gradients); with sinks, dsinks summed over every
+// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem).
+void ragged_backward(const Problem& p, const Exec& exec, const Options& options) {
+  const Impl impl = resolve_backward(options.impl, p.dtype);
+  if (impl == Impl::reference) return cpu::reference_backward(p, exec);
+  const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const Problem s = p.sequence(b);
+    if (s.q_len == 0 || s.kv_len == 0) cpu::reference_backward(s, exec);
+    else run(s, exec, pass, impl);
+  }
+  if (p.mods.sinks) cpu::sink_gradients(p, exec);
 }
 
 std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem& p,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fattn/attention.hpp"
 #include "fattn/diagnostics.hpp"
@@ -25,6 +26,27 @@ template <class T, class U>
 Strided<T> retype(const Strided<U>& s) {
   return {reinterpret_cast<T*>(s.data), s.batch, s.head, s.seq, s.dim};
 }
+
+// The same view with its rows starting at row `start` of the sequence axis and batch stride
+// 0, so row(b, h, s) reads row start + s for any b: one sequence of a packed tensor. The
+// offset is counted in the data's own elements (bytes_per_element: 16-bit and float64 data
+// sit behind float pointers too).
+template <class T>
+Strided<T> rows_from(const Strided<T>& t, std::int64_t start, std::int64_t bytes_per_element) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  T* data = t.data ? reinterpret_cast<T*>(reinterpret_cast<Byte*>(t.data) +
+                                          start * t.seq * bytes_per_element)
+                   : nullptr;
+  return {data, 0, t.head, t.seq, t.dim};
+}
+
+// A ragged batch (attention_varlen): sequences packed along the sequence axis of a batch-1
+// tensor; sequence b's queries are rows [q_starts[b], q_starts[b + 1]) of q, out and lse,
+// its keys rows [k_starts[b], k_starts[b + 1]) of k and v (FlashAttention's cu_seqlens).
+struct Ragged {
+  const std::int64_t* q_starts = nullptr;  // [batch + 1]; null: not ragged
+  const std::int64_t* k_starts = nullptr;  // [batch + 1]
+};
 
 // Where the keys of a KV cache are (attention_kvcache): how many each sequence uses,
 // and, for a paged cache, which page holds each block of block_size keys.
@@ -78,6 +100,9 @@ struct Problem {
 
   // KV cache (attention_kvcache only; the decode kernel and the reference read it).
   KvPaging paging;
+  // Packed sequences (attention_varlen only): batch sequences of their own lengths, q_len
+  // and kv_len the longest; the kernels read sequence b through sequence(b).
+  Ragged ragged;
 
   // Where the naive kernels report their stage times, when the caller asks (null: nowhere).
   NaiveStageSeconds* naive_stages = nullptr;
@@ -89,14 +114,19 @@ struct Problem {
   // Keys j < keys_of(b) with band_lo_of(b) <= j − i <= band_hi_of(b).
   bool has_kv_cache() const { return paging.seqlens || paging.block_table; }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  bool is_ragged() const { return ragged.q_starts != nullptr; }
+  std::int64_t queries_of(std::int64_t b) const {
+    return ragged.q_starts ? ragged.q_starts[b + 1] - ragged.q_starts[b] : q_len;
+  }
   std::int64_t keys_of(std::int64_t b) const {
+    if (ragged.k_starts) return ragged.k_starts[b + 1] - ragged.k_starts[b];
     return paging.seqlens ? paging.seqlens[b] : kv_len;
   }
   // Where the causal limit and the window are aligned: 0 for top-left, Sk − Sq for
   // bottom-right (the last query at the sequence's own last key); the window alone is
   // bottom-right aligned, as FlashAttention's.
   std::int64_t alignment_of(std::int64_t b) const {
-    return causal == Causal::top_left ? 0 : keys_of(b) - q_len;
+    return causal == Causal::top_left ? 0 : keys_of(b) - queries_of(b);
   }
   std::int64_t band_hi_of(std::int64_t b) const {
     std::int64_t hi = causal == Causal::none ? kUnboundedBand : alignment_of(b);
@@ -114,6 +144,39 @@ struct Problem {
   std::int64_t visible_end(std::int64_t b, std::int64_t i) const {
     return clamp_key(i + band_hi_of(b) + 1, keys_of(b));
   }
+  // Sequence b of a ragged problem as a problem of its own: batch 1, its lengths and band,
+  // views whose rows start at its first row (batch stride 0, so index b and index 0 both
+  // address it), its ALiBi slopes. A problem that is not ragged is its own sequence.
+  Problem sequence(std::int64_t b) const {
+    if (!is_ragged()) return *this;
+    Problem s = *this;
+    const std::int64_t q0 = ragged.q_starts[b], k0 = ragged.k_starts[b];
+    s.ragged = {};
+    s.batch = 1;
+    s.q_len = queries_of(b);
+    s.kv_len = keys_of(b);
+    s.band_lo = band_lo_of(b);
+    s.band_hi = band_hi_of(b);
+    const std::int64_t e = element_size(dtype);  // q, k, v, out and their gradients
+    const std::int64_t el = dtype == DType::float64 ? 8 : 4;  // lse, dlse: float32 or float64
+    s.q = rows_from(q, q0, e);
+    s.out = rows_from(out, q0, e);
+    s.lse = rows_from(lse, q0, el);
+    s.dout = rows_from(dout, q0, e);
+    s.dlse = rows_from(dlse, q0, el);
+    s.dq = rows_from(dq, q0, e);
+    s.k = rows_from(k, k0, e);
+    s.v = rows_from(v, k0, e);
+    s.dk = rows_from(dk, k0, e);
+    s.dv = rows_from(dv, k0, e);
+    if (mods.alibi) {  // per-head values: float64 for float64 problems, as the lse
+      s.mods.alibi = reinterpret_cast<const float*>(reinterpret_cast<const char*>(mods.alibi) +
+                                                    b * mods.alibi_batch * el);
+      s.mods.alibi_batch = 0;
+    }
+    return s;
+  }
+
   // Row of key j of sequence b, kv head h, in K or V (paged or not).
   template <class T>
   T* kv_row(const Strided<T>& t, std::int64_t b, std::int64_t h, std::int64_t j) const {
@@ -138,6 +201,21 @@ struct Problem {
   static std::int64_t clamp_key(std::int64_t j, std::int64_t keys) {
     return j < 0 ? 0 : j < keys ? j : keys;
   }
+};
+
+// The problem that the work of sequence b reads: the problem itself, or for a ragged one
+// sequence b's own (Problem::sequence), copied only then.
+class SequenceOf {
+ public:
+  SequenceOf(const Problem& p, std::int64_t b)
+      : p_(p.is_ragged() ? &(view_ = p.sequence(b)) : &p) {}
+  SequenceOf(const SequenceOf&) = delete;
+  SequenceOf& operator=(const SequenceOf&) = delete;
+  const Problem& get() const { return *p_; }
+
+ private:
+  Problem view_;
+  const Problem* p_;
 };
 
 // Validates the arguments (throwing fattn::Error) and describes the problem.

@@ -40,18 +40,23 @@ struct DotBf16Workspace
 
   static constexpr bool naive = false;  // the fused loop only
   const detail::Problem& p;
-  std::int64_t q_tiles, k_pairs_head, v_pairs_head, worker_floats;
+  std::int64_t q_tiles, worker_floats;
   std::int64_t k_pairs_at, v_pairs_at, workers_at, total;
   std::int64_t qp_at, ot_at, m_at, l_at, alpha_at, st_at, pp_at;  // within a worker's slot
   float* base = nullptr;
+  Sizes n;  // every product checked, as Workspace's
+  HeadRoom k_room, v_room;  // K pairs, V pairs
 
-  DotBf16Workspace(const detail::Problem& problem, int workers) : p(problem) {
+  DotBf16Workspace(const detail::Problem& problem, int workers)
+      : p(problem),
+        k_room(p, n, [&](std::int64_t keys) {
+          return n.align(n.mul(n.mul(n.div_up(keys, Ops::MK), Ops::MK), Dot::pairs_of(p.head_dim)));
+        }),
+        v_room(p, n, [&](std::int64_t keys) { return n.align(n.mul(Dot::pairs_of(keys), p.head_dim)); }) {
     static_assert(sizeof(Pair) == sizeof(float), "the memory is counted in floats");
-    Sizes n;
     const std::int64_t D = p.head_dim, D2 = Dot::pairs_of(D);
     q_tiles = n.div_up(p.q_len, Br);
-    k_pairs_head = n.align(n.mul(n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK), D2));
-    v_pairs_head = n.align(n.mul(Dot::pairs_of(p.kv_len), D));
+    this->plan_ragged_items();
     Layout slot;  // head_dim <= 256: no overflow
     qp_at = slot.take(D2 * Br);
     ot_at = slot.take(D * Br);
@@ -61,19 +66,18 @@ struct DotBf16Workspace
     st_at = slot.take(Ops::Bc * Br);
     pp_at = slot.take(Ops::Bc / 2 * Br);
     worker_floats = slot.end;
-    const std::int64_t kv_heads = p.batch * p.kv_heads;
     Layout all;
-    k_pairs_at = all.take(n.mul(kv_heads, k_pairs_head));
-    v_pairs_at = all.take(n.mul(kv_heads, v_pairs_head));
+    k_pairs_at = all.take(k_room.total());
+    v_pairs_at = all.take(v_room.total());
     workers_at = all.take(n.mul(this->slots(workers), worker_floats));
     total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
   Pair* k_pairs(std::int64_t b, std::int64_t hk) const {
-    return reinterpret_cast<Pair*>(base + k_pairs_at + (b * p.kv_heads + hk) * k_pairs_head);
+    return reinterpret_cast<Pair*>(base + k_pairs_at + k_room.at(b, hk));
   }
   Pair* v_pairs(std::int64_t b, std::int64_t hk) const {
-    return reinterpret_cast<Pair*>(base + v_pairs_at + (b * p.kv_heads + hk) * v_pairs_head);
+    return reinterpret_cast<Pair*>(base + v_pairs_at + v_room.at(b, hk));
   }
   Worker worker(int slot) const {
     float* s = base + workers_at + slot * worker_floats;
@@ -86,8 +90,10 @@ struct DotBf16Workspace
     std::atomic<bool> finite{true};
     detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
       const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-      Dot::pack_k_pairs(p, b, hk, p.kv_len, k_pairs(b, hk));
-      if (!Dot::pack_v_pairs(p, b, hk, p.kv_len, v_pairs(b, hk)))
+      const detail::SequenceOf seq(p, b);
+      const detail::Problem& s = seq.get();
+      Dot::pack_k_pairs(s, b, hk, s.kv_len, k_pairs(b, hk));
+      if (!Dot::pack_v_pairs(s, b, hk, s.kv_len, v_pairs(b, hk)))
         finite.store(false, std::memory_order_relaxed);
     });
     return finite.load();
@@ -109,8 +115,8 @@ struct DotBf16Mainloop {
   };
   Head head(std::int64_t b, std::int64_t hk) const { return {ws.k_pairs(b, hk), ws.v_pairs(b, hk)}; }
   Tile tile(int slot) const { return ws.worker(slot); }
-  void load_q(const QueryTile& q, const Tile& t) const {
-    Dot::load_q_pairs(ws.p, q.b, q.h, q.i0, q.rows, t.qp);
+  void load_q(const detail::Problem& p, const QueryTile& q, const Tile& t) const {
+    Dot::load_q_pairs(p, q.b, q.h, q.i0, q.rows, t.qp);
   }
   void scores(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t) const {
     Dot::scores_tile(h.k_pairs, j0, nj, t.qp, ws.p.head_dim, q_factor, t.st);

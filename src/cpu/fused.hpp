@@ -48,8 +48,7 @@ struct FmaMainloop {
     return h;
   }
   Tile tile(int slot) const { return ws.worker(slot); }
-  void load_q(const QueryTile& q, const Tile& t) const {
-    const detail::Problem& p = ws.p;
+  void load_q(const detail::Problem& p, const QueryTile& q, const Tile& t) const {
     Ops::load_q_transposed(p.q, p.dtype, q.b, q.h, q.i0, q.rows, p.head_dim, q_factor, t.qt);
   }
   void scores(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t) const {
@@ -62,9 +61,10 @@ struct FmaMainloop {
 };
 
 // The loop above, its products from `mainloop` (FmaMainloop, DotBf16Mainloop), which holds
-// the prepared workspace.
+// the prepared workspace. A ragged problem's items span all its sequences (cpu/ragged_items.hpp);
+// an item reads its sequence's own problem (detail::SequenceOf).
 template <class S, class Mainloop>
-void fused_loop(const detail::Problem& p, const detail::Exec& exec, const Mainloop& mainloop) {
+void fused_loop(const detail::Problem& whole, const detail::Exec& exec, const Mainloop& mainloop) {
   using Ops = TileOps<S>;
   using Mods = ScoreModOps<S>;
   constexpr int kGroup = Ops::T::query_tiles_per_item;
@@ -72,17 +72,20 @@ void fused_loop(const detail::Problem& p, const detail::Exec& exec, const Mainlo
 
   detail::parallel_items(exec, ws.items(kGroup), [&](std::int64_t item, int worker) {
     const QueryTile first = ws.first_tile_of(item, kGroup);
+    const detail::SequenceOf seq(whole, first.b);
+    const detail::Problem& p = seq.get();
     const auto head = mainloop.head(first.b, first.hk);
     QueryTile q[kGroup];
     typename Mainloop::Tile tile[kGroup];
     int n = 0;
     std::int64_t first_key = p.kv_len, kv_max = 0;
-    for (; n < kGroup && first.t + n < ws.q_tiles; ++n) {
-      q[n] = ws.query_tile(first.b, first.h, first.t + n);
+    // The item's tiles end with its sequence's (ws.q_tiles is the longest sequence's).
+    for (; n < kGroup && (first.t + n) * Ops::Br < p.q_len; ++n) {
+      q[n] = ws.query_tile(p, first.b, first.h, first.t + n);
       tile[n] = mainloop.tile(worker * kGroup + n);
       first_key = std::min(first_key, q[n].first_key_tile(Ops::Bc));
       kv_max = std::max(kv_max, q[n].kv_end);
-      mainloop.load_q(q[n], tile[n]);
+      mainloop.load_q(p, q[n], tile[n]);
       Ops::start_rows(tile[n].m, tile[n].l, tile[n].ot, p.head_dim);
     }
     for (std::int64_t j0 = first_key; j0 < kv_max; j0 += Ops::Bc) {

@@ -153,10 +153,12 @@ double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, 
 }
 
 template <class T>
-void forward(const detail::Problem& p, const detail::Exec& exec) {
-  const Views<T> t(p);
-  detail::parallel_items(exec, p.batch * p.q_heads, [&](std::int64_t item, int) {
-    const std::int64_t b = item / p.q_heads, h = item % p.q_heads;
+void forward(const detail::Problem& whole, const detail::Exec& exec) {
+  detail::parallel_items(exec, whole.batch * whole.q_heads, [&](std::int64_t item, int) {
+    const std::int64_t b = item / whole.q_heads, h = item % whole.q_heads;
+    const detail::SequenceOf seq(whole, b);  // a ragged problem's sequence b
+    const detail::Problem& p = seq.get();
+    const Views<T> t(p);
     Row row;
     std::vector<double> out(static_cast<std::size_t>(p.head_dim));
     for (std::int64_t i = 0; i < p.q_len; ++i) {
@@ -174,12 +176,15 @@ void forward(const detail::Problem& p, const detail::Exec& exec) {
 // writes the sinks' gradient terms of its query heads to sink_terms[b][h]; the sum over
 // b runs afterwards, in order.
 template <class T>
-void backward(const detail::Problem& p, const detail::Exec& exec) {
-  const Views<T> t(p);
-  const std::int64_t D = p.head_dim;
-  std::vector<double> sink_terms(static_cast<std::size_t>(p.mods.sinks ? p.batch * p.q_heads : 0));
-  detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
-    const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
+void backward(const detail::Problem& whole, const detail::Exec& exec) {
+  const std::int64_t D = whole.head_dim;
+  std::vector<double> sink_terms(
+      static_cast<std::size_t>(whole.mods.sinks ? whole.batch * whole.q_heads : 0));
+  detail::parallel_items(exec, whole.batch * whole.kv_heads, [&](std::int64_t item, int) {
+    const std::int64_t b = item / whole.kv_heads, hk = item % whole.kv_heads;
+    const detail::SequenceOf seq(whole, b);  // a ragged problem's sequence b
+    const detail::Problem& p = seq.get();
+    const Views<T> t(p);
     Row row;
     std::vector<double> out(static_cast<std::size_t>(D)), dq(static_cast<std::size_t>(D));
     std::vector<double> dk(static_cast<std::size_t>(p.kv_len * D), 0.0), dv(dk.size(), 0.0);
@@ -225,6 +230,7 @@ void backward(const detail::Problem& p, const detail::Exec& exec) {
       }
     }
   });
+  const detail::Problem& p = whole;
   if (!p.mods.sinks) return;
   auto* dsinks = reinterpret_cast<Lse<T>*>(p.dsinks);
   for (std::int64_t h = 0; h < p.q_heads; ++h) {

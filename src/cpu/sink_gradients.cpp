@@ -14,12 +14,14 @@
 
 namespace fattn::cpu {
 
-void sink_gradients(const detail::Problem& p, const detail::Exec& exec) {
-  detail::parallel_items(exec, p.q_heads, [&](std::int64_t h, int) {
-    const double sink = p.mods.sinks[h];
+void sink_gradients(const detail::Problem& whole, const detail::Exec& exec) {
+  detail::parallel_items(exec, whole.q_heads, [&](std::int64_t h, int) {
+    const double sink = whole.mods.sinks[h];
     double sum = 0.0;
     float out[detail::kMaxHeadDim], dout[detail::kMaxHeadDim];
-    for (std::int64_t b = 0; b < p.batch; ++b)
+    for (std::int64_t b = 0; b < whole.batch; ++b) {
+      const detail::SequenceOf seq(whole, b);  // a ragged problem's sequence b
+      const detail::Problem& p = seq.get();
       for (std::int64_t i = 0; i < p.q_len; ++i) {
         const double lse = *p.lse.row(b, h, i);
         if (std::isinf(lse) && lse < 0) continue;  // no key and no sink: no gradient
@@ -30,7 +32,8 @@ void sink_gradients(const detail::Problem& p, const detail::Exec& exec) {
           delta += static_cast<double>(out[d]) * static_cast<double>(dout[d]);
         sum -= std::exp(sink - lse) * delta;
       }
-    p.dsinks[h] = static_cast<float>(sum);
+    }
+    whole.dsinks[h] = static_cast<float>(sum);
   });
 }
 

@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "core/checked.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
 #include "cpu/elements.hpp"
+#include "cpu/ragged_items.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace fattn::cpu {
@@ -47,6 +49,41 @@ struct Layout {
     end = n.add(end, n.align(floats));
     return at;
   }
+};
+
+// Where the packed keys (or values) of each (sequence, kv head) lie in one piece of working
+// memory: a dense problem gives every head the room of Sk keys, a ragged one each sequence
+// the room of its own keys (padding every sequence to the longest would waste memory and
+// the pre-pass's time on a long-tailed mix of lengths).
+class HeadRoom {
+ public:
+  // floats_of(keys): the floats one head of that many keys takes (aligned through n).
+  template <class FloatsOf>
+  HeadRoom(const detail::Problem& p, Sizes& n, FloatsOf floats_of) : kv_heads_(p.kv_heads) {
+    if (!p.is_ragged()) {
+      per_head_ = floats_of(p.kv_len);
+      total_ = n.mul(n.mul(p.batch, p.kv_heads), per_head_);
+      return;
+    }
+    sequence_at_.reserve(static_cast<std::size_t>(p.batch));
+    head_of_.reserve(static_cast<std::size_t>(p.batch));
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      head_of_.push_back(floats_of(p.keys_of(b)));
+      sequence_at_.push_back(total_);
+      total_ = n.add(total_, n.mul(p.kv_heads, head_of_.back()));
+    }
+  }
+  std::int64_t total() const { return total_; }
+  std::int64_t at(std::int64_t b, std::int64_t hk) const {
+    if (sequence_at_.empty()) return (b * kv_heads_ + hk) * per_head_;
+    const auto s = static_cast<std::size_t>(b);
+    return sequence_at_[s] + hk * head_of_[s];
+  }
+  bool empty() const { return total_ == 0; }
+
+ private:
+  std::int64_t kv_heads_, per_head_ = 0, total_ = 0;
+  std::vector<std::int64_t> sequence_at_, head_of_;  // ragged: per sequence
 };
 
 // One query tile of one head: the rows it holds and the keys they may see. index
@@ -85,15 +122,32 @@ inline QueryTile first_tile_of_item(const detail::Problem& p, int rows_per_tile,
 // scores_at, scores_block; tiles of Br rows, TilesPerItem of them per fused work item), as
 // fused_loop walks them, and the slots and naive scores that follow from them: one base
 // for every workspace instead of a copy in each.
+// A ragged problem's items come from ragged_items (listed by the workspace's constructor,
+// plan_ragged_items), and its tiles from the sequence's own problem (detail::SequenceOf).
 template <class W, int Br, int TilesPerItem>
 struct QueryTiling {
   QueryTile query_tile(std::int64_t b, std::int64_t h, std::int64_t t) const {
     return query_tile_of(self().p, Br, self().q_tiles, b, h, t);
   }
-  std::int64_t items(int group) const { return work_items(self().p, self().q_tiles, group); }
-  QueryTile first_tile_of(std::int64_t item, int group) const {
-    return first_tile_of_item(self().p, Br, self().q_tiles, item, group);
+  // Tile t of head h of sequence b, whose problem is `seq` (SequenceOf(p, b)).
+  QueryTile query_tile(const detail::Problem& seq, std::int64_t b, std::int64_t h,
+                       std::int64_t t) const {
+    return query_tile_of(seq, Br, self().q_tiles, b, h, t);
   }
+  std::int64_t items(int group) const {
+    if (self().p.is_ragged()) return ragged_items.count();
+    return work_items(self().p, self().q_tiles, group);
+  }
+  QueryTile first_tile_of(std::int64_t item, int group) const {
+    if (!self().p.is_ragged()) return first_tile_of_item(self().p, Br, self().q_tiles, item, group);
+    const RaggedItems::Item x = ragged_items.item(item, group);
+    return query_tile(detail::SequenceOf(self().p, x.b).get(), x.b, x.h, x.first_tile);
+  }
+  // The items of a ragged problem, for work items of TilesPerItem tiles (the fused loop's).
+  void plan_ragged_items() {
+    if (self().p.is_ragged()) ragged_items = RaggedItems(self().p, Br, TilesPerItem);
+  }
+  RaggedItems ragged_items;
   // Query-tile slots the workers hold: one per query tile of a fused work item (fused_loop's
   // worker·TilesPerItem + n), one per worker for the naive kernel.
   std::int64_t slots(int workers) const {
@@ -140,21 +194,27 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
 
   const detail::Problem& p;
   bool naive;
-  std::int64_t q_tiles, kv_padded, k_panel_head, v_rows_head, scores_block, worker_floats;
+  std::int64_t q_tiles, kv_padded, scores_block, worker_floats;
   std::int64_t k_panels_at, v_rows_at, scores_at, workers_at, total;
   std::int64_t qt_at, ot_at, m_at, l_at, alpha_at, ones_at, st_at;  // within a worker's slot
   float* base = nullptr;
+  Sizes n;  // every product is checked: broadcast (zero-stride) K and V views make huge
+            // sequence lengths valid arguments, and the panels below would wrap 64 bits
+  HeadRoom k_room, v_room;  // K panels, V rows (empty: V is read in place)
 
   Workspace(const detail::Problem& problem, bool is_naive, int workers)
-      : p(problem), naive(is_naive) {
-    // Every product is checked: broadcast (zero-stride) K and V views make huge
-    // sequence lengths valid arguments, and the panels below would wrap 64 bits.
-    Sizes n;
+      : p(problem),
+        naive(is_naive),
+        k_room(p, n, [&](std::int64_t keys) {
+          return n.align(n.mul(n.mul(n.div_up(keys, Ops::MK), Ops::MK), p.head_dim));
+        }),
+        v_room(p, n, [&](std::int64_t keys) {
+          return rows_in_place(p.v, p.dtype) ? 0 : n.align(n.mul(keys, p.head_dim));
+        }) {
     q_tiles = n.div_up(p.q_len, Br);
     kv_padded = n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK);
-    k_panel_head = n.align(n.mul(kv_padded, p.head_dim));
-    v_rows_head = rows_in_place(p.v, p.dtype) ? 0 : n.align(n.mul(p.kv_len, p.head_dim));
     scores_block = n.mul(kv_padded, Br);
+    this->plan_ragged_items();
     Layout slot;  // head_dim <= 256: no overflow
     qt_at = slot.take(p.head_dim * Br);
     ot_at = slot.take(p.head_dim * Br);
@@ -164,23 +224,22 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
     ones_at = slot.take(Br);
     st_at = slot.take(naive ? 0 : Ops::Bc * Br);  // one key tile of scores (fused only)
     worker_floats = slot.end;
-    const std::int64_t kv_heads = p.batch * p.kv_heads;  // <= elements of k
     Layout all;
-    k_panels_at = all.take(n.mul(kv_heads, k_panel_head));
-    v_rows_at = all.take(n.mul(kv_heads, v_rows_head));
+    k_panels_at = all.take(k_room.total());
+    v_rows_at = all.take(v_room.total());
     scores_at = all.take(this->naive_scores_floats(n));
     workers_at = all.take(n.mul(this->slots(workers), worker_floats));
     total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
   const float* k_panels(std::int64_t b, std::int64_t hk) const {
-    return base + k_panels_at + (b * p.kv_heads + hk) * k_panel_head;
+    return base + k_panels_at + k_room.at(b, hk);
   }
   // V rows of one head, dims contiguous, and the stride between rows.
   const float* v_rows(std::int64_t b, std::int64_t hk, std::int64_t* row_stride) const {
-    const float* copy =
-        v_rows_head == 0 ? nullptr : base + v_rows_at + (b * p.kv_heads + hk) * v_rows_head;
-    return head_rows(p.v, b, hk, copy, p.head_dim, row_stride);
+    const float* copy = v_room.empty() ? nullptr : base + v_rows_at + v_room.at(b, hk);
+    const auto v = p.is_ragged() ? detail::rows_from(p.v, p.ragged.k_starts[b], element_size(p.dtype)) : p.v;
+    return head_rows(v, b, hk, copy, p.head_dim, row_stride);
   }
   // Scratch slot w: [0, workers) for naive, [0, workers·query_tiles_per_item) for fused.
   Worker worker(int w) const {
@@ -193,11 +252,13 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
   void prepare_kv(const detail::Exec& exec) const {
     detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
       const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-      Ops::pack_k_panels(p.k, p.dtype, b, hk, p.kv_len, p.head_dim,
-                         base + k_panels_at + item * k_panel_head);
-      if (v_rows_head != 0)
-        copy_head_rows(p.v, p.dtype, b, hk, p.kv_len, p.head_dim,
-                       base + v_rows_at + item * v_rows_head);
+      const detail::SequenceOf seq(p, b);
+      const detail::Problem& s = seq.get();
+      Ops::pack_k_panels(s.k, p.dtype, b, hk, s.kv_len, p.head_dim,
+                         base + k_panels_at + k_room.at(b, hk));
+      if (!v_room.empty())
+        copy_head_rows(s.v, p.dtype, b, hk, s.kv_len, p.head_dim,
+                       base + v_rows_at + v_room.at(b, hk));
     });
   }
 

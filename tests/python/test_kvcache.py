@@ -351,6 +351,27 @@ def test_varlen_matches_reference(hq, hkv, d):
         assert_lse_close(lse, ref_lse)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_varlen_many_ragged_sequences(dtype):
+    """41 sequences of random lengths in one call (one ragged problem over all of them):
+    empty ones, queries without keys, Sq != Sk, GQA; each against its own float64 reference."""
+    g = torch.Generator().manual_seed(41)
+    lengths_q = torch.randint(0, 90, (41,), generator=g).tolist()
+    lengths_k = [lq if b % 2 else int(torch.randint(0, 120, (1,), generator=g)) for b, lq in
+                 enumerate(lengths_q)]
+    lengths_q[3], lengths_k[3] = 0, 0
+    lengths_q[7], lengths_k[7] = 11, 0
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, 8, 2, 64, seed=41, dtype=dtype)
+    for causal in (False, True):
+        out, lse, _ = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q),
+                                                   max(lengths_k), causal=causal,
+                                                   return_attn_probs=True)
+        ref, ref_lse = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, causal)
+        wide = dtype == torch.float32
+        assert_close_to_reference(out, ref, **({} if wide else {"tol": 2e-2}))
+        assert_lse_close(lse, ref_lse, **({} if wide else {"tol": 1e-4}))
+
+
 def test_varlen_float64_runs_the_reference():
     q, k, v, cu_q, cu_k = packed(LENGTHS_Q, LENGTHS_K, 4, 2, 32, seed=35, dtype=torch.float64)
     out, lse, _ = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 40, 40, causal=True,

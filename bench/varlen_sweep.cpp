@@ -1,0 +1,243 @@
+// fattn-bench --varlen (see varlen_sweep.hpp).
+#include "varlen_sweep.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "contention.hpp"
+#include "fattn/kv_cache.hpp"
+#include "inputs.hpp"
+#include "report.hpp"
+
+namespace fattn_bench {
+namespace {
+
+// The mixes' length ranges (tokens, inclusive).
+constexpr std::int64_t kUniformSequences = 64, kUniformMin = 16, kUniformMax = 512;
+constexpr std::int64_t kShortSequences = 60, kShortMin = 16, kShortMax = 64;
+constexpr std::int64_t kLongSequences = 4, kLongMin = 256, kLongMax = 1024;
+
+// Rows of H heads of D values in (rows, H, D) memory, in float32 or 16-bit bits.
+struct Rows {
+  std::int64_t rows = 0, heads = 0, D = 0;
+  fattn::DType dtype = fattn::DType::float32;
+  std::vector<float> f32;
+  std::vector<std::uint16_t> b16;
+
+  Rows(std::int64_t r, std::int64_t h, std::int64_t d, fattn::DType t)
+      : rows(r), heads(h), D(d), dtype(t) {
+    const auto n = static_cast<std::size_t>(r * h * d);
+    if (t == fattn::DType::float32) f32.assign(n, 0.0f);
+    else b16.assign(n, 0);
+  }
+  void fill(std::mt19937_64& engine) {
+    std::normal_distribution<float> normal;
+    for (float& x : f32) x = normal(engine) + 1e-6f;  // never zero
+    for (std::uint16_t& x : b16) x = to_bits(normal(engine) + 1e-6f, dtype);
+  }
+  void* row(std::int64_t r) {
+    const std::int64_t at = r * heads * D;
+    return f32.empty() ? static_cast<void*>(b16.data() + at) : static_cast<void*>(f32.data() + at);
+  }
+  float value(std::size_t e) const { return f32.empty() ? from_bits(b16[e], dtype) : f32[e]; }
+  // Rows [first, first + n) as one sequence (1, n, H, D); batch > 1: (batch, n, H, D).
+  fattn::TensorView view(std::int64_t first, std::int64_t n, std::int64_t batch = 1) {
+    return fattn::TensorView::bshd(row(first), batch, n, heads, D, dtype);
+  }
+  void copy_rows(std::int64_t from, Rows& to, std::int64_t at, std::int64_t n) {
+    const auto bytes = static_cast<std::size_t>(n * heads * D) * (f32.empty() ? 2 : 4);
+    std::memcpy(to.row(at), row(from), bytes);
+  }
+};
+
+// One point: the packed tensors, their padded copies, the outputs of each contender.
+struct Point {
+  std::vector<std::int64_t> lengths;
+  std::vector<std::int32_t> starts{0};
+  std::int64_t max_len = 0;
+  Rows q, k, v, out_ragged, out_loop, pq, pk, pv, pout;
+
+  Point(const std::vector<std::int64_t>& lens, const VarlenConfig& c, std::int64_t D,
+        fattn::DType dtype, bool padded)
+      : lengths(lens),
+        max_len(*std::max_element(lens.begin(), lens.end())),
+        q(total(lens), c.q_heads, D, dtype), k(total(lens), c.kv_heads, D, dtype),
+        v(total(lens), c.kv_heads, D, dtype), out_ragged(total(lens), c.q_heads, D, dtype),
+        out_loop(total(lens), c.q_heads, D, dtype),
+        pq(padded ? batch() * max_len : 0, c.q_heads, D, dtype),
+        pk(padded ? batch() * max_len : 0, c.kv_heads, D, dtype),
+        pv(padded ? batch() * max_len : 0, c.kv_heads, D, dtype),
+        pout(padded ? batch() * max_len : 0, c.q_heads, D, dtype) {
+    for (const std::int64_t l : lens) starts.push_back(starts.back() + static_cast<std::int32_t>(l));
+    std::mt19937_64 engine(c.seed);
+    for (Rows* r : {&q, &k, &v, &pq, &pk, &pv}) r->fill(engine);
+    if (!padded) return;
+    for (std::int64_t b = 0; b < batch(); ++b) {  // each sequence at the start of its slot
+      q.copy_rows(starts[b], pq, b * max_len, lens[b]);
+      k.copy_rows(starts[b], pk, b * max_len, lens[b]);
+      v.copy_rows(starts[b], pv, b * max_len, lens[b]);
+    }
+  }
+  std::int64_t batch() const { return static_cast<std::int64_t>(lengths.size()); }
+  static std::int64_t total(const std::vector<std::int64_t>& l) {
+    std::int64_t t = 0;
+    for (const std::int64_t x : l) t += x;
+    return t;
+  }
+};
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+double milliseconds(const std::function<void()>& run) {
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t D,
+                     fattn::DType dtype) {
+  Point p(varlen_lengths(mix, c.seed), c, D, dtype, c.padded);
+  const std::int64_t B = p.batch(), total = p.starts.back();
+  fattn::Options o;
+  o.causal = c.causal;
+  o.num_threads = c.threads;
+  // The padded batch: each sequence's tokens first in its slot, so a top-left causal limit
+  // keeps every real query from the padding keys (Sq = Sk: the same pairs as bottom-right).
+  fattn::Options padded_options = o;
+  if (c.causal != fattn::Causal::none) padded_options.causal = fattn::Causal::top_left;
+  const fattn::TensorView cu_view = fattn::TensorView::int32_vector(p.starts.data(), B + 1);
+  const std::vector<std::function<void()>> contenders{
+      [&] {
+        fattn::attention_varlen(p.q.view(0, total), p.k.view(0, total), p.v.view(0, total), cu_view,
+                                cu_view, p.out_ragged.view(0, total), nullptr, o);
+      },
+      [&] {  // what attention_varlen did before: one public call per sequence
+        for (std::int64_t b = 0; b < B; ++b) {
+          const std::int64_t s = p.starts[b], n = p.lengths[b];
+          fattn::attention_forward(p.q.view(s, n), p.k.view(s, n), p.v.view(s, n),
+                                   p.out_loop.view(s, n), nullptr, o);
+        }
+      },
+      [&] {
+        fattn::attention_forward(p.pq.view(0, p.max_len, B), p.pk.view(0, p.max_len, B),
+                                 p.pv.view(0, p.max_len, B), p.pout.view(0, p.max_len, B),
+                                 nullptr, padded_options);
+      }};
+  const std::size_t n = c.padded ? 3 : 2;
+  const CpuSharing sharing;
+  for (int w = 0; w < c.warmup; ++w)
+    for (std::size_t i = 0; i < n; ++i) contenders[i]();
+  std::vector<std::vector<double>> ms(n);
+  std::vector<double> loop_ratio, padded_ratio;
+  for (int r = 0; r < c.reps; ++r) {
+    std::vector<double> t(n);
+    for (std::size_t i = 0; i < n; ++i) {  // rotated, so no contender always runs first
+      const std::size_t which = (static_cast<std::size_t>(r) + i) % n;
+      t[which] = milliseconds(contenders[which]);
+    }
+    for (std::size_t i = 0; i < n; ++i) ms[i].push_back(t[i]);
+    loop_ratio.push_back(t[1] / t[0]);
+    if (c.padded) padded_ratio.push_back(t[2] / t[0]);
+  }
+  VarlenResult res;
+  res.others_cores = sharing.others_cores();
+  res.mix = mix, res.dtype = dtype, res.sequences = B, res.tokens = total, res.max_len = p.max_len;
+  res.q_heads = c.q_heads, res.kv_heads = c.kv_heads, res.head_dim = D;
+  for (const std::int64_t l : p.lengths)
+    res.useful_flops += 4.0 * static_cast<double>(D * c.q_heads) *
+                        (c.causal == fattn::Causal::none ? double(l) * l : double(l) * (l + 1) / 2);
+  res.ragged_ms = median(ms[0]);
+  res.loop_ms = median(ms[1]);
+  res.padded_ms = c.padded ? median(ms[2]) : 0.0;
+  res.loop_over_ragged = median(loop_ratio);
+  res.padded_over_ragged = c.padded ? median(padded_ratio) : 0.0;
+  for (std::size_t e = 0; e < static_cast<std::size_t>(total * c.q_heads * D); ++e)
+    res.max_abs_diff = std::max(res.max_abs_diff, static_cast<double>(std::fabs(
+                                                      p.out_ragged.value(e) - p.out_loop.value(e))));
+  return res;
+}
+
+double gflops(double flops, double ms) { return ms > 0 ? flops / ms * 1e-6 : 0.0; }
+
+}  // namespace
+
+std::vector<std::int64_t> varlen_lengths(const std::string& mix, std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  auto draw = [&](std::int64_t count, std::int64_t lo, std::int64_t hi, std::vector<std::int64_t>& into) {
+    std::uniform_int_distribution<std::int64_t> length(lo, hi);
+    for (std::int64_t i = 0; i < count; ++i) into.push_back(length(engine));
+  };
+  std::vector<std::int64_t> lengths;
+  if (mix == "uniform") {
+    draw(kUniformSequences, kUniformMin, kUniformMax, lengths);
+  } else if (mix == "longtail") {
+    draw(kShortSequences, kShortMin, kShortMax, lengths);
+    draw(kLongSequences, kLongMin, kLongMax, lengths);
+    std::shuffle(lengths.begin(), lengths.end(), engine);  // the long ones anywhere
+  } else {
+    throw std::invalid_argument("--varlen-mix: unknown mix '" + mix + "' (uniform, longtail)");
+  }
+  return lengths;
+}
+
+std::vector<VarlenResult> run_varlen_sweep(const VarlenConfig& config) {
+  std::vector<VarlenResult> results;
+  for (const std::string& mix : config.mixes)
+    for (const fattn::DType dtype : config.dtypes)
+      for (const std::int64_t D : config.head_dims) {
+        std::fprintf(stderr, "%s %s D=%lld ...\n", mix.c_str(), fattn::to_string(dtype),
+                     static_cast<long long>(D));
+        results.push_back(measure(config, mix, D, dtype));
+      }
+  return results;
+}
+
+void print_varlen_table(std::FILE* out, const VarlenConfig& c, const std::vector<VarlenResult>& results) {
+  std::fprintf(out,
+               "\nvarlen prefill, Hq=%lld Hkv=%lld, %s, %d threads, median of %d repetitions "
+               "(the three calls rotated within each); ratios: medians of the per-repetition "
+               "ratios; GFLOP/s: useful (real sequences' visible pairs) over each time\n\n",
+               static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads),
+               fattn::to_string(c.causal), c.threads, c.reps);
+  std::fprintf(out, "| mix | dtype | D | seqs | tokens | max | ragged ms | GFLOP/s | loop ms | loop/ragged | padded ms | padded/ragged | padded useful GFLOP/s | max diff | others' cores |\n");
+  std::fprintf(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const VarlenResult& r : results)
+    std::fprintf(out, "| %s | %s | %lld | %lld | %lld | %lld | %.2f | %.1f | %.2f | %.2fx | %.1f | %.2fx | %.1f | %.1e | %.2f%s |\n",
+                 r.mix.c_str(), fattn::to_string(r.dtype), static_cast<long long>(r.head_dim),
+                 static_cast<long long>(r.sequences), static_cast<long long>(r.tokens),
+                 static_cast<long long>(r.max_len), r.ragged_ms, gflops(r.useful_flops, r.ragged_ms),
+                 r.loop_ms, r.loop_over_ragged, r.padded_ms, r.padded_over_ragged,
+                 gflops(r.useful_flops, r.padded_ms), r.max_abs_diff, r.others_cores,
+                 r.others_cores > kBusyCores ? " (busy)" : "");
+}
+
+void write_varlen_json(const std::string& path, const VarlenConfig& c,
+                       const std::vector<VarlenResult>& results) {
+  nlohmann::json j;
+  j["config"] = {{"q_heads", c.q_heads}, {"kv_heads", c.kv_heads}, {"causal", fattn::to_string(c.causal)},
+                 {"threads", c.threads}, {"reps", c.reps}, {"warmup", c.warmup}, {"seed", c.seed},
+                 {"date", iso8601_now()}};
+  for (const VarlenResult& r : results)
+    j["results"].push_back({{"mix", r.mix}, {"dtype", fattn::to_string(r.dtype)}, {"D", r.head_dim},
+                            {"sequences", r.sequences}, {"tokens", r.tokens}, {"max_len", r.max_len},
+                            {"useful_flops", r.useful_flops}, {"ragged_ms", r.ragged_ms},
+                            {"loop_ms", r.loop_ms}, {"padded_ms", r.padded_ms},
+                            {"loop_over_ragged", r.loop_over_ragged},
+                            {"padded_over_ragged", r.padded_over_ragged},
+                            {"max_abs_diff", r.max_abs_diff}, {"others_cores", r.others_cores}});
+  std::ofstream(path) << j.dump(2) << "\n";
+}
+
+}  // namespace fattn_bench
