@@ -41,13 +41,13 @@ struct Rows {
   void fill(std::mt19937_64& engine) {
     std::normal_distribution<float> normal;
     for (float& x : f32) x = normal(engine) + 1e-6f;  // never zero
-    for (std::uint16_t& x : b16) x = to_bits(normal(engine) + 1e-6f, dtype);
+    for (std::uint16_t& x : b16) x = fattn::to_16bit(normal(engine) + 1e-6f, dtype);
   }
   void* row(std::int64_t r) {
     const std::int64_t at = r * heads * D;
     return f32.empty() ? static_cast<void*>(b16.data() + at) : static_cast<void*>(f32.data() + at);
   }
-  float value(std::size_t e) const { return f32.empty() ? from_bits(b16[e], dtype) : f32[e]; }
+  float value(std::size_t e) const { return f32.empty() ? fattn::from_16bit(b16[e], dtype) : f32[e]; }
   // Rows [first, first + n) as one sequence (1, n, H, D); batch > 1: (batch, n, H, D).
   fattn::TensorView view(std::int64_t first, std::int64_t n, std::int64_t batch = 1) {
     return fattn::TensorView::bshd(row(first), batch, n, heads, D, dtype);
