@@ -98,6 +98,30 @@ std::vector<Case> grid() {
   return g;
 }
 
+// The decode kernel's query-lane tiles (items of 48 to 64 rows: Sq × the GQA group, on
+// AVX-512): each variant alone, rows of several heads and positions per tile, a mask per
+// head, one read in place, one staged (strided), one split over the keys (Sk > 1024, 2
+// threads), every key tile of more than one.
+std::vector<Case> query_lane_grid() {
+  using C = Causal;
+  using M = MaskKind;
+  std::vector<Case> g;
+  g.push_back({1, 8, 2, 16, 333, 64, C::none, 40, -1});                         // window left
+  g.push_back({2, 8, 1, 7, 300, 64, C::none, 20, 3});                           // 56 rows, both edges
+  g.push_back({1, 4, 1, 16, 257, 64, C::bottom_right});                         // causal
+  g.push_back({1, 4, 1, 16, 40, 64, C::top_left});                              // Sk > Sq top-left
+  g.push_back({2, 4, 1, 12, 300, 128, C::none, -1, -1, 20.0});                  // 48 rows, softcap
+  g.push_back({2, 8, 2, 16, 290, 64, C::none, -1, -1, 0.0, true});              // ALiBi
+  g.push_back({2, 4, 1, 16, 200, 64, C::bottom_right, -1, -1, 0.0, false, true});  // sinks
+  g.push_back({2, 4, 1, 16, 310, 64, C::none, -1, -1, 0.0, false, false, M::padding});
+  g.push_back({1, 4, 1, 16, 300, 64, C::none, -1, -1, 0.0, false, false, M::full_bool});
+  g.push_back({1, 8, 2, 16, 260, 32, C::none, -1, -1, 0.0, false, false, M::additive,
+               Layout::strided});
+  g.push_back({1, 4, 1, 16, 1500, 64, C::bottom_right, 700, -1, 10.0, true, true, M::full_bool,
+               Layout::bshd, 2});
+  return g;
+}
+
 // A mask of bytes (boolean) or floats (additive) and its view, broadcast by size-1 dims.
 struct Mask {
   std::vector<std::uint8_t> bytes;
@@ -261,6 +285,21 @@ INSTANTIATE_TEST_SUITE_P(Grid, VariantTest,
                                   case_name(std::get<1>(info.param));
                          });
 
+std::vector<Variant> decode_variants() {
+  std::vector<Variant> vs;
+  for (const Variant& v : forward_variants())
+    if (v.impl == Impl::decode) vs.push_back(v);
+  return vs;
+}
+
+INSTANTIATE_TEST_SUITE_P(QueryLanes, VariantTest,
+                         ::testing::Combine(::testing::ValuesIn(decode_variants()),
+                                            ::testing::ValuesIn(query_lane_grid())),
+                         [](const auto& info) {
+                           return variant_name(std::get<0>(info.param)) + "_" +
+                                  case_name(std::get<1>(info.param));
+                         });
+
 // ---- 16-bit inputs ----------------------------------------------------------------------
 
 // Each case in bfloat16 and float16 (additive masks excepted: they take q's dtype; the
@@ -304,10 +343,25 @@ std::vector<std::tuple<DType, Variant, Case>> cases16() {
   return all;
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, Variant16Test, ::testing::ValuesIn(cases16()), [](const auto& info) {
-  return std::string(fattn::to_string(std::get<0>(info.param))) + "_" +
-         variant_name(std::get<1>(info.param)) + "_" + case_name(std::get<2>(info.param));
-});
+// The query-lane tiles on 16-bit caches: bfloat16 read in place on vdpbf16ps
+// (DecodeQueryLanesBf16), float16 on the keys-along-lanes tiles.
+std::vector<std::tuple<DType, Variant, Case>> query_lane_cases16() {
+  std::vector<std::tuple<DType, Variant, Case>> all;
+  for (DType dtype : {DType::bfloat16, DType::float16})
+    for (const Case& c : query_lane_grid())
+      if (c.mask != MaskKind::additive) all.emplace_back(dtype, Variant{Impl::decode, Isa::avx512}, c);
+  return all;
+}
+
+std::string name16(const std::tuple<DType, Variant, Case>& param) {
+  return std::string(fattn::to_string(std::get<0>(param))) + "_" + variant_name(std::get<1>(param)) +
+         "_" + case_name(std::get<2>(param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Variant16Test, ::testing::ValuesIn(cases16()),
+                         [](const auto& info) { return name16(info.param); });
+INSTANTIATE_TEST_SUITE_P(QueryLanes, Variant16Test, ::testing::ValuesIn(query_lane_cases16()),
+                         [](const auto& info) { return name16(info.param); });
 
 // Contiguous random q, k, v (B, H, S, D) and one forward call into contiguous outputs.
 struct Small {

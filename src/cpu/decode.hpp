@@ -327,10 +327,13 @@ struct DecodeWorker {
                 std::int64_t kv_end, const Tiles& tiles) const {
     const std::int64_t D = p.head_dim;
     float *kt = w + plan.kt_at, *st = w + plan.st_at;
-    std::int32_t visible[Plan::kRowTile];
-    for (std::int64_t r = 0; r < it.rows; ++r)
-      visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
-          p.visible_end(it.b, Ops::group_row(p, 0, it.r0 + r).query) - j0, 0, nj));
+    std::int32_t first[Plan::kRowTile], visible[Plan::kRowTile];  // each row's keys of the tile
+    for (std::int64_t r = 0; r < it.rows; ++r) {
+      const std::int64_t i = Ops::group_row(p, 0, it.r0 + r).query;
+      first[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_begin(it.b, i) - j0, 0, nj));
+      visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
+    }
+    typename QueryLanes::Mods::LanePair pairs[Plan::kRowTile];
     tiles.prepare(it, j0, nj);
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
@@ -339,14 +342,15 @@ struct DecodeWorker {
       const auto v = tiles.v_rows(it, hk, j0, nj);
       if constexpr (std::is_same_v<decltype(k), const typename QueryLanes::Rows>) {
         if (plan.query_lanes_for(it)) {
-          QueryLanes::key_tile(k, v, nj, it.rows, visible, D, lanes(h), st, next);
+          QueryLanes::key_tile(k, v, nj, it.rows, seen(it, hk, j0, nj, first, visible, pairs), D, lanes(h), st, next);
           continue;
         }
       }
 #if defined(FATTN_AVX512_BF16)
       if constexpr (std::is_same_v<decltype(k), const typename DecodeQueryLanesBf16<S>::Rows>) {
         if (plan.dot_lanes_for(it)) {
-          DecodeQueryLanesBf16<S>::key_tile(k, v, nj, it.rows, visible, D, q_factor, lanes(h), kt, st, next);
+          DecodeQueryLanesBf16<S>::key_tile(k, v, nj, it.rows, seen(it, hk, j0, nj, first, visible, pairs), D,
+                                            q_factor, lanes(h), kt, st, next);
           continue;
         }
       }
@@ -357,6 +361,20 @@ struct DecodeWorker {
       Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
       values(st, it.rows, visible, nj, v, h);
     }
+  }
+
+  // What kv head hk's rows of the item see of keys [j0, j0 + nj) on the query-lane tiles:
+  // the ranges first and visible, and with variants the rows' pairs (written to `pairs`).
+  typename QueryLanes::Seen seen(const typename Plan::Item& it, std::int64_t hk, std::int64_t j0,
+                                 std::int64_t nj, const std::int32_t* first,
+                                 const std::int32_t* visible,
+                                 typename QueryLanes::Mods::LanePair* pairs) const {
+    if (!p.mods.any()) return {first, visible, nullptr, {}};
+    for (std::int64_t r = 0; r < it.rows; ++r) {
+      const auto [head, query] = Ops::group_row(p, hk, it.r0 + r);
+      pairs[r] = {head, query};
+    }
+    return {first, visible, &p, {it.b, 0, 0, it.rows, j0, nj, pairs}};
   }
 
   // st ← the tile's scores: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems

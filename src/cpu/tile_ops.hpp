@@ -70,14 +70,15 @@ struct TileOps {
       }
     }
   };
-  // ... or each lane's own end: lane i sees keys [0, end[i]) of the tile (the decode
-  // kernel's rows, which mix query heads and positions).
-  struct LaneEnds {
+  // ... or each lane's own range: lane i sees keys [begin[i], end[i]) of the tile (the
+  // decode kernel's rows, which mix query heads and positions).
+  struct LaneRanges {
     static constexpr bool masks = true;
-    ivec end[NV];
+    ivec begin[NV], end[NV];
     void lanes(std::int64_t j, ivec visible[NV]) const {
+      const auto key = static_cast<std::int32_t>(j);
 #pragma GCC unroll 8
-      for (int u = 0; u < NV; ++u) visible[u] = static_cast<std::int32_t>(j) < end[u];
+      for (int u = 0; u < NV; ++u) visible[u] = (key >= begin[u]) & (key < end[u]);
     }
   };
 
@@ -197,7 +198,7 @@ struct TileOps {
       scores_block(KeyPanel{kpanels + g * D * MK}, qt, D, st + (g * MK - j0) * Br);
   }
 
-  // Hides key j0+j from the query lanes that do not see it (a Band's edge, or LaneEnds):
+  // Hides key j0+j from the query lanes that do not see it (a Band's edge, or LaneRanges):
   // the score becomes `hidden` (−inf; the backward also zeroes its dS this way).
   template <class Vis>
   static void mask_tile(float* st, std::int64_t nj, const Vis& vis, float hidden = kNegInf) {
@@ -244,7 +245,7 @@ struct TileOps {
 
   // ot[d0+r][·] = alpha·ot[d0+r][·] + Σ_{j<nj} v[j][d0+r] · p[j][·] for R dims, the rows
   // of v from `Values` (ValueRows) and the lanes that see each key from `Vis` (AllVisible,
-  // Band, LaneEnds). A lane that does not see a key skips it rather than adding it with
+  // Band, LaneRanges). A lane that does not see a key skips it rather than adding it with
   // p = 0, so a NaN or Inf in a value row reaches only the queries that see it (a boolean
   // attn_mask's hidden pairs are added with p = 0, as torch's math backend).
   template <int R, class Vis, class Values>
