@@ -39,6 +39,7 @@
 #include "cpu/decode_query_lanes_bf16.hpp"
 #include "cpu/decode_scores_bf16.hpp"
 #include "cpu/decode_values_bf16.hpp"
+#include "cpu/online_softmax.hpp"
 #include "cpu/workspace.hpp"
 
 namespace fattn::cpu {
@@ -196,12 +197,12 @@ void merge_partials(const DecodePlan<S>& plan, std::int64_t rows, const float* p
     float m_all = Ops::kNegInf;
     for (std::int64_t c = 0; c < plan.splits; ++c)
       m_all = std::max(m_all, partials[c * plan.partial_floats + rows * Dp + 2 * r]);
-    const float m_ref = m_all == Ops::kNegInf ? 0.0f : m_all;
+    const float ref = OnlineSoftmax<S>::reference(m_all);
     float sum = 0.0f;
     std::fill(os + r * Dp, os + (r + 1) * Dp, 0.0f);
-    for (std::int64_t c = 0; c < plan.splits; ++c) {
+    for (std::int64_t c = 0; c < plan.splits; ++c) {  // each chunk's state rescaled to ref
       const float* part = partials + c * plan.partial_floats;
-      const float w = std::exp2(part[rows * Dp + 2 * r] - m_ref);
+      const float w = OnlineSoftmax<S>::weight(part[rows * Dp + 2 * r], ref);
       sum += w * part[rows * Dp + 2 * r + 1];
       for (std::int64_t d = 0; d < Dp; ++d) os[r * Dp + d] += w * part[r * Dp + d];
     }

@@ -26,6 +26,7 @@
 #include "cpu/decode_direct.hpp"
 #include "cpu/elements.hpp"
 #include "cpu/exp2.hpp"
+#include "cpu/online_softmax.hpp"
 #include "cpu/simd.hpp"
 #include "cpu/tiling.hpp"
 #include "cpu/transpose.hpp"
@@ -291,51 +292,15 @@ struct DecodeOps {
   // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
   static constexpr std::int64_t kDirectRows = 4;
 
-  // Across the lanes: with AVX-512 in a tree of shuffles (4 steps, not 15 scalar ones).
-  // A NaN lane may or may not win the max; either way its row's probabilities become
-  // NaN in softmax_update, through exp2 of the NaN score.
-  static float max_of(vec x) {
-#if defined(FATTN_AVX512)
-    if constexpr (L == 16) return _mm512_reduce_max_ps(x);
-#endif
-    float m = x[0];
-    for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
-    return m;
-  }
-  static float sum_of(vec x) {
-#if defined(FATTN_AVX512)
-    if constexpr (L == 16) return _mm512_reduce_add_ps(x);
-#endif
-    float s = 0.0f;
-    for (int i = 0; i < L; ++i) s += x[i];
-    return s;
-  }
-
-  // Online softmax of each row over its visible keys: keys [visible[r], Bk) of row r get
-  // probability 0; new running max m, alpha = 2^(m_old − m_new), st ← 2^(st − m_new),
-  // l ← alpha·l + Σ st. A row that has seen no key keeps m = −inf and uses 0 as its
-  // reference, so its probabilities are exactly 0 rather than NaN.
+  // Online softmax of each row over its visible keys (OnlineSoftmax::update_row): keys
+  // [visible[r], Bk) of row r get probability 0; new running max m, alpha = 2^(m_old −
+  // m_new), st ← 2^(st − m_new), l ← alpha·l + Σ st.
   static void softmax_update(float* st, std::int64_t rows, const std::int32_t* visible, float* m,
                              float* l, float* alpha) {
     for (std::int64_t r = 0; r < rows; ++r) {
       float* s = st + r * Bk;
       for (std::int64_t j = visible[r]; j < Bk; ++j) s[j] = kNegInf;
-      vec mx = S::splat(m[r]);
-#pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) mx = S::max(S::load(s + u * L), mx);
-      const float m_new = max_of(mx);
-      const vec m_ref = S::splat(m_new == kNegInf ? 0.0f : m_new);
-      vec sum = S::zero();
-#pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) {
-        const vec e = exp2<S>(S::load(s + u * L) - m_ref);
-        S::store(s + u * L, e);
-        sum += e;
-      }
-      const float a = exp2<S>(S::splat(m[r]) - m_ref)[0];
-      alpha[r] = a;
-      l[r] = l[r] * a + sum_of(sum);
-      m[r] = m_new;
+      OnlineSoftmax<S>::template update_row<KV>(s, &m[r], &l[r], &alpha[r]);
     }
   }
 

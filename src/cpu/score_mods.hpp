@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/online_softmax.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace fattn::cpu {
@@ -213,10 +214,10 @@ struct ScoreModOps {
   // rescale of what the row accumulated against m_old. A row with no key and a sink of
   // −inf keeps m = −inf, l = 0.
   static float join_sink(float sink, float* m, float* l) {
+    using Softmax = OnlineSoftmax<S>;
     const float m_new = *m > sink ? *m : sink;
-    const float m_ref = m_new == Ops::kNegInf ? 0.0f : m_new;
-    const float alpha = std::exp2(*m - m_ref);
-    *l = *l * alpha + std::exp2(sink - m_ref);
+    const float ref = Softmax::reference(m_new);
+    const float alpha = Softmax::rescale(*m, ref, Softmax::weight(sink, ref), l);
     *m = m_new;
     return alpha;
   }
