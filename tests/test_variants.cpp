@@ -277,13 +277,14 @@ TEST_P(VariantTest, ForwardAndBackwardMatchReference) {
     EXPECT_NEAR(ggot.dsinks[h], gref.dsinks[h], kGradTol * max_ref) << "dsinks[" << h << "]";
 }
 
+std::string variant_case_name(const std::tuple<Variant, Case>& param) {
+  return variant_name(std::get<0>(param)) + "_" + case_name(std::get<1>(param));
+}
+
 INSTANTIATE_TEST_SUITE_P(Grid, VariantTest,
                          ::testing::Combine(::testing::ValuesIn(forward_variants()),
                                             ::testing::ValuesIn(grid())),
-                         [](const auto& info) {
-                           return variant_name(std::get<0>(info.param)) + "_" +
-                                  case_name(std::get<1>(info.param));
-                         });
+                         [](const auto& info) { return variant_case_name(info.param); });
 
 std::vector<Variant> decode_variants() {
   std::vector<Variant> vs;
@@ -295,10 +296,7 @@ std::vector<Variant> decode_variants() {
 INSTANTIATE_TEST_SUITE_P(QueryLanes, VariantTest,
                          ::testing::Combine(::testing::ValuesIn(decode_variants()),
                                             ::testing::ValuesIn(query_lane_grid())),
-                         [](const auto& info) {
-                           return variant_name(std::get<0>(info.param)) + "_" +
-                                  case_name(std::get<1>(info.param));
-                         });
+                         [](const auto& info) { return variant_case_name(info.param); });
 
 // ---- 16-bit inputs ----------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 //
 // For one query tile:   Q parts ← split(Q·scale·log2(e))
 //   for each key tile:  st ← K·Qᵀ                 (scores_tile: six bf16 products)
-//                       the variants (amx_score_variants: the FMA kernel's ScoreModOps)
+//                       the variants (ScoreModOps::finish_scores, as the FMA kernel)
 //                       mask, online softmax, P parts ← split(P), alpha·ot
 //                                                 (SoftmaxTask, amx_softmax.hpp)
 //                       ot ← ot + Vᵀ·P             (pv_tile)
@@ -138,21 +138,6 @@ struct AmxWorkspace
   }
 };
 
-// The variants on one query tile's float32 scores st [Bc][Br] (keys × queries, log2
-// units, padded lanes past the rows: TileOps' layout, which the products write and
-// SoftmaxTask reads), by the FMA kernels' code: ScoreModOps (softcap, ALiBi, attn_mask),
-// then on a tile an edge of the band crosses both edges hidden (TileOps::mask_tile; the
-// softmax task hides the causal edge only, and the products skip the 32×32 blocks beyond
-// it, whose stale st the mask overwrites, −inf by selection, whatever the change made of it).
-template <class S>
-void amx_score_variants(const detail::Problem& p, const typename ScoreModOps<S>::Tile& pairs,
-                        MaskCover cover, const typename TileOps<S>::Band* band, float* st) {
-  static_assert(ScoreModOps<S>::Br == AmxOps<S>::Br && TileOps<S>::Bc == AmxOps<S>::Bc,
-                "the AMX score tile is the FMA kernel's");
-  if (p.mods.any()) ScoreModOps<S>::apply(p, pairs, cover, st);
-  if (band) TileOps<S>::mask_tile(st, pairs.nj, *band);
-}
-
 template <class S>
 void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = AmxOps<S>;
@@ -162,6 +147,7 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
   ws.base = memory;
   if (!ws.local && !ws.prepare(exec)) return avx512_kernels.fused(p, exec, memory);
   using Mods = ScoreModOps<S>;
+  static_assert(Mods::Br == Ops::Br && Fma::Bc == Ops::Bc, "the AMX score tile is the FMA kernel's");
   const float q_factor = static_cast<float>(p.scale) * Fma::kLog2e;
   const std::int64_t Dp = ws.dim_pad;
   const bool variants = p.mods.any() || p.has_window();
@@ -207,8 +193,12 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
         Ops::scores_tile(k, Dp, j0, nj, t.q_parts, t.st, on_diagonal[s],
                          x > 0 ? &softmax[live[x - 1]] : nullptr);
         // The products are done with st (the previous tile's softmax ran among them, on
-        // its own st): the variants change this one before its softmax starts.
-        if (variants) amx_score_variants<S>(p, pairs[s], cover[s], on_diagonal[s], t.st);
+        // its own st): the variants change this one before its softmax starts, as on the
+        // FMA kernels' tiles of the same layout, st [Bc][Br] keys × queries, log2 units,
+        // padded lanes past the rows. The softmax task hides the band's causal edge only,
+        // and the products skip the 32×32 blocks beyond it (their st stale): with variants
+        // both edges are hidden here, by selection, over whatever the change made of them.
+        if (variants) Mods::finish_scores(p, pairs[s], cover[s], on_diagonal[s], t.st);
         softmax[s].start({t.st, t.m, t.l, t.ot, t.p_parts, nj, Dp, on_diagonal[s]});
       }
       for (int x = 0; x < n_live; ++x) {

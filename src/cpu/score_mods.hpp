@@ -148,6 +148,16 @@ struct ScoreModOps {
     if (m.mask && cover == MaskCover::mixed) apply_mask(p, t, st);
   }
 
+  // A tile's scores as the softmax takes them, on every kernel whose tiles are st [Bc][Br]
+  // (the fused forward and backward, the AMX forward's float32 tiles): the variants
+  // (apply), then, on a tile an edge of the band crosses (band not null), the pairs
+  // outside it hidden (−inf, by selection: whatever the variants made of those scores).
+  static void finish_scores(const detail::Problem& p, const Tile& t, MaskCover cover,
+                            const typename Ops::Band* band, float* st, float* cap_grad = nullptr) {
+    if (p.mods.any()) apply(p, t, cover, st, cap_grad);
+    if (band) Ops::mask_tile(st, t.nj, *band);
+  }
+
   // st[j][r] −= slope·log2(e)·|i + Sk − Sq − j0 − j| for lane r's pair (head, i): the
   // slope and the offset i + Sk − Sq − j0 per lane (integers, exact in float32 below 2^24).
   static void add_alibi(const detail::Problem& p, const Tile& t, float* st) {
