@@ -37,6 +37,21 @@ constexpr int kTiles = 5;
 constexpr double kRelSum = 3e-6;  // the running sums, over tiles of kWidth terms
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The row form's reductions across the lanes, written plainly (the decode kernel's are
+// shuffle trees: DecodeOps).
+struct Across {
+  static float max_of(S::vec x) {
+    float m = x[0];
+    for (int i = 1; i < S::lanes; ++i) m = std::max(m, x[i]);
+    return m;
+  }
+  static float sum_of(S::vec x) {
+    float s = 0.0f;
+    for (int i = 0; i < S::lanes; ++i) s += x[i];
+    return s;
+  }
+};
+
 // scores[t][j][i]: tile t, key j, row i. Row 1 sees no key until tile 2, row 2 none at
 // all; other scores −inf one time in 6.
 std::vector<float> make_scores(std::mt19937& rng) {
@@ -67,7 +82,7 @@ TEST(OnlineSoftmax, BothLayoutsMatchFloat64) {
       alignas(64) float row[kWidth];  // row i's keys along the lanes
       for (int j = 0; j < kWidth; ++j) row[j] = tile[j * kWidth + i];
       float a_row;
-      Softmax::update_row<kVecs>(row, &m_row[i], &l_row[i], &a_row);
+      Softmax::update_row<kVecs, Across>(row, &m_row[i], &l_row[i], &a_row);
       double mx = m64[i];
       for (int j = 0; j < kWidth; ++j) mx = std::max(mx, static_cast<double>(tile[j * kWidth + i]));
       const double ref = std::isinf(mx) ? 0.0 : mx;

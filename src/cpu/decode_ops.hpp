@@ -292,15 +292,36 @@ struct DecodeOps {
   // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
   static constexpr std::int64_t kDirectRows = 4;
 
-  // Online softmax of each row over its visible keys (OnlineSoftmax::update_row): keys
-  // [visible[r], Bk) of row r get probability 0; new running max m, alpha = 2^(m_old −
-  // m_new), st ← 2^(st − m_new), l ← alpha·l + Σ st.
+  // Across the lanes: with AVX-512 in a tree of shuffles (4 steps, not 15 scalar ones).
+  // A NaN lane may or may not win the max; either way its row's probabilities become
+  // NaN in softmax_update, through exp2 of the NaN score.
+  static float max_of(vec x) {
+#if defined(FATTN_AVX512)
+    if constexpr (L == 16) return _mm512_reduce_max_ps(x);
+#endif
+    float m = x[0];
+    for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+  }
+  static float sum_of(vec x) {
+#if defined(FATTN_AVX512)
+    if constexpr (L == 16) return _mm512_reduce_add_ps(x);
+#endif
+    float s = 0.0f;
+    for (int i = 0; i < L; ++i) s += x[i];
+    return s;
+  }
+
+  // Online softmax of each row over its visible keys: keys [visible[r], Bk) of row r get
+  // probability 0; new running max m, alpha = 2^(m_old − m_new), st ← 2^(st − m_new),
+  // l ← alpha·l + Σ st. A row that has seen no key keeps m = −inf and uses 0 as its
+  // reference, so its probabilities are exactly 0 rather than NaN.
   static void softmax_update(float* st, std::int64_t rows, const std::int32_t* visible, float* m,
                              float* l, float* alpha) {
-    for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t r = 0; r < rows; ++r) {  // OnlineSoftmax's row form, reduced as above
       float* s = st + r * Bk;
       for (std::int64_t j = visible[r]; j < Bk; ++j) s[j] = kNegInf;
-      OnlineSoftmax<S>::template update_row<KV>(s, &m[r], &l[r], &alpha[r]);
+      OnlineSoftmax<S>::template update_row<KV, DecodeOps>(s, &m[r], &l[r], &alpha[r]);
     }
   }
 

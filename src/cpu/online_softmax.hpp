@@ -88,13 +88,14 @@ struct OnlineSoftmax {
   }
 
   // One row's keys along the lanes: s [KV·L] becomes its probabilities (keys it does not
-  // see are −inf already); its m, l and alpha are scalars.
-  template <int KV>
+  // see are −inf already); its m, l and alpha are scalars. Across: the reductions across
+  // the lanes, Across::max_of and Across::sum_of (DecodeOps': shuffle trees per ISA).
+  template <int KV, class Across>
   static void update_row(float* s, float* m, float* l, float* alpha) {
     vec mx = S::splat(*m);
 #pragma GCC unroll 8
     for (int u = 0; u < KV; ++u) mx = S::max(S::load(s + u * L), mx);
-    const float m_new = max_of(mx);
+    const float m_new = Across::max_of(mx);
     const vec ref = S::splat(reference(m_new));
     vec sum = S::zero();
 #pragma GCC unroll 8
@@ -106,28 +107,8 @@ struct OnlineSoftmax {
     // alpha from the vector exp2, as the probabilities: the lanes agree, lane 0 is taken.
     const float a = weight(S::splat(*m), ref)[0];
     *alpha = a;
-    *l = *l * a + sum_of(sum);
+    *l = *l * a + Across::sum_of(sum);
     *m = m_new;
-  }
-
-  // Across the lanes: with AVX-512 in a tree of shuffles (4 steps, not 15 scalar ones).
-  // A NaN lane may or may not win the max; either way its row's probabilities become
-  // NaN, through the weight of the NaN score.
-  static float max_of(vec x) {
-#if defined(FATTN_AVX512)
-    if constexpr (L == 16) return _mm512_reduce_max_ps(x);
-#endif
-    float m = x[0];
-    for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
-    return m;
-  }
-  static float sum_of(vec x) {
-#if defined(FATTN_AVX512)
-    if constexpr (L == 16) return _mm512_reduce_add_ps(x);
-#endif
-    float s = 0.0f;
-    for (int i = 0; i < L; ++i) s += x[i];
-    return s;
   }
 };
 
