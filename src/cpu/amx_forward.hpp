@@ -3,10 +3,11 @@
 //
 // For one query tile:   Q parts ← split(Q·scale·log2(e))
 //   for each key tile:  st ← K·Qᵀ                 (scores_tile: six bf16 products)
+//                       the variants (ScoreModOps::finish_scores, as the FMA kernel)
 //                       mask, online softmax, P parts ← split(P), alpha·ot
 //                                                 (SoftmaxTask, amx_softmax.hpp)
 //                       ot ← ot + Vᵀ·P             (pv_tile)
-//   out ← otᵀ / l, lse
+//   out ← otᵀ / l, lse                          (the sinks joined first, as fused.hpp)
 // K and Vᵀ are split once per call and kv head: in a pass before the queries, or (fused,
 // with kv heads enough) by the work item of that head right before it uses them. Inputs
 // with a NaN, an Inf or a value above 3e38 do not split exactly: the call then runs the
@@ -23,6 +24,7 @@
 #include "cpu/amx_softmax.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/naive.hpp"
+#include "cpu/score_mods.hpp"
 #include "cpu/workspace.hpp"
 
 namespace fattn::cpu {
@@ -144,18 +146,22 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
   AmxWorkspace<S> ws(p, /*is_naive=*/false, exec.workers);
   ws.base = memory;
   if (!ws.local && !ws.prepare(exec)) return avx512_kernels.fused(p, exec, memory);
+  using Mods = ScoreModOps<S>;
+  static_assert(Mods::Br == Ops::Br && Fma::Bc == Ops::Bc, "the AMX score tile is the FMA kernel's");
   const float q_factor = static_cast<float>(p.scale) * Fma::kLog2e;
   const std::int64_t Dp = ws.dim_pad;
+  const bool variants = p.mods.any() || p.has_window();
 
   // The query tiles [first.t, first.t + kGroup) of one head against its K and Vᵀ parts.
   auto run_group = [&](const QueryTile& first, int worker, const bf16* k, const bf16* v) {
     QueryTile q[kGroup];
     typename AmxWorkspace<S>::Slot tile[kGroup];
     int n = 0;
-    std::int64_t kv_max = 0;
+    std::int64_t first_key = p.kv_len, kv_max = 0;
     for (; n < kGroup && first.t + n < ws.q_tiles; ++n) {
       q[n] = ws.query_tile(first.b, first.h, first.t + n);
       tile[n] = ws.slot(worker * kGroup + n);
+      first_key = std::min(first_key, q[n].first_key_tile(Ops::Bc));
       kv_max = std::max(kv_max, q[n].kv_end);
       ws.load_q(q[n], q_factor, tile[n]);
       Fma::start_rows(tile[n].m, tile[n].l, tile[n].ot, Dp);
@@ -165,32 +171,49 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
     // the P·V products of tile s (amx_softmax.hpp).
     SoftmaxTask<S> softmax[kGroup];
     typename Fma::Band diag[kGroup];
-    std::int64_t nj[kGroup];
+    typename Mods::Tile pairs[kGroup];
+    MaskCover cover[kGroup];
     const typename Fma::Band* on_diagonal[kGroup];  // null off the diagonal
-    for (std::int64_t j0 = 0; j0 < kv_max; j0 += Ops::Bc) {
-      int live[kGroup], n_live = 0;
-      for (int s = 0; s < n; ++s)
-        if (j0 < q[s].kv_end) live[n_live++] = s;
+    for (std::int64_t j0 = first_key; j0 < kv_max; j0 += Ops::Bc) {
+      int live[kGroup], n_live = 0;  // the tiles that see some key of this one
+      for (int s = 0; s < n; ++s) {
+        if (j0 >= q[s].kv_end || j0 + Ops::Bc <= q[s].kv_begin) continue;
+        pairs[s] = {q[s].b, q[s].h, q[s].i0, q[s].rows, j0,
+                    std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0)};
+        cover[s] = Mods::mask_cover(p, pairs[s]);
+        if (cover[s] != MaskCover::hidden) live[n_live++] = s;
+      }
       for (int x = 0; x < n_live; ++x) {
         const int s = live[x];
         const auto& t = tile[s];
-        nj[s] = std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0);
+        const std::int64_t nj = pairs[s].nj;
         diag[s] = {j0, q[s].i0, p.band_lo, p.band_hi};
-        const bool on_edge = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + nj[s]);
+        const bool on_edge = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + nj);
         on_diagonal[s] = on_edge ? &diag[s] : nullptr;
-        Ops::scores_tile(k, Dp, j0, nj[s], t.q_parts, t.st, on_diagonal[s],
+        Ops::scores_tile(k, Dp, j0, nj, t.q_parts, t.st, on_diagonal[s],
                          x > 0 ? &softmax[live[x - 1]] : nullptr);
-        softmax[s].start({t.st, t.m, t.l, t.ot, t.p_parts, nj[s], Dp, on_diagonal[s]});
+        // The products are done with st (the previous tile's softmax ran among them, on
+        // its own st): the variants change this one before its softmax starts, as on the
+        // FMA kernels' tiles of the same layout, st [Bc][Br] keys × queries, log2 units,
+        // padded lanes past the rows. The softmax task hides the band's causal edge only,
+        // and the products skip the 32×32 blocks beyond it (their st stale): with variants
+        // both edges are hidden here, by selection, over whatever the change made of them.
+        if (variants) Mods::finish_scores(p, pairs[s], cover[s], on_diagonal[s], t.st);
+        softmax[s].start({t.st, t.m, t.l, t.ot, t.p_parts, nj, Dp, on_diagonal[s]});
       }
       for (int x = 0; x < n_live; ++x) {
         const int s = live[x];
         while (softmax[s].step()) {
         }
-        Ops::pv_tile(v, j0, nj[s], tile[s].p_parts, Dp, tile[s].ot, on_diagonal[s],
+        Ops::pv_tile(v, j0, pairs[s].nj, tile[s].p_parts, Dp, tile[s].ot, on_diagonal[s],
                      x + 1 < n_live ? &softmax[live[x + 1]] : nullptr);
       }
     }
     for (int s = 0; s < n; ++s) {
+      if (p.mods.sinks) {  // ot [Dp][Br]: Dp rows of the tile's queries
+        Mods::add_sink(p, q[s].h, tile[s].m, tile[s].l, tile[s].alpha);
+        Mods::scale_rows(tile[s].ot, Dp, tile[s].alpha);
+      }
       Fma::store_output(tile[s].ot, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
       Fma::store_lse(tile[s].m, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
     }
@@ -245,7 +268,9 @@ void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float
     const auto x = ws.first_tile_of(item, 1);
     const auto t = ws.slot(worker);
     ws.load_q(x, q_factor, t);
-    Ops::scores_tile(ws.k_parts(x.b, x.hk), Dp, 0, x.kv_end, t.q_parts, ws.scores(x.b, x.h, x.t));
+    float* scores = ws.scores(x.b, x.h, x.t);  // [kv_pad][Br] from key 0: TileOps' layout
+    Ops::scores_tile(ws.k_parts(x.b, x.hk), Dp, 0, x.kv_end, t.q_parts, scores);
+    if (p.mods.any()) naive_score_mods<S>(p, x, 0, scores);
   });
   seconds.scores = clock.lap();
 
@@ -261,7 +286,9 @@ void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float
     const float* probs = ws.scores(x.b, x.h, x.t);
     Fma::start_rows(t.m, t.l, t.ot, Dp);
     for (int i = 0; i < Ops::Br; ++i) t.ones[i] = 1.0f;
-    for (std::int64_t j0 = 0; j0 < x.kv_end; j0 += Ops::Bc) {
+    // From the key tile of the first key the rows see: stage 2 left the tiles before it
+    // as scores (a window's left edge).
+    for (std::int64_t j0 = x.first_key_tile(Ops::Bc); j0 < x.kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
       Ops::split_pairs(probs + j0 * Ops::Br, nj, Ops::round_up(nj), t.p_parts);
       Ops::pv_tile(ws.v_parts(x.b, x.hk), j0, nj, t.p_parts, Dp, t.ot);

@@ -11,6 +11,7 @@
 //   max      mask the diagonal tile's hidden scores (−inf), running max of 8 key rows
 //   exp      two key rows: p = 2^(s − m), row sums, p split into the VNNI P parts
 //   finish   alpha = 2^(m_old − m) (kept here for the rescale), l = alpha·l + Σp, m
+// Each step is OnlineSoftmax's (reference, weight, rescale), as the FMA kernels'.
 //   rescale  8 rows of the accumulator ot ← alpha·ot, only if some alpha is not 1
 // The running max is lazy: a query keeps its reference max while the new scores exceed
 // it by at most kMaxGrowth (log2 units), so its alpha is exactly 1 and, when that holds
@@ -24,6 +25,7 @@
 #include <cstdint>
 
 #include "cpu/amx_ops.hpp"
+#include "cpu/online_softmax.hpp"
 
 namespace fattn::cpu {
 
@@ -32,6 +34,7 @@ class SoftmaxTask {
  public:
   using Ops = AmxOps<S>;
   using Fma = typename Ops::Fma;
+  using Softmax = OnlineSoftmax<S>;  // the steps below are its update_lanes, in slices
   using vec = typename S::vec;
   using ivec = typename S::ivec;
   static constexpr int NV = Fma::NV, L = Fma::L, Br = Fma::Br;
@@ -82,7 +85,7 @@ class SoftmaxTask {
     for (int v = 0; v < NV; ++v) {
       // From −inf (no key seen yet) the difference is +inf: the lane takes its new max.
       m_new_[v] = m_new_[v] - m_old_[v] > kMaxGrowth ? m_new_[v] : m_old_[v];
-      m_ref_[v] = m_new_[v] == Fma::kNegInf ? S::zero() : m_new_[v];
+      m_ref_[v] = Softmax::reference(m_new_[v]);
       sum_[v] = S::zero();
     }
     phase_ = Phase::exp;
@@ -106,9 +109,9 @@ class SoftmaxTask {
     bf16* out = t_.p_parts + j / 2 * Ops::kPairRows;
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
-      const vec a = j < t_.nj ? exp2<S>(S::load(t_.st + j * Br + v * L) - m_ref_[v]) : S::zero();
+      const vec a = j < t_.nj ? Softmax::weight(S::load(t_.st + j * Br + v * L), m_ref_[v]) : S::zero();
       const vec b =
-          j + 1 < t_.nj ? exp2<S>(S::load(t_.st + (j + 1) * Br + v * L) - m_ref_[v]) : S::zero();
+          j + 1 < t_.nj ? Softmax::weight(S::load(t_.st + (j + 1) * Br + v * L), m_ref_[v]) : S::zero();
       sum_[v] += a + b;
       Ops::store_pair_parts(out + 2 * v * L, a, b);
     }
@@ -120,10 +123,11 @@ class SoftmaxTask {
   bool finish() {
     __mmask16 moved = 0;
     for (int v = 0; v < NV; ++v) {
-      const vec a = exp2<S>(m_old_[v] - m_ref_[v]);
+      vec l = S::load(t_.l + v * L);
+      const vec a = Softmax::rescale(m_old_[v], m_ref_[v], sum_[v], &l);
       alpha_[v] = a;
       moved |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
-      S::store(t_.l + v * L, S::fma(S::load(t_.l + v * L), a, sum_[v]));
+      S::store(t_.l + v * L, l);
       S::store(t_.m + v * L, m_new_[v]);
     }
     phase_ = moved ? Phase::rescale : Phase::done;

@@ -150,8 +150,7 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
         const typename Ops::Band band = Ops::band_of(p, key.j0, x.i0);
         const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj);
         Ops::scores_tile(k_panels, key.j0, key.nj, ws.qt(x.index), D, tile.st);
-        if (p.mods.any()) Mods::apply(p, pairs, cover, tile.st, tile.cap);
-        if (on_edge) Ops::mask_tile(tile.st, key.nj, band);
+        Mods::finish_scores(p, pairs, cover, on_edge ? &band : nullptr, tile.st, tile.cap);
         Bwd::probs_from_lse(tile.st, key.rows_padded, ws.lse2(x.index));
         Ops::scores_tile(v_panels, key.j0, key.nj, ws.dot(x.index), D, tile.dst);
         Bwd::grad_scores(tile.st, tile.dst, key.rows_padded, ws.delta(x.index));

@@ -42,6 +42,7 @@
 #include "cpu/decode_query_lanes_bf16.hpp"
 #include "cpu/decode_scores_bf16.hpp"
 #include "cpu/decode_values_bf16.hpp"
+#include "cpu/online_softmax.hpp"
 #include "cpu/workspace.hpp"
 
 namespace fattn::cpu {
@@ -199,12 +200,12 @@ void merge_partials(const DecodePlan<S>& plan, std::int64_t rows, const float* p
     float m_all = Ops::kNegInf;
     for (std::int64_t c = 0; c < plan.splits; ++c)
       m_all = std::max(m_all, partials[c * plan.partial_floats + rows * Dp + 2 * r]);
-    const float m_ref = m_all == Ops::kNegInf ? 0.0f : m_all;
+    const float ref = OnlineSoftmax<S>::reference(m_all);
     float sum = 0.0f;
     std::fill(os + r * Dp, os + (r + 1) * Dp, 0.0f);
-    for (std::int64_t c = 0; c < plan.splits; ++c) {
+    for (std::int64_t c = 0; c < plan.splits; ++c) {  // each chunk's state rescaled to ref
       const float* part = partials + c * plan.partial_floats;
-      const float w = std::exp2(part[rows * Dp + 2 * r] - m_ref);
+      const float w = OnlineSoftmax<S>::weight(part[rows * Dp + 2 * r], ref);
       sum += w * part[rows * Dp + 2 * r + 1];
       for (std::int64_t d = 0; d < Dp; ++d) os[r * Dp + d] += w * part[r * Dp + d];
     }
@@ -330,10 +331,13 @@ struct DecodeWorker {
                 std::int64_t kv_end, const Tiles& tiles) const {
     const std::int64_t D = p.head_dim;
     float *kt = w + plan.kt_at, *st = w + plan.st_at;
-    std::int32_t visible[Plan::kRowTile];
-    for (std::int64_t r = 0; r < it.rows; ++r)
-      visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(
-          p.visible_end(it.b, Ops::group_row(p, 0, it.r0 + r).query) - j0, 0, nj));
+    std::int32_t first[Plan::kRowTile], visible[Plan::kRowTile];  // each row's keys of the tile
+    for (std::int64_t r = 0; r < it.rows; ++r) {
+      const std::int64_t i = Ops::group_row(p, 0, it.r0 + r).query;
+      first[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_begin(it.b, i) - j0, 0, nj));
+      visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
+    }
+    typename QueryLanes::Mods::LanePair pairs[Plan::kRowTile];
     tiles.prepare(it, j0, nj);
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
@@ -342,14 +346,15 @@ struct DecodeWorker {
       const auto v = tiles.v_rows(it, hk, j0, nj);
       if constexpr (std::is_same_v<decltype(k), const typename QueryLanes::Rows>) {
         if (plan.query_lanes_for(it)) {
-          QueryLanes::key_tile(k, v, nj, it.rows, visible, D, lanes(h), st, next);
+          QueryLanes::key_tile(k, v, nj, it.rows, seen(it, hk, j0, nj, first, visible, pairs), D, lanes(h), st, next);
           continue;
         }
       }
 #if defined(FATTN_AVX512_BF16)
       if constexpr (std::is_same_v<decltype(k), const typename DecodeQueryLanesBf16<S>::Rows>) {
         if (plan.dot_lanes_for(it)) {
-          DecodeQueryLanesBf16<S>::key_tile(k, v, nj, it.rows, visible, D, q_factor, lanes(h), kt, st, next);
+          DecodeQueryLanesBf16<S>::key_tile(k, v, nj, it.rows, seen(it, hk, j0, nj, first, visible, pairs), D,
+                                            q_factor, lanes(h), kt, st, next);
           continue;
         }
       }
@@ -360,6 +365,20 @@ struct DecodeWorker {
       Ops::softmax_update(st, it.rows, visible, h.m, h.l, h.alpha);
       values(st, it.rows, visible, nj, v, h);
     }
+  }
+
+  // What kv head hk's rows of the item see of keys [j0, j0 + nj) on the query-lane tiles:
+  // the ranges first and visible, and with variants the rows' pairs (written to `pairs`).
+  typename QueryLanes::Seen seen(const typename Plan::Item& it, std::int64_t hk, std::int64_t j0,
+                                 std::int64_t nj, const std::int32_t* first,
+                                 const std::int32_t* visible,
+                                 typename QueryLanes::Mods::LanePair* pairs) const {
+    if (!p.mods.any()) return {first, visible, nullptr, {}};
+    for (std::int64_t r = 0; r < it.rows; ++r) {
+      const auto [head, query] = Ops::group_row(p, hk, it.r0 + r);
+      pairs[r] = {head, query};
+    }
+    return {first, visible, &p, {it.b, 0, 0, it.rows, j0, nj, pairs}};
   }
 
   // st ← the tile's scores: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems

@@ -27,6 +27,7 @@
 #include "cpu/decode_direct_avx2.hpp"
 #include "cpu/elements.hpp"
 #include "cpu/exp2.hpp"
+#include "cpu/online_softmax.hpp"
 #include "cpu/simd.hpp"
 #include "cpu/tiling.hpp"
 #include "cpu/transpose.hpp"
@@ -361,25 +362,10 @@ struct DecodeOps {
   // reference, so its probabilities are exactly 0 rather than NaN.
   static void softmax_update(float* st, std::int64_t rows, const std::int32_t* visible, float* m,
                              float* l, float* alpha) {
-    for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t r = 0; r < rows; ++r) {  // OnlineSoftmax's row form, reduced as above
       float* s = st + r * Bk;
       for (std::int64_t j = visible[r]; j < Bk; ++j) s[j] = kNegInf;
-      vec mx = S::splat(m[r]);
-#pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) mx = S::max(S::load(s + u * L), mx);
-      const float m_new = max_of(mx);
-      const vec m_ref = S::splat(m_new == kNegInf ? 0.0f : m_new);
-      vec sum = S::zero();
-#pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) {
-        const vec e = exp2<S>(S::load(s + u * L) - m_ref);
-        S::store(s + u * L, e);
-        sum += e;
-      }
-      const float a = exp2<S>(S::splat(m[r]) - m_ref)[0];
-      alpha[r] = a;
-      l[r] = l[r] * a + sum_of(sum);
-      m[r] = m_new;
+      OnlineSoftmax<S>::template update_row<KV, DecodeOps>(s, &m[r], &l[r], &alpha[r]);
     }
   }
 

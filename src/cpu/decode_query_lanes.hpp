@@ -1,5 +1,6 @@
 // fattn — the decode kernel's tiles with the query rows along the vector lanes
-// (cpu/decode.hpp), for items of many rows (Sq = 16 at GQA 4:1 is 64 rows).
+// (cpu/decode.hpp), for items of many rows (Sq = 16 at GQA 4:1 is 64 rows), with every
+// variant.
 //
 // The fused kernel's layout and tile operations (cpu/tile_ops.hpp), on K and V where they
 // lie:
@@ -12,6 +13,9 @@
 // write and read, and the softmax needs no sums across lanes. Row r is the group's row
 // r as there (DecodeOps::group_row); lanes past the item's rows compute on zero queries and are
 // never stored.
+// The variants change st as on the fused kernel's tiles, by the same code (ScoreModOps,
+// its tiles' lanes named pair by pair); the causal limit and the window are each row's
+// range of keys (LaneRanges); the sinks join each row as it is written (decode.hpp).
 #pragma once
 
 #include <algorithm>
@@ -19,6 +23,7 @@
 
 #include "core/problem.hpp"
 #include "cpu/decode_ops.hpp"
+#include "cpu/score_mods.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace fattn::cpu {
@@ -27,6 +32,7 @@ template <class S>
 struct DecodeQueryLanes {
   using Ops = DecodeOps<S>;
   using Tile = TileOps<S>;
+  using Mods = ScoreModOps<S>;
   using Rows = typename Ops::template Rows<float>;
   static constexpr int Br = Tile::Br;
   static constexpr int MK = Tile::MK;
@@ -46,11 +52,11 @@ struct DecodeQueryLanes {
   static constexpr std::int64_t kMinRows = 48;
 
   // Whether problem p's items may take these tiles (float32 rows, float32 copies where
-  // `staged`, or bfloat16 rows on bfloat16 dot products: DecodeQueryLanesBf16; no score
-  // variants or window), those of at least kMinRows rows.
+  // `staged`, or bfloat16 rows on bfloat16 dot products: DecodeQueryLanesBf16), those of
+  // at least kMinRows rows; every variant and window.
   static bool applies(const detail::Problem& p, bool staged, bool bf16_dots) {
     if constexpr (!kUsed) return false;  // measured with AVX-512's 64-row tiles only
-    return !p.mods.any() && !p.has_window() && (staged || p.dtype == DType::float32 || bf16_dots);
+    return staged || p.dtype == DType::float32 || bf16_dots;
   }
   static bool takes(std::int64_t item_rows) { return item_rows >= kMinRows && item_rows <= Br; }
 
@@ -90,32 +96,57 @@ struct DecodeQueryLanes {
     next.issue_rest();
   }
 
-  // Each lane's end of the keys it sees (visible: per row; lanes past the rows see all
-  // nj); whether some lane does not see the whole tile.
-  static bool lane_ends(const std::int32_t* visible, std::int64_t rows, std::int64_t nj,
-                        typename Tile::LaneEnds* ends) {
+  // Which keys of a tile each row sees, and the variants that change its scores.
+  struct Seen {
+    const std::int32_t* begin;  // per row: its first key (a window's left edge), else 0
+    const std::int32_t* end;    // per row: one past its last key
+    const detail::Problem* p;   // the problem whose variants apply; null: none
+    typename Mods::Tile pairs;  // the rows' (head, query) pairs against the tile's keys
+  };
+
+  // Each lane's range of the keys it sees (lanes past the rows see all nj), every lane
+  // filled; whether some lane does not see the whole tile.
+  static bool lane_ranges(const Seen& seen, std::int64_t rows, std::int64_t nj,
+                          typename Tile::LaneRanges* ranges) {
     bool masked = false;
     for (int u = 0; u < Tile::NV; ++u)
       for (int i = 0; i < Tile::L; ++i) {
         const std::int64_t r = u * Tile::L + i;
-        ends->end[u][i] = r < rows ? visible[r] : static_cast<std::int32_t>(nj);
-        masked |= ends->end[u][i] < nj;
+        ranges->begin[u][i] = r < rows ? seen.begin[r] : 0;
+        ranges->end[u][i] = r < rows ? seen.end[r] : static_cast<std::int32_t>(nj);
+        masked |= ranges->begin[u][i] > 0 || ranges->end[u][i] < nj;
       }
     return masked;
   }
 
-  // One key tile for one kv head: scores, the keys each row does not see hidden (visible:
-  // per row, as the keys-along-lanes tiles take it), online softmax, ot ← alpha·ot + P·V.
-  static void key_tile(const Rows& k, const Rows& v, std::int64_t nj, std::int64_t rows,
-                       const std::int32_t* visible, std::int64_t D, const State& h, float* st,
-                       typename Ops::Prefetch& next) {
-    scores(k, nj, h.qt, D, st, next);
-    typename Tile::LaneEnds ends;
-    const bool masked = lane_ends(visible, rows, nj, &ends);
-    if (masked) Tile::mask_tile(st, nj, ends);
+  // What the attn_mask says of the tile (before its scores: a tile it hides from every
+  // row is skipped).
+  static MaskCover cover(const Seen& seen) {
+    return seen.p ? Mods::mask_cover(*seen.p, seen.pairs) : MaskCover::unchanged;
+  }
+
+  // The tile's scores st into probabilities: the variants applied, the keys each row does
+  // not see hidden, online softmax; `ranges` receives which keys each lane sees, and the
+  // result says whether some lane does not see the whole tile.
+  static bool probabilities(float* st, std::int64_t nj, std::int64_t rows, const Seen& seen,
+                            MaskCover mask, const State& h, typename Tile::LaneRanges* ranges) {
+    if (seen.p) Mods::apply(*seen.p, seen.pairs, mask, st);
+    const bool masked = lane_ranges(seen, rows, nj, ranges);
+    if (masked) Tile::mask_tile(st, nj, *ranges);
     Tile::softmax_update(st, nj, h.m, h.l, h.alpha);
-    if (masked)
-      Tile::pv_rows(Values{v}, nj, st, h.alpha, D, h.ot, ends);
+    return masked;
+  }
+
+  // One key tile for one kv head: scores, probabilities, ot ← alpha·ot + P·V.
+  static void key_tile(const Rows& k, const Rows& v, std::int64_t nj, std::int64_t rows,
+                       const Seen& seen, std::int64_t D, const State& h, float* st,
+                       typename Ops::Prefetch& next) {
+    const MaskCover mask = cover(seen);
+    if (mask == MaskCover::hidden) return;
+    scores(k, nj, h.qt, D, st, next);
+    typename Tile::LaneRanges ranges;
+    if (probabilities(st, nj, rows, seen, mask, h, &ranges))
+      Tile::pv_rows(Values{v}, nj, st, h.alpha, D, h.ot, ranges);
     else
       Tile::pv_rows(Values{v}, nj, st, h.alpha, D, h.ot, typename Tile::AllVisible{});
   }

@@ -75,13 +75,14 @@ struct DecodeQueryLanesBf16 {
   // One key tile for one kv head (DecodeQueryLanes::key_tile's steps on bfloat16 pairs).
   // kt: the worker's D·Bk floats, for vp (or the float32 values of a non-finite tile).
   static void key_tile(const Rows& k, const Rows& v, std::int64_t nj, std::int64_t rows,
-                       const std::int32_t* visible, std::int64_t D, float factor,
+                       const typename Lanes::Seen& seen, std::int64_t D, float factor,
                        const typename Lanes::State& h, float* kt, float* st,
                        typename Ops::Prefetch& next) {
+    const MaskCover mask = Lanes::cover(seen);
+    if (mask == MaskCover::hidden) return;
     scores(k, nj, reinterpret_cast<const Pair*>(h.qt), D, factor, st, next);
-    typename Tile::LaneEnds ends;
-    if (Lanes::lane_ends(visible, rows, nj, &ends)) Tile::mask_tile(st, nj, ends);
-    Tile::softmax_update(st, nj, h.m, h.l, h.alpha);
+    typename Tile::LaneRanges ranges;  // filled whether or not some lane is masked
+    Lanes::probabilities(st, nj, rows, seen, mask, h, &ranges);
     auto* vp = reinterpret_cast<Pair*>(kt);
     if (pack_values(v, nj, D, vp)) {
       auto* pp = reinterpret_cast<Pair*>(st);  // row j of pp over row j of st, read by then
@@ -90,7 +91,7 @@ struct DecodeQueryLanesBf16 {
     }
     for (std::int64_t j = 0; j < nj; ++j)  // a non-finite value: float32, hidden keys skipped
       for (std::int64_t d = 0; d < D; ++d) kt[j * D + d] = to_float(v.row(j)[d]);
-    Tile::pv_rows(typename Tile::ValueRows{kt, D}, nj, st, h.alpha, D, h.ot, ends);
+    Tile::pv_rows(typename Tile::ValueRows{kt, D}, nj, st, h.alpha, D, h.ot, ranges);
   }
 };
 

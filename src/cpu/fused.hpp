@@ -98,8 +98,7 @@ void fused_loop(const detail::Problem& whole, const detail::Exec& exec, const Ma
         const typename Ops::Band band = Ops::band_of(p, j0, q[s].i0);
         const bool on_edge = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + pairs.nj);
         mainloop.scores(head, j0, pairs.nj, tile[s]);
-        if (p.mods.any()) Mods::apply(p, pairs, cover, tile[s].st);
-        if (on_edge) Ops::mask_tile(tile[s].st, pairs.nj, band);
+        Mods::finish_scores(p, pairs, cover, on_edge ? &band : nullptr, tile[s].st);
         Ops::softmax_update(tile[s].st, pairs.nj, tile[s].m, tile[s].l, tile[s].alpha);
         mainloop.pv(head, j0, pairs.nj, tile[s], on_edge ? &band : nullptr);
       }

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/online_softmax.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace fattn::cpu {
@@ -34,20 +35,35 @@ struct ScoreModOps {
   static constexpr int NV = Ops::NV;
   static constexpr int Br = Ops::Br;
 
-  // The pairs of one score tile: queries [i0, i0 + rows) of head (b, h), keys [j0, j0 + nj).
+  // A query row of a tile: query `query` of head `head`.
+  struct LanePair {
+    std::int64_t head, query;
+  };
+  // The pairs of one score tile: sequence b's keys [j0, j0 + nj) against `rows` query rows
+  // along the lanes. Lane r is query i0 + r of head h (the fused kernel's tiles), or, where
+  // `lanes` is set, lanes[r] (the decode kernel's query-lane tiles, whose rows mix the
+  // query heads of one kv head: DecodeOps::group_row).
   struct Tile {
     std::int64_t b, h, i0, rows, j0, nj;
+    const LanePair* lanes = nullptr;
+    // Lane r's pair; lanes past the rows (never stored) take the last row's.
+    LanePair pair(std::int64_t r) const {
+      if (r >= rows) r = rows - 1;
+      return lanes ? lanes[r] : LanePair{h, i0 + r};
+    }
   };
 
-  // The mask's elements of query row i of the tile: keys j0.. at stride `key`.
+  // The mask's elements of the tile's row r: keys j0.. at stride `key`.
   template <class E>
-  static const E* mask_row(const detail::ScoreMods& m, const Tile& t, std::int64_t i) {
-    return static_cast<const E*>(m.mask) + t.b * m.mask_batch + t.h * m.mask_head +
-           (t.i0 + i) * m.mask_seq + t.j0 * m.mask_key;
+  static const E* mask_row(const detail::ScoreMods& m, const Tile& t, std::int64_t r) {
+    const LanePair at = t.pair(r);
+    return static_cast<const E*>(m.mask) + t.b * m.mask_batch + at.head * m.mask_head +
+           at.query * m.mask_seq + t.j0 * m.mask_key;
   }
-  // Query rows whose mask rows differ: 1 when the mask is broadcast over queries.
+  // Rows whose mask rows differ: 1 when every row reads the same one (a mask broadcast
+  // over queries, and over heads where the rows mix them).
   static std::int64_t mask_rows(const detail::ScoreMods& m, const Tile& t) {
-    return m.mask_seq == 0 ? 1 : t.rows;
+    return m.mask_seq == 0 && (!t.lanes || m.mask_head == 0) ? 1 : t.rows;
   }
 
   // Calls f with a null pointer of the mask's element type.
@@ -132,20 +148,39 @@ struct ScoreModOps {
     if (m.mask && cover == MaskCover::mixed) apply_mask(p, t, st);
   }
 
-  // st[j][i] −= slope·log2(e)·|i0 + i + Sk − Sq − j0 − j|.
+  // A tile's scores as the softmax takes them, on every kernel whose tiles are st [Bc][Br]
+  // (the fused forward and backward, the AMX forward's float32 tiles): the variants
+  // (apply), then, on a tile an edge of the band crosses (band not null), the pairs
+  // outside it hidden (−inf, by selection: whatever the variants made of those scores).
+  static void finish_scores(const detail::Problem& p, const Tile& t, MaskCover cover,
+                            const typename Ops::Band* band, float* st, float* cap_grad = nullptr) {
+    if (p.mods.any()) apply(p, t, cover, st, cap_grad);
+    if (band) Ops::mask_tile(st, t.nj, *band);
+  }
+
+  // st[j][r] −= slope·log2(e)·|i + Sk − Sq − j0 − j| for lane r's pair (head, i): the
+  // slope and the offset i + Sk − Sq − j0 per lane (integers, exact in float32 below 2^24).
   static void add_alibi(const detail::Problem& p, const Tile& t, float* st) {
-    const vec slope2 = S::splat(-static_cast<float>(p.mods.slope(t.b, t.h)) * Ops::kLog2e);
-    vec lane[NV];
+    alignas(S::alignment) float slope[Br], offset[Br];
+    const std::int64_t shift = p.keys_of(t.b) - p.q_len - t.j0;
+    for (int r = 0; r < Br; ++r) {
+      const LanePair at = t.pair(r);
+      slope[r] = -static_cast<float>(p.mods.slope(t.b, at.head)) * Ops::kLog2e;
+      offset[r] = static_cast<float>(at.query + shift);
+    }
+    vec slope2[NV], lane[NV];
 #pragma GCC unroll 8
-    for (int u = 0; u < NV; ++u) lane[u] = S::iota() + S::splat(static_cast<float>(u * L));
-    const std::int64_t offset = t.i0 + p.keys_of(t.b) - p.q_len - t.j0;
+    for (int u = 0; u < NV; ++u) {
+      slope2[u] = S::load(slope + u * L);
+      lane[u] = S::load(offset + u * L);
+    }
     for (std::int64_t j = 0; j < t.nj; ++j) {
-      const vec base = S::splat(static_cast<float>(offset - j));
+      const vec key = S::splat(static_cast<float>(j));
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u) {
-        const vec distance = lane[u] + base;
+        const vec distance = lane[u] - key;
         float* s = st + j * Br + u * L;
-        S::store(s, S::fma(distance < 0.0f ? -distance : distance, slope2, S::load(s)));
+        S::store(s, S::fma(distance < 0.0f ? -distance : distance, slope2[u], S::load(s)));
       }
     }
   }
@@ -159,13 +194,13 @@ struct ScoreModOps {
       return s + to_float(x) * Ops::kLog2e;
   }
 
-  // A mixed tile's mask, pair by pair (a mask broadcast over queries: key by key).
+  // A mixed tile's mask, pair by pair (one mask row for every lane: key by key).
   static void apply_mask(const detail::Problem& p, const Tile& t, float* st) {
     const detail::ScoreMods& m = p.mods;
     with_mask_type(m, [&](auto type) {
       using E = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
       auto change = [](float s, E x) { return masked(s, x); };
-      if (m.mask_seq == 0) {
+      if (mask_rows(m, t) == 1) {
         const E* row = mask_row<E>(m, t, 0);
         for (std::int64_t j = 0; j < t.nj; ++j)
           for (int i = 0; i < Br; ++i) st[j * Br + i] = change(st[j * Br + i], row[j * m.mask_key]);
@@ -189,10 +224,10 @@ struct ScoreModOps {
   // rescale of what the row accumulated against m_old. A row with no key and a sink of
   // −inf keeps m = −inf, l = 0.
   static float join_sink(float sink, float* m, float* l) {
+    using Softmax = OnlineSoftmax<S>;
     const float m_new = *m > sink ? *m : sink;
-    const float m_ref = m_new == Ops::kNegInf ? 0.0f : m_new;
-    const float alpha = std::exp2(*m - m_ref);
-    *l = *l * alpha + std::exp2(sink - m_ref);
+    const float ref = Softmax::reference(m_new);
+    const float alpha = Softmax::rescale(*m, ref, Softmax::weight(sink, ref), l);
     *m = m_new;
     return alpha;
   }

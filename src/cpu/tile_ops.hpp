@@ -20,6 +20,7 @@
 #include "cpu/blocks.hpp"
 #include "cpu/elements.hpp"
 #include "cpu/exp2.hpp"
+#include "cpu/online_softmax.hpp"
 #include "cpu/simd.hpp"
 #include "cpu/tiling.hpp"
 #include "cpu/transpose.hpp"
@@ -70,14 +71,15 @@ struct TileOps {
       }
     }
   };
-  // ... or each lane's own end: lane i sees keys [0, end[i]) of the tile (the decode
-  // kernel's rows, which mix query heads and positions).
-  struct LaneEnds {
+  // ... or each lane's own range: lane i sees keys [begin[i], end[i]) of the tile (the
+  // decode kernel's rows, which mix query heads and positions).
+  struct LaneRanges {
     static constexpr bool masks = true;
-    ivec end[NV];
+    ivec begin[NV], end[NV];
     void lanes(std::int64_t j, ivec visible[NV]) const {
+      const auto key = static_cast<std::int32_t>(j);
 #pragma GCC unroll 8
-      for (int u = 0; u < NV; ++u) visible[u] = static_cast<std::int32_t>(j) < end[u];
+      for (int u = 0; u < NV; ++u) visible[u] = (key >= begin[u]) & (key < end[u]);
     }
   };
 
@@ -197,7 +199,7 @@ struct TileOps {
       scores_block(KeyPanel{kpanels + g * D * MK}, qt, D, st + (g * MK - j0) * Br);
   }
 
-  // Hides key j0+j from the query lanes that do not see it (a Band's edge, or LaneEnds):
+  // Hides key j0+j from the query lanes that do not see it (a Band's edge, or LaneRanges):
   // the score becomes `hidden` (−inf; the backward also zeroes its dS this way).
   template <class Vis>
   static void mask_tile(float* st, std::int64_t nj, const Vis& vis, float hidden = kNegInf) {
@@ -210,41 +212,15 @@ struct TileOps {
     }
   }
 
-  // Online softmax over nj rows of scores: new running max m, rescale factor
-  // alpha = 2^(m_old − m_new), st ← 2^(st − m_new), l ← alpha·l + Σ_j st.
-  // A query that has seen no key yet keeps m = −inf and uses 0 as its reference,
-  // so its probabilities are exactly 0 rather than NaN.
+  // Online softmax over nj rows of scores (OnlineSoftmax::update_lanes): new running
+  // max m, alpha = 2^(m_old − m_new), st ← 2^(st − m_new), l ← alpha·l + Σ_j st.
   static void softmax_update(float* st, std::int64_t nj, float* m, float* l, float* alpha) {
-    vec m_new[NV], m_ref[NV], sum[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) m_new[v] = S::load(m + v * L);
-    for (std::int64_t j = 0; j < nj; ++j)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) m_new[v] = S::max(S::load(st + j * Br + v * L), m_new[v]);
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      m_ref[v] = m_new[v] == kNegInf ? S::zero() : m_new[v];
-      sum[v] = S::zero();
-    }
-    for (std::int64_t j = 0; j < nj; ++j)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const vec p = exp2<S>(S::load(st + j * Br + v * L) - m_ref[v]);
-        S::store(st + j * Br + v * L, p);
-        sum[v] += p;
-      }
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      const vec a = exp2<S>(S::load(m + v * L) - m_ref[v]);
-      S::store(alpha + v * L, a);
-      S::store(l + v * L, S::fma(S::load(l + v * L), a, sum[v]));
-      S::store(m + v * L, m_new[v]);
-    }
+    OnlineSoftmax<S>::template update_lanes<NV>(st, nj, m, l, alpha);
   }
 
   // ot[d0+r][·] = alpha·ot[d0+r][·] + Σ_{j<nj} v[j][d0+r] · p[j][·] for R dims, the rows
   // of v from `Values` (ValueRows) and the lanes that see each key from `Vis` (AllVisible,
-  // Band, LaneEnds). A lane that does not see a key skips it rather than adding it with
+  // Band, LaneRanges). A lane that does not see a key skips it rather than adding it with
   // p = 0, so a NaN or Inf in a value row reaches only the queries that see it (a boolean
   // attn_mask's hidden pairs are added with p = 0, as torch's math backend).
   template <int R, class Vis, class Values>
