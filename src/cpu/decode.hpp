@@ -50,7 +50,7 @@ namespace fattn::cpu {
 // How a decode problem is cut into work items, and where each piece of working memory
 // lies: every size and offset computed once, here.
 template <class S>
-struct DecodePlan {
+struct DecodeWorkspace {
   using Ops = DecodeOps<S>;
   // Query rows per work item: a whole decode group (32 heads × Sq 2 at MHA) in one tile.
   static constexpr std::int64_t kRowTile = 64;
@@ -81,7 +81,7 @@ struct DecodePlan {
   std::int64_t partial_floats, partials_at, total;
 
   // splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key tile).
-  DecodePlan(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
+  DecodeWorkspace(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
     Sizes n;
     in_place = Ops::reads_in_place(p);
     dot_bf16 = on_bf16_dot_products<S>(p.dtype);  // the scores from the query rows' bits
@@ -192,19 +192,19 @@ void store_group_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk,
 // Merges the split partials of one (sequence, kv head, row tile) in chunk order
 // (log-sum-exp weights) into os, m, l.
 template <class S>
-void merge_partials(const DecodePlan<S>& plan, std::int64_t rows, const float* partials,
+void merge_partials(const DecodeWorkspace<S>& ws, std::int64_t rows, const float* partials,
                     float* os, float* m, float* l) {
   using Ops = DecodeOps<S>;
-  const std::int64_t Dp = plan.Dp;
+  const std::int64_t Dp = ws.Dp;
   for (std::int64_t r = 0; r < rows; ++r) {
     float m_all = Ops::kNegInf;
-    for (std::int64_t c = 0; c < plan.splits; ++c)
-      m_all = std::max(m_all, partials[c * plan.partial_floats + rows * Dp + 2 * r]);
+    for (std::int64_t c = 0; c < ws.splits; ++c)
+      m_all = std::max(m_all, partials[c * ws.partial_floats + rows * Dp + 2 * r]);
     const float ref = OnlineSoftmax<S>::reference(m_all);
     float sum = 0.0f;
     std::fill(os + r * Dp, os + (r + 1) * Dp, 0.0f);
-    for (std::int64_t c = 0; c < plan.splits; ++c) {  // each chunk's state rescaled to ref
-      const float* part = partials + c * plan.partial_floats;
+    for (std::int64_t c = 0; c < ws.splits; ++c) {  // each chunk's state rescaled to ref
+      const float* part = partials + c * ws.partial_floats;
       const float w = OnlineSoftmax<S>::weight(part[rows * Dp + 2 * r], ref);
       sum += w * part[rows * Dp + 2 * r + 1];
       for (std::int64_t d = 0; d < Dp; ++d) os[r * Dp + d] += w * part[r * Dp + d];
@@ -218,7 +218,7 @@ void merge_partials(const DecodePlan<S>& plan, std::int64_t rows, const float* p
 template <class S, class E>
 struct TilesInCache {
   using Ops = DecodeOps<S>;
-  using Item = typename DecodePlan<S>::Item;
+  using Item = typename DecodeWorkspace<S>::Item;
   const detail::Problem& p;
   detail::Strided<const E> k, v;  // p.k and p.v retyped to their element type
 
@@ -247,7 +247,7 @@ struct TilesInCache {
 template <class S>
 struct StagedTiles {
   using Ops = DecodeOps<S>;
-  using Item = typename DecodePlan<S>::Item;
+  using Item = typename DecodeWorkspace<S>::Item;
   const detail::Problem& p;
   float *k_stage, *v_stage;  // the worker's staging buffers
 
@@ -271,25 +271,25 @@ struct StagedTiles {
 // One kv head's running state within a worker's memory.
 struct HeadState {
   float *qs, *os, *m, *l, *alpha;
-  std::uint16_t* qb;  // null unless the plan's dot_bf16
+  std::uint16_t* qb;  // null unless the workspace's dot_bf16
 };
 
 // A worker running one item: its kv heads' running states and its tiles, in the worker's
-// slice of the working memory (DecodePlan's offsets).
+// slice of the working memory (DecodeWorkspace's offsets).
 template <class S>
 struct DecodeWorker {
   using Ops = DecodeOps<S>;
-  using Plan = DecodePlan<S>;
+  using Workspace = DecodeWorkspace<S>;
   using QueryLanes = DecodeQueryLanes<S>;
   const detail::Problem& p;
-  const Plan& plan;
+  const Workspace& ws;
   float* w;        // this worker's memory
   float q_factor;  // scale·log2(e)
 
   HeadState state(std::int64_t slot) const {
-    float* h = w + plan.heads_at + slot * plan.head_floats;
-    return {h + plan.qs_at, h + plan.os_at, h + plan.m_at, h + plan.l_at, h + plan.alpha_at,
-            plan.dot_bf16 ? reinterpret_cast<std::uint16_t*>(h + plan.qb_at) : nullptr};
+    float* h = w + ws.heads_at + slot * ws.head_floats;
+    return {h + ws.qs_at, h + ws.os_at, h + ws.m_at, h + ws.l_at, h + ws.alpha_at,
+            ws.dot_bf16 ? reinterpret_cast<std::uint16_t*>(h + ws.qb_at) : nullptr};
   }
   // The same memory as the query-lane tiles' state: qt in qs's place, ot in os's.
   static typename QueryLanes::State lanes(const HeadState& h) {
@@ -298,20 +298,20 @@ struct DecodeWorker {
 
   // Each head's query rows, scaled by scale·log2(e) (and their bits, for dot_bf16), and
   // fresh (m, l, os).
-  void start(const typename Plan::Item& it) const {
+  void start(const typename Workspace::Item& it) const {
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
-      if (plan.dot_lanes_for(it)) {  // pairs of the bits
+      if (ws.dot_lanes_for(it)) {  // pairs of the bits
 #if defined(FATTN_AVX512_BF16)
         Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.os, h.qb);
-        DecodeQueryLanesBf16<S>::to_lanes(h.qb, it.rows, plan.Dp, reinterpret_cast<std::uint32_t*>(h.qs));
+        DecodeQueryLanesBf16<S>::to_lanes(h.qb, it.rows, ws.Dp, reinterpret_cast<std::uint32_t*>(h.qs));
         QueryLanes::Tile::start_rows(h.m, h.l, h.os, p.head_dim);
 #endif
         continue;
       }
-      if (plan.query_lanes_for(it)) {  // the rows loaded in os's place, then along the lanes
+      if (ws.query_lanes_for(it)) {  // the rows loaded in os's place, then along the lanes
         Ops::load_q_rows(p, it.b, hk, it.r0, it.rows, q_factor, h.os, nullptr);
-        QueryLanes::to_lanes(h.os, it.rows, p.head_dim, plan.Dp, h.qs);
+        QueryLanes::to_lanes(h.os, it.rows, p.head_dim, ws.Dp, h.qs);
         QueryLanes::Tile::start_rows(h.m, h.l, h.os, p.head_dim);
         continue;
       }
@@ -321,23 +321,23 @@ struct DecodeWorker {
   }
 
   StagedTiles<S> staged_tiles() const {
-    return {p, w + plan.k_stage_at, w + plan.v_stage_at};
+    return {p, w + ws.k_stage_at, w + ws.v_stage_at};
   }
 
   // Keys [j0, j0 + nj) for every head of the item: scores, online softmax, P·V; the
   // tiles from `tiles` (TilesInCache or StagedTiles).
   template <class Tiles>
-  void key_tile(const typename Plan::Item& it, std::int64_t j0, std::int64_t nj,
+  void key_tile(const typename Workspace::Item& it, std::int64_t j0, std::int64_t nj,
                 std::int64_t kv_end, const Tiles& tiles) const {
     const std::int64_t D = p.head_dim;
-    float *kt = w + plan.kt_at, *st = w + plan.st_at;
-    std::int32_t first[Plan::kRowTile], visible[Plan::kRowTile];  // each row's keys of the tile
+    float *kt = w + ws.kt_at, *st = w + ws.st_at;
+    std::int32_t first[Workspace::kRowTile], visible[Workspace::kRowTile];  // each row's keys of the tile
     for (std::int64_t r = 0; r < it.rows; ++r) {
       const std::int64_t i = Ops::group_row(p, 0, it.r0 + r).query;
       first[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_begin(it.b, i) - j0, 0, nj));
       visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
     }
-    typename QueryLanes::Mods::LanePair pairs[Plan::kRowTile];
+    typename QueryLanes::Mods::LanePair pairs[Workspace::kRowTile];
     tiles.prepare(it, j0, nj);
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       const HeadState h = state(hk - it.hk_begin);
@@ -345,14 +345,14 @@ struct DecodeWorker {
       const auto k = tiles.k_rows(it, hk, j0, nj);
       const auto v = tiles.v_rows(it, hk, j0, nj);
       if constexpr (std::is_same_v<decltype(k), const typename QueryLanes::Rows>) {
-        if (plan.query_lanes_for(it)) {
+        if (ws.query_lanes_for(it)) {
           QueryLanes::key_tile(k, v, nj, it.rows, seen(it, hk, j0, nj, first, visible, pairs), D, lanes(h), st, next);
           continue;
         }
       }
 #if defined(FATTN_AVX512_BF16)
       if constexpr (std::is_same_v<decltype(k), const typename DecodeQueryLanesBf16<S>::Rows>) {
-        if (plan.dot_lanes_for(it)) {
+        if (ws.dot_lanes_for(it)) {
           DecodeQueryLanesBf16<S>::key_tile(k, v, nj, it.rows, seen(it, hk, j0, nj, first, visible, pairs), D,
                                             q_factor, lanes(h), kt, st, next);
           continue;
@@ -369,7 +369,7 @@ struct DecodeWorker {
 
   // What kv head hk's rows of the item see of keys [j0, j0 + nj) on the query-lane tiles:
   // the ranges first and visible, and with variants the rows' pairs (written to `pairs`).
-  typename QueryLanes::Seen seen(const typename Plan::Item& it, std::int64_t hk, std::int64_t j0,
+  typename QueryLanes::Seen seen(const typename Workspace::Item& it, std::int64_t hk, std::int64_t j0,
                                  std::int64_t nj, const std::int32_t* first,
                                  const std::int32_t* visible,
                                  typename QueryLanes::Mods::LanePair* pairs) const {
@@ -388,7 +388,7 @@ struct DecodeWorker {
               float* st, typename Ops::Prefetch& next) const {
 #if defined(FATTN_AVX512_BF16)
     if constexpr (std::is_same_v<Rows, typename DecodeScoresBf16<S>::Rows>)
-      if (plan.dot_bf16) return DecodeScoresBf16<S>::tile_scores(h.qb, q_factor, rows, p.head_dim, k, nj, kt, st, next);
+      if (ws.dot_bf16) return DecodeScoresBf16<S>::tile_scores(h.qb, q_factor, rows, p.head_dim, k, nj, kt, st, next);
 #endif
     Ops::tile_scores(h.qs, rows, p.head_dim, k, nj, kt, st, next);
   }
@@ -401,25 +401,25 @@ struct DecodeWorker {
     const std::int64_t D = p.head_dim;
 #if defined(FATTN_AVX512_BF16)
     if constexpr (std::is_same_v<Rows, typename DecodeValuesBf16<S>::Rows>)
-      if (plan.dot_bf16) return DecodeValuesBf16<S>::accumulate(probs, rows, visible, nj, v, h.alpha, D, h.os);
+      if (ws.dot_bf16) return DecodeValuesBf16<S>::accumulate(probs, rows, visible, nj, v, h.alpha, D, h.os);
 #endif
     Ops::pv_accumulate(probs, rows, visible, nj, v, h.alpha, D, h.os);
   }
 
   // The item's rows: out and lse, or with split keys its chunk's partial (os, m, l).
-  void finish(const typename Plan::Item& it, float* memory) const {
-    const std::int64_t Dp = plan.Dp;
+  void finish(const typename Workspace::Item& it, float* memory) const {
+    const std::int64_t Dp = ws.Dp;
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
       HeadState h = state(hk - it.hk_begin);
-      if (plan.query_lanes_for(it)) {  // ot into the rows layout, in the query tile's place
+      if (ws.query_lanes_for(it)) {  // ot into the rows layout, in the query tile's place
         QueryLanes::to_rows(h.os, it.rows, p.head_dim, Dp, h.qs);
         h.os = h.qs;
       }
-      if (plan.splits == 1) {
+      if (ws.splits == 1) {
         store_group_rows<S>(p, it.b, hk, it.r0, it.rows, h.os, h.m, h.l);
         continue;
       }
-      float* part = memory + plan.partial_at(p, it.b, hk, it.row_tile, it.chunk);
+      float* part = memory + ws.partial_at(p, it.b, hk, it.row_tile, it.chunk);
       std::copy(h.os, h.os + it.rows * Dp, part);
       for (std::int64_t r = 0; r < it.rows; ++r) {
         part[it.rows * Dp + 2 * r] = h.m[r];
@@ -433,28 +433,28 @@ template <class S>
 void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* memory,
                     std::int64_t requested_splits) {
   using Ops = DecodeOps<S>;
-  using Plan = DecodePlan<S>;
-  const Plan plan(p, exec.workers, requested_splits);
+  using Workspace = DecodeWorkspace<S>;
+  const Workspace ws(p, exec.workers, requested_splits);
   const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
   auto worker_of = [&](int worker) {
-    return DecodeWorker<S>{p, plan, memory + worker * plan.worker_floats, q_factor};
+    return DecodeWorker<S>{p, ws, memory + worker * ws.worker_floats, q_factor};
   };
   // With split keys, the chunks of one (sequence, head group, row tile) count themselves
   // done here; the worker whose chunk comes last merges the partials. One parallel
   // section, not a second one for the merge: each section's start and end costs a wake-up
   // of every worker, on a busy machine a scheduler tick (docs/perf-log.md, 2026-11-27).
   std::unique_ptr<std::atomic<std::int64_t>[]> chunks_done;
-  if (plan.splits > 1) {
+  if (ws.splits > 1) {
     chunks_done = std::make_unique<std::atomic<std::int64_t>[]>(
-        static_cast<std::size_t>(plan.items / plan.splits));
-    for (std::int64_t t = 0; t < plan.items / plan.splits; ++t) chunks_done[t] = 0;
+        static_cast<std::size_t>(ws.items / ws.splits));
+    for (std::int64_t t = 0; t < ws.items / ws.splits; ++t) chunks_done[t] = 0;
   }
   // The last chunk of a row tile: its partials, merged in chunk order whichever worker
   // finishes last, so the result has the same bits on every run.
-  auto merge = [&](const typename Plan::Item& it, const DecodeWorker<S>& run) {
+  auto merge = [&](const typename Workspace::Item& it, const DecodeWorker<S>& run) {
     const HeadState h = run.state(0);
     for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
-      merge_partials<S>(plan, it.rows, memory + plan.partial_at(p, it.b, hk, it.row_tile, 0), h.os,
+      merge_partials<S>(ws, it.rows, memory + ws.partial_at(p, it.b, hk, it.row_tile, 0), h.os,
                         h.m, h.l);
       store_group_rows<S>(p, it.b, hk, it.r0, it.rows, h.os, h.m, h.l);
     }
@@ -463,23 +463,23 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
   // tiles_of(worker): where its key tiles come from, TilesInCache (the cache's elements
   // read where they lie) or its StagedTiles (float32 copies in its own buffers).
   auto run_items = [&](auto tiles_of) {
-    detail::parallel_items(exec, plan.items, [&](std::int64_t index, int worker) {
+    detail::parallel_items(exec, ws.items, [&](std::int64_t index, int worker) {
       const DecodeWorker<S> run = worker_of(worker);
       const auto tiles = tiles_of(run);
-      const auto it = plan.item(p, index);
+      const auto it = ws.item(p, index);
       std::int64_t kv_begin, kv_end;
-      plan.key_range(p, it, &kv_begin, &kv_end);
+      ws.key_range(p, it, &kv_begin, &kv_end);
       run.start(it);
       for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk)
         run.key_tile(it, j0, std::min<std::int64_t>(Ops::Bk, kv_end - j0), kv_end, tiles);
       run.finish(it, memory);
       // acq_rel: this chunk's partial is published to, and the others' seen by, the merger.
-      if (plan.splits > 1 &&
-          chunks_done[index / plan.splits].fetch_add(1, std::memory_order_acq_rel) == plan.splits - 1)
+      if (ws.splits > 1 &&
+          chunks_done[index / ws.splits].fetch_add(1, std::memory_order_acq_rel) == ws.splits - 1)
         merge(it, run);
     });
   };
-  if (!plan.in_place) {
+  if (!ws.in_place) {
     run_items([](const DecodeWorker<S>& run) { return run.staged_tiles(); });
   } else {
     with_element_type(p.k, p.dtype, [&](const auto& k) {

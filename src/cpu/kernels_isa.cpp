@@ -43,7 +43,7 @@ std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int
 }
 
 std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std::int64_t splits) {
-  return DecodePlan<S>(p, workers, splits).total;
+  return DecodeWorkspace<S>(p, workers, splits).total;
 }
 
 // bfloat16 dot products where fused() and the decode kernel take them (the decode kernel
