@@ -2,7 +2,7 @@
 #include "amx_loops.hpp"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include "cpu/amx_tiles.hpp"
+#include "cpu/amx/tiles.hpp"
 #endif
 
 namespace fattn_bench {

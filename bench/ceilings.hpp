@@ -47,7 +47,7 @@ struct Ceilings {
   // The AMX tile unit, all threads (0 where the CPU or the build has none): TDPBF16PS
   // with its operands in tile registers, bfloat16 GFLOP/s. The amx kernels' float32 roof
   // is a sixth of it: each float32 product is six bfloat16 partial products
-  // (src/cpu/amx_ops.hpp), the vector work beside them not counted.
+  // (src/cpu/amx/ops.hpp), the vector work beside them not counted.
   double amx_bf16_peak_gflops = 0;
   // VDPBF16PS, all threads (0 where the CPU or the build has none): bfloat16 GFLOP/s.
   double bf16_dot_peak_gflops = 0;

@@ -17,7 +17,7 @@
 // Traffic: bytes moved to and from DRAM, each tensor counted once per read or write.
 //   |Q| = |O| = B·Hq·Sq·D   |K| = |V| = B·Hkv·Sk·D   |LSE| = B·Hq·Sq (only if written)
 //
-//   naive, stage by stage (src/cpu/naive.hpp; tile_ops.hpp softmax_update,
+//   naive, stage by stage (src/cpu/forward/naive.hpp; tile_ops.hpp softmax_update,
 //   normalize_rows); the S×S buffer is far larger than any cache from S ≈ 1024 on:
 //     qk_gemm   read Q, K; write S                                e·(|Q| + |K| + N)
 //     softmax   max pass reads S (N); exp pass reads S, writes P   e·5·N [+ 4·|LSE|]

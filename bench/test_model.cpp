@@ -219,7 +219,7 @@ TEST(ModelTable, RowsAgreeWithTheModel) {
 }
 
 TEST(QueryTileRows, PerIsa) {
-  // src/cpu/tiling.hpp: query_vecs × floats per vector
+  // src/cpu/common/tiling.hpp: query_vecs × floats per vector
   EXPECT_EQ(query_tile_rows(fattn::Isa::avx512), 64);  // Tiling<64>: 4 vectors of 16 floats
   EXPECT_EQ(query_tile_rows(fattn::Isa::avx2), 24);  // Tiling<32>: 3 vectors of 8 floats
   EXPECT_EQ(query_tile_rows(fattn::Isa::portable), 8);

@@ -69,7 +69,7 @@ def ceilings_tables(machine: dict) -> str:
             "registers, per ISA; "
             + ("AMX = four independent TDPBF16PS on tiles loaded once, its float32 roof the "
                f"bfloat16 rate / {amx['partial_products']} (each float32 product is "
-               f"{amx['partial_products']} bfloat16 partial products, src/cpu/amx_ops.hpp); "
+               f"{amx['partial_products']} bfloat16 partial products, src/cpu/amx/ops.hpp); "
                if amx else "")
             + "bandwidth = triad a = b + s·c counting the bytes read and "
             "written (no write-allocate): for the caches on floats in the kernels' "

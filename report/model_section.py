@@ -152,7 +152,7 @@ def section(model: list[dict], ridge_dram: float) -> str:
         "Bytes: every read and write of every tensor — Q, K, V, O (S·D each), the S×S scores "
         "and probabilities, the logsumexp — at e bytes an element (4 for fp32, 2 for a 16-bit "
         "type; the logsumexp is float32). The naive path is fattn's three stages "
-        "(src/cpu/naive.hpp): Q·Kᵀ writes S; the softmax reads S for the max, reads S and "
+        "(src/cpu/forward/naive.hpp): Q·Kᵀ writes S; the softmax reads S for the max, reads S and "
         "writes P for the exponentials, reads and writes P to normalise; P·V reads P. The "
         "fused kernel reads Q, K, V and writes O once; it assumes a query tile's working set "
         "(Br query rows, a Bc-key tile of K and V, the Br×Bc scores) stays in L1/L2 and that "

@@ -5,7 +5,7 @@
 // templates: a wide-instruction copy could be picked for the rest of the program.
 #include <cstddef>
 
-#include "cpu/exp2.hpp"
+#include "cpu/common/exp2.hpp"
 
 namespace fattn_test {
 

@@ -17,7 +17,7 @@
 #include "util/reference.hpp"
 #include "util/tensor16.hpp"
 
-#include "cpu/elements.hpp"
+#include "cpu/common/elements.hpp"
 
 namespace fattn_test {
 namespace {
@@ -28,7 +28,7 @@ using fattn::cpu::Float16;
 using fattn::cpu::from_float;
 using fattn::cpu::to_float;
 
-// The library's conversions (cpu/elements.hpp), which the kernels use: under test here.
+// The library's conversions (cpu/common/elements.hpp), which the kernels use: under test here.
 int mantissa_bits(DType dtype) { return dtype == DType::bfloat16 ? 7 : 10; }
 
 float round_to(DType dtype, float x) {

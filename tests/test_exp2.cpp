@@ -1,4 +1,4 @@
-// fattn tests — the vectorised exp2 of src/cpu/exp2.hpp against its documented bound:
+// fattn tests — the vectorised exp2 of src/cpu/common/exp2.hpp against its documented bound:
 //   x in [-126, 127]:  |exp2(x) - 2^x| <= 1.5e-7 · 2^x
 //   x < -126.5, -inf:  exactly 0
 //   x > 127, +inf:     2^127 (saturates)
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/exp2.hpp"
+#include "cpu/common/exp2.hpp"
 #include "fattn/fattn.hpp"
 
 namespace fattn_test {

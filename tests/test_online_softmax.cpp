@@ -1,4 +1,4 @@
-// fattn tests — the online softmax of src/cpu/online_softmax.hpp, in both tile layouts and
+// fattn tests — the online softmax of src/cpu/common/online_softmax.hpp, in both tile layouts and
 // as scalars, against float64: rows fed key tile by key tile (random scores in log2 units,
 // some −inf, rows that see no key for a while or never) end with the float64 max and
 // sum of 2^(s − max), and each tile's probabilities and rescale are the float64 ones of
@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu/online_softmax.hpp"
+#include "cpu/common/online_softmax.hpp"
 
 namespace fattn_test {
 namespace {

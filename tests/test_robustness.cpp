@@ -149,7 +149,7 @@ TEST_P(RobustnessTest, HugeLogitsOffset) {
 // 16 lane partials and a tree), 24 rows (keys along the lanes, the transposed key tile) and
 // 64 rows (query rows along the lanes: TileOps::scores_block, as in the fused and naive
 // kernels). dev-zen5, every kernel and ISA, 8 seeds (FATTN_TEST_SEED): 0.84-1.35 with the
-// chains summed pairwise (cpu/blocks.hpp, sum_chains), the direct scores alike; one chain
+// chains summed pairwise (cpu/common/blocks.hpp, sum_chains), the direct scores alike; one chain
 // per score, or chains of 128 dims added in turn, up to 2.2 / 2.8 / 2.6 at D = 48 / 100 /
 // 256 (every kernel but the direct scores over 1.6 at those), 1.0-1.6 at D = 16.
 constexpr double kScoreSumBound = 1.6;

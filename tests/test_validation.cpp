@@ -1,4 +1,4 @@
-// fattn tests — every argument check of src/core/validate.cpp and src/core/api.cpp:
+// fattn tests — every argument check of src/model/validate.cpp and src/api/attention.cpp:
 // each must throw fattn::Error whose message names the argument, the expected and
 // the actual value; and a rejected call must not touch memory (the poisoned out and
 // lse stay poisoned bit for bit).

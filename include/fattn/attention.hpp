@@ -33,7 +33,7 @@ enum class Causal : std::uint8_t { none, top_left, bottom_right };
 //   fused:     tiled, online softmax; the Sq×Sk matrix never leaves cache
 //   decode:    for short queries (decode, chunked prefill): the query rows of every head
 //              sharing a kv head form one tile, K and V are read in place (a KV cache),
-//              keys split across threads when there are few rows (cpu/decode.hpp); CPU only
+//              keys split across threads when there are few rows (cpu/decode/decode.hpp); CPU only
 //   automatic: the best for this device and problem: decode for short queries (Sq ≤ 64
 //              and Sq·Hq/Hkv ≤ 128 on the CPU, measured), else fused
 enum class Impl : std::uint8_t { automatic, reference, naive, fused, decode };
@@ -44,7 +44,7 @@ enum class Impl : std::uint8_t { automatic, reference, naive, fused, decode };
 //   amx:      AVX-512, AVX512-BF16 and AMX bfloat16 tiles (Sapphire Rapids and later,
 //             Linux): the products (Q·Kᵀ, P·V; in the backward all five) from six bfloat16
 //             partial products of each float32 split in three parts, float32 accumulation
-//             — float32 accuracy (cpu/amx_ops.hpp). Inputs with NaN/Inf run the avx512
+//             — float32 accuracy (cpu/amx/ops.hpp). Inputs with NaN/Inf run the avx512
 //             kernels.
 //   avx512, avx2: float32 FMA micro-kernels.   portable: compiler-vectorised, any CPU.
 enum class Isa : std::uint8_t { automatic, amx, avx512, avx2, portable };

@@ -32,7 +32,7 @@ struct KvCache {
 // (chunked prefill: the new queries are the last tokens), top_left query i with key i.
 //   q, out: (B, Hq, Sq, D), Hq a multiple of Hkv; lse: (B, Hq, Sq) float32 or null.
 //   q, the caches, k_new, v_new and out share one dtype: float32, bfloat16 or float16.
-// Impl::automatic and Impl::decode run the decode kernel (cpu/decode.hpp), Impl::reference
+// Impl::automatic and Impl::decode run the decode kernel (cpu/decode/decode.hpp), Impl::reference
 // the float64 reference; options.kv_splits sets its key splits. Every argument is
 // checked before anything is written: a call that throws leaves the cache as it was.
 void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorView* k_new,

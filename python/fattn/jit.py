@@ -15,12 +15,12 @@ loaded; a namespace that something else registered is an error.
 
 The CPU kernels are built once per instruction set, as CMake does with per-file -m flags,
 from the same list (src/cpu/isa_flags.json): here a small generated file per ISA sets
-``#pragma GCC target(...)``, the macros of src/cpu/isa_target.hpp that g++ does not
+``#pragma GCC target(...)``, the macros of src/cpu/common/isa_target.hpp that g++ does not
 define for a target pragma (FATTN_TARGET_AVX512 / FATTN_TARGET_AVX /
 FATTN_TARGET_AVX512_BF16), and
 FATTN_VECTOR_BYTES / FATTN_KERNELS / FATTN_ISA, then includes src/cpu/kernels_isa.cpp
 (torch's load() takes one set of flags for all sources). The AMX unit,
-src/cpu/kernels_amx.cpp, needs its -m flags on the command line (GCC's target pragma
+src/cpu/amx/kernels_amx.cpp, needs its -m flags on the command line (GCC's target pragma
 does not define the __AMX_TILE__ / __AVX512BW__ macros it checks): it is compiled here
 into an object that load() links, where the compiler knows AMX.
 """
@@ -47,7 +47,7 @@ def _isa_table(src: Path) -> dict:
 
 
 def _target_macros(targets) -> tuple:
-    """The macros of src/cpu/isa_target.hpp that say what a target pragma enables: g++
+    """The macros of src/cpu/common/isa_target.hpp that say what a target pragma enables: g++
     defines no __AVX512F__ / __AVX__ for `#pragma GCC target`."""
     macros = []
     if "avx512bf16" in targets:
@@ -59,7 +59,8 @@ def _target_macros(targets) -> tuple:
     return tuple(macros)
 
 
-_LIBRARY_SOURCE_GLOBS = ("src/core/*.cpp", "src/cpu/*.cpp")
+_LIBRARY_SOURCE_GLOBS = ("src/model/*.cpp", "src/api/*.cpp", "src/cpu/*.cpp",
+                         "src/cpu/*/*.cpp")
 _PER_ISA_SOURCE = "kernels_isa.cpp"
 _AMX_SOURCE = "kernels_amx.cpp"
 # The operator's sources (python/CMakeLists.txt builds the same two).
@@ -77,7 +78,7 @@ def _amx_object(src: Path, build_dir: Path, cflags: list, verbose: bool):
     lacks AMX (the build then has no amx kernels, as CMake's would)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    unit = src / "src/cpu" / _AMX_SOURCE
+    unit = src / "src/cpu/amx" / _AMX_SOURCE
     obj = build_dir / "kernels_amx.o"
     inputs = [unit, *src.glob("src/**/*.hpp"), *src.glob("include/fattn/*.hpp")]
     if obj.is_file() and obj.stat().st_mtime >= max(f.stat().st_mtime for f in inputs):
@@ -105,7 +106,7 @@ def source_dir() -> Path:
         candidates.append(Path(os.environ["FATTN_SOURCE_DIR"]))
     candidates += [here / "_src", here.parent.parent]
     for c in candidates:
-        if (c / "src/core/api.cpp").is_file() and (c / "python/csrc/ops.cpp").is_file():
+        if (c / "src/api/attention.cpp").is_file() and (c / "python/csrc/ops.cpp").is_file():
             return c
     raise FileNotFoundError(
         "fattn.jit: cannot find fattn's C++ sources (looked in "
@@ -121,8 +122,9 @@ def _write_if_changed(path: Path, text: str) -> None:
 def _sync_sources(src: Path, dest: Path) -> Path:
     """Copies the sources the build reads into dest, rewriting only the files whose content
     changed: reinstalling the package (new mtimes, same bytes) then rebuilds nothing."""
-    for pattern in ("include/fattn/*.hpp", "src/core/*.cpp", "src/core/*.hpp", "src/cpu/*.cpp",
-                    "src/cpu/*.hpp", "src/cpu/*.json", "python/csrc/*.cpp", "python/csrc/*.hpp"):
+    for pattern in ("include/fattn/*.hpp", "src/model/*.[ch]pp", "src/api/*.[ch]pp",
+                    "src/cpu/*.[ch]pp", "src/cpu/*.json", "src/cpu/*/*.[ch]pp",
+                    "python/csrc/*.cpp", "python/csrc/*.hpp"):
         for f in src.glob(pattern):
             target = dest / f.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ bool cpu_supports(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     case Isa::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");  // 16-bit conversions (cpu/elements.hpp)
+             __builtin_cpu_supports("f16c");  // 16-bit conversions (cpu/common/elements.hpp)
 #else
     case Isa::amx:
     case Isa::avx512:

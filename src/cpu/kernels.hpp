@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/parallel.hpp"
-#include "core/problem.hpp"
+#include "model/parallel.hpp"
+#include "model/problem.hpp"
 
 namespace fattn::cpu {
 
@@ -16,11 +16,11 @@ struct Kernels {
   std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
-  // The backward (cpu/backward.hpp): working memory, fused and naive.
+  // The backward (cpu/backward/backward.hpp): working memory, fused and naive.
   std::int64_t (*backward_workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*fused_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*naive_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
-  // The decode kernel (cpu/decode.hpp) with `splits` key chunks per sequence (0: its rule).
+  // The decode kernel (cpu/decode/decode.hpp) with `splits` key chunks per sequence (0: its rule).
   std::int64_t (*decode_workspace_floats)(const detail::Problem& p, int workers,
                                           std::int64_t splits);
   void (*decode)(const detail::Problem& p, const detail::Exec& exec, float* workspace,

@@ -9,12 +9,12 @@
 // Everything here is a template instantiated on UnitSimd, a type of this unit alone, so
 // code built with one unit's instructions never stands in for another unit's copy of the
 // same template (avx512 and avx512_bf16 both have 64-byte vectors).
-#include "cpu/backward.hpp"
-#include "cpu/decode.hpp"
-#include "cpu/dot_bf16.hpp"
-#include "cpu/fused.hpp"
+#include "cpu/backward/backward.hpp"
+#include "cpu/decode/decode.hpp"
+#include "cpu/forward/dot_bf16.hpp"
+#include "cpu/forward/fused.hpp"
 #include "cpu/kernels.hpp"
-#include "cpu/naive.hpp"
+#include "cpu/forward/naive.hpp"
 
 namespace fattn::cpu {
 namespace {
@@ -23,7 +23,7 @@ struct UnitSimd : Simd<FATTN_VECTOR_BYTES> {};
 using S = UnitSimd;
 
 // The fused kernel: in the avx512_bf16 unit bfloat16 inputs run on bfloat16 dot products
-// (cpu/dot_bf16.hpp, on_bf16_dot_products), everything else on float32 FMAs.
+// (cpu/forward/dot_bf16.hpp, on_bf16_dot_products), everything else on float32 FMAs.
 std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
 #if defined(FATTN_AVX512_BF16)
   if (!naive && on_bf16_dot_products<S>(p.dtype)) return dot_bf16_workspace_floats<S>(p, workers);

@@ -14,7 +14,7 @@
 // Everything is recomputed in float64 from q, k, v: the forward's saved out and lse
 // are not read, so the reference checks them too.
 //
-// Element type T: float, BFloat16, Float16 (cpu/elements.hpp) or double (float64
+// Element type T: float, BFloat16, Float16 (cpu/common/elements.hpp) or double (float64
 // problems). A 16-bit output is the float64 result rounded to float, then to 16 bits.
 #include <algorithm>
 #include <cmath>
@@ -23,8 +23,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/problem.hpp"
-#include "cpu/elements.hpp"
+#include "model/problem.hpp"
+#include "cpu/common/elements.hpp"
 #include "cpu/kernels.hpp"
 
 namespace fattn::cpu {

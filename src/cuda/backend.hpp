@@ -1,6 +1,6 @@
 // fattn — the CUDA backend's entry points, as seen from plain C++ (no CUDA headers).
 //
-// src/core/api.cpp calls attention_forward / extra_bytes here when q.device is cuda
+// src/api/attention.cpp calls attention_forward / extra_bytes here when q.device is cuda
 // and the library was built with FATTN_WITH_CUDA. Tests and the GPU benchmark may
 // also call forward_with() to reach a kernel that no Impl value names (the exact
 // FMA fp32 kernel).

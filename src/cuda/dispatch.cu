@@ -36,7 +36,7 @@ void with_type(DType dtype, F&& f) {
     case DType::float32: f(Tag<float>{}); return;
     case DType::float16: f(Tag<__half>{}); return;
     case DType::bfloat16: f(Tag<__nv_bfloat16>{}); return;
-    case DType::float64:  // rejected before dispatch (api.cpp)
+    case DType::float64:  // rejected before dispatch (api/attention.cpp)
     case DType::int32:
     case DType::boolean: break;
   }

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checked.hpp"
+#include "model/checked.hpp"
 #include "fattn/attention.hpp"
 
 namespace fattn::cuda {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/problem.hpp"
+#include "model/problem.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/params.hpp"
 #include "cuda/work_memory.hpp"

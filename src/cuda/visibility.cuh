@@ -5,7 +5,7 @@
 // BlockInfo do for its kernels. Today a key j is visible to query row i when
 //   j < kv_len                              (the sequence end), and
 //   j <= i + causal_offset                  (causal problems: either alignment, as
-//                                            an offset; core/problem.hpp's band)
+//                                            an offset; model/problem.hpp's band)
 // A sliding window, per-sequence lengths and masks plug in here.
 //
 // Three questions, asked at three grains:

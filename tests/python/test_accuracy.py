@@ -257,7 +257,7 @@ def test_release_cached_memory_then_run_again():
 # count, AVX-512 from 5 rows per kv head): 1.15-2.77 with AVX2 at Sq ≤ 3 (9 of 14 over
 # 1.5), 1.92-2.48 with AVX-512 at GQA 4-16:1; the AVX-512 decode kernel's direct scores
 # (≤ 4 rows: 16 lane partials and a tree) 0.59-0.97. Chains of 16 dims summed pairwise
-# (cpu/blocks.hpp, sum_chains), every kernel and ISA: 0.36-1.02; over 10 seeds (AVX2,
+# (cpu/common/blocks.hpp, sum_chains), every kernel and ISA: 0.36-1.02; over 10 seeds (AVX2,
 # D = 16-256, Sq ≤ 3) medians 0.61-1.13, at most 1.34.
 LARGE_LOGIT_CASES = ([(sq, d, 1) for sq in (1, 2, 3, 16, 64) for d in (16, 96, 256)]
                      + [(1, 48, 1), (3, 128, 1), (1, 128, 8), (2, 96, 4), (3, 64, 16)])

@@ -18,7 +18,7 @@ that carries only its own work:
   UPCAST      16-bit products as float32 products of the 16-bit values (the interpreter:
               numpy has no bfloat16 matmul; the same numbers)
 
-The tile loop, as in src/cpu/fused.hpp (scores in log2 units, exp2):
+The tile loop, as in src/cpu/forward/fused.hpp (scores in log2 units, exp2):
   for each key tile the band (and the mask's cover) leaves:
     s ← scale·q·kᵀ → softcap → ·log2(e) → −ALiBi → +mask; hidden pairs −inf
     m' ← max(m, rowmax s); p ← 2^(s − m'); l ← 2^(m − m')·l + Σp; acc ← 2^(m − m')·acc + p·v
@@ -85,7 +85,7 @@ def _forward_kernel(
     dim_ok = dims < head_dim
     q_rows = (q_start + i).to(tl.int64)
     q_ptr = Q + b * sqb + head * sqh + q_rows * sqs
-    # Q·Kᵀ sums the head dim in chains of at most CHAIN dims (as src/cpu/blocks.hpp's
+    # Q·Kᵀ sums the head dim in chains of at most CHAIN dims (as src/cpu/common/blocks.hpp's
     # for_chains): at D = 256 one chain of products had 1.5x torch's float32 error at large
     # logits, two have 0.9x (test_large_logits_float32)
     CHAIN: tl.constexpr = 128

@@ -1,5 +1,5 @@
 """The score tile every Triton kernel computes, forward and backward alike: products and
-what the variants change, in one place (as src/cpu/score_mods.hpp for the CPU kernels).
+what the variants change, in one place (as src/cpu/common/score_mods.hpp for the CPU kernels).
 
 Scores are kept in log2 units (exp2 in the softmax), in Options' order as the float64
 definition (reference.py): scale·q·kᵀ → softcap (c·tanh(s/c)) → ·log2(e) → −ALiBi

@@ -1,6 +1,6 @@
 """Which keys a query sees, for every Triton kernel: the band of visible diagonals.
 
-As in src/core/problem.hpp (Problem::band_lo_of / band_hi_of): key j is visible to query i
+As in src/model/problem.hpp (Problem::band_lo_of / band_hi_of): key j is visible to query i
 of a sequence with lq queries and lk keys iff j < lk and lo <= j − i <= hi, where the
 causal limit and the sliding window meet in one band. Both are aligned at `align`: 0 for
 top-left causal, lk − lq otherwise (bottom-right, FlashAttention's, also the window's

@@ -1,0 +1,321 @@
+// fattn — the entry points: validate, pick a backend and an implementation, run.
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "model/checked.hpp"
+#include "model/checks.hpp"
+#include "api/diagnostics.hpp"
+#include "api/dispatch.hpp"
+#include "model/parallel.hpp"
+#include "model/problem.hpp"
+#include "api/workspace_cache.hpp"
+#include "cpu/kernels.hpp"
+#include "fattn/attention.hpp"
+#ifdef FATTN_WITH_CUDA
+#include "cuda/backend.hpp"
+#endif
+
+#ifndef FATTN_VERSION
+#define FATTN_VERSION "0.0.0"
+#endif
+
+namespace fattn {
+namespace {
+
+// The kernels for the options' ISA. automatic: the forward runs automatic_cpu_isa; the
+// backward the best ISA at every length (the AMX backward beat avx512's 1.25-1.47× from
+// 128 to 512 keys, B=2 H=8 D=64/128: docs/perf-log.md, "AMX backward").
+enum class Direction { forward, backward };
+const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p,
+                                Direction direction) {
+  if (!cpu_supports(options.isa))
+    throw Error(std::string("fattn: isa ") + to_string(options.isa) +
+                " is not supported by this CPU (best: " + to_string(best_cpu_isa()) + ")");
+  const bool sixteen_bit = p.dtype == DType::bfloat16 || p.dtype == DType::float16;
+  if (options.isa == Isa::amx && sixteen_bit)
+    throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.dtype) +
+                " inputs run on avx512, avx2 or portable");
+  // The AMX forward takes the variants; its backward not yet.
+  const bool variants = detail::has_variants(options) && direction == Direction::backward;
+  if (options.isa == Isa::amx && variants)
+    throw Error("fattn: the isa amx backward does not take " + detail::variant_names(options) +
+                " yet; it runs on avx512, avx2 or portable");
+  if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa, p.dtype);
+  Isa isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
+  // Every AMX CPU has avx512: 16-bit inputs, ragged batches and the backward with variants
+  // run there.
+  if (isa == Isa::amx && (sixteen_bit || variants || p.is_ragged())) isa = Isa::avx512;
+  return cpu::kernels_for(isa, p.dtype);
+}
+
+void require_cpu(const TensorView& q) {
+#ifndef FATTN_WITH_CUDA
+  if (q.device == Device::cuda)
+    throw Error("fattn: q is on cuda, but this build of fattn has no CUDA backend "
+                "(rebuild with -DFATTN_CUDA=ON)");
+#endif
+  if (q.device != Device::cpu)
+    throw Error(std::string("fattn: q is on ") + to_string(q.device) +
+                ", but this entry point takes cpu tensors");
+  if (q.dtype != DType::float32 && q.dtype != DType::bfloat16 && q.dtype != DType::float16 &&
+      q.dtype != DType::float64)
+    throw Error(std::string("fattn: the CPU kernels take float32, bfloat16 or float16 "
+                            "(float64: reference only), got q.dtype = ") +
+                to_string(q.dtype));
+}
+
+// Impl::automatic runs the decode kernel while a kv head's query rows (Sq · Hq/Hkv) are
+// at most kDecodeMaxRows and Sq at most kDecodeMaxQueries; the fused kernel above. Fused
+// time / decode time, 2 threads, B=1, Hq=32, Sk=4096 (docs/perf-log.md, "Decode kernel"):
+//   dev-spr:  Hkv=8: Sq=32 (128 rows) 1.42x, Sq=48 (192 rows) 0.78-0.98x;
+//             Hkv=32: Sq=64 1.40-1.60x, Sq=128 0.90x.
+//   dev-zen5: Hkv=8: Sq=32 1.68-1.86x, Sq=48 1.12-1.20x, Sq=64 0.80-0.87x;
+//             Hkv=32: Sq=64 1.10-1.38x, Sq=128 0.88-1.07x.
+// 192 rows would gain 12-20 % on dev-zen5 and lose 2-22 % on dev-spr: the limit stays 128.
+constexpr std::int64_t kDecodeMaxRows = 128;
+constexpr std::int64_t kDecodeMaxQueries = 64;
+
+// float64 problems run the float64 reference; the SIMD kernels compute in float32.
+Impl reference_for_float64(Impl impl) {
+  if (impl != Impl::automatic && impl != Impl::reference)
+    throw Error(std::string("fattn: impl ") + to_string(impl) +
+                " takes float32; float64 runs only the reference (impl auto or reference)");
+  return Impl::reference;
+}
+
+Impl resolve(Impl impl, DType dtype, const detail::Problem& p) {
+  if (dtype == DType::float64) return reference_for_float64(impl);
+  if (impl != Impl::automatic) return impl;
+  const bool short_queries =
+      p.q_len <= kDecodeMaxQueries && p.group_size() * p.q_len <= kDecodeMaxRows;
+  return short_queries ? Impl::decode : Impl::fused;
+}
+
+Impl resolve_backward(Impl impl, DType dtype) {
+  if (impl == Impl::decode)
+    throw Error("fattn: impl decode has no backward; the backward runs fused, naive or reference");
+  if (dtype == DType::float64) return reference_for_float64(impl);
+  return impl == Impl::automatic ? Impl::fused : impl;
+}
+
+// One pass (forward or backward) of the CPU kernels of an ISA.
+struct Pass {
+  const char* name;
+  std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
+  void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  bool records_stages;  // the naive kernel's stage times go to fattn::last_naive_stage_seconds()
+};
+Pass forward_pass(const cpu::Kernels& k) {
+  return {"forward", k.workspace_floats, k.naive, k.fused, true};
+}
+Pass backward_pass(const cpu::Kernels& k) {
+  return {"backward", k.backward_workspace_floats, k.naive_backward, k.fused_backward, false};
+}
+
+// Floats of working memory; every size product is checked for overflow.
+std::int64_t workspace_floats(const detail::Problem& p, const Pass& pass, Impl impl,
+                              int workers) {
+  if (impl == Impl::reference) return 0;
+  const std::int64_t floats = pass.workspace_floats(p, impl == Impl::naive, workers);
+  std::int64_t bytes = 0;
+  if (floats < 0 || !detail::checked_mul(floats, sizeof(float), &bytes))
+    throw Error(std::string("fattn: the ") + to_string(impl) + " " + pass.name +
+                "'s working memory for this problem would overflow 64 bits");
+  return floats;
+}
+
+// Runs the decode kernel in its leased working memory.
+void run_decode(const detail::Problem& p, const detail::Exec& exec, const Options& options) {
+  const cpu::Kernels& kernels = detail::forward_kernels(options, p);
+  const detail::WorkspaceLease workspace(
+      detail::decode_workspace_floats(kernels, p, exec, options), to_string(Impl::decode));
+  kernels.decode(p, exec, workspace.get(), options.kv_splits);
+}
+
+// Runs the naive or fused kernel of a pass (not the reference) in its leased working memory.
+void run(const detail::Problem& p, const detail::Exec& exec, const Pass& pass, Impl impl) {
+  const detail::WorkspaceLease workspace(workspace_floats(p, pass, impl, exec.workers),
+                                         to_string(impl));
+  if (impl != Impl::naive) return pass.fused(p, exec, workspace.get());
+  // The naive kernels time their stages (fattn::last_naive_stage_seconds()).
+  NaiveStageSeconds stages;
+  detail::Problem timed = p;
+  timed.naive_stages = &stages;
+  pass.naive(timed, exec, workspace.get());
+  if (pass.records_stages) detail::record_naive_stage_seconds(stages);
+}
+
+// The backward has no CUDA kernels yet: a cuda tensor gets this error, not the generic one.
+void require_cpu_backward(const TensorView& q) {
+  if (q.device == Device::cuda)
+    throw Error("fattn: attention_backward runs on the CPU only (no CUDA backward yet); "
+                "q is on cuda");
+  require_cpu(q);
+}
+
+#ifdef FATTN_WITH_CUDA
+void reject_float64_on_cuda(const TensorView& q, const Options& options) {
+  if (q.dtype == DType::float64)
+    throw Error("fattn: float64 runs only on the CPU reference; q is a float64 cuda tensor");
+  if (detail::has_variants(options))
+    throw Error("fattn: the CUDA backend does not take " + detail::variant_names(options) +
+                " yet; the CPU kernels do");
+}
+#endif
+
+}  // namespace
+
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView* lse, const Options& options) {
+#ifdef FATTN_WITH_CUDA
+  if (q.device == Device::cuda) {
+    reject_float64_on_cuda(q, options);
+    return cuda::attention_forward(q, k, v, out, lse, options);
+  }
+#endif
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, &out, lse, options);
+  const detail::Exec exec = detail::make_exec(options);
+  const Impl impl = resolve(options.impl, q.dtype, p);
+  if (impl == Impl::reference) return cpu::reference_forward(p, exec);
+  if (impl == Impl::decode) return run_decode(p, exec, options);
+  run(p, exec, forward_pass(cpu_kernels(options, p, Direction::forward)), impl);
+}
+
+ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const Options& options) {
+  if (q.device == Device::cuda)
+    throw Error("fattn: forward_plan describes the CPU kernels; q is on cuda");
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
+  const Impl impl = resolve(options.impl, q.dtype, p);
+  if (impl == Impl::reference) return {impl, Isa::portable, Products::float64};
+  const cpu::Kernels& kernels = detail::forward_kernels(options, p);
+  return {impl, kernels.isa, kernels.products(p, impl)};
+}
+
+std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const Options& options) {
+#ifdef FATTN_WITH_CUDA
+  if (q.device == Device::cuda) {
+    reject_float64_on_cuda(q, options);
+    return cuda::extra_bytes(q, k, v, options);
+  }
+#endif
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
+  const Impl impl = resolve(options.impl, q.dtype, p);
+  const detail::Exec exec = detail::make_exec(options);
+  const int workers = exec.workers;
+  if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
+    return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
+  if (impl == Impl::decode)
+    return detail::decode_workspace_floats(detail::forward_kernels(options, p), p, exec, options) *
+           static_cast<std::int64_t>(sizeof(float));
+  const Pass pass = forward_pass(cpu_kernels(options, p, Direction::forward));
+  return workspace_floats(p, pass, impl, workers) * static_cast<std::int64_t>(sizeof(float));
+}
+
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                        const TensorView* dlse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const Options& options,
+                        const TensorView* dsinks) {
+  require_cpu_backward(q);
+  const detail::Problem p =
+      detail::make_backward_problem(q, k, v, out, dout, lse, dlse, dq, dk, dv, options, dsinks);
+  const detail::Exec exec = detail::make_exec(options);
+  const Impl impl = resolve_backward(options.impl, q.dtype);
+  if (impl == Impl::reference) return cpu::reference_backward(p, exec);
+  run(p, exec, backward_pass(cpu_kernels(options, p, Direction::backward)), impl);
+  if (p.mods.sinks) cpu::sink_gradients(p, exec);
+}
+
+std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const Options& options) {
+  require_cpu_backward(q);
+  const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
+  const Impl impl = resolve_backward(options.impl, q.dtype);
+  const int workers = detail::make_exec(options).workers;
+  if (impl == Impl::reference)  // per worker: dk, dv of one kv head and a few rows, float64
+    return workers * (2 * p.kv_len * p.head_dim + p.kv_len + 2 * p.head_dim) *
+           static_cast<std::int64_t>(sizeof(double));
+  const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
+  return workspace_floats(p, pass, impl, workers) * static_cast<std::int64_t>(sizeof(float));
+}
+
+double reference_row(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const Options& options, std::int64_t b, std::int64_t h, std::int64_t i,
+                     double* out_row) {
+  require_cpu(q);
+  const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
+  if (b < 0 || b >= p.batch || h < 0 || h >= p.q_heads || i < 0 || i >= p.q_len)
+    throw Error("fattn: reference_row index (" + std::to_string(b) + ", " + std::to_string(h) +
+                ", " + std::to_string(i) + ") is outside q's (B, Hq, Sq) = (" +
+                std::to_string(p.batch) + ", " + std::to_string(p.q_heads) + ", " +
+                std::to_string(p.q_len) + ")");
+  if (out_row == nullptr) throw Error("fattn: reference_row out_row must not be null");
+  return cpu::reference_row(p, b, h, i, out_row);
+}
+
+const char* version() { return FATTN_VERSION; }
+
+namespace detail {
+
+const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
+  return cpu_kernels(options, p, Direction::forward);
+}
+
+// A ragged problem (attention_varlen) runs the fused kernel over all its sequences in one
+// parallel section (cpu/common/ragged_items.hpp) under impl auto or fused: Impl::automatic does not
+// pick the decode kernel per sequence, since its gain — one sequence's keys split over the
+// cores — is what the other sequences' items already give a ragged batch. The kernels
+// without ragged items (naive, decode, AMX when isa amx is asked for) run the sequences
+// one after another; a sequence without keys goes to the reference there (rows 0, lse −inf
+// or the sink), a sequence without queries nowhere.
+void ragged_forward(const Problem& p, const Exec& exec, const Options& options) {
+  const Impl impl = p.dtype == DType::float64 ? reference_for_float64(options.impl) : options.impl;
+  if (impl == Impl::reference) return cpu::reference_forward(p, exec);
+  const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::forward);
+  const bool ragged_kernel = kernels.isa != Isa::amx;
+  if ((impl == Impl::automatic || impl == Impl::fused) && ragged_kernel)
+    return run(p, exec, forward_pass(kernels), Impl::fused);
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const Problem s = p.sequence(b);
+    if (s.q_len == 0) continue;
+    if (s.kv_len == 0) cpu::reference_forward(s, exec);
+    else if (impl == Impl::decode) run_decode(s, exec, options);
+    else run(s, exec, forward_pass(kernels), impl == Impl::automatic ? Impl::fused : impl);
+  }
+}
+
+// The backward of a ragged problem: the reference over all sequences at once; the kernels
+// sequence after sequence (their items are one sequence's), a sequence without (query, key)
+// pairs through the reference (zero gradients); with sinks, dsinks summed over every
+// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem).
+void ragged_backward(const Problem& p, const Exec& exec, const Options& options) {
+  const Impl impl = resolve_backward(options.impl, p.dtype);
+  if (impl == Impl::reference) return cpu::reference_backward(p, exec);
+  const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const Problem s = p.sequence(b);
+    if (s.q_len == 0 || s.kv_len == 0) cpu::reference_backward(s, exec);
+    else run(s, exec, pass, impl);
+  }
+  if (p.mods.sinks) cpu::sink_gradients(p, exec);
+}
+
+std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem& p,
+                                     const Exec& exec, const Options& options) {
+  const std::int64_t floats = kernels.decode_workspace_floats(p, exec.workers, options.kv_splits);
+  std::int64_t bytes = 0;
+  if (floats < 0 || !checked_mul(floats, sizeof(float), &bytes))
+    throw Error("fattn: the decode kernel's working memory for this problem would overflow 64 bits");
+  return floats;
+}
+
+}  // namespace detail
+
+}  // namespace fattn

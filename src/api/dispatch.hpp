@@ -1,0 +1,26 @@
+// fattn — from a validated problem to the CPU kernel that runs it (api/attention.cpp), shared by the
+// entry points (api/attention.cpp, kv_cache.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "model/parallel.hpp"
+#include "model/problem.hpp"
+#include "cpu/kernels.hpp"
+
+namespace fattn::detail {
+
+// The CPU kernels for a forward problem under these options (an ISA the CPU lacks is an Error).
+const cpu::Kernels& forward_kernels(const Options& options, const Problem& p);
+
+// Runs a validated ragged forward problem (attention_varlen) under these options.
+void ragged_forward(const Problem& p, const Exec& exec, const Options& options);
+
+// Runs a validated ragged backward problem (attention_varlen_backward).
+void ragged_backward(const Problem& p, const Exec& exec, const Options& options);
+
+// Floats of the decode kernel's working memory (an overflow is an Error).
+std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem& p,
+                                     const Exec& exec, const Options& options);
+
+}  // namespace fattn::detail

@@ -1,0 +1,253 @@
+// fattn — the CPU backward: FlashAttention-2's backward loop on a CPU core, and the
+// naive baseline that materialises P and dS.
+//
+// Fused. A work item is one chunk of key tiles of one kv head and one subgroup of the
+// query heads sharing it (BackwardTiles: usually one chunk and one subgroup, the whole
+// head). For each key tile:
+//   for each query head of the subgroup, each query tile that sees the key tile:
+//     st  ← K·qtᵀ, the variants, the band edges  scores in log2 units (scores_tile)
+//     st  ← 2^(st − lse2)                        P, from the saved logsumexp
+//     dst ← V·dOᵀ;  dst ← P ∘ (dst − Δ)           dS (· (1 − tanh²) with softcap)
+//     dV  += P·dO;  dK += dS·Q                   the key tile's accumulators (rows_accumulate)
+//     dQ[chunk] += dS·K                          this chunk's dQ partial (pv_accumulate)
+//   dK·scale, dV → out (one subgroup), else → the subgroup's dK/dV partials
+// then dK, dV = Σ_subgroup partials and every query tile's dQ = scale · Σ_chunk dQ[chunk],
+// in order.
+// Determinism: an item owns its keys' dK and dV (or their partials) and its chunk's dQ
+// partial; the order of every sum is fixed by the loops, not by the thread that runs
+// them; the chunk and subgroup counts depend only on the problem and the worker count.
+// So a given thread count gives the same bits on every run. No Sq×Sk matrix is stored.
+//
+// Naive, four stages, each a parallel loop finishing before the next:
+//   1  P = 2^(Q·Kᵀ·scale·log2e − lse2)      B·Hq·Sq·Sk floats
+//   2  dS = P ∘ (dO·Vᵀ − Δ)                  B·Hq·Sq·Sk floats
+//   3  dV = Pᵀ·dO, dK = dSᵀ·Q·scale         per key tile
+//   4  dQ = dS·K·scale                       per query tile
+// on the same tile operations as the fused kernel, so fused vs naive measures fusion.
+#pragma once
+
+#include <algorithm>
+
+#include "cpu/backward/workspace.hpp"
+#include "cpu/forward/naive.hpp"
+#include "cpu/common/score_mods.hpp"
+
+namespace fattn::cpu {
+namespace backward_detail {
+
+// dK·scale and dV rows [j0, j0 + nj) of one kv head from accumulators [Bc][row_floats].
+// (Templates on the unit's Simd type, as every kernel function: the units are built
+// with different instruction sets, and the linker keeps one copy of a shared name.)
+template <class S>
+void store_key_grads(const detail::Problem& p, std::int64_t row_floats, std::int64_t b,
+                     std::int64_t hk, std::int64_t j0, std::int64_t nj, const float* dk,
+                     const float* dv) {
+  const float scale = static_cast<float>(p.scale);
+  for (std::int64_t r = 0; r < nj; ++r) {
+    store_row(p.dk, p.dtype, b, hk, j0 + r, p.head_dim, dk + r * row_floats, scale);
+    store_row(p.dv, p.dtype, b, hk, j0 + r, p.head_dim, dv + r * row_floats);
+  }
+}
+
+// dQ rows of one query tile: scale · Σ_{c < parts} part(c), each part [D][Br] (dims ×
+// queries), transposed back to rows.
+template <class S, int Br, class Part>
+void store_query_grads(const detail::Problem& p, const QueryTile& x, std::int64_t parts,
+                       Part part) {
+  const float scale = static_cast<float>(p.scale);
+  float dq[detail::kMaxHeadDim];
+  for (std::int64_t i = 0; i < x.rows; ++i) {
+    for (std::int64_t d = 0; d < p.head_dim; ++d) {
+      float sum = 0.0f;
+      for (std::int64_t c = 0; c < parts; ++c) sum += part(c)[d * Br + i];
+      dq[d] = sum;
+    }
+    store_row(p.dq, p.dtype, x.b, x.h, x.i0 + i, p.head_dim, dq, scale);
+  }
+}
+
+// dK·scale and dV rows [j0, j0 + nj) of one kv head from `parts` partials summed in
+// order: part(i, which) gives partial i's dK (which 0) or dV (1) rows of the head,
+// row_floats apart. dk, dv: scratch of nj·row_floats floats each.
+template <class S, class Part>
+void store_key_grad_parts(const detail::Problem& p, std::int64_t row_floats, std::int64_t b,
+                          std::int64_t hk, std::int64_t j0, std::int64_t nj, std::int64_t parts,
+                          Part part, float* dk, float* dv) {
+  for (int which = 0; which < 2; ++which) {
+    float* acc = which == 0 ? dk : dv;
+    std::fill_n(acc, nj * row_floats, 0.0f);
+    for (std::int64_t i = 0; i < parts; ++i) {
+      const float* rows = part(i, which) + j0 * row_floats;
+      for (std::int64_t e = 0; e < nj * row_floats; ++e) acc[e] += rows[e];
+    }
+  }
+  store_key_grads<S>(p, row_floats, b, hk, j0, nj, dk, dv);
+}
+
+// A work item's dK and dV of key rows [j0, j0 + nj): to the output, or with several
+// subgroups into its subgroup's partials (part(which) gives them for the item's head).
+template <class S, class Part>
+void put_key_grads(const detail::Problem& p, std::int64_t row_floats, std::int64_t subgroups,
+                   std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nj,
+                   const float* dk, const float* dv, Part part) {
+  if (subgroups == 1) return store_key_grads<S>(p, row_floats, b, hk, j0, nj, dk, dv);
+  std::copy_n(dk, nj * row_floats, part(0) + j0 * row_floats);
+  std::copy_n(dv, nj * row_floats, part(1) + j0 * row_floats);
+}
+
+// The fused backward's last passes, over a workspace W of either ISA: dK·scale and dV
+// from the subgroups' partials (when there are several), then dQ·scale from the chunks'
+// partials (when the items left dQ there).
+template <class S, class W>
+void sum_partials(const detail::Problem& p, const detail::Exec& exec, const W& ws,
+                  bool dq_in_parts) {
+  if (ws.subgroups > 1)
+    detail::parallel_items(exec, ws.key_items(), [&](std::int64_t index, int worker) {
+      const auto [b, hk, key] = ws.key_item(index);
+      const auto scratch = ws.worker(worker);
+      store_key_grad_parts<S>(
+          p, ws.Dp, b, hk, key.j0, key.nj, ws.subgroups,
+          [&](std::int64_t sub, int which) { return ws.dkv_part(sub, b, hk, which); },
+          scratch.dk, scratch.dv);
+    });
+  if (dq_in_parts)
+    detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+      store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
+                                  [&](std::int64_t c) { return ws.dq_part(c, index); });
+    });
+}
+
+}  // namespace backward_detail
+
+template <class S>
+void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  using Ops = TileOps<S>;
+  using Bwd = BackwardOps<S>;
+  using Mods = ScoreModOps<S>;
+  using W = BackwardWorkspace<S>;
+  W ws(p, /*is_naive=*/false, exec.workers);
+  ws.base = memory;
+  ws.prepare(exec);
+  const std::int64_t D = p.head_dim, Dp = ws.Dp;
+
+  detail::parallel_items(exec, ws.items(), [&](std::int64_t index, int worker) {
+    const auto item = ws.item(index);
+    const std::int64_t b = item.b, hk = item.hk;
+    const auto tile = ws.worker(worker);
+    for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
+    std::int64_t k_stride;
+    const float* k_rows = ws.k_rows(b, hk, &k_stride);
+    const float* k_panels = ws.k_panels(b, hk);
+    const float* v_panels = ws.v_panels(b, hk);
+    for (std::int64_t kt = ws.chunk_begin(item.chunk); kt < ws.chunk_end(item.chunk); ++kt) {
+      const auto key = ws.key_tile(kt);
+      std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
+      std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
+      ws.for_each_query_tile_seeing(b, item.h_begin, item.h_end, key, [&](const QueryTile& x) {
+        const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, key.j0, key.nj};
+        const MaskCover cover = Mods::mask_cover(p, pairs);
+        if (cover == MaskCover::hidden) return;  // P = 0, dS = 0 on every pair
+        const typename Ops::Band band = Ops::band_of(p, key.j0, x.i0);
+        const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj);
+        Ops::scores_tile(k_panels, key.j0, key.nj, ws.qt(x.index), D, tile.st);
+        Mods::finish_scores(p, pairs, cover, on_edge ? &band : nullptr, tile.st, tile.cap);
+        Bwd::probs_from_lse(tile.st, key.rows_padded, ws.lse2(x.index));
+        Ops::scores_tile(v_panels, key.j0, key.nj, ws.dot(x.index), D, tile.dst);
+        Bwd::grad_scores(tile.st, tile.dst, key.rows_padded, ws.delta(x.index));
+        if (tile.cap) Bwd::multiply(tile.dst, tile.cap, key.nj);  // through the softcap
+        if (on_edge) Ops::mask_tile(tile.dst, key.nj, band, 0.0f);
+        const auto dout = ws.do_rows(x), q = ws.q_rows(x);
+        Bwd::rows_accumulate(tile.dv, key.nj, Dp, tile.st, dout.data, dout.stride, x.rows);
+        Bwd::rows_accumulate(tile.dk, key.nj, Dp, tile.dst, q.data, q.stride, x.rows);
+        Ops::pv_accumulate(k_rows + key.j0 * k_stride, k_stride, key.nj, tile.dst, tile.ones,
+                           D, ws.dq_part(item.chunk, x.index), on_edge ? &band : nullptr);
+      });
+      backward_detail::put_key_grads<S>(p, Dp, ws.subgroups, b, hk, key.j0, key.nj, tile.dk,
+                                        tile.dv, [&](int which) {
+                                          return ws.dkv_part(item.sub, b, hk, which);
+                                        });
+    }
+  });
+
+  backward_detail::sum_partials<S>(p, exec, ws, /*dq_in_parts=*/true);
+}
+
+template <class S>
+void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  using Ops = TileOps<S>;
+  using Bwd = BackwardOps<S>;
+  using W = BackwardWorkspace<S>;
+  W ws(p, /*is_naive=*/true, exec.workers);
+  ws.base = memory;
+  ws.prepare(exec);
+  const std::int64_t D = p.head_dim, Dp = ws.Dp;
+
+  // Stage 1: P, over the keys [k0, n) the tile's rows cover.
+  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+    const auto x = ws.query_tile(index);
+    const std::int64_t k0 = x.first_key_tile(Ops::Bc), n = ws.keys_covered(x);
+    if (n <= k0) return;
+    float* probs = ws.probs(index) + k0 * Ops::Br;
+    Ops::scores_tile(ws.k_panels(x.b, x.hk), k0, n - k0, ws.qt(index), D, probs);
+    if (p.mods.any()) {
+      const bool capped = p.mods.softcap != 0.0;
+      naive_score_mods<S>(p, x, k0, probs, capped ? ws.cap_grads(index) + k0 * Ops::Br : nullptr);
+      // Keys past the band's end in the last key tile: hidden by the band, factor 0.
+      if (capped && n > x.kv_end)
+        std::fill_n(ws.cap_grads(index) + x.kv_end * Ops::Br, (n - x.kv_end) * Ops::Br, 0.0f);
+    }
+    if (p.needs_mask(x.i0, x.i0 + x.rows, k0, n))
+      Ops::mask_tile(probs, n - k0, Ops::band_of(p, k0, x.i0));
+    Bwd::probs_from_lse(probs, n - k0, ws.lse2(index));
+  });
+
+  // Stage 2: dS.
+  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+    const auto x = ws.query_tile(index);
+    const std::int64_t k0 = x.first_key_tile(Ops::Bc), n = ws.keys_covered(x);
+    if (n <= k0) return;
+    float* dscores = ws.dscores(index) + k0 * Ops::Br;
+    Ops::scores_tile(ws.v_panels(x.b, x.hk), k0, n - k0, ws.dot(index), D, dscores);
+    Bwd::grad_scores(ws.probs(index) + k0 * Ops::Br, dscores, n - k0, ws.delta(index));
+    if (p.mods.softcap != 0.0) Bwd::multiply(dscores, ws.cap_grads(index) + k0 * Ops::Br, n - k0);
+    if (p.needs_mask(x.i0, x.i0 + x.rows, k0, n))
+      Ops::mask_tile(dscores, n - k0, Ops::band_of(p, k0, x.i0), 0.0f);
+  });
+
+  // Stage 3: dV and dK, one key tile of one kv head per item.
+  detail::parallel_items(exec, ws.key_items(), [&](std::int64_t item, int worker) {
+    const auto [b, hk, key] = ws.key_item(item);
+    const auto tile = ws.worker(worker);
+    std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
+    std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
+    ws.for_each_query_tile_seeing(b, hk, key, [&](const typename W::QueryTile& x) {
+      const auto dout = ws.do_rows(x), q = ws.q_rows(x);
+      Bwd::rows_accumulate(tile.dv, key.nj, Dp, ws.probs(x.index) + key.j0 * Ops::Br,
+                           dout.data, dout.stride, x.rows);
+      Bwd::rows_accumulate(tile.dk, key.nj, Dp, ws.dscores(x.index) + key.j0 * Ops::Br,
+                           q.data, q.stride, x.rows);
+    });
+    backward_detail::store_key_grads<S>(p, Dp, b, hk, key.j0, key.nj, tile.dk, tile.dv);
+  });
+
+  // Stage 4: dQ, one query tile per item.
+  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int worker) {
+    const auto x = ws.query_tile(index);
+    const auto tile = ws.worker(worker);
+    for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
+    std::fill_n(tile.dqt, D * Ops::Br, 0.0f);
+    std::int64_t k_stride;
+    const float* k_rows = ws.k_rows(x.b, x.hk, &k_stride);
+    const float* dscores = ws.dscores(index);
+    for (std::int64_t j0 = x.first_key_tile(Ops::Bc); j0 < x.kv_end; j0 += Ops::Bc) {
+      const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
+      const typename Ops::Band band = Ops::band_of(p, j0, x.i0);
+      const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, j0, j0 + nj);
+      Ops::pv_accumulate(k_rows + j0 * k_stride, k_stride, nj, dscores + j0 * Ops::Br,
+                         tile.ones, D, tile.dqt, on_edge ? &band : nullptr);
+    }
+    backward_detail::store_query_grads<S, W::Br>(p, x, 1, [&](std::int64_t) { return tile.dqt; });
+  });
+}
+
+}  // namespace fattn::cpu

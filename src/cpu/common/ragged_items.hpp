@@ -1,0 +1,65 @@
+// fattn — the work items of a ragged problem (attention_varlen): every sequence's (query
+// head, group of query tiles) items in one list, so one parallel section spreads all the
+// sequences over the cores.
+//
+// Sequences are listed heaviest first (visible (query, key) pairs plus one per query row,
+// so a sequence without keys still counts its rows), and within a sequence head by head,
+// each head's heaviest group first, as a dense problem's items: the dynamic schedule
+// (detail::parallel_items) hands out the lightest items last and ends balanced.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "model/problem.hpp"
+
+namespace fattn::cpu {
+
+class RaggedItems {
+ public:
+  RaggedItems() = default;
+  RaggedItems(const detail::Problem& p, std::int64_t rows_per_tile, std::int64_t group) {
+    std::vector<std::int64_t> weight(static_cast<std::size_t>(p.batch), 0);
+    std::vector<std::int64_t> order(weight.size());
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t i = 0; i < p.queries_of(b); ++i)
+        weight[static_cast<std::size_t>(b)] +=
+            1 + std::max<std::int64_t>(0, p.visible_end(b, i) - p.visible_begin(b, i));
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) {
+      return weight[static_cast<std::size_t>(x)] > weight[static_cast<std::size_t>(y)];
+    });
+    for (const std::int64_t b : order) {
+      const std::int64_t tiles = (p.queries_of(b) + rows_per_tile - 1) / rows_per_tile;
+      const std::int64_t groups = (tiles + group - 1) / group;
+      if (groups == 0) continue;  // no query: nothing to compute
+      sequences_.push_back({b, count_, groups});
+      count_ += p.q_heads * groups;
+    }
+  }
+
+  std::int64_t count() const { return count_; }
+
+  struct Item {
+    std::int64_t b, h, first_tile;
+  };
+  // The sequence, query head and first query tile of item (< count()); group: tiles per item.
+  Item item(std::int64_t index, std::int64_t group) const {
+    const auto s = std::upper_bound(sequences_.begin(), sequences_.end(), index,
+                                    [](std::int64_t x, const Sequence& q) { return x < q.first_item; }) -
+                   1;
+    const std::int64_t local = index - s->first_item;
+    return {s->b, local / s->groups, (s->groups - 1 - local % s->groups) * group};
+  }
+
+ private:
+  struct Sequence {
+    std::int64_t b, first_item, groups;
+  };
+  std::vector<Sequence> sequences_;  // heaviest first, with their first item
+  std::int64_t count_ = 0;
+};
+
+}  // namespace fattn::cpu

@@ -1,0 +1,168 @@
+// fattn — the decode kernel's scores for a few query rows, straight from the key rows.
+//
+// With R ≤ 4 rows a key tile's transpose (cpu/decode/ops.hpp, transpose_keys: 64
+// shuffles per 16×16 block) costs more than the products it feeds (R FMAs per 16
+// elements). Here each key row is multiplied where it lies, dims along the lanes:
+//   acc[r][k] += qs[r][d..d+15] · k[j + k][d..d+15]     R rows × 16/R keys, over d
+//   st[r][j + k] = Σ lanes acc[r][k]                    16 sums at once (sum_lanes16)
+// With AVX512-BF16 and a bfloat16 cache the products are vdpbf16ps on the query rows' own
+// bits (DotBf16Products), 32 dims per instruction.
+// (decode, Sq = 1, GQA 4:1, D = 128: compute alone 37.7 → 48.9 GB/s per core, keys in L2;
+// in DRAM 30.6-33.0 → 38.1-42.2 GB/s with its prefetch, docs/perf-log.md "Decode kernel").
+// AVX-512 only; the other ISAs transpose.
+#pragma once
+
+#include "cpu/common/isa_target.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "cpu/common/elements.hpp"
+#include "cpu/common/simd.hpp"
+
+#if defined(FATTN_AVX512)
+#include <immintrin.h>
+#endif
+
+namespace fattn::cpu {
+
+#if defined(FATTN_AVX512)
+
+// Lane i of the result is the sum of the 16 lanes of a[i]: four rounds that each halve
+// the vectors (pairs of floats, of float pairs, then 128-bit lanes twice), 45 operations
+// for 16 horizontal sums.
+[[gnu::always_inline]] inline __m512 sum_lanes16(const __m512 a[16]) {
+  __m512 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  for (int i = 0; i < 2; ++i)
+    d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], kEven),
+                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], kOdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], kEven),
+                       _mm512_shuffle_f32x4(d[0], d[1], kOdd));
+}
+
+// The products of the direct scores, one policy per kind of key row:
+//   FmaProducts: float32 query rows (pre-scaled by scale·log2(e)) against key rows of
+//     float32 or 16-bit elements widened as they are loaded, 16 dims per FMA;
+//   DotBf16Products (AVX512-BF16): the query rows' own bfloat16 bits (unscaled) against
+//     bfloat16 key rows, 32 dims per vdpbf16ps: products of two bfloat16 are exact in
+//     float32 and are added to float32 accumulators, so K is never widened and half the
+//     instructions remain; scale·log2(e) goes on the sums after.
+template <class Element>
+struct FmaProducts {
+  using Query = float;
+  using Operand = __m512;
+  static constexpr int kDims = 16;  // per instruction
+  template <class T>  // float (the query rows) or Element
+  static Operand load(const T* at, bool) { return load_vec<Simd<64>>(at); }
+  static __m512 add_products(__m512 acc, Operand q, Operand k) { return _mm512_fmadd_ps(q, k, acc); }
+};
+
+#if defined(FATTN_AVX512_BF16)
+struct DotBf16Products {
+  using Query = std::uint16_t;  // bfloat16 bits
+  using Operand = __m512bh;
+  static constexpr int kDims = 32;
+  static Operand load(const void* at, bool half) { return as_pairs(load_bf16x32(at, half)); }
+  static __m512 add_products(__m512 acc, Operand q, Operand k) { return _mm512_dpbf16_ps(acc, q, k); }
+};
+#endif
+
+// Rows: the decode kernel's key rows (row(j): Dp contiguous elements, zero-padded past D).
+// q: the query rows (Dp elements each) in the form Products takes; each score is
+// multiplied by `factor` (1 where the rows are pre-scaled).
+template <class Rows, class Products>
+struct DirectScores {
+  using Query = typename Products::Query;
+  static constexpr int kStep = Products::kDims;
+  static constexpr int kSums = 16;  // dot products per sum_lanes16
+
+  // st[r][j + k] for R rows and 16/R keys starting at j.
+  template <int R>
+  static void block(const Query* q, std::int64_t Dp, const Rows& k, std::int64_t j,
+                    std::int64_t st_stride, float factor, float* st) {
+    constexpr int KB = kSums / R;
+    decltype(k.row(0)) krow[KB];
+    for (int kk = 0; kk < KB; ++kk) krow[kk] = k.row(j + kk);
+    __m512 acc[kSums];
+    // The first step starts the sums from zero in registers (zeroing the array first
+    // became a `rep stos` to the stack).
+    auto step = [&](std::int64_t d, auto first) {
+      const bool half = d + kStep > Dp;
+      typename Products::Operand kv[KB];
+#pragma GCC unroll 16
+      for (int kk = 0; kk < KB; ++kk) kv[kk] = Products::load(krow[kk] + d, half);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const auto qv = Products::load(q + r * Dp + d, half);
+#pragma GCC unroll 16
+        for (int kk = 0; kk < KB; ++kk) {
+          __m512& a = acc[r * KB + kk];
+          a = Products::add_products(decltype(first)::value ? _mm512_setzero_ps() : a, qv, kv[kk]);
+        }
+      }
+    };
+    step(0, std::true_type{});
+    for (std::int64_t d = kStep; d < Dp; d += kStep) step(d, std::false_type{});
+    alignas(64) float sums[kSums];
+    _mm512_store_ps(sums, _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(factor)));
+    for (int r = 0; r < R; ++r) std::memcpy(st + r * st_stride + j, sums + r * KB, KB * sizeof(float));
+  }
+
+  // st[r][j] for keys [j0, nj) one at a time (the tile's last keys).
+  static void keys(const Query* q, std::int64_t rows, std::int64_t Dp, const Rows& k,
+                   std::int64_t j0, std::int64_t nj, std::int64_t st_stride, float factor, float* st) {
+    for (std::int64_t j = j0; j < nj; ++j)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        __m512 acc = _mm512_setzero_ps();
+        for (std::int64_t d = 0; d < Dp; d += kStep) {
+          const bool half = d + kStep > Dp;
+          acc = Products::add_products(acc, Products::load(q + r * Dp + d, half),
+                                       Products::load(k.row(j) + d, half));
+        }
+        st[r * st_stride + j] = _mm512_reduce_add_ps(acc) * factor;
+      }
+  }
+
+  // R rows against keys [0, nj), after each block of keys asking `next` for a few rows.
+  template <int R, class Prefetch>
+  static void rows_block(const Query* q, std::int64_t Dp, const Rows& k, std::int64_t nj,
+                         std::int64_t st_stride, float factor, float* st, Prefetch& next) {
+    constexpr int KB = kSums / R;
+    std::int64_t j = 0;
+    for (; j + KB <= nj; j += KB) {
+      block<R>(q, Dp, k, j, st_stride, factor, st);
+      next.issue_after_direct_block();
+    }
+    keys(q, R, Dp, k, j, nj, st_stride, factor, st);
+  }
+
+  // st[r][j] = factor · q[r]·k[j] for rows ≤ 4·n (in blocks of 4, then 2, then 1 rows).
+  template <class Prefetch>
+  static void scores(const Query* q, std::int64_t rows, std::int64_t Dp, const Rows& k,
+                     std::int64_t nj, std::int64_t st_stride, float factor, float* st,
+                     Prefetch& next) {
+    std::int64_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+      rows_block<4>(q + r * Dp, Dp, k, nj, st_stride, factor, st + r * st_stride, next);
+    if (r + 2 <= rows) {
+      rows_block<2>(q + r * Dp, Dp, k, nj, st_stride, factor, st + r * st_stride, next);
+      r += 2;
+    }
+    if (r < rows) rows_block<1>(q + r * Dp, Dp, k, nj, st_stride, factor, st + r * st_stride, next);
+  }
+};
+
+#endif
+
+}  // namespace fattn::cpu

@@ -1,0 +1,451 @@
+// fattn — the tile operations of the decode kernel (cpu/decode/decode.hpp): a few query rows
+// against many keys, K and V read in place.
+//
+// A tile's query rows are those of every query head that shares one kv head (row
+// r = i·G + g is query i of head hk·G + g), so each K and V row is read from memory once
+// per kv head. Head dims run along the vector lanes; in the scores the keys do:
+//   qs [R][Dp]   query rows, pre-scaled by scale·log2(e)   (Dp: D rounded up to the lanes)
+//   kt [D][Bk]   one key tile, transposed from the cache's rows
+//   st [R][Bk]   scores, rows × keys; becomes the probabilities P in place
+//   os [R][Dp]   output accumulator, rows × head dims
+//   m, l, alpha [R]  running max (log2 units), running sum, this tile's rescale factor
+// With one or a few query rows a row of K serves every lane of a score vector (64 keys
+// at once) and a row of V every lane of an output vector, where the prefill kernel's
+// layout (queries along the lanes) would leave 15 of 16 lanes idle.
+#pragma once
+
+#include "cpu/common/isa_target.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "model/problem.hpp"
+#include "cpu/common/blocks.hpp"
+#include "cpu/decode/direct.hpp"
+#include "cpu/decode/direct_avx2.hpp"
+#include "cpu/common/elements.hpp"
+#include "cpu/common/exp2.hpp"
+#include "cpu/common/online_softmax.hpp"
+#include "cpu/common/simd.hpp"
+#include "cpu/common/tiling.hpp"
+#include "cpu/common/transpose.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+struct DecodeOps {
+  using vec = typename S::vec;
+  using T = DecodeTiling<S::lanes * static_cast<int>(sizeof(float))>;
+  static constexpr int L = S::lanes;
+  static constexpr int KV = T::key_vecs;
+  static constexpr int Bk = KV * L;    // keys per tile
+  static constexpr int MR = T::row_block;
+  static constexpr int SR = T::score_rows;
+  static constexpr int DV = T::dim_vecs;
+  static constexpr int kKeyGroup = 16;  // rows contiguous in memory (a page holds whole groups)
+  static constexpr int kGroups = Bk / kKeyGroup;
+  static_assert(Bk % kKeyGroup == 0, "a key tile is a whole number of key groups");
+
+  static constexpr float kLog2e = 1.4426950408889634f;
+  static constexpr float kLn2 = 0.6931471805599453f;
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  static std::int64_t padded_dim(std::int64_t D) { return (D + L - 1) / L * L; }
+
+  // Rows of one key tile of K or V, elements of type E (the cache's dtype when read in
+  // place, float32 when staged): group g's first row and the stride between rows.
+  template <class E>
+  struct Rows {
+    const E* group[kGroups];
+    std::int64_t stride, dim_stride;
+    const E* row(std::int64_t j) const { return group[j / kKeyGroup] + (j % kKeyGroup) * stride; }
+  };
+  // Row r of kv head hk's group: query r / G of query head hk·G + r % G (G query heads
+  // per kv head), so a tile's rows take every head of the group, query by query.
+  struct GroupRow {
+    std::int64_t head, query;
+  };
+  static GroupRow group_row(const detail::Problem& p, std::int64_t hk, std::int64_t r) {
+    const std::int64_t G = p.group_size();
+    return {hk * G + r % G, r / G};
+  }
+
+  // qs[r][d] = q[i][h][d] · factor for the rows [r0, r0 + rows) of kv head hk's group,
+  // and where qb is given (bfloat16 inputs) qb[r][d] = the bits of q[i][h][d], zero past D.
+  static void load_q_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk,
+                          std::int64_t r0, std::int64_t rows, float factor, float* qs,
+                          std::uint16_t* qb) {
+    const std::int64_t D = p.head_dim, Dp = padded_dim(D);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto [h, i] = group_row(p, hk, r0 + r);
+      float* row = qs + r * Dp;
+      load_row(p.q, p.dtype, b, h, i, D, row);
+      for (std::int64_t d = 0; d < D; ++d) row[d] *= factor;
+      for (std::int64_t d = D; d < Dp; ++d) row[d] = 0.0f;
+      if (!qb) continue;
+      const auto q16 = detail::retype<const BFloat16>(p.q);
+      const BFloat16* from = q16.row(b, h, i);
+      for (std::int64_t d = 0; d < Dp; ++d) qb[r * Dp + d] = d < D ? from[d * q16.dim].bits : 0;
+    }
+  }
+
+  // Asks the memory for the rows of the key tile a worker reads next (K, then V), a few
+  // rows at a time between blocks of the current tile's compute: the loads of one tile
+  // overlap the arithmetic of the one before, where the hardware prefetchers alone left
+  // the core waiting after each tile (decode, Sk = 64k: 23 → 31 GB/s, docs/perf-log.md).
+  struct Prefetch {
+    static constexpr std::int64_t kLineBytes = 64;
+    // Rows asked for after each 16×16 block of the transpose: 2 rows (32.5 GB/s), 4 (30.6),
+    // 8 (30.1), 16 (27.0); the rows left a line per dim of the scores (issue_line).
+    static constexpr std::int64_t kRowsPerBlock = 2;
+    // ... and after each block of direct scores (cpu/decode/direct.hpp; 24 blocks per
+    // tile at 4 rows), rows of this many cache lines in all: the bytes, not the rows,
+    // set the best pace. Sq = 1, GQA 4:1, D = 128, 64k keys, 2 threads, dev-zen5, FA's
+    // (B, S, H, D) cache: bfloat16 (4 lines a row) 16 lines 24-25 GB/s, 32: 28-29;
+    // float32 (8 lines a row) 32 lines 28-31, 64: 28. (B, H, S, D): bfloat16 16 lines
+    // 33 GB/s, 32: 32-33.
+    // An AVX2 block (cpu/decode/direct_avx2.hpp) covers half the keys of an AVX-512 one
+    // (8/R, not 16/R): half the lines keep the same lines per key. Forced AVX2 on dev-zen5,
+    // Sq = 1, 32k keys, 1 thread, median ms of two rounds, float32 / bfloat16: 8 lines
+    // 29-38 / 15-21, 16: 26-32 / 13-17, 32: 28-33 / 14-20, 64: 29-39 / 16-18.
+    static constexpr std::int64_t kLinesPerDirectBlock = L == 16 ? 32 : 16;
+    // The tiles' rows as bytes: a 16-bit row is half a float32 row's lines.
+    Rows<char> k{}, v{};
+    std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of 2·rows (K's, then V's)
+    std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
+    std::int64_t rows_per_direct_block = 0;
+
+    template <class E>
+    static Rows<char> bytes_of(const Rows<E>& r) {
+      Rows<char> b{{}, r.stride * static_cast<std::int64_t>(sizeof(E)), 0};
+      for (int g = 0; g < kGroups; ++g) b.group[g] = reinterpret_cast<const char*>(r.group[g]);
+      return b;
+    }
+    template <class E>
+    Prefetch(const Rows<E>& k_rows, const Rows<E>& v_rows, std::int64_t n, std::int64_t dims)
+        : k(bytes_of(k_rows)), v(bytes_of(v_rows)), rows(n),
+          row_bytes(dims * static_cast<std::int64_t>(sizeof(E))),
+          rows_per_direct_block(std::max<std::int64_t>(1, kLinesPerDirectBlock * kLineBytes / row_bytes)) {}
+    Prefetch() = default;
+
+    // Every line of a row: every other line (the adjacent-line prefetcher's pair) was
+    // slower, 31.2 → 24.1 GB/s.
+    [[gnu::always_inline]] void issue(std::int64_t n) {
+      for (; n > 0 && next < 2 * rows; --n, ++next) {
+        const char* row = next < rows ? k.row(next) : v.row(next - rows);
+        for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) __builtin_prefetch(row + d, 0, 3);
+      }
+    }
+    // One line, the next of the row being asked for: called once per dim of a score block,
+    // so the lines go out evenly among the FMAs. In bursts (a block's share of rows at
+    // once) the core stalled on full miss buffers: Sq = 16, query lanes, 6 % of the
+    // samples on the burst's loop; evenly, 348-355 → 388 GFLOP/s; Sq = 4, key lanes,
+    // 166-181 → 184-195 (docs/perf-log.md, "query rows along the lanes").
+    [[gnu::always_inline]] void issue_line() {
+      if (next >= 2 * rows) return;
+      const char* row = next < rows ? k.row(next) : v.row(next - rows);
+      __builtin_prefetch(row + line_at, 0, 3);
+      line_at += kLineBytes;
+      if (line_at >= row_bytes) line_at = 0, ++next;
+    }
+    void issue_rest() {
+      line_at = 0;  // a row begun by issue_line is asked for whole again
+      issue(left());
+    }
+    std::int64_t left() const { return 2 * rows - next; }  // rows not yet asked for
+    void issue_after_direct_block() { issue(rows_per_direct_block); }
+  };
+
+  // kt[d][j] = k[j][d] for the tile's nj keys; keys past nj are zero.
+  // With contiguous dims, whole 16-key × 16-dim blocks go through registers (AVX-512;
+  // AVX2: two 8×8 blocks per 8 dims), 16-bit rows widened on the way in by load_vec.
+  template <class E>
+  static void transpose_keys(const Rows<E>& k, std::int64_t nj, std::int64_t D, float* kt,
+                             Prefetch& next) {
+    for (int g = 0; g < kGroups; ++g) {
+      const std::int64_t n = std::clamp<std::int64_t>(nj - g * kKeyGroup, 0, kKeyGroup);
+      float* dst = kt + g * kKeyGroup;
+      std::int64_t dims_done = 0;
+#if defined(FATTN_AVX512)
+      if constexpr (L == 16) {
+        if (n == kKeyGroup && k.dim_stride == 1) {
+          dims_done = D / 16 * 16;
+          for (std::int64_t d = 0; d < dims_done; d += 16) {
+            __m512 r[kKeyGroup];
+            for (int j = 0; j < kKeyGroup; ++j) r[j] = load_vec<S>(k.group[g] + j * k.stride + d);
+            transpose16x16(r);
+            for (int j = 0; j < kKeyGroup; ++j) _mm512_storeu_ps(dst + (d + j) * Bk, r[j]);
+            next.issue(Prefetch::kRowsPerBlock);
+          }
+        }
+      }
+#elif defined(FATTN_AVX)
+      if constexpr (L == 8) {
+        if (n == kKeyGroup && k.dim_stride == 1) {
+          dims_done = D / L * L;
+          for (std::int64_t d = 0; d < dims_done; d += L) {
+            for (int h = 0; h < kKeyGroup; h += L) {
+              __m256 r[L];
+              for (int j = 0; j < L; ++j) r[j] = load_vec<S>(k.group[g] + (h + j) * k.stride + d);
+              transpose8x8(r);
+              for (int j = 0; j < L; ++j) _mm256_storeu_ps(dst + (d + j) * Bk + h, r[j]);
+            }
+            // the rows asked for per 16 × 16 elements, as with AVX-512
+            if (d % kKeyGroup == L) next.issue(Prefetch::kRowsPerBlock);
+          }
+        }
+      }
+#endif
+      for (std::int64_t d = dims_done; d < D; ++d)
+        for (std::int64_t j = 0; j < kKeyGroup; ++j)
+          dst[d * Bk + j] = j < n ? to_float(k.group[g][j * k.stride + d * k.dim_stride]) : 0.0f;
+      next.issue(Prefetch::kRowsPerBlock);
+    }
+  }
+
+  // Copies keys [j0, j0 + nj) of kv heads [hk_begin, hk_end) of K or V into
+  // stage[h][j][Dp] (contiguous, zero-padded dims), reading key by key and head by head:
+  // in a (B, S, Hkv, D) cache that is address order, so the hardware prefetchers stream
+  // whole pages, where one head's rows alone sit a page apart (Hkv·D = 1024 floats).
+  // Decode, Sk = 64k, Hkv = 8, D = 128, 2 threads: 13.7 → 15.9 GB/s in that layout,
+  // 16 → 20 GB/s in (B, Hkv, S, D) (docs/perf-log.md, "Decode kernel").
+  static void stage_rows(const detail::Problem& p, const detail::Strided<const float>& t,
+                         std::int64_t b, std::int64_t hk_begin, std::int64_t hk_end,
+                         std::int64_t j0, std::int64_t nj, float* stage) {
+    const std::int64_t D = p.head_dim, Dp = padded_dim(D);
+    with_element_type(t, p.dtype, [&](const auto& e) {
+      for (std::int64_t j = 0; j < nj; ++j)
+        for (std::int64_t hk = hk_begin; hk < hk_end; ++hk) {
+          float* dst = stage + ((hk - hk_begin) * Bk + j) * Dp;
+          convert_row(p.kv_row(e, b, hk, j0 + j), e.dim, D, dst);
+          std::fill(dst + D, dst + Dp, 0.0f);
+        }
+    });
+  }
+  // Whether the cache's K and V rows are read where they are (dims contiguous, D a whole
+  // number of vectors; float32 or 16-bit elements, widened as they are loaded) rather
+  // than staged.
+  static bool reads_in_place(const detail::Problem& p) {
+    return p.k.dim == 1 && p.v.dim == 1 && padded_dim(p.head_dim) == p.head_dim;
+  }
+  // Keys [j0, j0 + nj) of kv head hk where they lie in the cache (t retyped to its
+  // element type). A key group sits in one page (block sizes are multiples of 16, j0 of
+  // Bk); groups past nj are not looked up, so no block-table entry past the sequence is read.
+  template <class E>
+  static Rows<E> in_cache(const detail::Problem& p, const detail::Strided<const E>& t,
+                          std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nj) {
+    Rows<E> r{{}, t.seq, t.dim};
+    for (int g = 0; g < kGroups; ++g)
+      r.group[g] = g * kKeyGroup < nj ? p.kv_row(t, b, hk, j0 + g * kKeyGroup) : nullptr;
+    return r;
+  }
+  // One head's staged rows.
+  static Rows<float> staged(const float* stage, std::int64_t head, std::int64_t D) {
+    const std::int64_t Dp = padded_dim(D);
+    Rows<float> r{{}, Dp, 1};
+    for (int g = 0; g < kGroups; ++g) r.group[g] = stage + (head * Bk + g * kKeyGroup) * Dp;
+    return r;
+  }
+
+  // st[r][·] = Σ_d qs[r][d] · kt[d][·] for R rows, the head dim in chains summed
+  // pairwise (sum_chains).
+  template <int R>
+  static void scores_block(const float* qs, std::int64_t Dp, std::int64_t D, const float* kt,
+                           float* st, Prefetch& next) {
+    vec acc[R][KV];
+    sum_chains(D, acc, [&](std::int64_t d0, std::int64_t d1) {
+      auto dim = [&](std::int64_t d, auto first) {
+        next.issue_line();
+        vec kv[KV];
+#pragma GCC unroll 8
+        for (int u = 0; u < KV; ++u) kv[u] = S::load(kt + d * Bk + u * L);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const vec qb = S::splat(qs[r * Dp + d]);
+#pragma GCC unroll 8
+          for (int u = 0; u < KV; ++u)
+            acc[r][u] = decltype(first)::value ? qb * kv[u] : S::fma(qb, kv[u], acc[r][u]);
+        }
+      };
+      dim(d0, std::true_type{});
+      for (std::int64_t d = d0 + 1; d < d1; ++d) dim(d, std::false_type{});
+    });
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < KV; ++u) S::store(st + r * Bk + u * L, acc[r][u]);
+  }
+
+  // Scores of the key tile against `rows` query rows; the rows of `next` the transpose
+  // left are asked for a line per dim of the row blocks, not all at once before them.
+  static void scores(const float* qs, std::int64_t rows, std::int64_t D, const float* kt,
+                     float* st, Prefetch& next) {
+    const std::int64_t Dp = padded_dim(D);
+    for_blocks<SR>(rows, [&](std::int64_t r, auto R) {
+      scores_block<decltype(R)::value>(qs + r * Dp, Dp, D, kt, st + r * Bk, next);
+    });
+    next.issue_rest();
+  }
+
+  // Scores of one key tile: straight from the key rows for a few rows (AVX-512,
+  // cpu/decode/direct.hpp; AVX2, cpu/decode/direct_avx2.hpp), else through the transposed tile kt. Either way `next` is
+  // asked for between blocks, and for the rest at the end. (A bfloat16 cache on
+  // AVX512-BF16 takes cpu/decode/scores_bf16.hpp instead.)
+  template <class E>
+  static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows<E>& k,
+                          std::int64_t nj, float* kt, float* st, Prefetch& next) {
+#if defined(FATTN_AVX512)
+    if constexpr (L == 16) {
+      if (rows <= kDirectRows && k.dim_stride == 1) {
+        DirectScores<Rows<E>, FmaProducts<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, 1.0f,
+                                                      st, next);
+        next.issue_rest();
+        return;
+      }
+    }
+#elif defined(FATTN_AVX)
+    if constexpr (L == 8) {
+      if (rows <= kDirectRows && k.dim_stride == 1) {
+        DirectScoresAvx2<Rows<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);
+        next.issue_rest();
+        return;
+      }
+    }
+#endif
+    transpose_keys(k, nj, D, kt, next);
+    scores(qs, rows, D, kt, st, next);
+  }
+  // Rows up to which the scores skip the transpose (cpu/decode/direct.hpp): its compute at
+  // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
+  static constexpr std::int64_t kDirectRows = 4;
+
+  // Across the lanes: with AVX-512 / AVX2 in a tree of shuffles (4 / 3 steps, not 15 / 7
+  // scalar ones).
+  // A NaN lane may or may not win the max; either way its row's probabilities become
+  // NaN in softmax_update, through exp2 of the NaN score.
+  static float max_of(vec x) {
+#if defined(FATTN_AVX512)
+    if constexpr (L == 16) return _mm512_reduce_max_ps(x);
+#endif
+#if defined(FATTN_AVX)
+    if constexpr (L == 8) {
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    }
+#endif
+    float m = x[0];
+    for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+  }
+  static float sum_of(vec x) {
+#if defined(FATTN_AVX512)
+    if constexpr (L == 16) return _mm512_reduce_add_ps(x);
+#endif
+#if defined(FATTN_AVX)
+    if constexpr (L == 8) {
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+#endif
+    float s = 0.0f;
+    for (int i = 0; i < L; ++i) s += x[i];
+    return s;
+  }
+
+  // Online softmax of each row over its visible keys: keys [visible[r], Bk) of row r get
+  // probability 0; new running max m, alpha = 2^(m_old − m_new), st ← 2^(st − m_new),
+  // l ← alpha·l + Σ st. A row that has seen no key keeps m = −inf and uses 0 as its
+  // reference, so its probabilities are exactly 0 rather than NaN.
+  static void softmax_update(float* st, std::int64_t rows, const std::int32_t* visible, float* m,
+                             float* l, float* alpha) {
+    for (std::int64_t r = 0; r < rows; ++r) {  // OnlineSoftmax's row form, reduced as above
+      float* s = st + r * Bk;
+      for (std::int64_t j = visible[r]; j < Bk; ++j) s[j] = kNegInf;
+      OnlineSoftmax<S>::template update_row<KV, DecodeOps>(s, &m[r], &l[r], &alpha[r]);
+    }
+  }
+
+  // os[r][d0 + ·] = alpha·os + Σ_j p[r][j] · v[j][d0 + ·] for R rows and NDV dim vectors.
+  // Keys a row does not see (causal, on the diagonal tile) are skipped, not added with
+  // p = 0, so a NaN or Inf in a value row reaches only the rows that see it.
+  template <int R, int NDV, bool Masked, class E>
+  static void pv_block(const float* p, const std::int32_t* visible, std::int64_t nj,
+                       const Rows<E>& v, std::int64_t d0, const float* alpha, std::int64_t Dp,
+                       float* os) {
+    vec acc[R][NDV] = {};
+    // Key group by key group: within one, the rows are a pointer step apart.
+    for (std::int64_t j0 = 0; j0 < nj; j0 += kKeyGroup) {
+      const E* vrow = v.group[j0 / kKeyGroup] + d0;
+      const std::int64_t j1 = std::min<std::int64_t>(nj, j0 + kKeyGroup);
+      for (std::int64_t j = j0; j < j1; ++j, vrow += v.stride) {
+        vec vv[NDV];
+#pragma GCC unroll 8
+        for (int u = 0; u < NDV; ++u) vv[u] = load_vec<S>(vrow + u * L);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          if (Masked && j >= visible[r]) continue;
+          const vec pb = S::splat(p[r * Bk + j]);
+#pragma GCC unroll 8
+          for (int u = 0; u < NDV; ++u) acc[r][u] = S::fma(pb, vv[u], acc[r][u]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < NDV; ++u) {
+        float* o = os + r * Dp + d0 + u * L;
+        S::store(o, S::fma(S::load(o), S::splat(alpha[r]), acc[r][u]));
+      }
+  }
+
+  template <int R, bool Masked, class E>
+  static void pv_rows(const float* p, const std::int32_t* visible, std::int64_t nj,
+                      const Rows<E>& v, const float* alpha, std::int64_t Dp, float* os) {
+    std::int64_t d = 0;
+    for (; d + DV * L <= Dp; d += DV * L) pv_block<R, DV, Masked>(p, visible, nj, v, d, alpha, Dp, os);
+    for (; d < Dp; d += L) pv_block<R, 1, Masked>(p, visible, nj, v, d, alpha, Dp, os);
+  }
+  // The rows of P·V in blocks of MR, the last one shorter: f(r, R, masked) for the block
+  // of R rows (a std::integral_constant) starting at row r, masked where some of its rows
+  // do not see every key of [0, nj). pv_accumulate and DecodeValuesBf16 run on it.
+  template <class F>
+  static void pv_row_blocks(std::int64_t rows, const std::int32_t* visible, std::int64_t nj, F&& f) {
+    for_blocks<MR>(rows, [&](std::int64_t r, auto R) {
+      bool masked = false;
+      for (int i = 0; i < decltype(R)::value; ++i) masked |= visible[r + i] < nj;
+      f(r, R, masked);
+    });
+  }
+
+  // os ← alpha·os + P·V over the keys each row sees (visible[r] ≤ nj, nj ≤ Bk).
+  // V rows must hold Dp contiguous elements (in place, or stage_rows).
+  template <class E>
+  static void pv_accumulate(const float* p, std::int64_t rows, const std::int32_t* visible,
+                            std::int64_t nj, const Rows<E>& v, const float* alpha, std::int64_t D,
+                            float* os) {
+    const std::int64_t Dp = padded_dim(D);
+    pv_row_blocks(rows, visible, nj, [&](std::int64_t r, auto R, bool masked) {
+      constexpr int n = decltype(R)::value;
+      if (masked) return pv_rows<n, true>(p + r * Bk, visible + r, nj, v, alpha + r, Dp, os + r * Dp);
+      pv_rows<n, false>(p + r * Bk, visible + r, nj, v, alpha + r, Dp, os + r * Dp);
+    });
+  }
+
+  // Fresh accumulators: m = −inf, l = 0, os = 0.
+  static void start_rows(std::int64_t rows, std::int64_t D, float* m, float* l, float* os) {
+    std::fill(m, m + rows, kNegInf);
+    std::fill(l, l + rows, 0.0f);
+    std::fill(os, os + rows * padded_dim(D), 0.0f);
+  }
+
+  // 1/l, and 0 for a row that saw no key (l = 0); NaN stays NaN.
+  static float reciprocal(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
+  static float logsumexp(float m, float l) { return (m + std::log2(l)) * kLn2; }
+};
+
+}  // namespace fattn::cpu
