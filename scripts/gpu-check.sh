@@ -39,38 +39,9 @@
 #                     PYTHON: the interpreter of the Python steps (default python3);
 #                     FATTN_COMMIT: the revision the evidence names (default: git's HEAD)
 #
-# Steps, the most valuable first; every step writes its file as it runs:
-#   1 build      one CMake build of the library, fattn_cuda_tests (tests/cuda), the wgmma
-#                probe, fattn_gpu_bench (gpu/) and the Python extension fattn._C (python/,
-#                against $PYTHON's torch, sharing the same CUDA objects), Release, ptxas -v,
-#                keep-going: one target's failure does not stop the others -> build.log.
-#                The tests come through a small wrapper project (repo as a subdirectory +
-#                tests/cuda), so this script does not depend on tests/CMakeLists.txt.
-#                The Python package is staged as $BUILD/python-stage/fattn (python/fattn +
-#                the built _C) and used through PYTHONPATH: nothing is pip-installed; when
-#                the extension does not build and scikit-build-core is there, pip install
-#                --target (no index) is the fallback -> pyinstall.log.
-#                GoogleTest: the system's package (libgtest-dev), else built from a source
-#                tree: --gtest-source, .gpu-deps/googletest (scripts/gpu-deps.sh stages it,
-#                for a machine that cannot download) or /usr/src/googletest; else cloned.
-#                pytest: $PYTHON's, else .gpu-deps/python (scripts/gpu-deps.sh stages it).
-#   2 tests      in the background: the wgmma probe, the whole CUDA test suite, then
-#                compute-sanitizer on the Small/CudaSanitize subset: memcheck (+leaks) on
-#                all of it, racecheck and synccheck on its D=64 cases
-#                                              -> cuda-checks.log, tests.log, sanitizer.log
-#   3 triton     meanwhile: pytest tests/python/test_triton*.py test_cuda_dispatch.py on the GPU (2 and 3 share
-#                one window, at most 200 s under --deadline-s; nothing is timed there)
-#                                                         -> triton.log, triton-junit.xml
-#   4 pybench    python -m fattn.bench --gpu, the GPU to itself: fattn.triton and the CUDA
-#                operator beside SDPA flash / cuDNN / efficient and FlexAttention (masked
-#                and plain forward, decode against the copy roof), one process per
-#                section -> pybench-<section>.log,
-#                results/<machine>/gpu/{evidence,masked,forward,decode,training}.json
-#   5 bench      fattn_gpu_bench, both suites (the kernel variants)      -> bench.json
-#   6 ncu        --clock-control none; SpeedOfLight, roofline, launch, occupancy and
-#                compute sections + DRAM bytes, flop and tensor-pipe counters, bank
-#                conflicts, of every naive and fused kernel at S = 1024 and 4096
-#                                                  -> ncu_raw.csv, ncu_details.csv, fattn.ncu-rep
+# Steps, the most valuable first (build, CUDA tests + sanitizers, Triton tests, the Python
+# benchmark, fattn_gpu_bench, ncu), each with its file and time cap: docs/cuda.md,
+# "Running the checks on a machine with an NVIDIA GPU".
 # summary.txt (also printed last) holds the machine, step results, spills and the bench
 # table. Copy DIR/results/<machine>/gpu/ into the repository's results/ to keep them.
 set -u
@@ -96,7 +67,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --no-python) PYTHON_STEPS=0; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,74p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -u$/ {exit} NR > 1' "$0"; exit 0 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -606,34 +577,11 @@ if [ -x "$BENCH" ] && command -v ncu >/dev/null && ! late 20 5 "ncu"; then
     ncu --import /tmp/fattn_prof.ncu-rep --csv --page details >"$OUT/ncu_details.csv" 2>&1
     cp /tmp/fattn_prof.ncu-rep "$OUT/fattn.ncu-rep"
     say "ncu: $(($(wc -l <"$OUT/ncu_raw.csv") - 2)) kernels profiled"
-    # The bars of the TMA work (docs/cuda.md): L2 throughput < 60 %, tensor pipe > 50 %; and
-    # shared-memory bank conflicts. One line per profiled kernel launch.
+    # What the TMA kernel is built to move (docs/cuda.md): L2 throughput, tensor-pipe
+    # activity, shared-memory bank conflicts; one line per profiled kernel launch.
     if [ -n "$FOCUS" ] && command -v python3 >/dev/null; then
       echo "== ncu: kernel | grid | duration | L2 throughput % | tensor pipe (gmma / hmma) % | shared bank conflicts (ld+st)" >>"$SUMMARY"
-      python3 - "$OUT/ncu_raw.csv" >>"$SUMMARY" 2>&1 <<'PY'
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1], newline="")))
-head, data = rows[0], rows[2:]  # row 1: units
-col = {name: i for i, name in enumerate(head)}
-def get(row, *names):
-    for n in names:
-        if n in col and row[col[n]] not in ("", "n/a"):
-            return row[col[n]]
-    return "-"
-for r in data:
-    name = get(r, "Kernel Name")[:60]
-    bank = "-"
-    try:
-        bank = str(int(float(get(r, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum").replace(",", "")) +
-                       float(get(r, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum").replace(",", ""))))
-    except ValueError:
-        pass
-    print("  %-60s | %s | %s | %s | %s / %s | %s" % (
-        name, get(r, "Grid Size", "launch__grid_size"), get(r, "gpu__time_duration.sum"),
-        get(r, "lts__throughput.avg.pct_of_peak_sustained_elapsed", "lts__t_sectors.avg.pct_of_peak_sustained_elapsed"),
-        get(r, "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"),
-        get(r, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"), bank))
-PY
+      python3 "$ROOT/scripts/ncu_summary.py" "$OUT/ncu_raw.csv" >>"$SUMMARY" 2>&1
     fi
   fi
 fi
