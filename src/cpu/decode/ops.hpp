@@ -292,7 +292,7 @@ struct DecodeOps {
   // Scores of one key tile: straight from the key rows for a few rows (AVX-512,
   // cpu/decode/direct.hpp; AVX2, cpu/decode/direct_avx2.hpp), else through the transposed tile kt. Either way `next` is
   // asked for between blocks, and for the rest at the end. (A bfloat16 cache on
-  // AVX512-BF16 takes cpu/decode/scores_bf16.hpp instead.)
+  // AVX512-BF16 takes cpu/decode/bf16.hpp instead.)
   template <class E>
   static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows<E>& k,
                           std::int64_t nj, float* kt, float* st, Prefetch& next) {
