@@ -45,6 +45,7 @@
 #include "cpu/decode/ops.hpp"
 #include "cpu/common/elements.hpp"
 #include "cpu/common/transpose.hpp"
+#include "cpu/forward/dot_bf16_ops.hpp"
 
 #if defined(FATTN_AVX512_BF16)
 #include <immintrin.h>
@@ -108,30 +109,15 @@ struct DecodeScoresBf16 {
   [[gnu::noinline]] static void block(const std::uint16_t* qb, std::int64_t Dp,
                                       const std::uint32_t* kp, float factor, float* st,
                                       Prefetch& next) {
-    __m512 acc[R][KV];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) acc[r][u] = _mm512_setzero_ps();
-    for (std::int64_t i = 0; i < Dp / 2; ++i) {
-      next.issue_line();
-      __m512bh kv[KV];
-#pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) kv[u] = as_pairs(_mm512_loadu_si512(kp + i * Bk + u * 16));
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        std::uint32_t pair;
-        std::memcpy(&pair, qb + r * Dp + 2 * i, sizeof pair);
-        const __m512bh q = as_pairs(_mm512_set1_epi32(static_cast<int>(pair)));
-#pragma GCC unroll 8
-        for (int u = 0; u < KV; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], q, kv[u]);
-      }
-    }
-    const __m512 f = _mm512_set1_ps(factor);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) _mm512_storeu_ps(st + r * Bk + u * 16, _mm512_mul_ps(acc[r][u], f));
+    pair_scores<R, KV>(
+        Dp / 2,
+        [&](std::int64_t i, int r) {
+          std::uint32_t pair;
+          std::memcpy(&pair, qb + r * Dp + 2 * i, sizeof pair);
+          return pair;
+        },
+        [&](std::int64_t i, int u) { return as_pairs(_mm512_loadu_si512(kp + i * Bk + u * 16)); },
+        [&] { next.issue_line(); }, factor, st, Bk);
   }
 
   // Scores of one key tile against `rows` query rows (their bits qb, Dp per row): straight
