@@ -152,13 +152,24 @@ double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, 
   return m_ref + std::log(sum);
 }
 
+// Calls f(p, t, b, head) for each batch b and each of `heads` heads, in parallel: p is
+// sequence b's own problem (a ragged batch's lengths) and t its tensors.
+template <class T, class F>
+void for_each_sequence_head(const detail::Problem& whole, const detail::Exec& exec,
+                            std::int64_t heads, F&& f) {
+  detail::parallel_items(exec, whole.batch * heads, [&](std::int64_t item, int) {
+    const std::int64_t b = item / heads;
+    const detail::SequenceOf seq(whole, b);
+    const detail::Problem& p = seq.get();
+    f(p, Views<T>(p), b, item % heads);
+  });
+}
+
 template <class T>
 void forward(const detail::Problem& whole, const detail::Exec& exec) {
-  detail::parallel_items(exec, whole.batch * whole.q_heads, [&](std::int64_t item, int) {
-    const std::int64_t b = item / whole.q_heads, h = item % whole.q_heads;
-    const detail::SequenceOf seq(whole, b);  // a ragged problem's sequence b
-    const detail::Problem& p = seq.get();
-    const Views<T> t(p);
+  for_each_sequence_head<T>(whole, exec, whole.q_heads, [&](const detail::Problem& p,
+                                                            const Views<T>& t, std::int64_t b,
+                                                            std::int64_t h) {
     Row row;
     std::vector<double> out(static_cast<std::size_t>(p.head_dim));
     for (std::int64_t i = 0; i < p.q_len; ++i) {
@@ -180,11 +191,9 @@ void backward(const detail::Problem& whole, const detail::Exec& exec) {
   const std::int64_t D = whole.head_dim;
   std::vector<double> sink_terms(
       static_cast<std::size_t>(whole.mods.sinks ? whole.batch * whole.q_heads : 0));
-  detail::parallel_items(exec, whole.batch * whole.kv_heads, [&](std::int64_t item, int) {
-    const std::int64_t b = item / whole.kv_heads, hk = item % whole.kv_heads;
-    const detail::SequenceOf seq(whole, b);  // a ragged problem's sequence b
-    const detail::Problem& p = seq.get();
-    const Views<T> t(p);
+  for_each_sequence_head<T>(whole, exec, whole.kv_heads, [&](const detail::Problem& p,
+                                                             const Views<T>& t, std::int64_t b,
+                                                             std::int64_t hk) {
     Row row;
     std::vector<double> out(static_cast<std::size_t>(D)), dq(static_cast<std::size_t>(D));
     std::vector<double> dk(static_cast<std::size_t>(p.kv_len * D), 0.0), dv(dk.size(), 0.0);

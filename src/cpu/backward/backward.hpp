@@ -117,6 +117,17 @@ void sum_partials(const detail::Problem& p, const detail::Exec& exec, const W& w
     });
 }
 
+// A backward call's workspace in `memory`, with its pre-pass done (the kv heads' panels
+// and rows, every query tile's operands, lse2 and Δ, the dQ partials at zero).
+template <class S>
+BackwardWorkspace<S> prepared_workspace(const detail::Problem& p, bool is_naive,
+                                        const detail::Exec& exec, float* memory) {
+  BackwardWorkspace<S> ws(p, is_naive, exec.workers);
+  ws.base = memory;
+  ws.prepare(exec);
+  return ws;
+}
+
 }  // namespace backward_detail
 
 template <class S>
@@ -124,10 +135,7 @@ void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   using Ops = TileOps<S>;
   using Bwd = BackwardOps<S>;
   using Mods = ScoreModOps<S>;
-  using W = BackwardWorkspace<S>;
-  W ws(p, /*is_naive=*/false, exec.workers);
-  ws.base = memory;
-  ws.prepare(exec);
+  auto ws = backward_detail::prepared_workspace<S>(p, /*is_naive=*/false, exec, memory);
   const std::int64_t D = p.head_dim, Dp = ws.Dp;
 
   detail::parallel_items(exec, ws.items(), [&](std::int64_t index, int worker) {
@@ -176,17 +184,21 @@ template <class S>
 void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = TileOps<S>;
   using Bwd = BackwardOps<S>;
-  using W = BackwardWorkspace<S>;
-  W ws(p, /*is_naive=*/true, exec.workers);
-  ws.base = memory;
-  ws.prepare(exec);
+  auto ws = backward_detail::prepared_workspace<S>(p, /*is_naive=*/true, exec, memory);
   const std::int64_t D = p.head_dim, Dp = ws.Dp;
 
-  // Stage 1: P, over the keys [k0, n) the tile's rows cover.
-  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
-    const auto x = ws.query_tile(index);
-    const std::int64_t k0 = x.first_key_tile(Ops::Bc), n = ws.keys_covered(x);
-    if (n <= k0) return;
+  // Stages 1 and 2 run stage(x, index, k0, n) on each query tile in parallel, over the
+  // keys [k0, n) its rows cover (none: the tile is skipped).
+  auto each_covered_tile = [&](auto stage) {
+    detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
+      const auto x = ws.query_tile(index);
+      const std::int64_t k0 = x.first_key_tile(Ops::Bc), n = ws.keys_covered(x);
+      if (n > k0) stage(x, index, k0, n);
+    });
+  };
+
+  // Stage 1: P.
+  each_covered_tile([&](const QueryTile& x, std::int64_t index, std::int64_t k0, std::int64_t n) {
     float* probs = ws.probs(index) + k0 * Ops::Br;
     Ops::scores_tile(ws.k_panels(x.b, x.hk), k0, n - k0, ws.qt(index), D, probs);
     if (p.mods.any()) {
@@ -202,10 +214,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   });
 
   // Stage 2: dS.
-  detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
-    const auto x = ws.query_tile(index);
-    const std::int64_t k0 = x.first_key_tile(Ops::Bc), n = ws.keys_covered(x);
-    if (n <= k0) return;
+  each_covered_tile([&](const QueryTile& x, std::int64_t index, std::int64_t k0, std::int64_t n) {
     float* dscores = ws.dscores(index) + k0 * Ops::Br;
     Ops::scores_tile(ws.v_panels(x.b, x.hk), k0, n - k0, ws.dot(index), D, dscores);
     Bwd::grad_scores(ws.probs(index) + k0 * Ops::Br, dscores, n - k0, ws.delta(index));
@@ -220,7 +229,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
     const auto tile = ws.worker(worker);
     std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
     std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
-    ws.for_each_query_tile_seeing(b, hk, key, [&](const typename W::QueryTile& x) {
+    ws.for_each_query_tile_seeing(b, hk, key, [&](const QueryTile& x) {
       const auto dout = ws.do_rows(x), q = ws.q_rows(x);
       Bwd::rows_accumulate(tile.dv, key.nj, Dp, ws.probs(x.index) + key.j0 * Ops::Br,
                            dout.data, dout.stride, x.rows);
@@ -246,7 +255,7 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
       Ops::pv_accumulate(k_rows + j0 * k_stride, k_stride, nj, dscores + j0 * Ops::Br,
                          tile.ones, D, tile.dqt, on_edge ? &band : nullptr);
     }
-    backward_detail::store_query_grads<S, W::Br>(p, x, 1, [&](std::int64_t) { return tile.dqt; });
+    backward_detail::store_query_grads<S, Ops::Br>(p, x, 1, [&](std::int64_t) { return tile.dqt; });
   });
 }
 

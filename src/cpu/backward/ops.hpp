@@ -32,31 +32,31 @@ struct BackwardOps {
   // Head dim rounded up to whole vectors: the row buffers' and accumulators' width.
   static std::int64_t padded_dim(std::int64_t D) { return (D + L - 1) / L * L; }
 
-  // st[j][i] ← 2^(st[j][i] − lse2[i]) for nj rows: the forward's probabilities, from
-  // scores in log2 units. A query that sees no key has lse2 = +inf, so its P is 0.
-  static void probs_from_lse(float* st, std::int64_t nj, const float* lse2) {
-    vec m[NV];
+  // t[j][i] ← f(t[j][i], c[i], j·Br + i) for the nj rows of a tile, c one float per
+  // query lane: each element against its lane's value, the lane vectors loaded once.
+  template <class F>
+  [[gnu::always_inline]] static void update_rows(float* t, std::int64_t nj, const float* c, F f) {
+    vec cv[NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) m[v] = S::load(lse2 + v * L);
+    for (int v = 0; v < NV; ++v) cv[v] = S::load(c + v * L);
     for (std::int64_t j = 0; j < nj; ++j)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
-        float* s = st + j * Br + v * L;
-        S::store(s, exp2<S>(S::load(s) - m[v]));
+        float* e = t + j * Br + v * L;
+        S::store(e, f(S::load(e), cv[v], j * Br + v * L));
       }
+  }
+
+  // st[j][i] ← 2^(st[j][i] − lse2[i]) for nj rows: the forward's probabilities, from
+  // scores in log2 units. A query that sees no key has lse2 = +inf, so its P is 0.
+  static void probs_from_lse(float* st, std::int64_t nj, const float* lse2) {
+    update_rows(st, nj, lse2, [](vec s, vec m, std::int64_t) { return exp2<S>(s - m); });
   }
 
   // dst[j][i] ← P[j][i] · (dst[j][i] − delta[i]): dS from dP, for nj rows.
   static void grad_scores(const float* p, float* dst, std::int64_t nj, const float* delta) {
-    vec dl[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) dl[v] = S::load(delta + v * L);
-    for (std::int64_t j = 0; j < nj; ++j)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        float* d = dst + j * Br + v * L;
-        S::store(d, S::load(p + j * Br + v * L) * (S::load(d) - dl[v]));
-      }
+    update_rows(dst, nj, delta,
+                [p](vec dp, vec dl, std::int64_t e) { return S::load(p + e) * (dp - dl); });
   }
 
   // dst[j][i] ← dst[j][i] · factor[j][i] for nj rows (dS through the softcap).
@@ -78,12 +78,7 @@ struct BackwardOps {
       vec xv[W];
 #pragma GCC unroll 8
       for (int w = 0; w < W; ++w) xv[w] = S::load(x + i * x_stride + w * L);
-#pragma GCC unroll 16
-      for (int r = 0; r < KR; ++r) {
-        const vec pb = S::splat(p[r * Br + i]);
-#pragma GCC unroll 8
-        for (int w = 0; w < W; ++w) a[r][w] = S::fma(pb, xv[w], a[r][w]);
-      }
+      rank1_update<S>(a, [&](int r) { return p[r * Br + i]; }, xv);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < KR; ++r)

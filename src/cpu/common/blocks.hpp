@@ -59,6 +59,28 @@ inline constexpr int kChainLevels = [] {
   return n;
 }();
 
+// No row of a register block sits out a rank-1 update (rank1_update's default).
+struct NoRowSkips {
+  constexpr bool operator()(int) const { return false; }
+};
+
+// acc[r][·] ← a(r)·b[·] + acc[r][·] for each row r of an R×C block that `skips` does not
+// name: one broadcast of the row's scalar against the C vectors of b, then C FMAs. With
+// First, acc[r][·] ← a(r)·b[·] (a chain's first dim: the block is not zeroed first). The
+// inner step of every outer-product kernel: scores from a transposed tile, P·V from
+// value rows.
+template <class S, bool First = false, int R, int C, class RowScalar, class Skips = NoRowSkips>
+[[gnu::always_inline]] inline void rank1_update(typename S::vec (&acc)[R][C], RowScalar a,
+                                                const typename S::vec (&b)[C], Skips skips = {}) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    if (skips(r)) continue;
+    const typename S::vec ar = S::splat(a(r));
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = First ? ar * b[c] : S::fma(ar, b[c], acc[r][c]);
+  }
+}
+
 template <class V, int R, int C>
 [[gnu::always_inline]] inline void add_sums(V (&acc)[R][C], const V (&sums)[R][C]) {
 #pragma GCC unroll 16
@@ -96,6 +118,36 @@ template <class V, int R, int C, class Chain>
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) level[j][r][c] = acc[r][c];
   }
+}
+
+// acc[r][c] = Σ_{d<D} a(d, r) · b(d, c): the scores of a row block against a tile whose
+// dims are its rows, one rank-1 update per dim (b's C vectors loaded once, a(d, r)
+// broadcast), the dims in chains summed pairwise (sum_chains). each_dim() runs before
+// each dim's loads (the decode kernel's prefetch).
+template <class S, int R, int C, class A, class B, class EachDim>
+[[gnu::always_inline]] inline void dim_sums(std::int64_t D, typename S::vec (&acc)[R][C], A a, B b,
+                                            EachDim each_dim) {
+  sum_chains(D, acc, [&](std::int64_t d0, std::int64_t d1) {
+    auto dim = [&](std::int64_t d, auto first) {
+      each_dim();
+      typename S::vec bv[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) bv[c] = b(d, c);
+      rank1_update<S, decltype(first)::value>(acc, [&](int r) { return a(d, r); }, bv);
+    };
+    dim(d0, std::true_type{});
+    for (std::int64_t d = d0 + 1; d < d1; ++d) dim(d, std::false_type{});
+  });
+}
+
+// out[r·stride + c·lanes] ← acc[r][c]: a register block's rows to memory.
+template <class S, int R, int C>
+[[gnu::always_inline]] inline void store_block(const typename S::vec (&acc)[R][C], float* out,
+                                               std::int64_t stride) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) S::store(out + r * stride + c * S::lanes, acc[r][c]);
 }
 
 }  // namespace fattn::cpu

@@ -31,13 +31,9 @@ inline typename S::vec exp2(typename S::vec x) {
   const vec t = x + biased_magic;
   const vec n = t - biased_magic;
   const vec f = x - n;
-  vec p = S::splat(1.5361311670858413e-04f);
-  p = S::fma(p, f, S::splat(1.3400082243606448e-03f));
-  p = S::fma(p, f, S::splat(9.6184313297271729e-03f));
-  p = S::fma(p, f, S::splat(5.5503282696008682e-02f));
-  p = S::fma(p, f, S::splat(2.4022647738456726e-01f));
-  p = S::fma(p, f, S::splat(6.9314718246459961e-01f));
-  p = S::fma(p, f, S::splat(1.0f));
+  const vec p = horner<S>(f, 1.5361311670858413e-04f, 1.3400082243606448e-03f,
+                          9.6184313297271729e-03f, 5.5503282696008682e-02f,
+                          2.4022647738456726e-01f, 6.9314718246459961e-01f, 1.0f);
   // n = −127 gives a zero exponent field: 2^n = 0, the flush to zero above.
   ivec bits;
   static_assert(sizeof bits == sizeof t);

@@ -115,15 +115,10 @@ struct ScoreModOps {
   static vec softcap(vec x, float cap2, vec* grad) {
     const vec u = S::at_most(x < 0.0f ? -x : x, 9.0f * cap2) * S::splat(1.0f / cap2);
     const vec z = u * u;
-    vec num = S::splat(1.3663212839e-08f), den = S::splat(7.9028569118e-07f);
-    num = S::fma(num, z, S::splat(2.0831808719e-05f));
-    den = S::fma(den, z, S::splat(3.3077721829e-04f));
-    num = S::fma(num, z, S::splat(3.5091259584e-03f));
-    den = S::fma(den, z, S::splat(2.5928489217e-02f));
-    num = S::fma(num, z, S::splat(1.3392425730e-01f));
-    den = S::fma(den, z, S::splat(4.6725744378e-01f));
-    num = S::fma(num, z, S::splat(9.9999998322e-01f));
-    den = S::fma(den, z, S::splat(1.0f));
+    const vec num = horner<S>(z, 1.3663212839e-08f, 2.0831808719e-05f, 3.5091259584e-03f,
+                              1.3392425730e-01f, 9.9999998322e-01f);
+    const vec den = horner<S>(z, 7.9028569118e-07f, 3.3077721829e-04f, 2.5928489217e-02f,
+                              4.6725744378e-01f, 1.0f);
     vec t = u * num / den;
     t = x < 0.0f ? -t : t;
     if (grad) *grad = S::splat(1.0f) - t * t;

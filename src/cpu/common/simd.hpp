@@ -107,4 +107,14 @@ struct Simd {
   }
 };
 
+// c0·x^n + c1·x^(n−1) + … + cn by Horner's rule, highest coefficient first: one FMA per
+// coefficient after the first, in the order written, so a polynomial approximation gives
+// the same bits as its FMAs spelled out.
+template <class S, class... C>
+[[gnu::always_inline]] inline typename S::vec horner(typename S::vec x, float c0, C... c) {
+  typename S::vec p = S::splat(c0);
+  ((p = S::fma(p, x, S::splat(c))), ...);
+  return p;
+}
+
 }  // namespace fattn::cpu

@@ -169,27 +169,10 @@ struct TileOps {
   static void scores_block(const Keys& k, const float* qt, std::int64_t D, float* st,
                            EachDim each_dim = {}) {
     vec acc[MK][NV];
-    sum_chains(D, acc, [&](std::int64_t d0, std::int64_t d1) {
-      auto dim = [&](std::int64_t d, auto first) {
-        each_dim();
-        vec qv[NV];
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) qv[v] = S::load(qt + d * Br + v * L);
-#pragma GCC unroll 16
-        for (int r = 0; r < MK; ++r) {
-          const vec kb = S::splat(k.at(d, r));
-#pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v)
-            acc[r][v] = decltype(first)::value ? kb * qv[v] : S::fma(kb, qv[v], acc[r][v]);
-        }
-      };
-      dim(d0, std::true_type{});
-      for (std::int64_t d = d0 + 1; d < d1; ++d) dim(d, std::false_type{});
-    });
-#pragma GCC unroll 16
-    for (int r = 0; r < MK; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) S::store(st + r * Br + v * L, acc[r][v]);
+    dim_sums<S>(
+        D, acc, [&](std::int64_t d, int r) { return k.at(d, r); },
+        [&](std::int64_t d, int v) { return S::load(qt + d * Br + v * L); }, each_dim);
+    store_block<S>(acc, st, Br);
   }
 
   // Scores of keys [j0, j0 + nj) against the query tile: nj rows of st.

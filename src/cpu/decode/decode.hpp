@@ -9,7 +9,7 @@
 //                                    through the transposed tile; items of 48 rows or
 //                                    more: the query rows along the lanes instead,
 //                                    cpu/decode/query_lanes.hpp; a bfloat16 cache on
-//                                    vdpbf16ps, cpu/decode/scores_bf16.hpp and
+//                                    vdpbf16ps, cpu/decode/bf16.hpp and
 //                                    cpu/decode/query_lanes_bf16.hpp)
 //        m, l, st ← online softmax  (softmax_update; the visibility object says which
 //                                    keys each row sees)
@@ -40,8 +40,7 @@
 #include "cpu/decode/ops.hpp"
 #include "cpu/decode/query_lanes.hpp"
 #include "cpu/decode/query_lanes_bf16.hpp"
-#include "cpu/decode/scores_bf16.hpp"
-#include "cpu/decode/values_bf16.hpp"
+#include "cpu/decode/bf16.hpp"
 #include "cpu/common/online_softmax.hpp"
 #include "cpu/common/workspace.hpp"
 
@@ -382,7 +381,7 @@ struct DecodeWorker {
   }
 
   // st ← the tile's scores: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems
-  // (cpu/decode/scores_bf16.hpp), else in float32 (DecodeOps::tile_scores).
+  // (cpu/decode/bf16.hpp), else in float32 (DecodeOps::tile_scores).
   template <class Rows>
   void scores(const HeadState& h, std::int64_t rows, const Rows& k, std::int64_t nj, float* kt,
               float* st, typename Ops::Prefetch& next) const {
@@ -394,7 +393,7 @@ struct DecodeWorker {
   }
 
   // os ← alpha·os + P·V: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems
-  // (cpu/decode/values_bf16.hpp), else in float32.
+  // (cpu/decode/bf16.hpp), else in float32.
   template <class Rows>
   void values(const float* probs, std::int64_t rows, const std::int32_t* visible, std::int64_t nj,
               const Rows& v, const HeadState& h) const {

@@ -255,27 +255,11 @@ struct DecodeOps {
   static void scores_block(const float* qs, std::int64_t Dp, std::int64_t D, const float* kt,
                            float* st, Prefetch& next) {
     vec acc[R][KV];
-    sum_chains(D, acc, [&](std::int64_t d0, std::int64_t d1) {
-      auto dim = [&](std::int64_t d, auto first) {
-        next.issue_line();
-        vec kv[KV];
-#pragma GCC unroll 8
-        for (int u = 0; u < KV; ++u) kv[u] = S::load(kt + d * Bk + u * L);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const vec qb = S::splat(qs[r * Dp + d]);
-#pragma GCC unroll 8
-          for (int u = 0; u < KV; ++u)
-            acc[r][u] = decltype(first)::value ? qb * kv[u] : S::fma(qb, kv[u], acc[r][u]);
-        }
-      };
-      dim(d0, std::true_type{});
-      for (std::int64_t d = d0 + 1; d < d1; ++d) dim(d, std::false_type{});
-    });
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int u = 0; u < KV; ++u) S::store(st + r * Bk + u * L, acc[r][u]);
+    dim_sums<S>(
+        D, acc, [&](std::int64_t d, int r) { return qs[r * Dp + d]; },
+        [&](std::int64_t d, int u) { return S::load(kt + d * Bk + u * L); },
+        [&] { next.issue_line(); });
+    store_block<S>(acc, st, Bk);
   }
 
   // Scores of the key tile against `rows` query rows; the rows of `next` the transpose
@@ -292,7 +276,7 @@ struct DecodeOps {
   // Scores of one key tile: straight from the key rows for a few rows (AVX-512,
   // cpu/decode/direct.hpp; AVX2, cpu/decode/direct_avx2.hpp), else through the transposed tile kt. Either way `next` is
   // asked for between blocks, and for the rest at the end. (A bfloat16 cache on
-  // AVX512-BF16 takes cpu/decode/scores_bf16.hpp instead.)
+  // AVX512-BF16 takes cpu/decode/bf16.hpp instead.)
   template <class E>
   static void tile_scores(const float* qs, std::int64_t rows, std::int64_t D, const Rows<E>& k,
                           std::int64_t nj, float* kt, float* st, Prefetch& next) {
@@ -385,13 +369,8 @@ struct DecodeOps {
         vec vv[NDV];
 #pragma GCC unroll 8
         for (int u = 0; u < NDV; ++u) vv[u] = load_vec<S>(vrow + u * L);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          if (Masked && j >= visible[r]) continue;
-          const vec pb = S::splat(p[r * Bk + j]);
-#pragma GCC unroll 8
-          for (int u = 0; u < NDV; ++u) acc[r][u] = S::fma(pb, vv[u], acc[r][u]);
-        }
+        rank1_update<S>(acc, [=](int r) { return p[r * Bk + j]; }, vv,
+                        [=](int r) { return Masked && j >= visible[r]; });
       }
     }
 #pragma GCC unroll 8

@@ -30,6 +30,33 @@
 
 namespace fattn::cpu {
 
+// st[r·stride + 16c + ·] = factor · Σ_{d<D2} a(d, r) · b(d, c) for an R × C block on
+// vdpbf16ps: a(d, r) a pair of bfloat16 (one 32-bit word) broadcast to every lane, b(d, c)
+// 16 pairs; each_dim() runs once per pair of dims. The scores block of the fused kernel
+// (keys × query lanes) and of the decode kernel (query rows × keys).
+template <int R, int C, class A, class B, class EachDim>
+[[gnu::always_inline]] inline void pair_scores(std::int64_t D2, A a, B b, EachDim each_dim,
+                                               float factor, float* st, std::int64_t stride) {
+  __m512 acc[R][C] = {};
+  for (std::int64_t d = 0; d < D2; ++d) {
+    each_dim();
+    __m512bh bv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) bv[c] = b(d, c);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh ar = as_pairs(_mm512_set1_epi32(static_cast<int>(a(d, r))));
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], ar, bv[c]);
+    }
+  }
+  const __m512 f = _mm512_set1_ps(factor);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(st + r * stride + c * 16, _mm512_mul_ps(acc[r][c], f));
+}
+
 template <class S>
 struct DotBf16Ops {
   using Ops = TileOps<S>;
@@ -167,24 +194,10 @@ struct DotBf16Ops {
   template <class Keys, class EachDim = typename Ops::Nothing>
   static void scores_block(const Keys& k, const Pair* qp, std::int64_t D2, float factor, float* st,
                            EachDim each_dim = {}) {
-    __m512 acc[MK][NV] = {};
-    for (std::int64_t d = 0; d < D2; ++d) {
-      each_dim();
-      __m512bh qv[NV];
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) qv[v] = as_pairs(_mm512_load_si512(qp + d * Br + v * L));
-#pragma GCC unroll 16
-      for (int r = 0; r < MK; ++r) {
-        const __m512bh kb = as_pairs(_mm512_set1_epi32(static_cast<int>(k.at(d, r))));
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kb, qv[v]);
-      }
-    }
-    const __m512 scale = _mm512_set1_ps(factor);
-#pragma GCC unroll 16
-    for (int r = 0; r < MK; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) _mm512_store_ps(st + r * Br + v * L, _mm512_mul_ps(acc[r][v], scale));
+    pair_scores<MK, NV>(
+        D2, [&](std::int64_t d, int r) { return k.at(d, r); },
+        [&](std::int64_t d, int v) { return as_pairs(_mm512_load_si512(qp + d * Br + v * L)); },
+        each_dim, factor, st, Br);
   }
 
   // Scores of keys [j0, j0 + nj) against the query tile: nj rows of st (whole panels).
