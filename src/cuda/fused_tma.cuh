@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
       // its own wgmma groups, so ptxas keeps them asynchronous).
       mbar_wait(q_full, 0);
       wait_k(0);
-      issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(0));
+      issue_qk<Sw128Slices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(0));
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
       release_k(0);
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
         wait_k(j);
         wait_v(j - 1);
         if (needs_visible_keys_only(j - 1)) {  // rare: a NaN/Inf value at a key some rows do not see
-          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
+          issue_qk<Sw128Slices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
           wgmma_wait_group<0>();
           wgmma_fence_operands(s);
           scale_mask_softmax(s, j, true, rows, alphas);
@@ -301,8 +301,8 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
           release_v(j - 1);
         } else if (hides_keys(j, c.q0)) {
           // Masking tiles wait for both groups first (fused_wgmma.cuh: C7514).
-          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
-          issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc((j - 1) % S::kStages));
+          issue_qk<Sw128Slices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
+          issue_pv<Sw128Slices, T, kD, S::kKS>(a, o, v_desc((j - 1) % S::kStages));
           wgmma_wait_group<0>();
           wgmma_fence_operands(s);
           pv_done<kD, S::kKS>(a, o);
@@ -310,8 +310,8 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
           release_v(j - 1);
           scale_mask_softmax(s, j, true, rows, alphas);
         } else {
-          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
-          issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc((j - 1) % S::kStages));
+          issue_qk<Sw128Slices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
+          issue_pv<Sw128Slices, T, kD, S::kKS>(a, o, v_desc((j - 1) % S::kStages));
           wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
           wgmma_fence_operands(s);
           release_k(j);
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
       if (needs_visible_keys_only(last)) {
         pv_visible_keys_only(last, last);
       } else {
-        issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc(last % S::kStages));
+        issue_pv<Sw128Slices, T, kD, S::kKS>(a, o, v_desc(last % S::kStages));
         wgmma_wait_group<0>();
         pv_done<kD, S::kKS>(a, o);
       }

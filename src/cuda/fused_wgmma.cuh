@@ -61,20 +61,6 @@ struct WgmmaShape {
 
 // ---- tile operations (issued by the whole warpgroup) -------------------------------------
 
-// Issues S = Q·Kᵀ for the warpgroup's 64 rows and the tile's Bc keys as one group: D/16
-// SS MMAs, K-major A (Q) and B (K). s is valid after the group is waited for.
-template <class T, int kD, int kBc>
-__device__ __forceinline__ void issue_qk(float (&s)[kBc / 8][4], std::uint64_t q_desc,
-                                         std::uint64_t k_desc) {
-  wgmma_fence_operands(s);
-  wgmma_fence();  // s was read by the last tile's softmax
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss<T, kBc, 0, 0>(s, q_desc + kk * k_major_slice_step(),
-                           k_desc + kk * k_major_slice_step(), kk > 0);
-  wgmma_commit_group();
-}
-
 // The probabilities in s rounded to T as the A fragments of P·V: slice k is score
 // blocks 2k and 2k+1 (wgmma.cuh).
 template <class T, int kNS>
@@ -87,21 +73,6 @@ __device__ __forceinline__ void pack_probs(const float (&s)[kNS][4],
     a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
-}
-
-// Issues O += P·V as one group: Bc/16 RS MMAs, P from registers, V N-major from shared.
-// Neither o nor a may be touched until the group is waited for.
-template <class T, int kD, int kKS>
-__device__ __forceinline__ void issue_pv(std::uint32_t (&a)[kKS][4], float (&o)[kD / 8][4],
-                                         std::uint64_t v_desc) {
-#pragma unroll
-  for (int kk = 0; kk < kKS; ++kk) wgmma_fence_operands(a[kk]);
-  wgmma_fence_operands(o);
-  wgmma_fence();  // o was rescaled and a written by ordinary instructions
-#pragma unroll
-  for (int kk = 0; kk < kKS; ++kk)
-    wgmma_rs<T, kD, 1>(o, a[kk], v_desc + kk * n_major_slice_step<kD>(), true);
-  wgmma_commit_group();
 }
 
 // After the P·V group is waited for: the registers are o's and a's again.
@@ -267,7 +238,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
       cp_async_commit();   // possibly empty: keeps one group per iteration
       cp_async_wait<1>();  // everything but tile j+1 has landed
       tiles_landed();
-      issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
+      issue_qk<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j));
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
       const bool slow = needs_visible_keys_only(j);
@@ -277,7 +248,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
       if (slow) {  // rare: a NaN/Inf value at a key some rows do not see
         pv_visible_keys_only(j, j);
       } else {
-        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j)));
+        issue_pv<CoreMatrixSlices, T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j)));
         wgmma_wait_group<0>();
         pv_done<kD, S::kKS>(a, o);
       }
@@ -293,7 +264,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
     cp_async_commit();
     cp_async_wait<1>();  // Q and K_0
     tiles_landed();
-    issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(0));
+    issue_qk<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(0));
     wgmma_wait_group<0>();
     wgmma_fence_operands(s);
     scale_mask_softmax(s, 0, true, rows, alphas);
@@ -306,7 +277,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
       cp_async_wait<1>();  // K_j and V_{j-1} have landed
       tiles_landed();
       if (needs_visible_keys_only(j - 1)) {  // rare: a NaN/Inf value at a key some rows do not see
-        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
+        issue_qk<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j));
         wgmma_wait_group<0>();
         wgmma_fence_operands(s);
         scale_mask_softmax(s, j, true, rows, alphas);
@@ -316,15 +287,15 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
         // The masking's per-warp branch between the waits made ptxas serialize every
         // wgmma of the kernel (C7514), so tiles that mask wait for both groups first:
         // at most the last tile and the ones crossing the block's causal diagonal.
-        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
-        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j - 1)));
+        issue_qk<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j));
+        issue_pv<CoreMatrixSlices, T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j - 1)));
         wgmma_wait_group<0>();
         wgmma_fence_operands(s);
         pv_done<kD, S::kKS>(a, o);
         scale_mask_softmax(s, j, true, rows, alphas);
       } else {
-        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
-        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j - 1)));
+        issue_qk<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j));
+        issue_pv<CoreMatrixSlices, T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j - 1)));
         wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
         wgmma_fence_operands(s);
         scale_mask_softmax(s, j, false, rows, alphas);  // overlaps P_{j-1}·V_{j-1}
@@ -342,7 +313,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
     if (needs_visible_keys_only(last)) {
       pv_visible_keys_only(last, last);
     } else {
-      issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(last)));
+      issue_pv<CoreMatrixSlices, T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(last)));
       wgmma_wait_group<0>();
       pv_done<kD, S::kKS>(a, o);
     }
