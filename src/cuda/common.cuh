@@ -190,6 +190,19 @@ __device__ __forceinline__ void load_key_tile_async(T* dst, const T* head, std::
                                                   min(kKeys, p.kv_len - k0), p.head_dim, tid);
 }
 
+// load_key_tile_async with a kernel's tile shape (its kBc, kPitch and kThreads) and head dim
+// bound: load(dst, head, stride, j) loads key tile j of K or V into dst.
+template <class T, class Shape, int kD>
+struct KeyTileLoader {
+  const Params& p;
+  int tid;
+  __device__ __forceinline__ void operator()(T* dst, const T* head, std::int64_t stride,
+                                             int j) const {
+    load_key_tile_async<T, Shape::kBc, kD, Shape::kPitch, Shape::kThreads>(dst, head, stride, j,
+                                                                           p, tid);
+  }
+};
+
 // The first three cp.async groups of the float32 kernels' one-stage K/V pipeline
 // (fused_tf32.cuh, fused_fma.cuh): the Q tile, K_0, V_0. None for a block that sees no key.
 template <int kBr, int kBc, int kD, int kPitch, int kThreads>

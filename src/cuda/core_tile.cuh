@@ -92,4 +92,17 @@ __host__ __device__ constexpr std::uint64_t n_major_slice_step() {
   return (2 * 16 * kD) >> 4;
 }
 
+// The slice steps of this layout for issue_qk / issue_pv (wgmma.cuh); a K-major step does
+// not depend on the tile's rows here.
+struct CoreMatrixSlices {
+  template <int kRows>
+  __host__ __device__ static constexpr std::uint64_t k_major(int kk) {
+    return kk * k_major_slice_step();
+  }
+  template <int kCols>
+  __host__ __device__ static constexpr std::uint64_t mn_major(int kk) {
+    return kk * n_major_slice_step<kCols>();
+  }
+};
+
 }  // namespace fattn::cuda

@@ -88,9 +88,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
   const BlockCoord c = block.c;
   const int tiles = block.tiles;
 
-  auto load = [&](float* dst, const float* head, std::int64_t stride, int j) {
-    load_key_tile_async<float, S::kBc, kD, S::kPitch, S::kThreads>(dst, head, stride, j, p, tid);
-  };
+  const KeyTileLoader<float, S, kD> load{p, tid};
 
   float o[S::kRows][S::kOut];
   float m[S::kRows], l[S::kRows];

@@ -122,9 +122,7 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32_ker
   const BlockCoord c = block.c;
   const int tiles = block.tiles;
 
-  auto load = [&](float* dst, const float* head, std::int64_t stride, int j) {
-    load_key_tile_async<float, S::kBc, kD, S::kPitch, S::kThreads>(dst, head, stride, j, p, tid);
-  };
+  const KeyTileLoader<float, S, kD> load{p, tid};
 
   float o[kM][S::kDB][4];
   WarpRows rows[kM];

@@ -277,63 +277,27 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
     };
 
     if (tiles > 0) {
-      // Tile 0 peeled off (as in fused_wgmma: every branch of the loop issues and waits for
-      // its own wgmma groups, so ptxas keeps them asynchronous).
-      mbar_wait(q_full, 0);
-      wait_k(0);
-      issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(0));
-      wgmma_wait_group<0>();
-      wgmma_fence_operands(s);
-      release_k(0);
-      scale_mask_softmax(s, 0, true, rows, alphas);
-      pack_probs<T>(s, a);
-#pragma unroll 1
-      for (int j = 1; j < tiles; ++j) {
-        wait_k(j);
-        wait_v(j - 1);
-        if (needs_visible_keys_only(j - 1)) {  // rare: a NaN/Inf value at a key some rows do not see
-          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
-          wgmma_wait_group<0>();
-          wgmma_fence_operands(s);
-          scale_mask_softmax(s, j, true, rows, alphas);
-          pv_visible_keys_only(j - 1, j);  // scratch: K_j's stage, whose Q·Kᵀ is done
-          release_k(j);
-          release_v(j - 1);
-        } else if (hides_keys(j, c.q0)) {
-          // Masking tiles wait for both groups first (fused_wgmma.cuh: C7514).
-          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
-          issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc((j - 1) % S::kStages));
-          wgmma_wait_group<0>();
-          wgmma_fence_operands(s);
-          pv_done<kD, S::kKS>(a, o);
-          release_k(j);
-          release_v(j - 1);
-          scale_mask_softmax(s, j, true, rows, alphas);
-        } else {
-          issue_qk_sw128<T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j % S::kStages));
-          issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc((j - 1) % S::kStages));
-          wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
-          wgmma_fence_operands(s);
-          release_k(j);
-          scale_mask_softmax(s, j, false, rows, alphas);  // overlaps P_{j-1}·V_{j-1}
-          wgmma_wait_group<0>();
-          pv_done<kD, S::kKS>(a, o);
-          release_v(j - 1);
-        }
-        rescale_rows(o, alphas);
-        pack_probs<T>(s, a);
-      }
-      // The last tile's P·V. Its K stage was released, but the producer has nothing left to
-      // load into a K stage (V_last is its last copy), so the slow path may use it.
-      const int last = tiles - 1;
-      wait_v(last);
-      if (needs_visible_keys_only(last)) {
-        pv_visible_keys_only(last, last);
-      } else {
-        issue_pv_sw128<T, kD, S::kKS>(a, o, v_desc(last % S::kStages));
-        wgmma_wait_group<0>();
-        pv_done<kD, S::kKS>(a, o);
-      }
+      const auto ring = Hooks{
+          [&](FirstTilesLanded) {
+            mbar_wait(q_full, 0);
+            wait_k(0);
+          },
+          [&](TilesLanded, int j) {
+            wait_k(j);
+            wait_v(j - 1);
+          },
+          // The last tile's K stage was released, but the producer has nothing left to load
+          // into a K stage (V_last is its last copy), so the slow path may use it.
+          [&](LastValuesLanded, int j) { wait_v(j); },
+          [&](KeysDone, int j) { release_k(j); }, [&](ValuesDone, int j) { release_v(j); },
+          [&](TileDone) {},
+          [&](KeyDesc, int j) { return k_desc(j % S::kStages); },
+          [&](ValueDesc, int j) { return v_desc(j % S::kStages); },
+          [&](NeedsVisibleKeysOnly, int j) { return needs_visible_keys_only(j); },
+          [&](PvVisibleKeysOnly, int jv, int j_scratch) { pv_visible_keys_only(jv, j_scratch); }};
+      pipelined_key_tiles<Sw128Slices, T, kD, S::kBc, S::kBr>(
+          ring, tiles, q_desc, s, a, o, rows, alphas, scale_mask_softmax,
+          [&](int j) { return hides_keys(j, c.q0); });
     }
     finish();  // tiles == 0: no key visible to any row of the tile: 0 and lse = -inf
   }

@@ -61,20 +61,6 @@ struct WgmmaShape {
 
 // ---- tile operations (issued by the whole warpgroup) -------------------------------------
 
-// Issues S = Q·Kᵀ for the warpgroup's 64 rows and the tile's Bc keys as one group: D/16
-// SS MMAs, K-major A (Q) and B (K). s is valid after the group is waited for.
-template <class T, int kD, int kBc>
-__device__ __forceinline__ void issue_qk(float (&s)[kBc / 8][4], std::uint64_t q_desc,
-                                         std::uint64_t k_desc) {
-  wgmma_fence_operands(s);
-  wgmma_fence();  // s was read by the last tile's softmax
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss<T, kBc, 0, 0>(s, q_desc + kk * k_major_slice_step(),
-                           k_desc + kk * k_major_slice_step(), kk > 0);
-  wgmma_commit_group();
-}
-
 // The probabilities in s rounded to T as the A fragments of P·V: slice k is score
 // blocks 2k and 2k+1 (wgmma.cuh).
 template <class T, int kNS>
@@ -87,21 +73,6 @@ __device__ __forceinline__ void pack_probs(const float (&s)[kNS][4],
     a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
-}
-
-// Issues O += P·V as one group: Bc/16 RS MMAs, P from registers, V N-major from shared.
-// Neither o nor a may be touched until the group is waited for.
-template <class T, int kD, int kKS>
-__device__ __forceinline__ void issue_pv(std::uint32_t (&a)[kKS][4], float (&o)[kD / 8][4],
-                                         std::uint64_t v_desc) {
-#pragma unroll
-  for (int kk = 0; kk < kKS; ++kk) wgmma_fence_operands(a[kk]);
-  wgmma_fence_operands(o);
-  wgmma_fence();  // o was rescaled and a written by ordinary instructions
-#pragma unroll
-  for (int kk = 0; kk < kKS; ++kk)
-    wgmma_rs<T, kD, 1>(o, a[kk], v_desc + kk * n_major_slice_step<kD>(), true);
-  wgmma_commit_group();
 }
 
 // After the P·V group is waited for: the registers are o's and a's again.
@@ -162,6 +133,102 @@ __device__ __forceinline__ void pv_visible_keys_shared(const std::uint32_t (&a)[
         }
       }
     }
+  }
+}
+
+// ---- the pipelined schedule (fused_wgmma_pipelined, and fused_tma's consumers) -------------
+// FlashAttention-3's intra-warpgroup overlap (header comment) is one schedule for both ways of
+// bringing the tiles in: cp.async stages loaded by every thread (fused_wgmma) and a TMA ring
+// filled by a producer warpgroup (fused_tma.cuh). What differs is when a tile has landed, when
+// its stage may be reused and where it lies: the kernel's hooks, one callable per tag below.
+struct FirstTilesLanded {};      // (): Q and K_0 have landed
+struct TilesLanded {};           // (j): K_j and V_{j-1} have landed
+struct LastValuesLanded {};      // (j): V_j, the last tile's values, have landed
+struct KeysDone {};              // (j): Q·K_jᵀ is done with K_j's stage
+struct ValuesDone {};            // (j): P_j·V_j is done with V_j's stage
+struct TileDone {};              // (): a tile's softmax is done (the stages the next loads reuse)
+struct KeyDesc {};               // (j) -> K_j's descriptor
+struct ValueDesc {};             // (j) -> V_j's descriptor
+struct NeedsVisibleKeysOnly {};  // (j) -> whether V_j skips the tensor cores (uniform over the MMAs' threads)
+struct PvVisibleKeysOnly {};     // (jv, j_scratch): that slow path, K_{j_scratch}'s stage as scratch
+
+// The hooks as one object: lambdas each taking its tag first.
+template <class... Hook>
+struct Hooks : Hook... {
+  using Hook::operator()...;
+};
+template <class... Hook>
+Hooks(Hook...) -> Hooks<Hook...>;
+
+// Tiles 0 .. tiles-1 (tiles > 0) in the pipelined schedule: iteration j issues S_j = Q·K_jᵀ and
+// O += P_{j-1}·V_{j-1}, waits for S_j and computes P_j under the P·V; tile 0 is peeled off and
+// the last P·V follows the loop, so that every branch issues and waits for its own wgmma groups
+// (ptxas serializes wgmma whose waits it finds in divergent paths, C7518). The slow path
+// (a NaN/Inf value at a key some rows do not see) and the masking tiles wait for both groups
+// first: the masking's per-warp branch between the waits made ptxas serialize every wgmma of
+// the kernel (C7514). hides_block_keys(j): whether tile j hides a key from a row of the block.
+template <class Slices, class T, int kD, int kBc, int kQRows, class Tiles, class Softmax,
+          class HidesBlockKeys>
+__device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int count,
+                                                    std::uint64_t q_desc, float (&s)[kBc / 8][4],
+                                                    std::uint32_t (&a)[kBc / 16][4],
+                                                    float (&o)[kD / 8][4], WarpRows& rows,
+                                                    float (&alphas)[2],
+                                                    const Softmax& scale_mask_softmax,
+                                                    const HidesBlockKeys& hides_block_keys) {
+  constexpr int kKS = kBc / 16;
+  tiles(FirstTilesLanded{});
+  issue_qk<Slices, T, kD, kBc, kQRows>(s, q_desc, tiles(KeyDesc{}, 0));
+  wgmma_wait_group<0>();
+  wgmma_fence_operands(s);
+  tiles(KeysDone{}, 0);
+  scale_mask_softmax(s, 0, true, rows, alphas);
+  pack_probs<T>(s, a);
+  tiles(TileDone{});
+#pragma unroll 1
+  for (int j = 1; j < count; ++j) {
+    tiles(TilesLanded{}, j);
+    if (tiles(NeedsVisibleKeysOnly{}, j - 1)) {
+      issue_qk<Slices, T, kD, kBc, kQRows>(s, q_desc, tiles(KeyDesc{}, j));
+      wgmma_wait_group<0>();
+      wgmma_fence_operands(s);
+      scale_mask_softmax(s, j, true, rows, alphas);
+      tiles(PvVisibleKeysOnly{}, j - 1, j);  // scratch: K_j's stage, whose Q·Kᵀ is done
+      tiles(KeysDone{}, j);
+      tiles(ValuesDone{}, j - 1);
+    } else if (hides_block_keys(j)) {
+      issue_qk<Slices, T, kD, kBc, kQRows>(s, q_desc, tiles(KeyDesc{}, j));
+      issue_pv<Slices, T, kD, kKS>(a, o, tiles(ValueDesc{}, j - 1));
+      wgmma_wait_group<0>();
+      wgmma_fence_operands(s);
+      pv_done<kD, kKS>(a, o);
+      tiles(KeysDone{}, j);
+      tiles(ValuesDone{}, j - 1);
+      scale_mask_softmax(s, j, true, rows, alphas);
+    } else {
+      issue_qk<Slices, T, kD, kBc, kQRows>(s, q_desc, tiles(KeyDesc{}, j));
+      issue_pv<Slices, T, kD, kKS>(a, o, tiles(ValueDesc{}, j - 1));
+      wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
+      wgmma_fence_operands(s);
+      tiles(KeysDone{}, j);
+      scale_mask_softmax(s, j, false, rows, alphas);  // overlaps P_{j-1}·V_{j-1}
+      wgmma_wait_group<0>();
+      pv_done<kD, kKS>(a, o);
+      tiles(ValuesDone{}, j - 1);
+    }
+    rescale_rows(o, alphas);
+    pack_probs<T>(s, a);
+    tiles(TileDone{});
+  }
+  // The last tile's P·V: its V came after its K.
+  const int last = count - 1;
+  tiles(LastValuesLanded{}, last);
+  if (tiles(NeedsVisibleKeysOnly{}, last)) {
+    tiles(PvVisibleKeysOnly{}, last, last);
+  } else {
+    issue_pv<Slices, T, kD, kKS>(a, o, tiles(ValueDesc{}, last));
+    wgmma_wait_group<0>();
+    pv_done<kD, kKS>(a, o);
   }
 }
 
@@ -267,7 +334,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
       cp_async_commit();   // possibly empty: keeps one group per iteration
       cp_async_wait<1>();  // everything but tile j+1 has landed
       tiles_landed();
-      issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
+      issue_qk<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j));
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
       const bool slow = needs_visible_keys_only(j);
@@ -277,75 +344,44 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
       if (slow) {  // rare: a NaN/Inf value at a key some rows do not see
         pv_visible_keys_only(j, j);
       } else {
-        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j)));
+        issue_pv<CoreMatrixSlices, T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j)));
         wgmma_wait_group<0>();
         pv_done<kD, S::kKS>(a, o);
       }
       __syncthreads();  // this stage is reloaded by the next iteration's prefetch
     }
   } else {
-    // Group j holds K_j and V_{j-1}: V runs one tile behind, as its use does. Tile 0 is
-    // peeled off, so that inside the loop every branch issues and waits for its own wgmma
-    // groups (ptxas serializes wgmma whose waits it finds in divergent paths, C7518).
-    cp_async_commit();
-    if (tiles > 1) load_k(1);
-    load_v(0);
-    cp_async_commit();
-    cp_async_wait<1>();  // Q and K_0
-    tiles_landed();
-    issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(0));
-    wgmma_wait_group<0>();
-    wgmma_fence_operands(s);
-    scale_mask_softmax(s, 0, true, rows, alphas);
-    pack_probs<T>(s, a);
-    __syncthreads();  // K_0's stage is reloaded next
-    for (int j = 1; j < tiles; ++j) {
-      if (j + 1 < tiles) load_k(j + 1);
-      load_v(j);
-      cp_async_commit();
-      cp_async_wait<1>();  // K_j and V_{j-1} have landed
-      tiles_landed();
-      if (needs_visible_keys_only(j - 1)) {  // rare: a NaN/Inf value at a key some rows do not see
-        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
-        wgmma_wait_group<0>();
-        wgmma_fence_operands(s);
-        scale_mask_softmax(s, j, true, rows, alphas);
-        // scratch: K_j's stage, whose Q·Kᵀ is done
-        pv_visible_keys_only(j - 1, j);
-      } else if (hides_keys(j, c.q0)) {
-        // The masking's per-warp branch between the waits made ptxas serialize every
-        // wgmma of the kernel (C7514), so tiles that mask wait for both groups first:
-        // at most the last tile and the ones crossing the block's causal diagonal.
-        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
-        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j - 1)));
-        wgmma_wait_group<0>();
-        wgmma_fence_operands(s);
-        pv_done<kD, S::kKS>(a, o);
-        scale_mask_softmax(s, j, true, rows, alphas);
-      } else {
-        issue_qk<T, kD, S::kBc>(s, q_desc, k_desc(j));
-        issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j - 1)));
-        wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
-        wgmma_fence_operands(s);
-        scale_mask_softmax(s, j, false, rows, alphas);  // overlaps P_{j-1}·V_{j-1}
-        wgmma_wait_group<0>();
-        pv_done<kD, S::kKS>(a, o);
-      }
-      rescale_rows(o, alphas);
-      pack_probs<T>(s, a);
-      __syncthreads();  // K_j's and V_{j-1}'s stages are reloaded by the next iteration
-    }
-    // The last tile's P·V: its V came in the last group.
-    cp_async_wait<0>();
-    tiles_landed();
-    const int last = tiles - 1;
-    if (needs_visible_keys_only(last)) {
-      pv_visible_keys_only(last, last);
-    } else {
-      issue_pv<T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(last)));
-      wgmma_wait_group<0>();
-      pv_done<kD, S::kKS>(a, o);
-    }
+    // Group j holds K_j and V_{j-1}: V runs one tile behind, as its use does.
+    const auto stages = Hooks{
+        [&](FirstTilesLanded) {
+          cp_async_commit();
+          if (tiles > 1) load_k(1);
+          load_v(0);
+          cp_async_commit();
+          cp_async_wait<1>();  // Q and K_0
+          tiles_landed();
+        },
+        [&](TilesLanded, int j) {
+          if (j + 1 < tiles) load_k(j + 1);
+          load_v(j);
+          cp_async_commit();
+          cp_async_wait<1>();  // K_j and V_{j-1}
+          tiles_landed();
+        },
+        [&](LastValuesLanded, int) {  // in the last group
+          cp_async_wait<0>();
+          tiles_landed();
+        },
+        [&](KeysDone, int) {}, [&](ValuesDone, int) {},
+        // The stages of K_j and V_{j-1} are reloaded by the next iteration.
+        [&](TileDone) { __syncthreads(); },
+        [&](KeyDesc, int j) { return k_desc(j); },
+        [&](ValueDesc, int j) { return n_major_desc<kD>(v_tile(j)); },
+        [&](NeedsVisibleKeysOnly, int j) { return needs_visible_keys_only(j); },
+        [&](PvVisibleKeysOnly, int jv, int j_scratch) { pv_visible_keys_only(jv, j_scratch); }};
+    pipelined_key_tiles<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(
+        stages, tiles, q_desc, s, a, o, rows, alphas, scale_mask_softmax,
+        [&](int j) { return hides_keys(j, c.q0); });
   }
 
   finish();

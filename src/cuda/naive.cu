@@ -62,6 +62,25 @@ __device__ __forceinline__ void accumulate_step(const float (&a_tile)[kStep][kTi
   }
 }
 
+// The thread's 4×4 outputs of the 64×64 tile whose first row is i0 and first column c0,
+// those inside rows × cols, each handed to store(row, col, value): the epilogue of both
+// GEMM kernels (thread (ty, tx) holds rows ty + 16i and columns tx + 16j, as in
+// accumulate_step).
+template <class Store>
+__device__ __forceinline__ void store_tile(const float (&acc)[4][4], int ty, int tx, int i0,
+                                           int c0, int rows, int cols, Store store) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = i0 + ty + 16 * i;
+    if (row >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = c0 + tx + 16 * j;
+      if (col < cols) store(row, col, acc[i][j]);
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads) naive_scores_kernel(const Params p, float* scores) {
   __shared__ float sq[kStep][kTile + kPad];  // [dim][query]
@@ -90,17 +109,9 @@ __global__ void __launch_bounds__(kThreads) naive_scores_kernel(const Params p, 
     __syncthreads();
   }
   float* const rows = scores + static_cast<std::int64_t>(t.bh) * p.q_len * p.kv_len;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = i0 + ty + 16 * i;
-    if (row >= p.q_len) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = j0 + tx + 16 * j;
-      if (col < p.kv_len)
-        rows[static_cast<std::int64_t>(row) * p.kv_len + col] = acc[i][j] * p.scale_log2;
-    }
-  }
+  store_tile(acc, ty, tx, i0, j0, p.q_len, p.kv_len, [&](int row, int col, float s) {
+    rows[static_cast<std::int64_t>(row) * p.kv_len + col] = s * p.scale_log2;
+  });
 }
 
 __device__ __forceinline__ float warp_max(float x) {
@@ -190,16 +201,9 @@ __global__ void __launch_bounds__(kThreads) naive_pv_kernel(const Params p, cons
     __syncthreads();
   }
   T* const out = head_ptr<T>(p.out, p.out_stride, b, h);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = i0 + ty + 16 * i;
-    if (row >= p.q_len) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int dim = d0 + tx + 16 * j;
-      if (dim < p.head_dim) out[row * p.out_stride.seq + dim] = from_float<T>(acc[i][j]);
-    }
-  }
+  store_tile(acc, ty, tx, i0, d0, p.q_len, p.head_dim, [&](int row, int dim, float o) {
+    out[row * p.out_stride.seq + dim] = from_float<T>(o);
+  });
 }
 
 unsigned blocks_of(long long n) { return static_cast<unsigned>(n); }  // dispatcher checks < 2^31

@@ -111,11 +111,10 @@ constexpr TmaTiles tma_tiles(int d) { return d <= 64 ? TmaTiles{2, 128, 3} : Tma
 //             kM = 2: Bc = 64 up to D = 64 (70 KB), 32 above (o + s registers, as
 //             for the 16-bit kernel): (128 + 2·32)·132·4 B = 101 KB at D = 128.
 //   D = 256:  Bc = 32 (o is 128 registers), 133 KB; kM = 1 only.
-constexpr SliceTiles tf32_tiles(int d) {
-  return d <= 64    ? SliceTiles{4, 64, 2, 64}
-         : d <= 128 ? SliceTiles{4, 64, 2, 32}
-                    : SliceTiles{4, 32, 1, 32};
-}
+// These are mma_tiles' tiles: the float accumulators o and s take the same registers in
+// both kernels and set every choice (Bc for kM = 2 and at D = 256), and the float32
+// shared tiles above fit each of them. A change to one kernel's tiles splits this again.
+constexpr SliceTiles tf32_tiles(int d) { return mma_tiles(d); }
 
 // Exact float32 with FMAs (no tensor cores). 256 threads as 16 × 16: thread (r, c)
 // holds the scores of rows 4r..4r+3 and columns c, c+16, ... of the tile, so a row

@@ -103,35 +103,19 @@ __device__ __forceinline__ std::uint64_t sw128_mn_major_desc(const void* tile) {
                                     SmemLayout::swizzle_128b);
 }
 
-// ---- wgmma on swizzled tiles (issued by a whole warpgroup; fused_tma.cuh and the probe) ----
-
-// S = Q·Kᵀ as one group: D/16 SS MMAs, both operands swizzled K-major. The Q descriptor
-// points at the warpgroup's first row; its panels hold kQRows rows.
-template <class T, int kD, int kBc, int kQRows>
-__device__ __forceinline__ void issue_qk_sw128(float (&s)[kBc / 8][4], std::uint64_t q_desc,
-                                               std::uint64_t k_desc) {
-  wgmma_fence_operands(s);
-  wgmma_fence();  // s was read by the last tile's softmax
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss<T, kBc, 0, 0>(s, q_desc + (sw128_k_slice_bytes<kQRows>(kk) >> 4),
-                           k_desc + (sw128_k_slice_bytes<kBc>(kk) >> 4), kk > 0);
-  wgmma_commit_group();
-}
-
-// O += P·V as one group: Bc/16 RS MMAs, P from registers, V swizzled MN-major.
-template <class T, int kD, int kKS>
-__device__ __forceinline__ void issue_pv_sw128(std::uint32_t (&a)[kKS][4], float (&o)[kD / 8][4],
-                                               std::uint64_t v_desc) {
-#pragma unroll
-  for (int kk = 0; kk < kKS; ++kk) wgmma_fence_operands(a[kk]);
-  wgmma_fence_operands(o);
-  wgmma_fence();  // o was rescaled and a written by ordinary instructions
-#pragma unroll
-  for (int kk = 0; kk < kKS; ++kk)
-    wgmma_rs<T, kD, 1>(o, a[kk], v_desc + (sw128_mn_slice_bytes(kk) >> 4), true);
-  wgmma_commit_group();
-}
+// The slice steps of the swizzled layout for issue_qk / issue_pv (wgmma.cuh): a K-major
+// operand's panels hold kRows rows; an MN-major slice is 16 rows of 128 bytes whatever the
+// columns.
+struct Sw128Slices {
+  template <int kRows>
+  __host__ __device__ static constexpr std::uint64_t k_major(int kk) {
+    return sw128_k_slice_bytes<kRows>(kk) >> 4;
+  }
+  template <int kCols>
+  __host__ __device__ static constexpr std::uint64_t mn_major(int kk) {
+    return sw128_mn_slice_bytes(kk) >> 4;
+  }
+};
 
 // ---- mbarrier ----------------------------------------------------------------------------
 // A 64-bit barrier in shared memory with an arrival count and a transaction (byte) count. A

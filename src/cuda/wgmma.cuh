@@ -265,4 +265,40 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 8][4], const std::uint3
 #undef FATTN_WGMMA_SS_TEXT
 #undef FATTN_WGMMA_RS_TEXT
 
+// ---- the two products of a key tile, issued by the whole warpgroup ---------------------------
+// For a layout of the shared tiles (Slices: core_tile.cuh's CoreMatrixSlices, tma.cuh's
+// Sw128Slices), which says how far 16-wide slice kk of an operand moves its descriptor:
+//   Slices::k_major<kRows>(kk)   along K of a K-major operand whose tile has kRows rows
+//   Slices::mn_major<kCols>(kk)  along K (16 rows) of an MN-major operand with kCols columns
+
+// S = Q·Kᵀ for the warpgroup's 64 rows and the tile's Bc keys as one group: D/16 SS MMAs,
+// Q and K both K-major; q_desc points at the warpgroup's first row of a Q tile of kQRows
+// rows. s is valid after the group is waited for.
+template <class Slices, class T, int kD, int kBc, int kQRows>
+__device__ __forceinline__ void issue_qk(float (&s)[kBc / 8][4], std::uint64_t q_desc,
+                                         std::uint64_t k_desc) {
+  wgmma_fence_operands(s);
+  wgmma_fence();  // s was read by the last tile's softmax
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wgmma_ss<T, kBc, 0, 0>(s, q_desc + Slices::template k_major<kQRows>(kk),
+                           k_desc + Slices::template k_major<kBc>(kk), kk > 0);
+  wgmma_commit_group();
+}
+
+// O += P·V as one group: Bc/16 RS MMAs, P from registers, V MN-major from shared. Neither o
+// nor a may be touched until the group is waited for.
+template <class Slices, class T, int kD, int kKS>
+__device__ __forceinline__ void issue_pv(std::uint32_t (&a)[kKS][4], float (&o)[kD / 8][4],
+                                         std::uint64_t v_desc) {
+#pragma unroll
+  for (int kk = 0; kk < kKS; ++kk) wgmma_fence_operands(a[kk]);
+  wgmma_fence_operands(o);
+  wgmma_fence();  // o was rescaled and a written by ordinary instructions
+#pragma unroll
+  for (int kk = 0; kk < kKS; ++kk)
+    wgmma_rs<T, kD, 1>(o, a[kk], v_desc + Slices::template mn_major<kD>(kk), true);
+  wgmma_commit_group();
+}
+
 }  // namespace fattn::cuda

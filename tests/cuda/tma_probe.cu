@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) qk_probe_kernel(const __grid_constan
 #pragma unroll
   for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
   if (f.kernel) {
-    issue_qk_sw128<__half, kD, kKeys, kARows>(s, sw128_k_major_desc<kARows>(sa),
+    issue_qk<Sw128Slices, __half, kD, kKeys, kARows>(s, sw128_k_major_desc<kARows>(sa),
                                               sw128_k_major_desc<kKeys>(sb));
   } else {
     const std::uint64_t da = custom_desc(sa, f), db = custom_desc(sb, f);
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) pv_probe_kernel(const __grid_constan
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   if (f.kernel) {
-    issue_pv_sw128<__half, kD, kKeys / 16>(a, o, sw128_mn_major_desc<kKeys>(smem));
+    issue_pv<Sw128Slices, __half, kD, kKeys / 16>(a, o, sw128_mn_major_desc<kKeys>(smem));
   } else {
     const std::uint64_t dv = custom_desc(smem, f);
 #pragma unroll

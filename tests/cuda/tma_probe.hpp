@@ -102,7 +102,8 @@ cudaError_t run_load(const LoadSetup& setup, const std::vector<std::uint16_t>& t
 
 // ---- 2. wgmma on the swizzled tiles --------------------------------------------------------
 // Descriptor fields for the operand(s) under test. `kernel` = true: the kernel's own
-// descriptors and issue functions (tma.cuh: sw128_*_desc, issue_qk_sw128, issue_pv_sw128);
+// descriptors and issue functions (tma.cuh: sw128_*_desc; wgmma.cuh: issue_qk, issue_pv with
+// tma.cuh's Sw128Slices);
 // else these fields with the kernel's slice starts.
 struct DescFields {
   bool kernel = true;
