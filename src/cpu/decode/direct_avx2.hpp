@@ -55,9 +55,10 @@ struct DirectScoresAvx2 {
   static constexpr int kStep = S::lanes;  // dims per FMA
   static constexpr int kSums = 8;         // dot products per sum_lanes8
 
-  // st[r][j + k] for R rows and 8/R keys starting at j.
+  // st[r][j + k] for R rows and 8/R keys starting at j. Inlined into rows_block: GCC's
+  // own budget stops inlining it once exp2 is written through horner() (objdump).
   template <int R>
-  static void block(const float* q, std::int64_t Dp, const Rows& k, std::int64_t j,
+  [[gnu::always_inline]] static void block(const float* q, std::int64_t Dp, const Rows& k, std::int64_t j,
                     std::int64_t st_stride, float* st) {
     constexpr int KB = kSums / R;
     decltype(k.row(0)) krow[KB];
