@@ -120,8 +120,11 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def _sync_sources(src: Path, dest: Path) -> Path:
-    """Copies the sources the build reads into dest, rewriting only the files whose content
-    changed: reinstalling the package (new mtimes, same bytes) then rebuilds nothing."""
+    """Makes dest a copy of the sources the build reads, rewriting only the files whose
+    content changed (reinstalling the package, new mtimes and the same bytes, then rebuilds
+    nothing) and removing the ones the sources no longer have (a file moved to another
+    folder would otherwise be compiled twice)."""
+    kept = set()
     for pattern in ("include/fattn/*.hpp", "src/model/*.[ch]pp", "src/api/*.[ch]pp",
                     "src/cpu/*.[ch]pp", "src/cpu/*.json", "src/cpu/*/*.[ch]pp",
                     "python/csrc/*.cpp", "python/csrc/*.hpp"):
@@ -129,6 +132,12 @@ def _sync_sources(src: Path, dest: Path) -> Path:
             target = dest / f.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
             _write_if_changed(target, f.read_text())
+            kept.add(target)
+    for f in sorted(dest.rglob("*"), reverse=True):  # a folder after its files
+        if f.is_file() and f not in kept:
+            f.unlink()
+        elif f.is_dir() and not any(f.iterdir()):
+            f.rmdir()
     return dest
 
 
