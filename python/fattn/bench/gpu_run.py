@@ -24,7 +24,6 @@ SHARES = {"masked": 0.30, "forward": 0.25, "decode": 0.20, "training": 0.25}
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 ERROR_ROWS = 16                 # sampled query rows per (batch, head) checked for max_err
 COPY_BYTES = 1 << 30            # the copy roof's tensor (bytes)
-FLOAT64_CACHE_LIMIT = 1 << 30   # decode reference in float64 below this many bytes of K, V
 
 
 class Skip(Exception):

@@ -442,12 +442,11 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
   // done here; the worker whose chunk comes last merges the partials. One parallel
   // section, not a second one for the merge: each section's start and end costs a wake-up
   // of every worker, on a busy machine a scheduler tick (docs/perf-log.md, 2026-11-27).
+  // (make_unique value-initializes: every counter starts at 0.)
   std::unique_ptr<std::atomic<std::int64_t>[]> chunks_done;
-  if (ws.splits > 1) {
+  if (ws.splits > 1)
     chunks_done = std::make_unique<std::atomic<std::int64_t>[]>(
         static_cast<std::size_t>(ws.items / ws.splits));
-    for (std::int64_t t = 0; t < ws.items / ws.splits; ++t) chunks_done[t] = 0;
-  }
   // The last chunk of a row tile: its partials, merged in chunk order whichever worker
   // finishes last, so the result has the same bits on every run.
   auto merge = [&](const typename Workspace::Item& it, const DecodeWorker<S>& run) {
