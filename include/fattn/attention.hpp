@@ -108,7 +108,7 @@ struct Options {
   // the same bits on every run with the same threads and splits.
   int kv_splits = 0;
 
-  // --- Variants (CPU: the fused, naive and reference kernels; not amx, not decode) -------
+  // --- Variants (CPU: every kernel and ISA, the decode kernel forward only; not CUDA) ----
   // Applied in this order to the scaled scores s = scale · q·k of each (query i, key j):
   //   softcap:      s ← softcap · tanh(s / softcap)            (Gemma 2); 0: off
   //   alibi_slopes: s ← s − slope[b][h] · |i + Sk − Sq − j|     (FlashAttention's ALiBi)

@@ -36,16 +36,10 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
   if (options.isa == Isa::amx && sixteen_bit)
     throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.dtype) +
                 " inputs run on avx512, avx2 or portable");
-  // The AMX forward takes the variants; its backward not yet.
-  const bool variants = detail::has_variants(options) && direction == Direction::backward;
-  if (options.isa == Isa::amx && variants)
-    throw Error("fattn: the isa amx backward does not take " + detail::variant_names(options) +
-                " yet; it runs on avx512, avx2 or portable");
   if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa, p.dtype);
   Isa isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
-  // Every AMX CPU has avx512: 16-bit inputs, ragged batches and the backward with variants
-  // run there.
-  if (isa == Isa::amx && (sixteen_bit || variants || p.is_ragged())) isa = Isa::avx512;
+  // Every AMX CPU has avx512: 16-bit inputs and ragged batches run there.
+  if (isa == Isa::amx && (sixteen_bit || p.is_ragged())) isa = Isa::avx512;
   return cpu::kernels_for(isa, p.dtype);
 }
 

@@ -1,17 +1,17 @@
-// fattn — the AMX backward: FlashAttention-2's backward loop (cpu/backward/backward.hpp) with its
-// five products on AMX tiles, each from three bfloat16 parts per operand (cpu/amx/ops.hpp),
-// so float32-accurate like the forward.
+// fattn — the AMX backward: FlashAttention-2's backward loop (cpu/backward/loop.hpp) with
+// its five products on AMX tiles (AmxBackwardMainloop), each from three bfloat16 parts per
+// operand (cpu/amx/ops.hpp), so float32-accurate like the forward.
 //
-// A work item is one chunk of key tiles of one kv head and one subgroup of its query
-// heads (BackwardTiles; the whole head when there are kv heads enough for every worker).
-// It splits what it reads into its worker's buffers right before use: its keys' K, V and
-// Kᵀ parts first, then the operands of its query heads' tiles, a batch of tiles at a time
-// (one batch for most shapes; see kQueryBytesPerWorker). For each batch, for each key tile:
-//   for each query tile of the batch that sees it:
+// A work item (BackwardTiles: one chunk of key tiles of one kv head and one subgroup of
+// its query heads) splits what it reads into its worker's buffers right before use: its
+// keys' K, V and Kᵀ parts when it begins, then the operands of its query heads' tiles, a
+// batch of tiles at a time (one batch for most shapes; see kQueryBytesPerWorker). Each
+// visit of a key tile × query tile runs:
 //     st  ← K·Qᵀ                        scores_tile (Q pre-scaled, log2 units)
+//     the variants                      the loop (ScoreModOps::finish_scores)
 //     P = 2^(st − lse2), split          split_probs (cpu/amx/backward_ops.hpp)
 //     dst ← V·dOᵀ                       scores_tile
-//     dS = P ∘ (dst − Δ), split twice   split_grads
+//     dS = P ∘ (dst − Δ), split twice   split_grads (· 1 − tanh² with softcap)
 //     dV  += P·dO,  dK += dS·Q          rows_tile
 //     dQᵀ += Kᵀ·dSᵀ                     pv_tile, into the item's dQ accumulators
 // then the batch's dQ·scale → out (one chunk), or its dQ partial → memory, summed over
@@ -80,6 +80,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     float *lse2, *delta, *dq;
     float *dk, *dv;    // [chunk_keys][Dp]: the item's keys
     float *st, *dst, *scratch;
+    float* cap;  // softcap only: 1 − tanh² of the tile's scores [Bc][Br]
     bf16 *p_rows, *ds_rows, *ds_pairs;
   };
 
@@ -88,7 +89,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   std::int64_t worker_floats, dq_parts_at, kv_part, dkv_parts_at, workers_at, total;
   // Within a worker's slot (Worker's pieces, in its order).
   std::int64_t k_at, v_at, kt_at, operands_at, lse2_at, delta_at, dq_at, dk_at, dv_at, st_at,
-      dst_at, scratch_at, p_rows_at, ds_rows_at, ds_pairs_at;
+      dst_at, scratch_at, cap_at, p_rows_at, ds_rows_at, ds_pairs_at;
   float* base = nullptr;
 
   AmxBackwardWorkspace(const detail::Problem& problem, int workers)
@@ -117,6 +118,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     st_at = slot.take(Bc * Br);
     dst_at = slot.take(Bc * Br);
     scratch_at = slot.take(tile_t);
+    cap_at = slot.take(p.mods.softcap != 0.0 ? Bc * Br : 0);
     p_rows_at = slot.take(rows_floats);
     ds_rows_at = slot.take(rows_floats);
     ds_pairs_at = slot.take(rows_floats);
@@ -145,6 +147,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     r.st = s + st_at;
     r.dst = s + dst_at;
     r.scratch = s + scratch_at;
+    r.cap = p.mods.softcap != 0.0 ? s + cap_at : nullptr;
     r.p_rows = as_parts(s + p_rows_at);
     r.ds_rows = as_parts(s + ds_rows_at);
     r.ds_pairs = as_parts(s + ds_pairs_at);
@@ -184,122 +187,125 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   }
 };
 
+// The backward loop's products on AMX tiles: the item's keys split to bfloat16 parts
+// when it begins, its query tiles a batch at a time when the batch begins
+// (AmxBackwardWorkspace), the vector passes of AmxBackwardOps between the products.
+template <class S>
+struct AmxBackwardMainloop {
+  using Ops = AmxOps<S>;
+  using Bwd = AmxBackwardOps<S>;
+  using W = AmxBackwardWorkspace<S>;
+  using Visit = BackwardVisit<typename W::KeyTile, typename Ops::Fma::Band>;
+  static constexpr bool kProbsMaskBand = true;  // split_probs, split_grads: 0 outside the band
+  const W& ws;
+  std::int64_t batch = ws.batch;
+
+  struct ItemState {
+    typename W::Item item;
+    typename W::Worker w;
+    float *st, *cap;
+    std::int64_t keys0, keys;  // the chunk's first key, its keys
+    std::int64_t t_first;      // no earlier query tile sees a key of the chunk
+    PrefetchTask prefetch;
+    typename Ops::Scope tiles;  // the tile configuration, for the item
+  };
+  ItemState item(const typename W::Item& item, int worker) const {
+    const std::int64_t keys0 = ws.chunk_begin(item.chunk) * W::Bc;
+    const auto w = ws.worker(worker);
+    return {item, w, w.st, w.cap, keys0,
+            std::min(ws.p.kv_len, ws.chunk_end(item.chunk) * W::Bc) - keys0,
+            ws.first_tile_seeing(keys0), {}, {}};
+  }
+  // The chunk's K, V and Kᵀ parts; its dK, dV accumulators at zero.
+  bool begin_item(ItemState& t) const {
+    if (!ws.split_keys(t.item.b, t.item.hk, t.keys0, t.keys, t.w)) return false;
+    std::fill_n(t.w.dk, t.keys * ws.Dp, 0.0f);
+    std::fill_n(t.w.dv, t.keys * ws.Dp, 0.0f);
+    return true;
+  }
+  // The batch's query tiles that see a key of the chunk, split into their slots.
+  template <class SlotTile>
+  bool begin_batch(ItemState& t, std::int64_t first, std::int64_t last,
+                   const SlotTile& slot_tile) const {
+    for (std::int64_t s = first; s < last; ++s) {
+      const QueryTile x = slot_tile(s);
+      if (x.t >= t.t_first && !ws.split_query_tile(x, s - first, t.w)) return false;
+    }
+    return true;
+  }
+  void begin_key(ItemState&, const typename W::KeyTile&) const {}
+
+  // st ← K·Qᵀ; the products prefetch the next visit's operands.
+  void scores(ItemState& t, const Visit& v) const {
+    t.prefetch.start();
+    t.prefetch.add(ws.operand(t.w, v.next_slot, W::q_dims), W::kOperands * ws.operand_floats * 4);
+    t.prefetch.add(ws.dq(t.w, v.next_slot), ws.tile_t * 4);
+    t.prefetch.add(ws.lse2(t.w, v.next_slot), W::Br * 4);
+    t.prefetch.add(ws.delta(t.w, v.next_slot), W::Br * 4);
+    Ops::scores_tile(t.w.k, ws.Dp, v.key.j0 - t.keys0, v.key.nj, ws.operand(t.w, v.slot, W::q_dims),
+                     t.st, v.edge, &t.prefetch);
+  }
+  // P = 2^(st − lse2), split by rows
+  void probs(ItemState& t, const Visit& v) const {
+    Bwd::split_probs(t.st, ws.lse2(t.w, v.slot), v.key.nj, v.edge, t.w.p_rows);
+  }
+  // dP = V·dOᵀ;  dS = P ∘ (dP − Δ) through the softcap, split by rows and by key pairs
+  bool grads(ItemState& t, const Visit& v) const {
+    Ops::scores_tile(t.w.v, ws.Dp, v.key.j0 - t.keys0, v.key.nj, ws.operand(t.w, v.slot, W::do_dims),
+                     t.w.dst, v.edge, &t.prefetch);
+    return Bwd::split_grads(t.st, t.w.dst, ws.delta(t.w, v.slot), t.cap, v.key.nj, v.edge,
+                            t.w.ds_rows, t.w.ds_pairs);
+  }
+  // dV += P·dO;  dK += dS·Q;  dQᵀ += Kᵀ·dSᵀ
+  void accumulate(ItemState& t, const Visit& v) const {
+    const std::int64_t j = v.key.j0 - t.keys0, Dp = ws.Dp;
+    Ops::rows_tile(t.w.p_rows, v.key.nj, ws.operand(t.w, v.slot, W::do_rows), Dp, t.w.dv + j * Dp,
+                   v.edge, &t.prefetch);
+    Ops::rows_tile(t.w.ds_rows, v.key.nj, ws.operand(t.w, v.slot, W::q_rows), Dp, t.w.dk + j * Dp,
+                   v.edge, &t.prefetch);
+    // Kᵀ parts are laid out per forward key tile (pack_v_transposed): two halves.
+    for (std::int64_t h0 = 0; h0 < v.key.nj; h0 += Ops::Bc) {
+      const auto half = Ops::Fma::band_of(ws.p, v.key.j0 + h0, v.x.i0);
+      const std::int64_t nh = std::min<std::int64_t>(Ops::Bc, v.key.nj - h0);
+      const bool on_edge =
+          ws.p.needs_mask(v.x.i0, v.x.i0 + v.x.rows, v.key.j0 + h0, v.key.j0 + h0 + nh);
+      Ops::pv_tile(t.w.kt, j + h0, nh, t.w.ds_pairs + h0 / 2 * Ops::kPairRows, Dp,
+                   ws.dq(t.w, v.slot), on_edge ? &half : nullptr, &t.prefetch);
+    }
+  }
+  void end_key(ItemState&, const typename W::KeyTile&) const {}
+  // The batch's dQ (zero for the tiles that see none of the chunk's keys): ·scale → out
+  // with one chunk, else → this chunk's partial.
+  template <class SlotTile>
+  void end_batch(ItemState& t, std::int64_t first, std::int64_t last,
+                 const SlotTile& slot_tile) const {
+    for (std::int64_t s = first; s < last; ++s) {
+      const QueryTile x = slot_tile(s);
+      const float* acc = x.t >= t.t_first ? ws.dq(t.w, s - first) : nullptr;
+      if (ws.chunks == 1)
+        backward_detail::store_query_grads<S, W::Br>(ws.p, x, acc ? 1 : 0,
+                                                     [&](std::int64_t) { return acc; });
+      else if (acc)
+        std::copy_n(acc, ws.tile_t, ws.dq_part(t.item.chunk, x.index));
+      else
+        std::fill_n(ws.dq_part(t.item.chunk, x.index), ws.tile_t, 0.0f);
+    }
+  }
+  // The chunk's dK·scale, dV → out (one subgroup), else → the subgroup's partials.
+  void end_item(ItemState& t) const {
+    backward_detail::put_key_grads<S>(
+        ws.p, ws.Dp, ws.subgroups, t.item.b, t.item.hk, t.keys0, t.keys, t.w.dk, t.w.dv,
+        [&](int which) { return ws.dkv_part(t.item.sub, t.item.b, t.item.hk, which); });
+  }
+};
+
 template <class S>
 void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
-  using Ops = AmxOps<S>;
-  using Fma = typename Ops::Fma;
-  using W = AmxBackwardWorkspace<S>;
-  W ws(p, exec.workers);
+  AmxBackwardWorkspace<S> ws(p, exec.workers);
   ws.base = memory;
-  const std::int64_t Dp = ws.Dp;
-
-  // Chunk-major item order, as the FMA backward: the heaviest causal items first.
-  std::atomic<bool> splittable{true};
-  detail::parallel_items(exec, ws.items(), [&](std::int64_t index, int worker) {
-    const auto item = ws.item(index);
-    const std::int64_t chunk = item.chunk, b = item.b, hk = item.hk;
-    const std::int64_t slots = (item.h_end - item.h_begin) * ws.q_tiles;
-    const auto w = ws.worker(worker);
-    const std::int64_t keys0 = ws.chunk_begin(chunk) * W::Bc;  // the chunk's first key
-    const std::int64_t keys = std::min(p.kv_len, ws.chunk_end(chunk) * W::Bc) - keys0;
-    const std::int64_t t_first = ws.first_tile_seeing(keys0);  // no earlier tile sees a key
-
-    if (!ws.split_keys(b, hk, keys0, keys, w)) {
-      splittable.store(false, std::memory_order_relaxed);
-      return;
-    }
-    std::fill_n(w.dk, keys * Dp, 0.0f);
-    std::fill_n(w.dv, keys * Dp, 0.0f);
-
-    const typename Ops::Scope tiles;
-    using Bwd = AmxBackwardOps<S>;
-    bool grads_split = true;
-    PrefetchTask prefetch;
-    // Query tile x (batch slot s) against key tile `key` (j: its first key in the item's
-    // parts); s_next: the slot visited after it, whose operands the products prefetch.
-    auto visit = [&](const auto& key, std::int64_t j, const QueryTile& x, std::int64_t s,
-                     std::int64_t s_next) {
-      prefetch.start();
-      prefetch.add(ws.operand(w, s_next, W::q_dims), W::kOperands * ws.operand_floats * 4);
-      prefetch.add(ws.dq(w, s_next), ws.tile_t * 4);
-      prefetch.add(ws.lse2(w, s_next), W::Br * 4);
-      prefetch.add(ws.delta(w, s_next), W::Br * 4);
-      float* dk = w.dk + j * Dp;
-      float* dv = w.dv + j * Dp;
-      const typename Fma::Band diag{key.j0, x.i0, p.band_lo, p.band_hi};
-      const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj);
-      const auto* on_diagonal = on_edge ? &diag : nullptr;
-      Ops::scores_tile(w.k, Dp, j, key.nj, ws.operand(w, s, W::q_dims), w.st, on_diagonal,
-                       &prefetch);
-      Bwd::split_probs(w.st, ws.lse2(w, s), key.nj, on_diagonal, w.p_rows);
-      Ops::scores_tile(w.v, Dp, j, key.nj, ws.operand(w, s, W::do_dims), w.dst, on_diagonal,
-                       &prefetch);
-      grads_split &= Bwd::split_grads(w.st, w.dst, ws.delta(w, s), key.nj, on_diagonal,
-                                      w.ds_rows, w.ds_pairs);
-      Ops::rows_tile(w.p_rows, key.nj, ws.operand(w, s, W::do_rows), Dp, dv, on_diagonal,
-                     &prefetch);
-      Ops::rows_tile(w.ds_rows, key.nj, ws.operand(w, s, W::q_rows), Dp, dk, on_diagonal,
-                     &prefetch);
-      // Kᵀ parts are laid out per forward key tile (pack_v_transposed): two halves.
-      for (std::int64_t h0 = 0; h0 < key.nj; h0 += Ops::Bc) {
-        const typename Fma::Band half{key.j0 + h0, x.i0, p.band_lo, p.band_hi};
-        const std::int64_t nh = std::min<std::int64_t>(Ops::Bc, key.nj - h0);
-        const bool half_on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0 + h0, key.j0 + h0 + nh);
-        Ops::pv_tile(w.kt, j + h0, nh, w.ds_pairs + h0 / 2 * Ops::kPairRows, Dp, ws.dq(w, s),
-                     half_on_edge ? &half : nullptr, &prefetch);
-      }
-    };
-
-    // The heads' query tiles a batch at a time: split the batch, run every key tile of
-    // the chunk against it, then its dQ out (zero for the tiles that see none of the
-    // chunk's keys) — to the output, or this chunk's partial.
-    for (std::int64_t first = 0; first < slots; first += ws.batch) {
-      const std::int64_t last = std::min(slots, first + ws.batch);
-      bool ok = true;
-      for (std::int64_t s = first; ok && s < last; ++s) {
-        const QueryTile x = ws.slot_tile(b, item.h_begin, s);
-        if (x.t >= t_first) ok = ws.split_query_tile(x, s - first, w);
-      }
-      if (!ok) {
-        splittable.store(false, std::memory_order_relaxed);
-        return;
-      }
-      for (std::int64_t kt = ws.chunk_begin(chunk); kt < ws.chunk_end(chunk); ++kt) {
-        const auto key = ws.key_tile(kt);
-        const std::int64_t j = key.j0 - keys0, t_seeing = ws.first_tile_seeing(key.j0);
-        // Visits run one tile behind the loop, so that each knows the next; the last
-        // one's next is the key tile's first.
-        std::int64_t first_seen = -1, pending = -1;
-        for (std::int64_t s = first; s < last; ++s) {
-          const QueryTile x = ws.slot_tile(b, item.h_begin, s);
-          if (x.t < t_seeing || x.kv_end <= key.j0) continue;  // sees none of its keys
-          if (pending >= 0)
-            visit(key, j, ws.slot_tile(b, item.h_begin, pending), pending - first, s - first);
-          else
-            first_seen = s;
-          pending = s;
-        }
-        if (pending >= 0)
-          visit(key, j, ws.slot_tile(b, item.h_begin, pending), pending - first, first_seen - first);
-      }
-      for (std::int64_t s = first; s < last; ++s) {
-        const QueryTile x = ws.slot_tile(b, item.h_begin, s);
-        const float* acc = x.t >= t_first ? ws.dq(w, s - first) : nullptr;
-        if (ws.chunks == 1)
-          backward_detail::store_query_grads<S, W::Br>(p, x, acc ? 1 : 0,
-                                                       [&](std::int64_t) { return acc; });
-        else if (acc)
-          std::copy_n(acc, ws.tile_t, ws.dq_part(chunk, x.index));
-        else
-          std::fill_n(ws.dq_part(chunk, x.index), ws.tile_t, 0.0f);
-      }
-    }
-    backward_detail::put_key_grads<S>(p, Dp, ws.subgroups, b, hk, keys0, keys, w.dk, w.dv,
-                                      [&](int which) { return ws.dkv_part(item.sub, b, hk, which); });
-    if (!grads_split) splittable.store(false, std::memory_order_relaxed);
-  });
-  if (!splittable.load()) return avx512_kernels.fused_backward(p, exec, memory);
-
+  // An operand that does not split: the AVX-512 FMA backward rewrites every gradient.
+  if (!fused_backward_loop<S>(p, exec, AmxBackwardMainloop<S>{ws}))
+    return avx512_kernels.fused_backward(p, exec, memory);
   backward_detail::sum_partials<S>(p, exec, ws, /*dq_in_parts=*/ws.chunks > 1);
 }
 

@@ -110,9 +110,12 @@ struct AmxBackwardOps {
   }
 
   // --- the vector passes ------------------------------------------------------------------
-  // Lanes of query vector v that see key j of the tile (all, off the diagonal).
-  static __mmask16 visible(const typename Fma::Band* diag, std::int64_t j, int v) {
-    return diag ? Ops::visible_lanes(diag->first_seeing(j), v) : __mmask16{0xFFFF};
+  // Lanes of query vector v that see key j of the tile: those from the band's first
+  // seeing query to its last (all, on a tile no edge of the band crosses).
+  static __mmask16 visible(const typename Fma::Band* band, std::int64_t j, int v) {
+    if (!band) return 0xFFFF;
+    return Ops::visible_lanes(band->first_seeing(j), v) &
+           static_cast<__mmask16>(~Ops::visible_lanes(band->end_seeing(j), v));
   }
 
   // The parts of query vectors v, v+1 (x0, x1) of one key's row: per part one
@@ -165,19 +168,21 @@ struct AmxBackwardOps {
     }
   }
 
-  // dS = P ∘ (dst − delta) for the keys j < nj, 0 where hidden (there dP may be anything:
-  // the score products skip hidden blocks), split by rows into ds_rows and by key pairs
-  // into ds_pairs. Returns false if some dS does not split (an overflow, or a NaN).
+  // dS = P ∘ (dst − delta) (· cap, 1 − tanh² of the scores, with softcap) for the keys
+  // j < nj, 0 where hidden (there dP and cap may be anything: the score products skip
+  // hidden blocks), split by rows into ds_rows and by key pairs into ds_pairs. Returns
+  // false if some dS does not split (an overflow, or a NaN).
   static bool split_grads(const float* probs, const float* dst, const float* delta,
-                          std::int64_t nj, const typename Fma::Band* diag, bf16* ds_rows,
-                          bf16* ds_pairs) {
+                          const float* cap, std::int64_t nj, const typename Fma::Band* diag,
+                          bf16* ds_rows, bf16* ds_pairs) {
     vec dl[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) dl[v] = S::load(delta + v * L);
     __mmask16 bad = 0;
     auto grad = [&](std::int64_t j, int v) -> vec {
       if (j >= nj) return S::zero();
-      const vec ds = S::load(probs + j * Br + v * L) * (S::load(dst + j * Br + v * L) - dl[v]);
+      vec ds = S::load(probs + j * Br + v * L) * (S::load(dst + j * Br + v * L) - dl[v]);
+      if (cap) ds = ds * S::load(cap + j * Br + v * L);
       const vec shown = _mm512_maskz_mov_ps(visible(diag, j, v), ds);
       bad |= Ops::not_splittable(shown);
       return shown;

@@ -36,8 +36,8 @@ struct AmxNaiveBackwardWorkspace : BackwardTiles<S> {
   };
 
   std::int64_t Dp, kv_pad, head_floats, operand_floats, tile_vec, full_block, rows_floats;
-  std::int64_t worker_floats, keys_at, operands_at, stats_at, probs_at, dscores_at, workers_at,
-      total;
+  std::int64_t worker_floats, keys_at, operands_at, stats_at, probs_at, dscores_at,
+      cap_grads_at, workers_at, total;
   float* base = nullptr;
 
   AmxNaiveBackwardWorkspace(const detail::Problem& problem, int workers)
@@ -62,6 +62,7 @@ struct AmxNaiveBackwardWorkspace : BackwardTiles<S> {
     stats_at = take(n.mul(tiles, 2 * tile_vec));
     probs_at = take(n.mul(tiles, full_block));
     dscores_at = take(n.mul(tiles, full_block));
+    cap_grads_at = take(p.mods.softcap != 0.0 ? n.mul(tiles, full_block) : 0);
     workers_at = take(n.mul(workers, worker_floats));
     total = n.overflow ? -1 : at;
   }
@@ -79,6 +80,8 @@ struct AmxNaiveBackwardWorkspace : BackwardTiles<S> {
   }
   float* probs(std::int64_t tile) const { return base + probs_at + tile * full_block; }
   float* dscores(std::int64_t tile) const { return base + dscores_at + tile * full_block; }
+  // With softcap: 1 − tanh² of every score of the tile.
+  float* cap_grads(std::int64_t tile) const { return base + cap_grads_at + tile * full_block; }
   Worker worker(int w) const {
     float* s = base + workers_at + w * worker_floats;
     float* rows = s + 2 * Bc * Dp + 2 * Dp * Br;
@@ -115,6 +118,7 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
   ws.base = memory;
   if (!ws.prepare(exec)) return avx512_kernels.naive_backward(p, exec, memory);
   const std::int64_t Dp = ws.Dp;
+  const bool capped = p.mods.softcap != 0.0;
   // Stages 1 and 2: a parallel loop over the query tiles, each with its covered keys n and
   // its diagonal (null when no pair of its n keys is hidden).
   auto each_query_tile = [&](auto stage) {
@@ -132,6 +136,7 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
   each_query_tile([&](std::int64_t index, const QueryTile& x, const auto& in, std::int64_t n,
                       const typename Fma::Band* diag) {
     Ops::scores_tile(ws.keys(x.b, x.hk, 0), Dp, 0, n, in.q_dims, ws.probs(index), diag);
+    if (p.mods.any()) backward_detail::naive_score_mods<S>(p, x, 0, n, ws.probs(index), ws.cap_grads(index));
     if (diag) Fma::mask_tile(ws.probs(index), n, *diag);
     BackwardOps<S>::probs_from_lse(ws.probs(index), n, in.lse2);
   });
@@ -141,6 +146,7 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
                       const typename Fma::Band* diag) {
     Ops::scores_tile(ws.keys(x.b, x.hk, 1), Dp, 0, n, in.do_dims, ws.dscores(index), diag);
     BackwardOps<S>::grad_scores(ws.probs(index), ws.dscores(index), n, in.delta);
+    if (capped) BackwardOps<S>::multiply(ws.dscores(index), ws.cap_grads(index), n);
     if (diag) Fma::mask_tile(ws.dscores(index), n, *diag, 0.0f);
   });
 

@@ -5,6 +5,9 @@
 
 #if defined(__AMX_TILE__)
 #include <immintrin.h>
+#if defined(FATTN_AMX_EMULATION)
+#include "cpu/amx/emulation.hpp"  // the tile instructions in software, for tests
+#endif
 
 #include <cstdint>
 

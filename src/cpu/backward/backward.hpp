@@ -1,22 +1,11 @@
-// fattn — the CPU backward: FlashAttention-2's backward loop on a CPU core, and the
-// naive baseline that materialises P and dS.
+// fattn — the CPU backward on FMAs: FlashAttention-2's backward loop (cpu/backward/loop.hpp)
+// with float32 products (FmaBackwardMainloop), and the naive baseline that materialises
+// P and dS.
 //
-// Fused. A work item is one chunk of key tiles of one kv head and one subgroup of the
-// query heads sharing it (BackwardTiles: usually one chunk and one subgroup, the whole
-// head). For each key tile:
-//   for each query head of the subgroup, each query tile that sees the key tile:
-//     st  ← K·qtᵀ, the variants, the band edges  scores in log2 units (scores_tile)
-//     st  ← 2^(st − lse2)                        P, from the saved logsumexp
-//     dst ← V·dOᵀ;  dst ← P ∘ (dst − Δ)           dS (· (1 − tanh²) with softcap)
-//     dV  += P·dO;  dK += dS·Q                   the key tile's accumulators (rows_accumulate)
-//     dQ[chunk] += dS·K                          this chunk's dQ partial (pv_accumulate)
-//   dK·scale, dV → out (one subgroup), else → the subgroup's dK/dV partials
-// then dK, dV = Σ_subgroup partials and every query tile's dQ = scale · Σ_chunk dQ[chunk],
-// in order.
-// Determinism: an item owns its keys' dK and dV (or their partials) and its chunk's dQ
-// partial; the order of every sum is fixed by the loops, not by the thread that runs
-// them; the chunk and subgroup counts depend only on the problem and the worker count.
-// So a given thread count gives the same bits on every run. No Sq×Sk matrix is stored.
+// Fused: the loop's items take their query tiles in one batch, prepared by the
+// workspace's pre-pass (the operands transposed or padded, lse2, Δ); a key tile's dK and
+// dV accumulate in the worker's [Bc][Dp] buffers and go out when the tile is done; dQ
+// accumulates in the chunk's partial, summed in chunk order at the end (sum_partials).
 //
 // Naive, four stages, each a parallel loop finishing before the next:
 //   1  P = 2^(Q·Kᵀ·scale·log2e − lse2)      B·Hq·Sq·Sk floats
@@ -28,6 +17,7 @@
 
 #include <algorithm>
 
+#include "cpu/backward/loop.hpp"
 #include "cpu/backward/workspace.hpp"
 #include "cpu/forward/naive.hpp"
 #include "cpu/common/score_mods.hpp"
@@ -117,6 +107,18 @@ void sum_partials(const detail::Problem& p, const detail::Exec& exec, const W& w
     });
 }
 
+// The variants on the naive backward's scores of query tile x against keys [k0, n) (its
+// covered keys), [n − k0][Br]; with softcap, cap_grads [n − k0][Br] receives 1 − tanh²
+// (0 past the band's end: those keys are hidden by the band).
+template <class S>
+void naive_score_mods(const detail::Problem& p, const QueryTile& x, std::int64_t k0,
+                      std::int64_t n, float* scores, float* cap_grads) {
+  constexpr int Br = TileOps<S>::Br;
+  const bool capped = p.mods.softcap != 0.0;
+  cpu::naive_score_mods<S>(p, x, k0, scores, capped ? cap_grads : nullptr);
+  if (capped && n > x.kv_end) std::fill_n(cap_grads + (x.kv_end - k0) * Br, (n - x.kv_end) * Br, 0.0f);
+}
+
 // A backward call's workspace in `memory`, with its pre-pass done (the kv heads' panels
 // and rows, every query tile's operands, lse2 and Δ, the dQ partials at zero).
 template <class S>
@@ -130,53 +132,84 @@ BackwardWorkspace<S> prepared_workspace(const detail::Problem& p, bool is_naive,
 
 }  // namespace backward_detail
 
+// The backward loop's products on float32 FMAs: K and V panels, every query tile's
+// operands from the pre-pass (BackwardWorkspace), the tile operations of BackwardOps.
 template <class S>
-void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+struct FmaBackwardMainloop {
   using Ops = TileOps<S>;
   using Bwd = BackwardOps<S>;
-  using Mods = ScoreModOps<S>;
-  auto ws = backward_detail::prepared_workspace<S>(p, /*is_naive=*/false, exec, memory);
-  const std::int64_t D = p.head_dim, Dp = ws.Dp;
+  using W = BackwardWorkspace<S>;
+  using Visit = BackwardVisit<typename W::KeyTile, typename Ops::Band>;
+  static constexpr bool kProbsMaskBand = false;
+  const W& ws;
+  std::int64_t batch = ws.tiles;  // the pre-pass prepared every query tile
 
-  detail::parallel_items(exec, ws.items(), [&](std::int64_t index, int worker) {
-    const auto item = ws.item(index);
-    const std::int64_t b = item.b, hk = item.hk;
-    const auto tile = ws.worker(worker);
-    for (int i = 0; i < Ops::Br; ++i) tile.ones[i] = 1.0f;
+  struct ItemState {
+    typename W::Item item;
+    typename W::Worker tile;  // st, dst, dk, dv, ones, cap
+    float *st, *cap;
+    const float *k_rows, *k_panels, *v_panels;
     std::int64_t k_stride;
-    const float* k_rows = ws.k_rows(b, hk, &k_stride);
-    const float* k_panels = ws.k_panels(b, hk);
-    const float* v_panels = ws.v_panels(b, hk);
-    for (std::int64_t kt = ws.chunk_begin(item.chunk); kt < ws.chunk_end(item.chunk); ++kt) {
-      const auto key = ws.key_tile(kt);
-      std::fill_n(tile.dk, key.rows_padded * Dp, 0.0f);
-      std::fill_n(tile.dv, key.rows_padded * Dp, 0.0f);
-      ws.for_each_query_tile_seeing(b, item.h_begin, item.h_end, key, [&](const QueryTile& x) {
-        const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, key.j0, key.nj};
-        const MaskCover cover = Mods::mask_cover(p, pairs);
-        if (cover == MaskCover::hidden) return;  // P = 0, dS = 0 on every pair
-        const typename Ops::Band band = Ops::band_of(p, key.j0, x.i0);
-        const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj);
-        Ops::scores_tile(k_panels, key.j0, key.nj, ws.qt(x.index), D, tile.st);
-        Mods::finish_scores(p, pairs, cover, on_edge ? &band : nullptr, tile.st, tile.cap);
-        Bwd::probs_from_lse(tile.st, key.rows_padded, ws.lse2(x.index));
-        Ops::scores_tile(v_panels, key.j0, key.nj, ws.dot(x.index), D, tile.dst);
-        Bwd::grad_scores(tile.st, tile.dst, key.rows_padded, ws.delta(x.index));
-        if (tile.cap) Bwd::multiply(tile.dst, tile.cap, key.nj);  // through the softcap
-        if (on_edge) Ops::mask_tile(tile.dst, key.nj, band, 0.0f);
-        const auto dout = ws.do_rows(x), q = ws.q_rows(x);
-        Bwd::rows_accumulate(tile.dv, key.nj, Dp, tile.st, dout.data, dout.stride, x.rows);
-        Bwd::rows_accumulate(tile.dk, key.nj, Dp, tile.dst, q.data, q.stride, x.rows);
-        Ops::pv_accumulate(k_rows + key.j0 * k_stride, k_stride, key.nj, tile.dst, tile.ones,
-                           D, ws.dq_part(item.chunk, x.index), on_edge ? &band : nullptr);
-      });
-      backward_detail::put_key_grads<S>(p, Dp, ws.subgroups, b, hk, key.j0, key.nj, tile.dk,
-                                        tile.dv, [&](int which) {
-                                          return ws.dkv_part(item.sub, b, hk, which);
-                                        });
-    }
-  });
+  };
+  ItemState item(const typename W::Item& item, int worker) const {
+    ItemState t{item, ws.worker(worker), nullptr, nullptr, nullptr,
+                ws.k_panels(item.b, item.hk), ws.v_panels(item.b, item.hk), 0};
+    t.st = t.tile.st;
+    t.cap = t.tile.cap;
+    t.k_rows = ws.k_rows(item.b, item.hk, &t.k_stride);
+    return t;
+  }
+  bool begin_item(ItemState& t) const {
+    std::fill_n(t.tile.ones, Ops::Br, 1.0f);
+    return true;
+  }
+  template <class SlotTile>
+  bool begin_batch(ItemState&, std::int64_t, std::int64_t, const SlotTile&) const {
+    return true;
+  }
+  void begin_key(ItemState& t, const typename W::KeyTile& key) const {
+    std::fill_n(t.tile.dk, key.rows_padded * ws.Dp, 0.0f);
+    std::fill_n(t.tile.dv, key.rows_padded * ws.Dp, 0.0f);
+  }
+  // st ← K·qtᵀ
+  void scores(ItemState& t, const Visit& v) const {
+    Ops::scores_tile(t.k_panels, v.key.j0, v.key.nj, ws.qt(v.x.index), ws.p.head_dim, t.st);
+  }
+  // st ← P = 2^(st − lse2)
+  void probs(ItemState& t, const Visit& v) const {
+    Bwd::probs_from_lse(t.st, v.key.rows_padded, ws.lse2(v.x.index));
+  }
+  // dst ← dP = V·dOᵀ;  dst ← dS = P ∘ (dP − Δ), through the softcap, 0 outside the band
+  bool grads(ItemState& t, const Visit& v) const {
+    Ops::scores_tile(t.v_panels, v.key.j0, v.key.nj, ws.dot(v.x.index), ws.p.head_dim, t.tile.dst);
+    Bwd::grad_scores(t.st, t.tile.dst, v.key.rows_padded, ws.delta(v.x.index));
+    if (t.cap) Bwd::multiply(t.tile.dst, t.cap, v.key.nj);
+    if (v.edge) Ops::mask_tile(t.tile.dst, v.key.nj, *v.edge, 0.0f);
+    return true;
+  }
+  // dV += P·dO;  dK += dS·Q;  dQ[chunk] += dS·K
+  void accumulate(ItemState& t, const Visit& v) const {
+    const auto dout = ws.do_rows(v.x), q = ws.q_rows(v.x);
+    Bwd::rows_accumulate(t.tile.dv, v.key.nj, ws.Dp, t.st, dout.data, dout.stride, v.x.rows);
+    Bwd::rows_accumulate(t.tile.dk, v.key.nj, ws.Dp, t.tile.dst, q.data, q.stride, v.x.rows);
+    Ops::pv_accumulate(t.k_rows + v.key.j0 * t.k_stride, t.k_stride, v.key.nj, t.tile.dst,
+                       t.tile.ones, ws.p.head_dim, ws.dq_part(t.item.chunk, v.x.index), v.edge);
+  }
+  // The key tile's dK·scale, dV → out (one subgroup), else → the subgroup's partials.
+  void end_key(ItemState& t, const typename W::KeyTile& key) const {
+    backward_detail::put_key_grads<S>(
+        ws.p, ws.Dp, ws.subgroups, t.item.b, t.item.hk, key.j0, key.nj, t.tile.dk, t.tile.dv,
+        [&](int which) { return ws.dkv_part(t.item.sub, t.item.b, t.item.hk, which); });
+  }
+  template <class SlotTile>
+  void end_batch(ItemState&, std::int64_t, std::int64_t, const SlotTile&) const {}
+  void end_item(ItemState&) const {}
+};
 
+template <class S>
+void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  const auto ws = backward_detail::prepared_workspace<S>(p, /*is_naive=*/false, exec, memory);
+  fused_backward_loop<S>(p, exec, FmaBackwardMainloop<S>{ws});
   backward_detail::sum_partials<S>(p, exec, ws, /*dq_in_parts=*/true);
 }
 
@@ -201,13 +234,8 @@ void naive_backward(const detail::Problem& p, const detail::Exec& exec, float* m
   each_covered_tile([&](const QueryTile& x, std::int64_t index, std::int64_t k0, std::int64_t n) {
     float* probs = ws.probs(index) + k0 * Ops::Br;
     Ops::scores_tile(ws.k_panels(x.b, x.hk), k0, n - k0, ws.qt(index), D, probs);
-    if (p.mods.any()) {
-      const bool capped = p.mods.softcap != 0.0;
-      naive_score_mods<S>(p, x, k0, probs, capped ? ws.cap_grads(index) + k0 * Ops::Br : nullptr);
-      // Keys past the band's end in the last key tile: hidden by the band, factor 0.
-      if (capped && n > x.kv_end)
-        std::fill_n(ws.cap_grads(index) + x.kv_end * Ops::Br, (n - x.kv_end) * Ops::Br, 0.0f);
-    }
+    if (p.mods.any())
+      backward_detail::naive_score_mods<S>(p, x, k0, n, probs, ws.cap_grads(index) + k0 * Ops::Br);
     if (p.needs_mask(x.i0, x.i0 + x.rows, k0, n))
       Ops::mask_tile(probs, n - k0, Ops::band_of(p, k0, x.i0));
     Bwd::probs_from_lse(probs, n - k0, ws.lse2(index));

@@ -156,23 +156,18 @@ struct BackwardTiles {
     return std::min(p.kv_len, (x.kv_end + Bc - 1) / Bc * Bc);
   }
 
-  // Calls f(query tile) for every query tile of query heads [h_begin, h_end) of batch b
-  // that has a row seeing a key of the key tile, heads in order, then tiles in order.
+  // Calls f(query tile) for every query tile of the query heads sharing kv head (b, hk)
+  // that has a row seeing a key of the key tile, heads in order, then tiles in order (the
+  // naive backward's dK/dV stage).
   template <class F>
-  void for_each_query_tile_seeing(std::int64_t b, std::int64_t h_begin, std::int64_t h_end,
-                                  const KeyTile& key, F&& f) const {
-    for (std::int64_t h = h_begin; h < h_end; ++h)
+  void for_each_query_tile_seeing(std::int64_t b, std::int64_t hk, const KeyTile& key,
+                                  F&& f) const {
+    for (std::int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
       for (std::int64_t t = first_tile_seeing(key.j0); t < q_tiles; ++t) {
         const QueryTile x = query_tile(b, h, t);
         if (x.kv_begin >= key.j0 + key.nj) break;  // this and later tiles: past the window
         if (x.kv_end > key.j0) f(x);  // else only padding rows of the tile reach j0
       }
-  }
-  // The same for every query head sharing kv head hk.
-  template <class F>
-  void for_each_query_tile_seeing(std::int64_t b, std::int64_t hk, const KeyTile& key,
-                                  F&& f) const {
-    for_each_query_tile_seeing(b, hk * p.group_size(), (hk + 1) * p.group_size(), key, f);
   }
 };
 
