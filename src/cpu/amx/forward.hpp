@@ -1,13 +1,14 @@
-// fattn — the AMX forward kernels: the fused kernel's loop and the naive baseline with
-// Q·Kᵀ and P·V on AMX tiles (cpu/amx/ops.hpp), the softmax on AVX-512 as in the FMA kernel.
+// fattn — the AMX forward kernels: the fused kernel's loop (cpu/forward/fused.hpp) and the
+// naive baseline with Q·Kᵀ and P·V on AMX tiles (cpu/amx/ops.hpp), the softmax on AVX-512
+// as in the FMA kernel.
 //
 // For one query tile:   Q parts ← split(Q·scale·log2(e))
 //   for each key tile:  st ← K·Qᵀ                 (scores_tile: six bf16 products)
-//                       the variants (ScoreModOps::finish_scores, as the FMA kernel)
+//                       the variants (the loop's ScoreModOps::finish_scores)
 //                       mask, online softmax, P parts ← split(P), alpha·ot
 //                                                 (SoftmaxTask, cpu/amx/softmax.hpp)
 //                       ot ← ot + Vᵀ·P             (pv_tile)
-//   out ← otᵀ / l, lse                          (the sinks joined first, as fused.hpp)
+//   out ← otᵀ / l, lse                          (the sinks joined first)
 // K and Vᵀ are split once per call and kv head: in a pass before the queries, or (fused,
 // with kv heads enough) by the work item of that head right before it uses them. Inputs
 // with a NaN, an Inf or a value above 3e38 do not split exactly: the call then runs the
@@ -23,6 +24,7 @@
 #include "cpu/amx/ops.hpp"
 #include "cpu/amx/softmax.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/forward/fused.hpp"
 #include "cpu/forward/naive.hpp"
 #include "cpu/common/score_mods.hpp"
 #include "cpu/common/workspace.hpp"
@@ -138,92 +140,65 @@ struct AmxWorkspace
   }
 };
 
+// The fused loop's products on AMX tiles (cpu/forward/fused.hpp: fused_group): K and Vᵀ
+// parts of the workspace, the query tile split into parts. Each tile's softmax is a task
+// (cpu/amx/softmax.hpp) that runs in slices among the products of the neighbouring tile
+// of the item: the softmax of tile s among the score products of tile s+1, the softmax of
+// tile s+1 among the P·V products of tile s. The task hides the band's causal edge itself
+// (by selection) and the products skip the 32×32 blocks beyond it, whose st is stale.
+template <class S>
+struct AmxMainloop {
+  using Ops = AmxOps<S>;
+  using Band = typename Ops::Fma::Band;
+  static constexpr bool kSoftmaxAmongProducts = true, kSoftmaxHidesCausalEdge = true;
+  static_assert(ScoreModOps<S>::Br == Ops::Br && Ops::Fma::Bc == Ops::Bc,
+                "the AMX score tile is the FMA kernel's: the loop's variants apply to it");
+  const AmxWorkspace<S>& ws;
+  float q_factor;  // scale·log2(e)
+
+  struct Head {
+    const bf16 *k, *v;  // K parts, Vᵀ parts
+  };
+  struct Tile : AmxWorkspace<S>::Slot {
+    SoftmaxTask<S> softmax;
+  };
+  Head head(std::int64_t b, std::int64_t hk) const { return {ws.k_parts(b, hk), ws.v_parts(b, hk)}; }
+  Tile tile(int slot) const { return {ws.slot(slot), {}}; }
+  std::int64_t out_dims() const { return ws.dim_pad; }  // ot [Dp][Br]
+  void load_q(const detail::Problem&, const QueryTile& q, const Tile& t) const {
+    ws.load_q(q, q_factor, t);
+  }
+  void scores(const Head& h, std::int64_t j0, std::int64_t nj, Tile& t, const Band* edge,
+              Tile* overlapped) const {
+    Ops::scores_tile(h.k, ws.dim_pad, j0, nj, t.q_parts, t.st, edge,
+                     overlapped ? &overlapped->softmax : nullptr);
+  }
+  void softmax(Tile& t, std::int64_t nj, const Band* edge) const {
+    t.softmax.start({t.st, t.m, t.l, t.ot, t.p_parts, nj, ws.dim_pad, edge});
+  }
+  void pv(const Head& h, std::int64_t j0, std::int64_t nj, Tile& t, const Band* edge,
+          Tile* overlapped) const {
+    while (t.softmax.step()) {
+    }
+    Ops::pv_tile(h.v, j0, nj, t.p_parts, ws.dim_pad, t.ot, edge,
+                 overlapped ? &overlapped->softmax : nullptr);
+  }
+};
+
 template <class S>
 void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = AmxOps<S>;
-  using Fma = typename Ops::Fma;
-  constexpr int kGroup = Fma::T::query_tiles_per_item;
+  constexpr int kGroup = Ops::Fma::T::query_tiles_per_item;
   AmxWorkspace<S> ws(p, /*is_naive=*/false, exec.workers);
   ws.base = memory;
   if (!ws.local && !ws.prepare(exec)) return avx512_kernels.fused(p, exec, memory);
-  using Mods = ScoreModOps<S>;
-  static_assert(Mods::Br == Ops::Br && Fma::Bc == Ops::Bc, "the AMX score tile is the FMA kernel's");
-  const float q_factor = static_cast<float>(p.scale) * Fma::kLog2e;
-  const std::int64_t Dp = ws.dim_pad;
-  const bool variants = p.mods.any() || p.has_window();
-
-  // The query tiles [first.t, first.t + kGroup) of one head against its K and Vᵀ parts.
-  auto run_group = [&](const QueryTile& first, int worker, const bf16* k, const bf16* v) {
-    QueryTile q[kGroup];
-    typename AmxWorkspace<S>::Slot tile[kGroup];
-    int n = 0;
-    std::int64_t first_key = p.kv_len, kv_max = 0;
-    for (; n < kGroup && first.t + n < ws.q_tiles; ++n) {
-      q[n] = ws.query_tile(first.b, first.h, first.t + n);
-      tile[n] = ws.slot(worker * kGroup + n);
-      first_key = std::min(first_key, q[n].first_key_tile(Ops::Bc));
-      kv_max = std::max(kv_max, q[n].kv_end);
-      ws.load_q(q[n], q_factor, tile[n]);
-      Fma::start_rows(tile[n].m, tile[n].l, tile[n].ot, Dp);
-    }
-    // Per key tile, the query tiles that see it in a pipeline: the softmax of tile s runs
-    // in slices among the score products of tile s+1, and the softmax of tile s+1 among
-    // the P·V products of tile s (cpu/amx/softmax.hpp).
-    SoftmaxTask<S> softmax[kGroup];
-    typename Fma::Band diag[kGroup];
-    typename Mods::Tile pairs[kGroup];
-    MaskCover cover[kGroup];
-    const typename Fma::Band* on_diagonal[kGroup];  // null off the diagonal
-    for (std::int64_t j0 = first_key; j0 < kv_max; j0 += Ops::Bc) {
-      int live[kGroup], n_live = 0;  // the tiles that see some key of this one
-      for (int s = 0; s < n; ++s) {
-        if (j0 >= q[s].kv_end || j0 + Ops::Bc <= q[s].kv_begin) continue;
-        pairs[s] = {q[s].b, q[s].h, q[s].i0, q[s].rows, j0,
-                    std::min<std::int64_t>(Ops::Bc, q[s].kv_end - j0)};
-        cover[s] = Mods::mask_cover(p, pairs[s]);
-        if (cover[s] != MaskCover::hidden) live[n_live++] = s;
-      }
-      for (int x = 0; x < n_live; ++x) {
-        const int s = live[x];
-        const auto& t = tile[s];
-        const std::int64_t nj = pairs[s].nj;
-        diag[s] = {j0, q[s].i0, p.band_lo, p.band_hi};
-        const bool on_edge = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + nj);
-        on_diagonal[s] = on_edge ? &diag[s] : nullptr;
-        Ops::scores_tile(k, Dp, j0, nj, t.q_parts, t.st, on_diagonal[s],
-                         x > 0 ? &softmax[live[x - 1]] : nullptr);
-        // The products are done with st (the previous tile's softmax ran among them, on
-        // its own st): the variants change this one before its softmax starts, as on the
-        // FMA kernels' tiles of the same layout, st [Bc][Br] keys × queries, log2 units,
-        // padded lanes past the rows. The softmax task hides the band's causal edge only,
-        // and the products skip the 32×32 blocks beyond it (their st stale): with variants
-        // both edges are hidden here, by selection, over whatever the change made of them.
-        if (variants) Mods::finish_scores(p, pairs[s], cover[s], on_diagonal[s], t.st);
-        softmax[s].start({t.st, t.m, t.l, t.ot, t.p_parts, nj, Dp, on_diagonal[s]});
-      }
-      for (int x = 0; x < n_live; ++x) {
-        const int s = live[x];
-        while (softmax[s].step()) {
-        }
-        Ops::pv_tile(v, j0, pairs[s].nj, tile[s].p_parts, Dp, tile[s].ot, on_diagonal[s],
-                     x + 1 < n_live ? &softmax[live[x + 1]] : nullptr);
-      }
-    }
-    for (int s = 0; s < n; ++s) {
-      if (p.mods.sinks) {  // ot [Dp][Br]: Dp rows of the tile's queries
-        Mods::add_sink(p, q[s].h, tile[s].m, tile[s].l, tile[s].alpha);
-        Mods::scale_rows(tile[s].ot, Dp, tile[s].alpha);
-      }
-      Fma::store_output(tile[s].ot, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
-      Fma::store_lse(tile[s].m, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
-    }
-  };
+  const AmxMainloop<S> mainloop{ws, static_cast<float>(p.scale) * Ops::Fma::kLog2e};
 
   if (!ws.local) {
     detail::parallel_items(exec, ws.items(kGroup), [&](std::int64_t item, int worker) {
       const typename Ops::Scope tiles;
       const auto first = ws.first_tile_of(item, kGroup);
-      run_group(first, worker, ws.k_parts(first.b, first.hk), ws.v_parts(first.b, first.hk));
+      fused_group<S>(p, mainloop, first, worker, mainloop.head(first.b, first.hk));
     });
     return;
   }
@@ -240,10 +215,11 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
       return;
     }
     const typename Ops::Scope tiles;
+    const typename AmxMainloop<S>::Head parts{ws.k_parts(worker), ws.v_parts(worker)};
     for (std::int64_t h = h_begin; h < h_end; ++h)
       for (std::int64_t g = 0; g < groups; ++g)
-        run_group(ws.first_tile_of((b * p.q_heads + h) * groups + g, kGroup), worker,
-                  ws.k_parts(worker), ws.v_parts(worker));
+        fused_group<S>(p, mainloop, ws.first_tile_of((b * p.q_heads + h) * groups + g, kGroup),
+                       worker, parts);
   });
   if (!splittable.load()) avx512_kernels.fused(p, exec, memory);
 }

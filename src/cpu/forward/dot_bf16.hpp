@@ -106,7 +106,9 @@ struct DotBf16Mainloop {
   using Ops = TileOps<S>;
   using Dot = DotBf16Ops<S>;
   using Pair = typename Dot::Pair;
+  using Band = typename Ops::Band;
   using Tile = typename DotBf16Workspace<S>::Worker;
+  static constexpr bool kSoftmaxAmongProducts = false, kSoftmaxHidesCausalEdge = false;
   const DotBf16Workspace<S>& ws;
   float q_factor;  // scale·log2(e), applied to the sums
 
@@ -115,15 +117,20 @@ struct DotBf16Mainloop {
   };
   Head head(std::int64_t b, std::int64_t hk) const { return {ws.k_pairs(b, hk), ws.v_pairs(b, hk)}; }
   Tile tile(int slot) const { return ws.worker(slot); }
+  std::int64_t out_dims() const { return ws.p.head_dim; }
   void load_q(const detail::Problem& p, const QueryTile& q, const Tile& t) const {
     Dot::load_q_pairs(p, q.b, q.h, q.i0, q.rows, t.qp);
   }
-  void scores(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t) const {
+  [[gnu::noinline]] void scores(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t,
+                                const Band*, const Tile*) const {
     Dot::scores_tile(h.k_pairs, j0, nj, t.qp, ws.p.head_dim, q_factor, t.st);
   }
+  void softmax(const Tile& t, std::int64_t nj, const Band*) const {
+    Ops::softmax_update(t.st, nj, t.m, t.l, t.alpha);
+  }
   // Hidden pairs (band) have p = 0 and finite values here: added, they add nothing.
-  void pv(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t,
-          const typename Ops::Band*) const {
+  [[gnu::noinline]] void pv(const Head& h, std::int64_t j0, std::int64_t nj, const Tile& t,
+                            const Band*, const Tile*) const {
     Dot::round_p_pairs(t.st, nj, t.pp);
     Dot::pv_accumulate(h.v_pairs + j0 / 2 * ws.p.head_dim, nj, t.pp, t.alpha, ws.p.head_dim, t.ot);
   }
