@@ -1,0 +1,279 @@
+// fattn — the decode kernel's worker: one work item's rows through the item's key tiles, in
+// one of three tile layouts chosen once per item (DecodeWorkspace::query_lanes_for,
+// dot_lanes_for), each a policy of what a kv head's rows start as, what a key tile does
+// to them and what they end as:
+//   KeysOnLanes     st [rows][Bk], the keys along the lanes (cpu/decode/ops.hpp); for a
+//                   bfloat16 cache on dot_bf16 problems the products on vdpbf16ps
+//                   (cpu/decode/bf16.hpp)
+//   QueryLanes      st [Bk][Br], the query rows along the lanes, the fused kernel's tiles
+//                   (cpu/decode/query_lanes.hpp)
+//   QueryLanesBf16  the same on vdpbf16ps, a bfloat16 cache read in place
+//                   (cpu/decode/query_lanes_bf16.hpp)
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "model/problem.hpp"
+#include "cpu/decode/bf16.hpp"
+#include "cpu/decode/mods.hpp"
+#include "cpu/decode/ops.hpp"
+#include "cpu/decode/query_lanes.hpp"
+#include "cpu/decode/query_lanes_bf16.hpp"
+#include "cpu/decode/workspace.hpp"
+
+namespace fattn::cpu {
+
+// One kv head's running state within a worker's memory.
+struct HeadState {
+  float *qs, *os, *m, *l, *alpha;
+  std::uint16_t* qb;  // null unless the workspace's dot_bf16
+};
+
+// What one worker holds while it runs an item: the problem, the workspace, its slice of
+// the working memory (DecodeWorkspace's offsets).
+template <class S>
+struct DecodeContext {
+  using Ops = DecodeOps<S>;
+  using Workspace = DecodeWorkspace<S>;
+  using Item = typename Workspace::Item;
+  static constexpr int kRowTile = Workspace::kRowTile;
+  const detail::Problem& p;
+  const Workspace& ws;
+  float* w;        // this worker's memory
+  float q_factor;  // scale·log2(e)
+
+  HeadState state(std::int64_t slot) const {
+    float* h = w + ws.heads_at + slot * ws.head_floats;
+    return {h + ws.qs_at, h + ws.os_at, h + ws.m_at, h + ws.l_at, h + ws.alpha_at,
+            ws.dot_bf16 ? reinterpret_cast<std::uint16_t*>(h + ws.qb_at) : nullptr};
+  }
+  float* kt() const { return w + ws.kt_at; }
+  float* st() const { return w + ws.st_at; }
+};
+
+// Which keys of a key tile each row of an item sees: [first[r], visible[r]) of the tile.
+template <class S>
+struct RowKeys {
+  std::int32_t first[DecodeWorkspace<S>::kRowTile], visible[DecodeWorkspace<S>::kRowTile];
+};
+
+template <class S>
+struct KeysOnLanes {
+  using Ops = DecodeOps<S>;
+  using C = DecodeContext<S>;
+  template <class Rows>
+  static constexpr bool takes = true;
+
+  static void start(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h) {
+    Ops::load_q_rows(c.p, it.b, hk, it.r0, it.rows, c.q_factor, h.qs, h.qb);
+    Ops::start_rows(it.rows, c.p.head_dim, h.m, h.l, h.os);
+  }
+  // Scores, the variants (a mask hiding the tile from every row: skipped), online
+  // softmax, P·V.
+  template <class Rows>
+  static void key_tile(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h,
+                       const Rows& k, const Rows& v, std::int64_t j0, std::int64_t nj,
+                       const RowKeys<S>& keys, typename Ops::Prefetch& next) {
+    const detail::Problem& p = c.p;
+    float* st = c.st();
+    scores(c, h, it.rows, k, nj, st, next);
+    if (p.mods.any() || p.has_window())
+      if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) return;
+    Ops::softmax_update(st, it.rows, keys.visible, h.m, h.l, h.alpha);
+    values(c, st, it.rows, keys.visible, nj, v, h);
+  }
+  static HeadState finish(const C&, const typename C::Item&, const HeadState& h) { return h; }
+
+  // st ← the tile's scores: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems, else
+  // in float32 (DecodeOps::tile_scores).
+  template <class Rows>
+  static void scores(const C& c, const HeadState& h, std::int64_t rows, const Rows& k,
+                     std::int64_t nj, float* st, typename Ops::Prefetch& next) {
+#if defined(FATTN_AVX512_BF16)
+    if constexpr (std::is_same_v<Rows, typename DecodeScoresBf16<S>::Rows>)
+      if (c.ws.dot_bf16)
+        return DecodeScoresBf16<S>::tile_scores(h.qb, c.q_factor, rows, c.p.head_dim, k, nj, c.kt(), st, next);
+#endif
+    Ops::tile_scores(h.qs, rows, c.p.head_dim, k, nj, c.kt(), st, next);
+  }
+  // os ← alpha·os + P·V: on vdpbf16ps for a bfloat16 cache on dot_bf16 problems, else
+  // in float32.
+  template <class Rows>
+  static void values(const C& c, const float* probs, std::int64_t rows, const std::int32_t* visible,
+                     std::int64_t nj, const Rows& v, const HeadState& h) {
+    const std::int64_t D = c.p.head_dim;
+#if defined(FATTN_AVX512_BF16)
+    if constexpr (std::is_same_v<Rows, typename DecodeValuesBf16<S>::Rows>)
+      if (c.ws.dot_bf16) return DecodeValuesBf16<S>::accumulate(probs, rows, visible, nj, v, h.alpha, D, h.os);
+#endif
+    Ops::pv_accumulate(probs, rows, visible, nj, v, h.alpha, D, h.os);
+  }
+};
+
+// What a kv head's rows see of keys [j0, j0 + nj) on the query-lane tiles: the ranges,
+// and with variants the rows' pairs (written to `pairs`).
+template <class S>
+typename DecodeQueryLanes<S>::Seen lanes_seen(const DecodeContext<S>& c,
+                                              const typename DecodeContext<S>::Item& it,
+                                              std::int64_t hk, std::int64_t j0, std::int64_t nj,
+                                              const RowKeys<S>& keys,
+                                              typename DecodeQueryLanes<S>::Mods::LanePair* pairs) {
+  const detail::Problem& p = c.p;
+  if (!p.mods.any()) return {keys.first, keys.visible, nullptr, {}};
+  for (std::int64_t r = 0; r < it.rows; ++r) {
+    const auto [head, query] = DecodeOps<S>::group_row(p, hk, it.r0 + r);
+    pairs[r] = {head, query};
+  }
+  return {keys.first, keys.visible, &p, {it.b, 0, 0, it.rows, j0, nj, pairs}};
+}
+
+// The query-lane tiles' state in a head's memory: qt in qs's place, ot in os's. At the
+// end ot goes back to rows, in the query tile's place.
+template <class S>
+typename DecodeQueryLanes<S>::State lanes_state(const HeadState& h) {
+  return {h.qs, h.os, h.m, h.l, h.alpha};
+}
+template <class S>
+HeadState lanes_finish(const DecodeContext<S>& c, const typename DecodeContext<S>::Item& it,
+                       const HeadState& h) {
+  DecodeQueryLanes<S>::to_rows(h.os, it.rows, c.p.head_dim, c.ws.Dp, h.qs);
+  HeadState rows = h;
+  rows.os = h.qs;
+  return rows;
+}
+
+template <class S>
+struct QueryLanes {
+  using Lanes = DecodeQueryLanes<S>;
+  using C = DecodeContext<S>;
+  template <class Rows>
+  static constexpr bool takes = std::is_same_v<Rows, typename Lanes::Rows>;
+
+  // The rows loaded in os's place, then along the lanes.
+  static void start(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h) {
+    DecodeOps<S>::load_q_rows(c.p, it.b, hk, it.r0, it.rows, c.q_factor, h.os, nullptr);
+    Lanes::to_lanes(h.os, it.rows, c.p.head_dim, c.ws.Dp, h.qs);
+    Lanes::Tile::start_rows(h.m, h.l, h.os, c.p.head_dim);
+  }
+  template <class Rows>
+  static void key_tile(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h,
+                       const Rows& k, const Rows& v, std::int64_t j0, std::int64_t nj,
+                       const RowKeys<S>& keys, typename DecodeOps<S>::Prefetch& next) {
+    typename Lanes::Mods::LanePair pairs[C::kRowTile];
+    Lanes::key_tile(k, v, nj, it.rows, lanes_seen<S>(c, it, hk, j0, nj, keys, pairs), c.p.head_dim,
+                    lanes_state<S>(h), c.st(), next);
+  }
+  static HeadState finish(const C& c, const typename C::Item& it, const HeadState& h) {
+    return lanes_finish<S>(c, it, h);
+  }
+};
+
+#if defined(FATTN_AVX512_BF16)
+template <class S>
+struct QueryLanesBf16 {
+  using Lanes = DecodeQueryLanes<S>;
+  using Dot = DecodeQueryLanesBf16<S>;
+  using C = DecodeContext<S>;
+  template <class Rows>
+  static constexpr bool takes = std::is_same_v<Rows, typename Dot::Rows>;
+
+  // The rows' bits in pairs, along the lanes.
+  static void start(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h) {
+    DecodeOps<S>::load_q_rows(c.p, it.b, hk, it.r0, it.rows, c.q_factor, h.os, h.qb);
+    Dot::to_lanes(h.qb, it.rows, c.ws.Dp, reinterpret_cast<std::uint32_t*>(h.qs));
+    Lanes::Tile::start_rows(h.m, h.l, h.os, c.p.head_dim);
+  }
+  template <class Rows>
+  static void key_tile(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h,
+                       const Rows& k, const Rows& v, std::int64_t j0, std::int64_t nj,
+                       const RowKeys<S>& keys, typename DecodeOps<S>::Prefetch& next) {
+    typename Lanes::Mods::LanePair pairs[C::kRowTile];
+    Dot::key_tile(k, v, nj, it.rows, lanes_seen<S>(c, it, hk, j0, nj, keys, pairs), c.p.head_dim,
+                  c.q_factor, lanes_state<S>(h), c.kt(), c.st(), next);
+  }
+  static HeadState finish(const C& c, const typename C::Item& it, const HeadState& h) {
+    return lanes_finish<S>(c, it, h);
+  }
+};
+#endif
+
+// A worker running one item at a time: its kv heads' running states and its tiles.
+template <class S>
+struct DecodeWorker : DecodeContext<S> {
+  using C = DecodeContext<S>;
+  using Ops = DecodeOps<S>;
+  using Item = typename C::Item;
+  using C::p, C::ws, C::w;
+
+  StagedTiles<S> staged_tiles() const { return {p, w + ws.k_stage_at, w + ws.v_stage_at}; }
+
+  // Keys [kv_begin, kv_end) of the item's rows, tiles from `tiles` (TilesInCache or
+  // StagedTiles): out and lse, or with split keys its chunk's partial (os, m, l), in the
+  // item's layout.
+  template <class Tiles>
+  void run(const Item& it, std::int64_t kv_begin, std::int64_t kv_end, const Tiles& tiles,
+           float* memory) const {
+    with_layout<Tiles>(it, [&](auto layout) {
+      using Layout = typename decltype(layout)::type;
+      for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk)
+        Layout::start(*this, it, hk, this->state(hk - it.hk_begin));
+      for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk)
+        key_tile<Layout>(it, j0, std::min<std::int64_t>(Ops::Bk, kv_end - j0), kv_end, tiles);
+      for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk)
+        finish(it, hk, Layout::finish(*this, it, this->state(hk - it.hk_begin)), memory);
+    });
+  }
+
+ private:
+  template <class L>
+  struct Tag {
+    using type = L;
+  };
+  // Calls f with the item's layout: the query-lane tiles (on vdpbf16ps for a bfloat16
+  // cache read in place) for the items that take them, the keys along the lanes else.
+  template <class Tiles, class F>
+  void with_layout(const Item& it, F&& f) const {
+    using Rows = decltype(std::declval<const Tiles&>().k_rows(it, 0, 0, 0));
+#if defined(FATTN_AVX512_BF16)
+    if constexpr (QueryLanesBf16<S>::template takes<Rows>)
+      if (ws.dot_lanes_for(it)) return f(Tag<QueryLanesBf16<S>>{});
+#endif
+    if constexpr (QueryLanes<S>::template takes<Rows>)
+      if (ws.query_lanes_for(it)) return f(Tag<QueryLanes<S>>{});
+    f(Tag<KeysOnLanes<S>>{});
+  }
+
+  // Keys [j0, j0 + nj) for every head of the item.
+  template <class Layout, class Tiles>
+  void key_tile(const Item& it, std::int64_t j0, std::int64_t nj, std::int64_t kv_end,
+                const Tiles& tiles) const {
+    RowKeys<S> keys;
+    for (std::int64_t r = 0; r < it.rows; ++r) {
+      const std::int64_t i = Ops::group_row(p, 0, it.r0 + r).query;
+      keys.first[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_begin(it.b, i) - j0, 0, nj));
+      keys.visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
+    }
+    tiles.prepare(it, j0, nj);
+    for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
+      typename Ops::Prefetch next = tiles.next(it, hk, j0, kv_end);
+      Layout::key_tile(*this, it, hk, this->state(hk - it.hk_begin), tiles.k_rows(it, hk, j0, nj),
+                       tiles.v_rows(it, hk, j0, nj), j0, nj, keys, next);
+    }
+  }
+
+  // Head hk's rows, h in the rows layout: out and lse, or its chunk's partial.
+  void finish(const Item& it, std::int64_t hk, const HeadState& h, float* memory) const {
+    if (ws.splits == 1) return store_group_rows<S>(p, it.b, hk, it.r0, it.rows, h.os, h.m, h.l);
+    const std::int64_t Dp = ws.Dp;
+    float* part = memory + ws.partial_at(p, it.b, hk, it.row_tile, it.chunk);
+    std::copy(h.os, h.os + it.rows * Dp, part);
+    for (std::int64_t r = 0; r < it.rows; ++r) {
+      part[it.rows * Dp + 2 * r] = h.m[r];
+      part[it.rows * Dp + 2 * r + 1] = h.l[r];
+    }
+  }
+};
+
+}  // namespace fattn::cpu

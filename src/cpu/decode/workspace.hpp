@@ -1,0 +1,239 @@
+// fattn — the decode kernel's working memory and work items (DecodeWorkspace), where an
+// item's key tiles come from (TilesInCache, StagedTiles), and the rows' last steps: the
+// split partials' merge and the output.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "model/problem.hpp"
+#include "cpu/decode/mods.hpp"
+#include "cpu/decode/ops.hpp"
+#include "cpu/decode/query_lanes.hpp"
+#include "cpu/common/online_softmax.hpp"
+#include "cpu/common/workspace.hpp"
+
+namespace fattn::cpu {
+
+// How a decode problem is cut into work items, and where each piece of working memory
+// lies: every size and offset computed once, here.
+template <class S>
+struct DecodeWorkspace {
+  using Ops = DecodeOps<S>;
+  // Query rows per work item: a whole decode group (32 heads × Sq 2 at MHA) in one tile.
+  static constexpr std::int64_t kRowTile = 64;
+  // A work item takes each key tile of K and V for several kv heads at once (in place,
+  // or staged in address order in a (B, S, Hkv, D) cache: stage_rows) and keeps their
+  // running states (qs, os, m, l) side by side: as many heads as their tiles and states
+  // fit this many floats (1 MiB, half of L2).
+  static constexpr std::int64_t kItemFloats = 262144;
+  // Split the keys until there are this many items per worker (load balance across the
+  // dynamic schedule) ...
+  static constexpr std::int64_t kItemsPerWorker = 4;
+  // ... but not into chunks under this many keys (each chunk costs a partial and a merge).
+  static constexpr std::int64_t kMinChunkKeys = 512;
+
+  // K and V read where they lie (DecodeOps::reads_in_place), else staged tile by tile.
+  bool in_place;
+  // The tiles' layout: query rows along the lanes (DecodeQueryLanes) for the items that
+  // take it (query_lanes_for), keys along them (DecodeOps) for the others. lane_rows: the
+  // rows of the running states and scores, its Br where any item takes query lanes.
+  bool query_lanes;
+  std::int64_t lane_rows;
+  std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
+  // Floats from the start of the working memory; per head: qs, os, m, l, alpha, and the
+  // query rows' bfloat16 bits qb where the scores use them (on_bf16_dot_products).
+  std::int64_t worker_floats, head_floats, kt_at, st_at, heads_at, k_stage_at, v_stage_at;
+  std::int64_t qs_at, os_at, m_at, l_at, alpha_at, qb_at;  // within a head's state
+  bool dot_bf16;
+  std::int64_t partial_floats, partials_at, total;
+
+  // splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key tile).
+  DecodeWorkspace(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
+    Sizes n;
+    in_place = Ops::reads_in_place(p);
+    dot_bf16 = on_bf16_dot_products<S>(p.dtype);  // the scores from the query rows' bits
+    D = p.head_dim;
+    Dp = Ops::padded_dim(D);
+    rows = n.mul(p.group_size(), p.q_len);
+    tile_rows = std::min(rows, kRowTile);
+    row_tiles = n.div_up(rows, kRowTile);
+    query_lanes = DecodeQueryLanes<S>::applies(p, !in_place, in_place && dot_bf16) &&
+                  DecodeQueryLanes<S>::takes(tile_rows);
+    lane_rows = query_lanes ? DecodeQueryLanes<S>::Br : tile_rows;
+    Layout head;  // lane_rows ≤ 64, Dp ≤ 256: no overflow
+    qs_at = head.take(lane_rows * Dp);
+    os_at = head.take(lane_rows * Dp);
+    m_at = head.take(lane_rows);
+    l_at = head.take(lane_rows);
+    alpha_at = head.take(lane_rows);
+    qb_at = head.take(dot_bf16 ? n.div_up(tile_rows * Dp, 2) : 0);  // two bfloat16 per float
+    head_floats = head.end;
+    const std::int64_t stage_floats = Ops::Bk * Dp;  // one head's key tile of K or V
+    heads_per_item = std::clamp<std::int64_t>(kItemFloats / (head_floats + 2 * stage_floats), 1,
+                                              p.kv_heads);
+    head_groups = n.div_up(p.kv_heads, heads_per_item);
+    Layout worker;
+    kt_at = worker.take(D * Ops::Bk);
+    st_at = worker.take(lane_rows * Ops::Bk);
+    heads_at = worker.take(n.mul(head_floats, heads_per_item));
+    // The staging buffers only where tiles are staged (no room taken when read in place).
+    const std::int64_t staged_floats = in_place ? 0 : n.mul(stage_floats, heads_per_item);
+    k_stage_at = worker.take(staged_floats);
+    v_stage_at = worker.take(staged_floats);
+    worker_floats = worker.end;
+    n.overflow |= worker.n.overflow;
+
+    const std::int64_t base = n.mul(n.mul(p.batch, head_groups), row_tiles);
+    std::int64_t max_keys = 0;
+    for (std::int64_t b = 0; b < p.batch; ++b) max_keys = std::max(max_keys, p.keys_of(b));
+    const std::int64_t key_tiles = std::max<std::int64_t>(1, n.div_up(max_keys, Ops::Bk));
+    if (requested_splits > 0) {
+      splits = std::min(requested_splits, key_tiles);
+    } else {
+      const std::int64_t wanted = n.div_up(kItemsPerWorker * workers, std::max<std::int64_t>(base, 1));
+      splits = std::clamp<std::int64_t>(wanted, 1, std::max<std::int64_t>(1, max_keys / kMinChunkKeys));
+    }
+    items = n.mul(base, splits);
+    partial_floats = n.align(n.mul(tile_rows, Dp + 2));  // os, then m and l per row
+    partials_at = n.mul(worker_floats, workers);
+    // One partial per (sequence, kv head, row tile, chunk).
+    const std::int64_t partials = n.mul(n.mul(n.mul(p.batch, p.kv_heads), row_tiles), splits);
+    total = n.add(partials_at, splits > 1 ? n.mul(partials, partial_floats) : 0);
+    if (n.overflow) total = -1;
+  }
+
+  struct Item {
+    std::int64_t b, hk_begin, hk_end, r0, rows, row_tile, chunk;
+  };
+  bool query_lanes_for(const Item& it) const {
+    return query_lanes && DecodeQueryLanes<S>::takes(it.rows);
+  }
+  // ... on bfloat16 dot products (DecodeQueryLanesBf16: a bfloat16 cache read in place).
+  bool dot_lanes_for(const Item& it) const { return query_lanes_for(it) && in_place && dot_bf16; }
+  // Items run head group by head group, the chunks of one row tile side by side.
+  Item item(const detail::Problem& p, std::int64_t index) const {
+    const std::int64_t chunk = index % splits, tile = index / splits;
+    const std::int64_t t = tile % row_tiles, group = tile / row_tiles;
+    const std::int64_t b = group / head_groups, hk0 = group % head_groups * heads_per_item;
+    const std::int64_t r0 = t * kRowTile;
+    return {b, hk0, std::min(hk0 + heads_per_item, p.kv_heads), r0,
+            std::min(kRowTile, rows - r0), t, chunk};
+  }
+  // Where the partial of (b, hk, row tile, chunk) lies.
+  std::int64_t partial_at(const detail::Problem& p, std::int64_t b, std::int64_t hk,
+                          std::int64_t row_tile, std::int64_t chunk) const {
+    return partials_at + (((b * p.kv_heads + hk) * row_tiles + row_tile) * splits + chunk) * partial_floats;
+  }
+  // Keys [begin, end) of an item's chunk that its rows may see: the keys from the first
+  // row's first visible one (its key group's start: a window's left edge) to the last
+  // row's last, cut into `splits` chunks of whole key tiles.
+  void key_range(const detail::Problem& p, const Item& it, std::int64_t* begin,
+                 std::int64_t* end) const {
+    const std::int64_t keys = p.keys_of(it.b);
+    const std::int64_t first_row_query = Ops::group_row(p, 0, it.r0).query;
+    const std::int64_t last_row_query = Ops::group_row(p, 0, it.r0 + it.rows - 1).query;
+    const std::int64_t last = std::min(keys, p.visible_end(it.b, last_row_query));
+    const std::int64_t first = std::min(
+        last, p.visible_begin(it.b, first_row_query) / Ops::kKeyGroup * Ops::kKeyGroup);
+    const std::int64_t tiles_per_chunk = (last - first + Ops::Bk * splits - 1) / (Ops::Bk * splits);
+    const std::int64_t chunk_keys = tiles_per_chunk * Ops::Bk;
+    *begin = std::min(last, first + it.chunk * chunk_keys);
+    *end = std::min(last, *begin + chunk_keys);
+  }
+};
+
+// Writes rows [r0, r0 + rows) of kv head hk's group: out ← os / l, lse.
+template <class S>
+void store_group_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t r0,
+                      std::int64_t rows, float* os, float* m, float* l) {
+  using Ops = DecodeOps<S>;
+  const std::int64_t D = p.head_dim, Dp = Ops::padded_dim(D);
+  if (p.mods.sinks) DecodeModOps<S>::add_sink_to_rows(p, hk, r0, rows, Dp, os, m, l);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto [h, i] = Ops::group_row(p, hk, r0 + r);
+    store_row(p.out, p.dtype, b, h, i, D, os + r * Dp, Ops::reciprocal(l[r]));
+    if (p.lse.data) *p.lse.row(b, h, i) = Ops::logsumexp(m[r], l[r]);
+  }
+}
+
+// Merges the split partials of one (sequence, kv head, row tile) in chunk order
+// (log-sum-exp weights) into os, m, l.
+template <class S>
+void merge_partials(const DecodeWorkspace<S>& ws, std::int64_t rows, const float* partials,
+                    float* os, float* m, float* l) {
+  using Ops = DecodeOps<S>;
+  const std::int64_t Dp = ws.Dp;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float m_all = Ops::kNegInf;
+    for (std::int64_t c = 0; c < ws.splits; ++c)
+      m_all = std::max(m_all, partials[c * ws.partial_floats + rows * Dp + 2 * r]);
+    const float ref = OnlineSoftmax<S>::reference(m_all);
+    float sum = 0.0f;
+    std::fill(os + r * Dp, os + (r + 1) * Dp, 0.0f);
+    for (std::int64_t c = 0; c < ws.splits; ++c) {  // each chunk's state rescaled to ref
+      const float* part = partials + c * ws.partial_floats;
+      const float w = OnlineSoftmax<S>::weight(part[rows * Dp + 2 * r], ref);
+      sum += w * part[rows * Dp + 2 * r + 1];
+      for (std::int64_t d = 0; d < Dp; ++d) os[r * Dp + d] += w * part[r * Dp + d];
+    }
+    m[r] = m_all;
+    l[r] = sum;
+  }
+}
+
+// Where an item's key tiles come from: the cache itself, rows of E read in place ...
+template <class S, class E>
+struct TilesInCache {
+  using Ops = DecodeOps<S>;
+  using Item = typename DecodeWorkspace<S>::Item;
+  const detail::Problem& p;
+  detail::Strided<const E> k, v;  // p.k and p.v retyped to their element type
+
+  void prepare(const Item&, std::int64_t, std::int64_t) const {}
+  typename Ops::template Rows<E> k_rows(const Item& it, std::int64_t hk, std::int64_t j0,
+                                        std::int64_t nj) const {
+    return Ops::in_cache(p, k, it.b, hk, j0, nj);
+  }
+  typename Ops::template Rows<E> v_rows(const Item& it, std::int64_t hk, std::int64_t j0,
+                                        std::int64_t nj) const {
+    return Ops::in_cache(p, v, it.b, hk, j0, nj);
+  }
+  // The rows read after kv head hk's tile at j0: the next head's, or after the item's
+  // last head the first head's next tile (none after the item's last tile).
+  typename Ops::Prefetch next(const Item& it, std::int64_t hk, std::int64_t j0,
+                              std::int64_t kv_end) const {
+    const bool wraps = hk + 1 == it.hk_end;
+    const std::int64_t head = wraps ? it.hk_begin : hk + 1, j = wraps ? j0 + Ops::Bk : j0;
+    const std::int64_t rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
+    if (rows <= 0) return {};
+    return {k_rows(it, head, j, rows), v_rows(it, head, j, rows), rows, p.head_dim};
+  }
+};
+
+// ... or float32 copies, each key tile of the item's heads staged before its compute.
+template <class S>
+struct StagedTiles {
+  using Ops = DecodeOps<S>;
+  using Item = typename DecodeWorkspace<S>::Item;
+  const detail::Problem& p;
+  float *k_stage, *v_stage;  // the worker's staging buffers
+
+  void prepare(const Item& it, std::int64_t j0, std::int64_t nj) const {
+    Ops::stage_rows(p, p.k, it.b, it.hk_begin, it.hk_end, j0, nj, k_stage);
+    Ops::stage_rows(p, p.v, it.b, it.hk_begin, it.hk_end, j0, nj, v_stage);
+  }
+  typename Ops::template Rows<float> k_rows(const Item& it, std::int64_t hk, std::int64_t,
+                                            std::int64_t) const {
+    return Ops::staged(k_stage, hk - it.hk_begin, p.head_dim);
+  }
+  typename Ops::template Rows<float> v_rows(const Item& it, std::int64_t hk, std::int64_t,
+                                            std::int64_t) const {
+    return Ops::staged(v_stage, hk - it.hk_begin, p.head_dim);
+  }
+  typename Ops::Prefetch next(const Item&, std::int64_t, std::int64_t, std::int64_t) const {
+    return {};
+  }
+};
+
+}  // namespace fattn::cpu
