@@ -24,11 +24,11 @@ namespace fattn::cpu {
 
 template <class S>
 struct AmxNaiveBackwardWorkspace : BackwardTiles<S> {
-  using Ops = AmxOps<S>;
-  using Bwd = AmxBackwardOps<S>;
   using Tiles = BackwardTiles<S>;
   using Tiles::Br, Tiles::Bc, Tiles::p, Tiles::q_tiles, Tiles::tiles, Tiles::key_tiles,
       Tiles::query_tile;
+  using Ops = AmxOps<S>;
+  using Bwd = AmxBackwardOps<S>;
 
   struct Worker {
     float *dk, *dv, *dqt, *scratch;

@@ -23,11 +23,8 @@ template <class S>
 struct BackwardOps {
   using Ops = TileOps<S>;
   using vec = typename S::vec;
-  static constexpr int L = S::lanes;
-  static constexpr int NV = Ops::NV;
-  static constexpr int Br = Ops::Br;
-  static constexpr int MK = Ops::MK;
-  static constexpr int DV = Ops::T::dim_vecs;
+  static constexpr int L = S::lanes, NV = Ops::NV, Br = Ops::Br, MK = Ops::MK,
+                       DV = Ops::T::dim_vecs;
 
   // Head dim rounded up to whole vectors: the row buffers' and accumulators' width.
   static std::int64_t padded_dim(std::int64_t D) { return (D + L - 1) / L * L; }

@@ -31,9 +31,7 @@ template <class S>
 struct ScoreModOps {
   using Ops = TileOps<S>;
   using vec = typename S::vec;
-  static constexpr int L = S::lanes;
-  static constexpr int NV = Ops::NV;
-  static constexpr int Br = Ops::Br;
+  static constexpr int L = S::lanes, NV = Ops::NV, Br = Ops::Br;
 
   // A query row of a tile: query `query` of head `head`.
   struct LanePair {

@@ -22,8 +22,7 @@ struct DecodeModOps {
   using Ops = DecodeOps<S>;
   using Mods = ScoreModOps<S>;
   using vec = typename S::vec;
-  static constexpr int L = S::lanes;
-  static constexpr int Bk = Ops::Bk;
+  static constexpr int L = S::lanes, Bk = Ops::Bk;
 
   // Changes the scores of rows [r0, r0 + rows) of kv head hk's group against keys
   // [j0, j0 + nj); returns false when every row's mask hides every key (the caller skips

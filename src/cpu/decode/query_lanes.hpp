@@ -34,8 +34,7 @@ struct DecodeQueryLanes {
   using Tile = TileOps<S>;
   using Mods = ScoreModOps<S>;
   using Rows = typename Ops::template Rows<float>;
-  static constexpr int Br = Tile::Br;
-  static constexpr int MK = Tile::MK;
+  static constexpr int Br = Tile::Br, MK = Tile::MK;
   // Only 64-row tiles take this layout (applies); there a key tile is whole score blocks,
   // which st's Bk rows rely on.
   static constexpr bool kUsed = Br == 64;

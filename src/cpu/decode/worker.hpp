@@ -6,9 +6,8 @@
 //                   bfloat16 cache on dot_bf16 problems the products on vdpbf16ps
 //                   (cpu/decode/bf16.hpp)
 //   QueryLanes      st [Bk][Br], the query rows along the lanes, the fused kernel's tiles
-//                   (cpu/decode/query_lanes.hpp)
-//   QueryLanesBf16  the same on vdpbf16ps, a bfloat16 cache read in place
-//                   (cpu/decode/query_lanes_bf16.hpp)
+//                   (cpu/decode/query_lanes.hpp); with Bf16 the same on vdpbf16ps, a
+//                   bfloat16 cache read in place (cpu/decode/query_lanes_bf16.hpp)
 #pragma once
 
 #include <algorithm>
@@ -112,92 +111,60 @@ struct KeysOnLanes {
   }
 };
 
-// What a kv head's rows see of keys [j0, j0 + nj) on the query-lane tiles: the ranges,
-// and with variants the rows' pairs (written to `pairs`).
-template <class S>
-typename DecodeQueryLanes<S>::Seen lanes_seen(const DecodeContext<S>& c,
-                                              const typename DecodeContext<S>::Item& it,
-                                              std::int64_t hk, std::int64_t j0, std::int64_t nj,
-                                              const RowKeys<S>& keys,
-                                              typename DecodeQueryLanes<S>::Mods::LanePair* pairs) {
-  const detail::Problem& p = c.p;
-  if (!p.mods.any()) return {keys.first, keys.visible, nullptr, {}};
-  for (std::int64_t r = 0; r < it.rows; ++r) {
-    const auto [head, query] = DecodeOps<S>::group_row(p, hk, it.r0 + r);
-    pairs[r] = {head, query};
-  }
-  return {keys.first, keys.visible, &p, {it.b, 0, 0, it.rows, j0, nj, pairs}};
-}
-
-// The query-lane tiles' state in a head's memory: qt in qs's place, ot in os's. At the
-// end ot goes back to rows, in the query tile's place.
-template <class S>
-typename DecodeQueryLanes<S>::State lanes_state(const HeadState& h) {
-  return {h.qs, h.os, h.m, h.l, h.alpha};
-}
-template <class S>
-HeadState lanes_finish(const DecodeContext<S>& c, const typename DecodeContext<S>::Item& it,
-                       const HeadState& h) {
-  DecodeQueryLanes<S>::to_rows(h.os, it.rows, c.p.head_dim, c.ws.Dp, h.qs);
-  HeadState rows = h;
-  rows.os = h.qs;
-  return rows;
-}
-
-template <class S>
+// The query rows along the lanes: the fused kernel's float32 tiles (DecodeQueryLanes), or
+// with Bf16 the same on vdpbf16ps, a bfloat16 cache read in place (DecodeQueryLanesBf16).
+// A head's qs and os areas hold the tiles' qt and ot; at the end ot goes back to rows, in
+// qs's place.
+template <class S, bool Bf16>
 struct QueryLanes {
   using Lanes = DecodeQueryLanes<S>;
   using C = DecodeContext<S>;
-  template <class Rows>
-  static constexpr bool takes = std::is_same_v<Rows, typename Lanes::Rows>;
-
-  // The rows loaded in os's place, then along the lanes.
-  static void start(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h) {
-    DecodeOps<S>::load_q_rows(c.p, it.b, hk, it.r0, it.rows, c.q_factor, h.os, nullptr);
-    Lanes::to_lanes(h.os, it.rows, c.p.head_dim, c.ws.Dp, h.qs);
-    Lanes::Tile::start_rows(h.m, h.l, h.os, c.p.head_dim);
-  }
-  template <class Rows>
-  static void key_tile(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h,
-                       const Rows& k, const Rows& v, std::int64_t j0, std::int64_t nj,
-                       const RowKeys<S>& keys, typename DecodeOps<S>::Prefetch& next) {
-    typename Lanes::Mods::LanePair pairs[C::kRowTile];
-    Lanes::key_tile(k, v, nj, it.rows, lanes_seen<S>(c, it, hk, j0, nj, keys, pairs), c.p.head_dim,
-                    lanes_state<S>(h), c.st(), next);
-  }
-  static HeadState finish(const C& c, const typename C::Item& it, const HeadState& h) {
-    return lanes_finish<S>(c, it, h);
-  }
-};
-
 #if defined(FATTN_AVX512_BF16)
-template <class S>
-struct QueryLanesBf16 {
-  using Lanes = DecodeQueryLanes<S>;
-  using Dot = DecodeQueryLanesBf16<S>;
-  using C = DecodeContext<S>;
+  using Kernel = std::conditional_t<Bf16, DecodeQueryLanesBf16<S>, Lanes>;
+#else
+  static_assert(!Bf16, "the bfloat16 query-lane tiles need AVX512-BF16");
+  using Kernel = Lanes;
+#endif
   template <class Rows>
-  static constexpr bool takes = std::is_same_v<Rows, typename Dot::Rows>;
+  static constexpr bool takes = std::is_same_v<Rows, typename Kernel::Rows>;
 
-  // The rows' bits in pairs, along the lanes.
+  // The rows loaded in os's place (and their bits), then along the lanes.
   static void start(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h) {
-    DecodeOps<S>::load_q_rows(c.p, it.b, hk, it.r0, it.rows, c.q_factor, h.os, h.qb);
-    Dot::to_lanes(h.qb, it.rows, c.ws.Dp, reinterpret_cast<std::uint32_t*>(h.qs));
+    DecodeOps<S>::load_q_rows(c.p, it.b, hk, it.r0, it.rows, c.q_factor, h.os, Bf16 ? h.qb : nullptr);
+    if constexpr (Bf16)
+      Kernel::to_lanes(h.qb, it.rows, c.ws.Dp, reinterpret_cast<std::uint32_t*>(h.qs));
+    else
+      Kernel::to_lanes(h.os, it.rows, c.p.head_dim, c.ws.Dp, h.qs);
     Lanes::Tile::start_rows(h.m, h.l, h.os, c.p.head_dim);
   }
+  // The rows' key ranges, and with variants their (head, query) pairs.
   template <class Rows>
   static void key_tile(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h,
                        const Rows& k, const Rows& v, std::int64_t j0, std::int64_t nj,
                        const RowKeys<S>& keys, typename DecodeOps<S>::Prefetch& next) {
+    const detail::Problem& p = c.p;
     typename Lanes::Mods::LanePair pairs[C::kRowTile];
-    Dot::key_tile(k, v, nj, it.rows, lanes_seen<S>(c, it, hk, j0, nj, keys, pairs), c.p.head_dim,
-                  c.q_factor, lanes_state<S>(h), c.kt(), c.st(), next);
+    typename Lanes::Seen seen{keys.first, keys.visible, nullptr, {}};
+    if (p.mods.any()) {
+      for (std::int64_t r = 0; r < it.rows; ++r) {
+        const auto [head, query] = DecodeOps<S>::group_row(p, hk, it.r0 + r);
+        pairs[r] = {head, query};
+      }
+      seen = {keys.first, keys.visible, &p, {it.b, 0, 0, it.rows, j0, nj, pairs}};
+    }
+    const typename Lanes::State state{h.qs, h.os, h.m, h.l, h.alpha};
+    if constexpr (Bf16)
+      Kernel::key_tile(k, v, nj, it.rows, seen, p.head_dim, c.q_factor, state, c.kt(), c.st(), next);
+    else
+      Kernel::key_tile(k, v, nj, it.rows, seen, p.head_dim, state, c.st(), next);
   }
   static HeadState finish(const C& c, const typename C::Item& it, const HeadState& h) {
-    return lanes_finish<S>(c, it, h);
+    Lanes::to_rows(h.os, it.rows, c.p.head_dim, c.ws.Dp, h.qs);
+    HeadState rows = h;
+    rows.os = h.qs;
+    return rows;
   }
 };
-#endif
 
 // A worker running one item at a time: its kv heads' running states and its tiles.
 template <class S>
@@ -237,11 +204,11 @@ struct DecodeWorker : DecodeContext<S> {
   void with_layout(const Item& it, F&& f) const {
     using Rows = decltype(std::declval<const Tiles&>().k_rows(it, 0, 0, 0));
 #if defined(FATTN_AVX512_BF16)
-    if constexpr (QueryLanesBf16<S>::template takes<Rows>)
-      if (ws.dot_lanes_for(it)) return f(Tag<QueryLanesBf16<S>>{});
+    if constexpr (QueryLanes<S, true>::template takes<Rows>)
+      if (ws.dot_lanes_for(it)) return f(Tag<QueryLanes<S, true>>{});
 #endif
-    if constexpr (QueryLanes<S>::template takes<Rows>)
-      if (ws.query_lanes_for(it)) return f(Tag<QueryLanes<S>>{});
+    if constexpr (QueryLanes<S, false>::template takes<Rows>)
+      if (ws.query_lanes_for(it)) return f(Tag<QueryLanes<S, false>>{});
     f(Tag<KeysOnLanes<S>>{});
   }
 
