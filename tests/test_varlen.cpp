@@ -331,6 +331,15 @@ TEST_P(VarlenBackward, EverySequenceMatchesItsOwnFloat64Gradients) {
   fattn::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse_view,
                                    cu.q_view(), cu.k_view(), dq.view(), dk.view(), dv.view(), o, ds);
 
+  // The same bits on a second call (the schedule depends only on the problem and threads).
+  Packed dq2(total_q, c.Hq, c.D, c.dtype, nullptr), dk2(total_k, c.Hkv, c.D, c.dtype, nullptr),
+      dv2(total_k, c.Hkv, c.D, c.dtype, nullptr);
+  fattn::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse_view,
+                                   cu.q_view(), cu.k_view(), dq2.view(), dk2.view(), dv2.view(), o, ds);
+  EXPECT_EQ(dq.bytes, dq2.bytes);
+  EXPECT_EQ(dk.bytes, dk2.bytes);
+  EXPECT_EQ(dv.bytes, dv2.bytes);
+
   std::vector<double> dsinks_ref(c.Hq, 0.0);
   const double tol = c.dtype == DType::float32 ? 2e-4 : 3e-2;
   for (std::int64_t b = 0; b < B; ++b) {

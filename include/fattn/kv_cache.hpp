@@ -62,8 +62,9 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                       const TensorView& out, const TensorView* lse, const Options& options = {});
 
-// Gradients of attention_varlen given its out and lse, checked once: the backward kernel
-// sequence after sequence (each its own parallel section), the reference over all at once;
+// Gradients of attention_varlen given its out and lse, checked once: the backward kernel on
+// each sequence, a sequence with at least 1/threads of the work on every thread, the others
+// side by side in one parallel section (one thread each); the reference over all at once;
 // with sinks, dsinks (Hq) float32 sums every sequence's rows, in order.
 void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& dout,

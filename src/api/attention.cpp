@@ -1,5 +1,8 @@
 // fattn — the entry points: validate, pick a backend and an implementation, run.
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -289,15 +292,53 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
 // sequence after sequence (their items are one sequence's), a sequence without (query, key)
 // pairs through the reference (zero gradients); with sinks, dsinks summed over every
 // sequence's rows afterwards (cpu::sink_gradients reads a ragged problem).
+// The backward of a ragged batch, sequence by sequence, as two schedules: a sequence with
+// at least 1/workers of the batch's work (query rows × keys) runs alone on every worker;
+// the others run in one parallel section, each on one worker, heaviest first, in a
+// working-memory slice of that worker's (one lease for all: a fresh allocation per
+// sequence would be page-faulted in on every call). Which sequence runs which way
+// depends only on the problem and the worker count, so the bits are the same on every run.
 void ragged_backward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = resolve_backward(options.impl, p.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
   const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
+  std::vector<double> work(static_cast<std::size_t>(p.batch));  // query rows × keys
+  double total = 0.0;
   for (std::int64_t b = 0; b < p.batch; ++b) {
-    const Problem s = p.sequence(b);
-    if (s.q_len == 0 || s.kv_len == 0) cpu::reference_backward(s, exec);
-    else run(s, exec, pass, impl);
+    work[b] = static_cast<double>(p.queries_of(b)) * static_cast<double>(p.keys_of(b));
+    total += work[b];
   }
+  std::vector<std::int64_t> alone, shared;  // sequences, heaviest first
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    (exec.workers > 1 && work[b] > 0.0 && work[b] * exec.workers >= total ? alone : shared)
+        .push_back(b);
+  std::stable_sort(shared.begin(), shared.end(),
+                   [&](std::int64_t a, std::int64_t b) { return work[a] > work[b]; });
+
+  for (std::int64_t b : alone) run(p.sequence(b), exec, pass, impl);
+
+  const Exec one{1, nullptr};
+  std::int64_t slice = 0;  // floats of the largest shared sequence's working memory
+  for (std::int64_t b : shared)
+    if (work[b] > 0.0) slice = std::max(slice, workspace_floats(p.sequence(b), pass, impl, 1));
+  std::int64_t floats = 0;
+  if (!checked_mul(slice, exec.workers, &floats))
+    throw Error("fattn: the backward's working memory for this batch would overflow 64 bits");
+  const WorkspaceLease memory(floats, to_string(impl));
+  std::exception_ptr failed;
+  std::atomic<bool> stop{false};
+  parallel_items(exec, static_cast<std::int64_t>(shared.size()), [&](std::int64_t i, int worker) {
+    if (stop.load(std::memory_order_relaxed)) return;
+    try {  // an exception must not leave the parallel section
+      const Problem s = p.sequence(shared[i]);
+      if (s.q_len == 0 || s.kv_len == 0) return cpu::reference_backward(s, one);  // zeros
+      float* mine = memory.get() + worker * slice;
+      (impl == Impl::naive ? pass.naive : pass.fused)(s, one, mine);
+    } catch (...) {
+      if (!stop.exchange(true)) failed = std::current_exception();
+    }
+  });
+  if (failed) std::rethrow_exception(failed);
   if (p.mods.sinks) cpu::sink_gradients(p, exec);
 }
 
