@@ -222,6 +222,8 @@ int main(int argc, char** argv) {
       ->transform(CLI::CheckedTransformer(dtypes))->delimiter(',');
   app.add_flag("--varlen-no-padded", [&](std::int64_t) { varlen_config.padded = false; },
                "--varlen: skip the padded dense batch");
+  app.add_flag("--varlen-no-backward", [&](std::int64_t) { varlen_config.backward = false; },
+               "--varlen: skip the backward (attention_varlen_backward against the per-sequence loop)");
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -64,6 +64,8 @@ struct Point {
   std::vector<std::int32_t> starts{0};
   std::int64_t max_len = 0;
   Rows q, k, v, out_ragged, out_loop, pq, pk, pv, pout;
+  // The backward's: dO, and each contender's dq, dk, dv (empty unless timed).
+  Rows dout, dq_ragged, dk_ragged, dv_ragged, dq_loop, dk_loop, dv_loop;
 
   Point(const std::vector<std::int64_t>& lens, const VarlenConfig& c, std::int64_t D,
         fattn::DType dtype, bool padded)
@@ -75,10 +77,17 @@ struct Point {
         pq(padded ? batch() * max_len : 0, c.q_heads, D, dtype),
         pk(padded ? batch() * max_len : 0, c.kv_heads, D, dtype),
         pv(padded ? batch() * max_len : 0, c.kv_heads, D, dtype),
-        pout(padded ? batch() * max_len : 0, c.q_heads, D, dtype) {
+        pout(padded ? batch() * max_len : 0, c.q_heads, D, dtype),
+        dout(c.backward ? total(lens) : 0, c.q_heads, D, dtype),
+        dq_ragged(c.backward ? total(lens) : 0, c.q_heads, D, dtype),
+        dk_ragged(c.backward ? total(lens) : 0, c.kv_heads, D, dtype),
+        dv_ragged(c.backward ? total(lens) : 0, c.kv_heads, D, dtype),
+        dq_loop(c.backward ? total(lens) : 0, c.q_heads, D, dtype),
+        dk_loop(c.backward ? total(lens) : 0, c.kv_heads, D, dtype),
+        dv_loop(c.backward ? total(lens) : 0, c.kv_heads, D, dtype) {
     for (const std::int64_t l : lens) starts.push_back(starts.back() + static_cast<std::int32_t>(l));
     std::mt19937_64 engine(c.seed);
-    for (Rows* r : {&q, &k, &v, &pq, &pk, &pv}) r->fill(engine);
+    for (Rows* r : {&q, &k, &v, &pq, &pk, &pv, &dout}) r->fill(engine);
     if (!padded) return;
     for (std::int64_t b = 0; b < batch(); ++b) {  // each sequence at the start of its slot
       q.copy_rows(starts[b], pq, b * max_len, lens[b]);
@@ -105,6 +114,8 @@ double milliseconds(const std::function<void()>& run) {
   run();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
+
+void measure_backward(const VarlenConfig& c, Point& p, const fattn::Options& o, VarlenResult& res);
 
 VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t D,
                      fattn::DType dtype) {
@@ -166,10 +177,65 @@ VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t
   for (std::size_t e = 0; e < static_cast<std::size_t>(total * c.q_heads * D); ++e)
     res.max_abs_diff = std::max(res.max_abs_diff, static_cast<double>(std::fabs(
                                                       p.out_ragged.value(e) - p.out_loop.value(e))));
+  if (c.backward) measure_backward(c, p, o, res);
   return res;
 }
 
 double gflops(double flops, double ms) { return ms > 0 ? flops / ms * 1e-6 : 0.0; }
+
+// The backward of the ragged forward's out and lse: attention_varlen_backward against
+// attention_backward once per sequence (the loop it runs as), rotated within each repetition.
+void measure_backward(const VarlenConfig& c, Point& p, const fattn::Options& o, VarlenResult& res) {
+  const std::int64_t B = p.batch(), total = p.starts.back();
+  const fattn::TensorView cu_view = fattn::TensorView::int32_vector(p.starts.data(), B + 1);
+  std::vector<float> lse(static_cast<std::size_t>(c.q_heads * total));
+  const fattn::TensorView lse_view = fattn::TensorView::lse(lse.data(), 1, c.q_heads, total);
+  fattn::attention_varlen(p.q.view(0, total), p.k.view(0, total), p.v.view(0, total), cu_view,
+                          cu_view, p.out_ragged.view(0, total), &lse_view, o);
+  // Sequence b's rows of the (1, Hq, total) lse.
+  auto lse_of = [&](std::int64_t s, std::int64_t n) {
+    fattn::TensorView v = fattn::TensorView::lse(lse.data() + s, 1, c.q_heads, n);
+    v.strides = {c.q_heads * total, total, 1, 0};
+    return v;
+  };
+  const std::vector<std::function<void()>> contenders{
+      [&] {
+        fattn::attention_varlen_backward(
+            p.q.view(0, total), p.k.view(0, total), p.v.view(0, total), p.out_ragged.view(0, total),
+            p.dout.view(0, total), lse_view, cu_view, cu_view, p.dq_ragged.view(0, total),
+            p.dk_ragged.view(0, total), p.dv_ragged.view(0, total), o);
+      },
+      [&] {
+        for (std::int64_t b = 0; b < B; ++b) {
+          const std::int64_t s = p.starts[b], n = p.lengths[b];
+          fattn::attention_backward(p.q.view(s, n), p.k.view(s, n), p.v.view(s, n),
+                                    p.out_ragged.view(s, n), p.dout.view(s, n), lse_of(s, n),
+                                    nullptr, p.dq_loop.view(s, n), p.dk_loop.view(s, n),
+                                    p.dv_loop.view(s, n), o);
+        }
+      }};
+  for (int w = 0; w < c.warmup; ++w)
+    for (const auto& run : contenders) run();
+  std::vector<double> ragged, loop, ratio;
+  for (int r = 0; r < c.reps; ++r) {
+    double t[2];
+    for (std::size_t i = 0; i < 2; ++i) {
+      const std::size_t which = (static_cast<std::size_t>(r) + i) % 2;
+      t[which] = milliseconds(contenders[which]);
+    }
+    ragged.push_back(t[0]);
+    loop.push_back(t[1]);
+    ratio.push_back(t[1] / t[0]);
+  }
+  res.backward_ragged_ms = median(ragged);
+  res.backward_loop_ms = median(loop);
+  res.backward_loop_over_ragged = median(ratio);
+  for (const auto& [a, b] : {std::pair<Rows*, Rows*>{&p.dq_ragged, &p.dq_loop},
+                             {&p.dk_ragged, &p.dk_loop}, {&p.dv_ragged, &p.dv_loop}})
+    for (std::size_t e = 0; e < static_cast<std::size_t>(a->rows * a->heads * a->D); ++e)
+      res.backward_max_abs_diff =
+          std::max(res.backward_max_abs_diff, static_cast<double>(std::fabs(a->value(e) - b->value(e))));
+}
 
 }  // namespace
 
@@ -221,6 +287,20 @@ void print_varlen_table(std::FILE* out, const VarlenConfig& c, const std::vector
                  r.loop_ms, r.loop_over_ragged, r.padded_ms, r.padded_over_ragged,
                  gflops(r.useful_flops, r.padded_ms), r.max_abs_diff, r.others_cores,
                  r.others_cores > kBusyCores ? " (busy)" : "");
+  if (!c.backward) return;
+  std::fprintf(out,
+               "\nvarlen backward (of the ragged forward's out and lse): attention_varlen_backward "
+               "against attention_backward once per sequence, alternated; GFLOP/s: 2.5x the "
+               "forward's useful FLOPs over the time\n\n");
+  std::fprintf(out, "| mix | dtype | D | seqs | tokens | ragged ms | GFLOP/s | loop ms | loop/ragged | max diff | others' cores |\n");
+  std::fprintf(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const VarlenResult& r : results)
+    std::fprintf(out, "| %s | %s | %lld | %lld | %lld | %.2f | %.1f | %.2f | %.2fx | %.1e | %.2f%s |\n",
+                 r.mix.c_str(), fattn::to_string(r.dtype), static_cast<long long>(r.head_dim),
+                 static_cast<long long>(r.sequences), static_cast<long long>(r.tokens),
+                 r.backward_ragged_ms, gflops(2.5 * r.useful_flops, r.backward_ragged_ms),
+                 r.backward_loop_ms, r.backward_loop_over_ragged, r.backward_max_abs_diff,
+                 r.others_cores, r.others_cores > kBusyCores ? " (busy)" : "");
 }
 
 void write_varlen_json(const std::string& path, const VarlenConfig& c,
@@ -228,6 +308,7 @@ void write_varlen_json(const std::string& path, const VarlenConfig& c,
   nlohmann::json j;
   j["config"] = {{"q_heads", c.q_heads}, {"kv_heads", c.kv_heads}, {"causal", fattn::to_string(c.causal)},
                  {"threads", c.threads}, {"reps", c.reps}, {"warmup", c.warmup}, {"seed", c.seed},
+                 {"backward", c.backward},
                  {"date", iso8601_now()}};
   for (const VarlenResult& r : results)
     j["results"].push_back({{"mix", r.mix}, {"dtype", fattn::to_string(r.dtype)}, {"D", r.head_dim},
@@ -236,7 +317,11 @@ void write_varlen_json(const std::string& path, const VarlenConfig& c,
                             {"loop_ms", r.loop_ms}, {"padded_ms", r.padded_ms},
                             {"loop_over_ragged", r.loop_over_ragged},
                             {"padded_over_ragged", r.padded_over_ragged},
-                            {"max_abs_diff", r.max_abs_diff}, {"others_cores", r.others_cores}});
+                            {"max_abs_diff", r.max_abs_diff}, {"others_cores", r.others_cores},
+                            {"backward_ragged_ms", r.backward_ragged_ms},
+                            {"backward_loop_ms", r.backward_loop_ms},
+                            {"backward_loop_over_ragged", r.backward_loop_over_ragged},
+                            {"backward_max_abs_diff", r.backward_max_abs_diff}});
   std::ofstream(path) << j.dump(2) << "\n";
 }
 

@@ -21,6 +21,7 @@ struct VarlenConfig {
   std::int64_t q_heads = 8, kv_heads = 8;
   fattn::Causal causal = fattn::Causal::bottom_right;
   bool padded = true;  // also time the padded dense batch (the slowest of the three)
+  bool backward = true;  // also time attention_varlen_backward against the per-sequence loop
   int threads = 0, reps = 7, warmup = 1;
   std::uint64_t seed = 0x5eed;
 };
@@ -35,6 +36,10 @@ struct VarlenResult {
   // Medians of the per-repetition ratios (robust to a repetition slowed for all three).
   double loop_over_ragged = 0, padded_over_ragged = 0;
   double max_abs_diff = 0;  // ragged vs the per-sequence loop, every output element
+  // The backward (when timed): attention_varlen_backward against attention_backward once per
+  // sequence, alternated; the largest difference over dq, dk, dv.
+  double backward_ragged_ms = 0, backward_loop_ms = 0, backward_loop_over_ragged = 0,
+         backward_max_abs_diff = 0;
   double others_cores = 0;  // other processes' CPU use while this point ran (contention.hpp)
 };
 
