@@ -330,8 +330,14 @@ void ragged_backward(const Problem& p, const Exec& exec, const Options& options)
   parallel_items(exec, static_cast<std::int64_t>(shared.size()), [&](std::int64_t i, int worker) {
     if (stop.load(std::memory_order_relaxed)) return;
     try {  // an exception must not leave the parallel section
-      const Problem s = p.sequence(shared[i]);
-      if (s.q_len == 0 || s.kv_len == 0) return cpu::reference_backward(s, one);  // zeros
+      Problem s = p.sequence(shared[i]);
+      if (s.q_len == 0 || s.kv_len == 0) {  // zero gradients
+        // Without the sinks: the reference would write dsinks, which other workers write
+        // too; sink_gradients computes them for every sequence afterwards.
+        s.mods.sinks = nullptr;
+        s.dsinks = nullptr;
+        return cpu::reference_backward(s, one);
+      }
       float* mine = memory.get() + worker * slice;
       (impl == Impl::naive ? pass.naive : pass.fused)(s, one, mine);
     } catch (...) {
