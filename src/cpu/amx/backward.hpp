@@ -223,13 +223,18 @@ struct AmxBackwardMainloop {
     std::fill_n(t.w.dv, t.keys * ws.Dp, 0.0f);
     return true;
   }
+  // Whether a row of query tile x may see a key of the item's chunk: the band puts the
+  // chunk's first key after the tile's causal limit, or its last before a window's edge.
+  static bool sees_chunk(const ItemState& t, const QueryTile& x) {
+    return x.t >= t.t_first && x.kv_begin < t.keys0 + t.keys && x.kv_end > t.keys0;
+  }
   // The batch's query tiles that see a key of the chunk, split into their slots.
   template <class SlotTile>
   bool begin_batch(ItemState& t, std::int64_t first, std::int64_t last,
                    const SlotTile& slot_tile) const {
     for (std::int64_t s = first; s < last; ++s) {
       const QueryTile x = slot_tile(s);
-      if (x.t >= t.t_first && !ws.split_query_tile(x, s - first, t.w)) return false;
+      if (sees_chunk(t, x) && !ws.split_query_tile(x, s - first, t.w)) return false;
     }
     return true;
   }
@@ -281,7 +286,7 @@ struct AmxBackwardMainloop {
                  const SlotTile& slot_tile) const {
     for (std::int64_t s = first; s < last; ++s) {
       const QueryTile x = slot_tile(s);
-      const float* acc = x.t >= t.t_first ? ws.dq(t.w, s - first) : nullptr;
+      const float* acc = sees_chunk(t, x) ? ws.dq(t.w, s - first) : nullptr;
       if (ws.chunks == 1)
         backward_detail::store_query_grads<S, W::Br>(ws.p, x, acc ? 1 : 0,
                                                      [&](std::int64_t) { return acc; });
