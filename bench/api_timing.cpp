@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <random>
 #include <string>
@@ -114,7 +115,7 @@ struct Runner {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   Runner runner;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -143,4 +144,7 @@ int main(int argc, char** argv) {
                    {2, 8, 8, 1024, 1024, D, c}, dtype);
   }
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "fattn-api-timing: %s\n", e.what());
+  return 1;
 }

@@ -184,7 +184,8 @@ VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t
 double gflops(double flops, double ms) { return ms > 0 ? flops / ms * 1e-6 : 0.0; }
 
 // The backward of the ragged forward's out and lse: attention_varlen_backward against
-// attention_backward once per sequence (the loop it runs as), rotated within each repetition.
+// attention_backward once per sequence (what it ran before its short sequences shared one
+// parallel section; their gradients may differ in the last bits), alternated.
 void measure_backward(const VarlenConfig& c, Point& p, const fattn::Options& o, VarlenResult& res) {
   const std::int64_t B = p.batch(), total = p.starts.back();
   const fattn::TensorView cu_view = fattn::TensorView::int32_vector(p.starts.data(), B + 1);
@@ -216,6 +217,7 @@ void measure_backward(const VarlenConfig& c, Point& p, const fattn::Options& o, 
       }};
   for (int w = 0; w < c.warmup; ++w)
     for (const auto& run : contenders) run();
+  const CpuSharing sharing;
   std::vector<double> ragged, loop, ratio;
   for (int r = 0; r < c.reps; ++r) {
     double t[2];
@@ -230,6 +232,7 @@ void measure_backward(const VarlenConfig& c, Point& p, const fattn::Options& o, 
   res.backward_ragged_ms = median(ragged);
   res.backward_loop_ms = median(loop);
   res.backward_loop_over_ragged = median(ratio);
+  res.backward_others_cores = sharing.others_cores();
   for (const auto& [a, b] : {std::pair<Rows*, Rows*>{&p.dq_ragged, &p.dq_loop},
                              {&p.dk_ragged, &p.dk_loop}, {&p.dv_ragged, &p.dv_loop}})
     for (std::size_t e = 0; e < static_cast<std::size_t>(a->rows * a->heads * a->D); ++e)
@@ -300,7 +303,7 @@ void print_varlen_table(std::FILE* out, const VarlenConfig& c, const std::vector
                  static_cast<long long>(r.sequences), static_cast<long long>(r.tokens),
                  r.backward_ragged_ms, gflops(2.5 * r.useful_flops, r.backward_ragged_ms),
                  r.backward_loop_ms, r.backward_loop_over_ragged, r.backward_max_abs_diff,
-                 r.others_cores, r.others_cores > kBusyCores ? " (busy)" : "");
+                 r.backward_others_cores, r.backward_others_cores > kBusyCores ? " (busy)" : "");
 }
 
 void write_varlen_json(const std::string& path, const VarlenConfig& c,
@@ -321,7 +324,8 @@ void write_varlen_json(const std::string& path, const VarlenConfig& c,
                             {"backward_ragged_ms", r.backward_ragged_ms},
                             {"backward_loop_ms", r.backward_loop_ms},
                             {"backward_loop_over_ragged", r.backward_loop_over_ragged},
-                            {"backward_max_abs_diff", r.backward_max_abs_diff}});
+                            {"backward_max_abs_diff", r.backward_max_abs_diff},
+                            {"backward_others_cores", r.backward_others_cores}});
   std::ofstream(path) << j.dump(2) << "\n";
 }
 

@@ -39,7 +39,7 @@ struct VarlenResult {
   // The backward (when timed): attention_varlen_backward against attention_backward once per
   // sequence, alternated; the largest difference over dq, dk, dv.
   double backward_ragged_ms = 0, backward_loop_ms = 0, backward_loop_over_ragged = 0,
-         backward_max_abs_diff = 0;
+         backward_max_abs_diff = 0, backward_others_cores = 0;
   double others_cores = 0;  // other processes' CPU use while this point ran (contention.hpp)
 };
 

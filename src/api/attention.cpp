@@ -288,11 +288,10 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
   }
 }
 
-// The backward of a ragged problem: the reference over all sequences at once; the kernels
-// sequence after sequence (their items are one sequence's), a sequence without (query, key)
+// The backward of a ragged batch: the reference over all sequences at once; the kernels
+// sequence by sequence (their items are one sequence's), a sequence without (query, key)
 // pairs through the reference (zero gradients); with sinks, dsinks summed over every
-// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem).
-// The backward of a ragged batch, sequence by sequence, as two schedules: a sequence with
+// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem). Two schedules: a sequence with
 // at least 1/workers of the batch's work (query rows × keys) runs alone on every worker;
 // the others run in one parallel section, each on one worker, heaviest first, in a
 // working-memory slice of that worker's (one lease for all: a fresh allocation per
