@@ -168,8 +168,8 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
                m.ceilings.threads, m.ceilings.bandwidth_gbs, m.ceilings.fma_peak_gflops,
                m.ceilings.bf16_dot_peak_gflops);
   // % peak: of the peak of the instructions the kernel runs ("dot": VDPBF16PS).
-  std::fprintf(out, "| B | Hkv | D | Sq | Sk | K+V MiB | decode ms | GB/s | %% triad | GFLOP/s | %% peak | extra KiB | fused ms | fused/decode | max err |\n");
-  std::fprintf(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  print_table_header(out, {"B", "Hkv", "D", "Sq", "Sk", "K+V MiB", "decode ms", "GB/s", "% triad",
+                           "GFLOP/s", "% peak", "extra KiB", "fused ms", "fused/decode", "max err"});
   for (const DecodeResult& r : results) {
     if (r.impl != fattn::Impl::decode) continue;
     const DecodeResult* fused = nullptr;

@@ -291,6 +291,15 @@ void print_table(std::FILE* out, const Machine& m, const std::vector<Result>& re
       kBusyCores, kSampledRows);
 }
 
+void print_table_header(std::FILE* out, const std::vector<std::string>& columns) {
+  std::string header = "|", separator = "|";
+  for (const std::string& column : columns) {
+    header += " " + column + " |";
+    separator += " --- |";
+  }
+  std::fprintf(out, "%s\n%s\n", header.c_str(), separator.c_str());
+}
+
 void print_contention(std::FILE* out, const Machine& m) {
   std::fprintf(out,
                "other processes used %.2f cores during the ceilings, %.2f during the sweep; "

@@ -21,6 +21,9 @@ void print_table(std::FILE* out, const Machine& machine, const std::vector<Resul
 // stderr when it was enough to distort the figures.
 void print_contention(std::FILE* out, const Machine& machine);
 
+// A Markdown table's header row and its separator row.
+void print_table_header(std::FILE* out, const std::vector<std::string>& columns);
+
 // The schema in main.cpp's --help; throws std::runtime_error if the file cannot be written.
 void write_json(const std::string& path, const Machine& machine,
                 const std::vector<Result>& results);

@@ -280,8 +280,9 @@ void print_varlen_table(std::FILE* out, const VarlenConfig& c, const std::vector
                "ratios; GFLOP/s: useful (real sequences' visible pairs) over each time\n\n",
                static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads),
                fattn::to_string(c.causal), c.threads, c.reps);
-  std::fprintf(out, "| mix | dtype | D | seqs | tokens | max | ragged ms | GFLOP/s | loop ms | loop/ragged | padded ms | padded/ragged | padded useful GFLOP/s | max diff | others' cores |\n");
-  std::fprintf(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  print_table_header(out, {"mix", "dtype", "D", "seqs", "tokens", "max", "ragged ms", "GFLOP/s",
+                           "loop ms", "loop/ragged", "padded ms", "padded/ragged",
+                           "padded useful GFLOP/s", "max diff", "others' cores"});
   for (const VarlenResult& r : results)
     std::fprintf(out, "| %s | %s | %lld | %lld | %lld | %lld | %.2f | %.1f | %.2f | %.2fx | %.1f | %.2fx | %.1f | %.1e | %.2f%s |\n",
                  r.mix.c_str(), fattn::to_string(r.dtype), static_cast<long long>(r.head_dim),
@@ -295,8 +296,8 @@ void print_varlen_table(std::FILE* out, const VarlenConfig& c, const std::vector
                "\nvarlen backward (of the ragged forward's out and lse): attention_varlen_backward "
                "against attention_backward once per sequence, alternated; GFLOP/s: 2.5x the "
                "forward's useful FLOPs over the time\n\n");
-  std::fprintf(out, "| mix | dtype | D | seqs | tokens | ragged ms | GFLOP/s | loop ms | loop/ragged | max diff | others' cores |\n");
-  std::fprintf(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  print_table_header(out, {"mix", "dtype", "D", "seqs", "tokens", "ragged ms", "GFLOP/s", "loop ms",
+                           "loop/ragged", "max diff", "others' cores"});
   for (const VarlenResult& r : results)
     std::fprintf(out, "| %s | %s | %lld | %lld | %lld | %.2f | %.1f | %.2f | %.2fx | %.1e | %.2f%s |\n",
                  r.mix.c_str(), fattn::to_string(r.dtype), static_cast<long long>(r.head_dim),
