@@ -42,7 +42,8 @@ double median_ms(const std::function<void()>& call, int calls) {
   return ms[ms.size() / 2];
 }
 
-// n elements of N(0, 1) in float32 or bfloat16 bits (rounded by truncation: any values do).
+// n elements of N(0, 1) in float32 or bfloat16 bits, rounded by truncation (any values do;
+// fattn::to_16bit is newer than the revisions scripts/ab.sh compares against).
 struct Buffer {
   std::vector<unsigned char> bytes;
   Buffer(std::size_t n, DType dtype, std::mt19937& rng) : bytes(n * (dtype == DType::float32 ? 4 : 2)) {

@@ -115,6 +115,26 @@ double milliseconds(const std::function<void()>& run) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The first n contenders timed `reps` times, rotated within each repetition so that no
+// contender always runs first: ms[contender][repetition].
+std::vector<std::vector<double>> rotated_ms(const std::vector<std::function<void()>>& contenders,
+                                            std::size_t n, int reps) {
+  std::vector<std::vector<double>> ms(n);
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t which = (static_cast<std::size_t>(r) + i) % n;
+      ms[which].push_back(milliseconds(contenders[which]));
+    }
+  return ms;
+}
+
+// Median over the repetitions of ms[a][r] / ms[b][r] (robust to a repetition slowed for all).
+double median_ratio(const std::vector<std::vector<double>>& ms, std::size_t a, std::size_t b) {
+  std::vector<double> ratio;
+  for (std::size_t r = 0; r < ms[a].size(); ++r) ratio.push_back(ms[a][r] / ms[b][r]);
+  return median(ratio);
+}
+
 void measure_backward(const VarlenConfig& c, Point& p, const fattn::Options& o, VarlenResult& res);
 
 VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t D,
@@ -150,18 +170,7 @@ VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t
   const CpuSharing sharing;
   for (int w = 0; w < c.warmup; ++w)
     for (std::size_t i = 0; i < n; ++i) contenders[i]();
-  std::vector<std::vector<double>> ms(n);
-  std::vector<double> loop_ratio, padded_ratio;
-  for (int r = 0; r < c.reps; ++r) {
-    std::vector<double> t(n);
-    for (std::size_t i = 0; i < n; ++i) {  // rotated, so no contender always runs first
-      const std::size_t which = (static_cast<std::size_t>(r) + i) % n;
-      t[which] = milliseconds(contenders[which]);
-    }
-    for (std::size_t i = 0; i < n; ++i) ms[i].push_back(t[i]);
-    loop_ratio.push_back(t[1] / t[0]);
-    if (c.padded) padded_ratio.push_back(t[2] / t[0]);
-  }
+  const std::vector<std::vector<double>> ms = rotated_ms(contenders, n, c.reps);
   VarlenResult res;
   res.others_cores = sharing.others_cores();
   res.mix = mix, res.dtype = dtype, res.sequences = B, res.tokens = total, res.max_len = p.max_len;
@@ -172,8 +181,8 @@ VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t
   res.ragged_ms = median(ms[0]);
   res.loop_ms = median(ms[1]);
   res.padded_ms = c.padded ? median(ms[2]) : 0.0;
-  res.loop_over_ragged = median(loop_ratio);
-  res.padded_over_ragged = c.padded ? median(padded_ratio) : 0.0;
+  res.loop_over_ragged = median_ratio(ms, 1, 0);
+  res.padded_over_ragged = c.padded ? median_ratio(ms, 2, 0) : 0.0;
   for (std::size_t e = 0; e < static_cast<std::size_t>(total * c.q_heads * D); ++e)
     res.max_abs_diff = std::max(res.max_abs_diff, static_cast<double>(std::fabs(
                                                       p.out_ragged.value(e) - p.out_loop.value(e))));
@@ -218,20 +227,10 @@ void measure_backward(const VarlenConfig& c, Point& p, const fattn::Options& o, 
   for (int w = 0; w < c.warmup; ++w)
     for (const auto& run : contenders) run();
   const CpuSharing sharing;
-  std::vector<double> ragged, loop, ratio;
-  for (int r = 0; r < c.reps; ++r) {
-    double t[2];
-    for (std::size_t i = 0; i < 2; ++i) {
-      const std::size_t which = (static_cast<std::size_t>(r) + i) % 2;
-      t[which] = milliseconds(contenders[which]);
-    }
-    ragged.push_back(t[0]);
-    loop.push_back(t[1]);
-    ratio.push_back(t[1] / t[0]);
-  }
-  res.backward_ragged_ms = median(ragged);
-  res.backward_loop_ms = median(loop);
-  res.backward_loop_over_ragged = median(ratio);
+  const std::vector<std::vector<double>> ms = rotated_ms(contenders, contenders.size(), c.reps);
+  res.backward_ragged_ms = median(ms[0]);
+  res.backward_loop_ms = median(ms[1]);
+  res.backward_loop_over_ragged = median_ratio(ms, 1, 0);
   res.backward_others_cores = sharing.others_cores();
   for (const auto& [a, b] : {std::pair<Rows*, Rows*>{&p.dq_ragged, &p.dq_loop},
                              {&p.dk_ragged, &p.dk_loop}, {&p.dv_ragged, &p.dv_loop}})
