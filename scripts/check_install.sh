@@ -11,6 +11,9 @@ line=$(grep -m1 -E '^pip install torch==' README.md | sed 's/[[:space:]]*#.*$//'
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git clone --quiet . "$tmp/fattn"
+# Under scripts/test.sh's compile cache: the clone and the venv are both under $tmp, so
+# their paths, relative to it, are the same every run.
+[ -z "${CCACHE_BASEDIR:-}" ] || export CCACHE_BASEDIR="$tmp"
 python3 -m venv "$tmp/venv"
 echo "== in a fresh clone and venv: $line"
 (

@@ -23,6 +23,18 @@ phase() { echo "== $1 (at ${SECONDS} s)"; }
 
 scripts/setup.sh
 
+# A compile cache across runs: every build below (Release, AMX emulation, ASan, the
+# Python package's, the install check's) starts from a clean tree, and a run after a
+# change recompiles only what the change touched. CCACHE_BASEDIR makes the paths under
+# the checkout relative, so a clean clone elsewhere hits the same entries;
+# CCACHE_NOHASHDIR lets -g builds (ASan's) hit too, at the price of debug info naming the
+# directory of the run that compiled them. Where ccache is not installed, plain builds.
+if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+  ccache --zero-stats >/dev/null
+fi
+
 phase "build and test (Release)"
 # FATTN_CUDA_PTXAS_VERBOSE: ptxas -v on every CUDA source, as scripts/gpu-check.sh builds
 # (registers and spills per kernel in the log; the option must keep building the C++
@@ -63,6 +75,17 @@ fi
 if [ "$python" = 1 ]; then
   phase "PyTorch package (pytest)"
   scripts/test_python.sh
+  # On an AVX-512 machine, the numerical tests again as an AVX2-only CPU runs them: fattn
+  # capped at its AVX2 kernels (FATTN_CPU_ISA) and torch at its AVX2 ones
+  # (ATEN_CPU_CAPABILITY), so the bounds relative to torch's own error see both sides
+  # as such a CPU does. About 20 s.
+  if grep -qw avx512f /proc/cpuinfo; then
+    phase "numerical Python tests as on an AVX2-only CPU"
+    (source scripts/python_env.sh
+     FATTN_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 "$py" -m pytest -q -p no:cacheprovider \
+       tests/python/test_accuracy.py tests/python/test_fuzz.py tests/python/test_16bit.py \
+       tests/python/test_variants.py tests/python/test_backward.py tests/python/test_kvcache.py)
+  fi
   phase "README's PyTorch install line (fresh clone, fresh venv)"
   scripts/check_install.sh
 fi
@@ -74,5 +97,8 @@ if ! diff -q REPORT.md build/report/REPORT.md >/dev/null; then
   diff -u REPORT.md build/report/REPORT.md | head -20 >&2
   echo "REPORT.md is not what results/report/ gives: run scripts/report.sh --from results/report" >&2
   exit 1
+fi
+if [ "${CMAKE_CXX_COMPILER_LAUNCHER:-}" = ccache ]; then
+  ccache --show-stats | grep -E "Hits|Misses" || true
 fi
 phase "done"

@@ -196,7 +196,9 @@ double reference_row(const TensorView& q, const TensorView& k, const TensorView&
 // What this machine offers. best_cpu_isa: the fastest ISA it supports for long
 // sequences (and what Isa::automatic runs for the backward); automatic_cpu_isa: what
 // Isa::automatic runs for a forward with kv_len keys (the amx forward needs ~512 keys to
-// repay its fixed costs per query tile; below, avx512).
+// repay its fixed costs per query tile; below, avx512). The environment variable
+// FATTN_CPU_ISA (amx, avx512, avx2, portable) caps all three: the process runs as on a
+// CPU without the wider units; an unknown name makes them throw Error.
 Isa best_cpu_isa();
 Isa automatic_cpu_isa(std::int64_t kv_len);
 bool cpu_supports(Isa isa);

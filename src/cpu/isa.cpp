@@ -1,6 +1,9 @@
 // fattn — which CPU kernels this machine can run.
 #include "cpu/kernels.hpp"
 
+#include <cstdlib>
+#include <string>
+
 #if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -25,9 +28,37 @@ bool amx_granted() {
 #endif
 }
 
-}  // namespace
+// The widest ISA this process may use: FATTN_CPU_ISA (amx, avx512, avx2, portable) caps
+// what cpu_supports reports, so a machine runs as one without the wider units would
+// (an AVX-512 machine's test run as an AVX2-only CPU's, say). Unset or empty: no cap.
+// Read once; a name it does not know is an error at every call that asks.
+constexpr const char* kIsaCapVariable = "FATTN_CPU_ISA";
 
-bool cpu_supports(Isa isa) {
+int isa_rank(Isa isa) {
+  switch (isa) {
+    case Isa::portable: return 0;
+    case Isa::avx2: return 1;
+    case Isa::avx512: return 2;
+    case Isa::amx: return 3;
+    case Isa::automatic: break;
+  }
+  return 4;
+}
+
+Isa isa_cap() {
+  static const Isa cap = [] {
+    const char* value = std::getenv(kIsaCapVariable);
+    if (value == nullptr || *value == '\0') return Isa::amx;
+    const std::string name(value);
+    for (Isa isa : {Isa::amx, Isa::avx512, Isa::avx2, Isa::portable})
+      if (name == to_string(isa)) return isa;
+    throw Error(std::string("fattn: ") + kIsaCapVariable +
+                " must be one of amx, avx512, avx2, portable (or unset); got '" + name + "'");
+  }();
+  return cap;
+}
+
+bool hardware_supports(Isa isa) {
   switch (isa) {
     case Isa::automatic:
     case Isa::portable:
@@ -56,6 +87,12 @@ bool cpu_supports(Isa isa) {
 #endif
   }
   return false;
+}
+
+}  // namespace
+
+bool cpu_supports(Isa isa) {
+  return isa == Isa::automatic || (isa_rank(isa) <= isa_rank(isa_cap()) && hardware_supports(isa));
 }
 
 // Fastest first: amx runs the attention products ~2× faster than avx512 at D = 64-128

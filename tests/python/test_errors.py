@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import fattn
-from conftest import qkv, randn
+from conftest import qkv, randn, run_python
 
 sdpa = fattn.scaled_dot_product_attention
 op = torch.ops.fattn.attention
@@ -212,3 +212,30 @@ def test_messages_are_torch_errors_not_crashes():
         op(q, k[..., :16], v)
     out, _ = op(q, k, v)
     assert torch.isfinite(out).all()
+
+
+def test_cpu_isa_cap_from_the_environment():
+    # FATTN_CPU_ISA=portable runs every CPU kernel on the portable unit, wherever this runs;
+    # asking for a wider one is then an error that names the ISA.
+    out = run_python("""
+        import pytest, torch, fattn
+        assert fattn.best_cpu_isa() == "portable", fattn.best_cpu_isa()
+        assert not fattn._C.cpu_supports("avx2")
+        with pytest.raises(RuntimeError, match="isa avx2 is not supported by this CPU"):
+            fattn._C.set_cpu_isa("avx2")
+        q = torch.randn(1, 2, 9, 32)
+        out = fattn.scaled_dot_product_attention(q, q, q)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        print((out - ref).abs().max().item())
+        """, env={"FATTN_CPU_ISA": "portable"})
+    assert float(out) < 1e-5
+
+
+def test_cpu_isa_cap_unknown_name():
+    out = run_python("""
+        import pytest, torch, fattn
+        with pytest.raises(RuntimeError) as e:
+            fattn.best_cpu_isa()
+        print(e.value)
+        """, env={"FATTN_CPU_ISA": "avx1024"})
+    assert "FATTN_CPU_ISA must be one of amx, avx512, avx2, portable" in out and "'avx1024'" in out
