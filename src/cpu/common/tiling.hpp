@@ -44,8 +44,13 @@ struct Tiling<32> {  // AVX2: 16 ymm registers
   static constexpr int key_rows = 4;    // 12 accumulators
   static constexpr int dim_rows = 4;    // 12 accumulators
   static constexpr int key_tile = 96;
-  static constexpr int query_tiles_per_item = 2;  // as AVX-512 (not measured for AVX2)
-  static constexpr int dim_vecs = 3;              // 4 × 3 = 12 accumulators (not measured)
+  // Query tiles per item, forced AVX2 on dev-zen5 (Zen 5), 2 threads, B=2 H=8, time with
+  // 1 against 2 (docs/perf-log.md, 2026-11-27, "AVX2 blocks of the backward and the work
+  // item"): float32 S=1024 1.04-1.08×, S=2048 1.00-1.03×; bfloat16 0.99-1.02×.
+  static constexpr int query_tiles_per_item = 2;
+  // 4 × 3 = 12 accumulators. 4 × 2, backward, the same conditions, S=1024: 0.99-1.06× the
+  // time of 4 × 3.
+  static constexpr int dim_vecs = 3;
 };
 
 template <>
