@@ -265,20 +265,99 @@ const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
   return cpu_kernels(options, p, Direction::forward);
 }
 
-// A ragged problem (attention_varlen) runs the fused kernel over all its sequences in one
-// parallel section (cpu/common/ragged_items.hpp) under impl auto or fused: Impl::automatic does not
-// pick the decode kernel per sequence, since its gain — one sequence's keys split over the
-// cores — is what the other sequences' items already give a ragged batch. The kernels
-// without ragged items (naive, decode, AMX when isa amx is asked for) run the sequences
-// one after another; a sequence without keys goes to the reference there (rows 0, lse −inf
-// or the sink), a sequence without queries nowhere.
+// Sequences `which` of ragged problem p side by side on the decode kernel, one thread
+// each, heaviest first, each in its worker's slice of one working-memory lease (a fresh
+// allocation per sequence would be page-faulted in on every call). Each runs on one
+// thread, so its bits do not depend on which worker takes it.
+void decode_side_by_side(const Problem& p, const std::vector<std::int64_t>& which,
+                         const Exec& exec, const Options& options, const cpu::Kernels& kernels) {
+  const Exec one{1, nullptr};
+  std::int64_t slice = 0;  // floats of the largest sequence's working memory on one thread
+  for (std::int64_t b : which)
+    slice = std::max(slice, decode_workspace_floats(kernels, p.sequence(b), one, options));
+  std::int64_t floats = 0;
+  if (!checked_mul(slice, exec.workers, &floats))
+    throw Error("fattn: the decode kernel's working memory for this batch would overflow 64 bits");
+  const WorkspaceLease memory(floats, to_string(Impl::decode));
+  std::exception_ptr failed;
+  std::atomic<bool> stop{false};
+  parallel_items(exec, static_cast<std::int64_t>(which.size()), [&](std::int64_t i, int worker) {
+    if (stop.load(std::memory_order_relaxed)) return;
+    try {  // an exception must not leave the parallel section
+      kernels.decode(p.sequence(which[i]), one, memory.get() + worker * slice, options.kv_splits);
+    } catch (...) {
+      if (!stop.exchange(true)) failed = std::current_exception();
+    }
+  });
+  if (failed) std::rethrow_exception(failed);
+}
+
+// The fused kernel over the sequences of ragged problem p that `elsewhere` leaves to it, in
+// waves of consecutive sequences whose K and V, packed as float32, take about
+// kWaveBytes: a wave's pre-pass packs them, and its items read them back from L3 (all at
+// once, 64 sequences of 16-512 tokens pack ~116 MB at D = 128, and the items read them
+// from DRAM). Half of dev-zen5's 32 MiB L3: 2 threads, bfloat16, that mix, time against
+// the per-sequence loop 0.91-0.93× in one wave, 0.98-1.00× in waves of 4 or 16 MB; float32
+// and a long-tailed mix the same either way (docs/perf-log.md, 2026-11-27, "varlen in
+// waves"). Each wave costs two fork-joins; 16 MB makes 7 waves of that mix.
+constexpr double kWaveBytes = 16.0 * (1 << 20);
+
+void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsewhere,
+                        const Exec& exec, const cpu::Kernels& kernels) {
+  std::vector<std::uint8_t> outside(elsewhere.size());
+  for (std::int64_t b = 0; b < p.batch;) {
+    std::fill(outside.begin(), outside.end(), std::uint8_t{1});
+    double bytes = 0.0;
+    bool any = false;
+    for (; b < p.batch && (!any || bytes < kWaveBytes); ++b) {
+      if (elsewhere[static_cast<std::size_t>(b)]) continue;
+      outside[static_cast<std::size_t>(b)] = 0;
+      bytes += 2.0 * sizeof(float) * static_cast<double>(p.kv_heads) *
+               static_cast<double>(p.keys_of(b)) * static_cast<double>(p.head_dim);
+      any = true;
+    }
+    if (!any) return;
+    Problem wave = p;
+    wave.ragged.elsewhere = outside.data();
+    run(wave, exec, forward_pass(kernels), Impl::fused);
+  }
+}
+
+// A ragged problem (attention_varlen) under impl auto or fused runs the fused kernel over
+// its sequences, each wave's in one parallel section (cpu/common/ragged_items.hpp; waves:
+// run_fused_in_waves). Under auto, the
+// sequences that a call of their own would run on the decode kernel (resolve: few query
+// rows) run on it here too, side by side, one thread each, after the fused section: their
+// rows fill its tiles better than the fused kernel's query tiles, and the items of one
+// sequence on one thread need no fork-join (60 sequences of 16-64 tokens and 4 of 256-1024,
+// 2 threads: the ragged call at 1.01-1.12× the per-sequence loop with every sequence
+// fused, 1.07-1.20× so; docs/perf-log.md, 2026-11-27, "varlen in waves"). The kernels
+// without ragged items (naive, decode, AMX when isa amx is asked for) run the sequences one
+// after another; a sequence without keys goes to the reference there (rows 0, lse −inf or
+// the sink), a sequence without queries nowhere.
 void ragged_forward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = p.dtype == DType::float64 ? reference_for_float64(options.impl) : options.impl;
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
   const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::forward);
   const bool ragged_kernel = kernels.isa != Isa::amx;
-  if ((impl == Impl::automatic || impl == Impl::fused) && ragged_kernel)
-    return run(p, exec, forward_pass(kernels), Impl::fused);
+  if ((impl == Impl::automatic || impl == Impl::fused) && ragged_kernel) {
+    std::vector<std::uint8_t> on_decode(static_cast<std::size_t>(p.batch), 0);
+    std::vector<std::int64_t> decoded;  // heaviest first
+    if (impl == Impl::automatic)
+      for (std::int64_t b = 0; b < p.batch; ++b) {
+        const Problem s = p.sequence(b);
+        if (s.q_len > 0 && s.kv_len > 0 && resolve(Impl::automatic, p.dtype, s) == Impl::decode) {
+          on_decode[static_cast<std::size_t>(b)] = 1;
+          decoded.push_back(b);
+        }
+      }
+    run_fused_in_waves(p, on_decode, exec, kernels);
+    if (decoded.empty()) return;
+    auto work = [&](std::int64_t b) { return p.queries_of(b) * p.keys_of(b); };
+    std::stable_sort(decoded.begin(), decoded.end(),
+                     [&](std::int64_t a, std::int64_t b) { return work(a) > work(b); });
+    return decode_side_by_side(p, decoded, exec, options, kernels);
+  }
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const Problem s = p.sequence(b);
     if (s.q_len == 0) continue;

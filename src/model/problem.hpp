@@ -46,6 +46,9 @@ Strided<T> rows_from(const Strided<T>& t, std::int64_t start, std::int64_t bytes
 struct Ragged {
   const std::int64_t* q_starts = nullptr;  // [batch + 1]; null: not ragged
   const std::int64_t* k_starts = nullptr;  // [batch + 1]
+  // [batch], nonzero where another kernel of the same call computes sequence b (its rows
+  // are not this kernel's to read or write); null: none.
+  const std::uint8_t* elsewhere = nullptr;
 };
 
 // Where the keys of a KV cache are (attention_kvcache): how many each sequence uses,
@@ -115,6 +118,7 @@ struct Problem {
   bool has_kv_cache() const { return paging.seqlens || paging.block_table; }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   bool is_ragged() const { return ragged.q_starts != nullptr; }
+  bool runs_elsewhere(std::int64_t b) const { return ragged.elsewhere && ragged.elsewhere[b]; }
   std::int64_t queries_of(std::int64_t b) const {
     return ragged.q_starts ? ragged.q_starts[b + 1] - ragged.q_starts[b] : q_len;
   }

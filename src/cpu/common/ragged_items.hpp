@@ -25,13 +25,14 @@ class RaggedItems {
     std::vector<std::int64_t> order(weight.size());
     std::iota(order.begin(), order.end(), std::int64_t{0});
     for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t i = 0; i < p.queries_of(b); ++i)
+      for (std::int64_t i = 0; i < (p.runs_elsewhere(b) ? 0 : p.queries_of(b)); ++i)
         weight[static_cast<std::size_t>(b)] +=
             1 + std::max<std::int64_t>(0, p.visible_end(b, i) - p.visible_begin(b, i));
     std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) {
       return weight[static_cast<std::size_t>(x)] > weight[static_cast<std::size_t>(y)];
     });
     for (const std::int64_t b : order) {
+      if (p.runs_elsewhere(b)) continue;  // another kernel of the call computes it
       const std::int64_t tiles = (p.queries_of(b) + rows_per_tile - 1) / rows_per_tile;
       const std::int64_t groups = (tiles + group - 1) / group;
       if (groups == 0) continue;  // no query: nothing to compute

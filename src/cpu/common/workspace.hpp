@@ -68,7 +68,7 @@ class HeadRoom {
     sequence_at_.reserve(static_cast<std::size_t>(p.batch));
     head_of_.reserve(static_cast<std::size_t>(p.batch));
     for (std::int64_t b = 0; b < p.batch; ++b) {
-      head_of_.push_back(floats_of(p.keys_of(b)));
+      head_of_.push_back(floats_of(p.runs_elsewhere(b) ? 0 : p.keys_of(b)));
       sequence_at_.push_back(total_);
       total_ = n.add(total_, n.mul(p.kv_heads, head_of_.back()));
     }
@@ -252,6 +252,7 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
   void prepare_kv(const detail::Exec& exec) const {
     detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
       const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
+      if (p.runs_elsewhere(b)) return;
       const detail::SequenceOf seq(p, b);
       const detail::Problem& s = seq.get();
       Ops::pack_k_panels(s.k, p.dtype, b, hk, s.kv_len, p.head_dim,

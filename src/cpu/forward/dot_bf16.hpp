@@ -90,6 +90,7 @@ struct DotBf16Workspace
     std::atomic<bool> finite{true};
     detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
       const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
+      if (p.runs_elsewhere(b)) return;
       const detail::SequenceOf seq(p, b);
       const detail::Problem& s = seq.get();
       Dot::pack_k_pairs(s, b, hk, s.kv_len, k_pairs(b, hk));
