@@ -83,7 +83,8 @@ fattn::Isa resolve_isa(const std::string& name) {
   if (isa == fattn::Isa::automatic) isa = fattn::best_cpu_isa();
   if (!fattn::cpu_supports(isa))
     throw CLI::ValidationError(
-        "--isa", std::string(fattn::to_string(isa)) + " is not supported by this CPU");
+        "--isa", std::string(fattn::to_string(isa)) + " is not supported by this CPU" +
+                     fattn::cpu_unsupported_reason());
   return isa;
 }
 

@@ -25,7 +25,9 @@ fi
 mapfile -t missing < <(missing_of "${optional[@]}")
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" -eq 0 ]; then
   echo "fattn setup: installing ${missing[*]} (optional)"
-  install_optional() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; }
+  install_optional() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1
+  }
   install_optional || { apt-get update -qq >/dev/null 2>&1 && install_optional; } ||
     echo "fattn setup: could not install ${missing[*]}; building without it" >&2
 fi

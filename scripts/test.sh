@@ -32,7 +32,7 @@ scripts/setup.sh
 if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
   export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
-  ccache --zero-stats >/dev/null
+  ccache --zero-stats >/dev/null || true
 fi
 
 phase "build and test (Release)"
@@ -68,8 +68,9 @@ if [ "$sanitizers" = 1 ]; then
   # -O1 -g1 (line tables, enough for the sanitizers' stack traces), and the kernel units at
   # -O1 (CMakeLists.txt): the build in 144 s instead of 327 s on 2 cores, the tests in
   # 193 s instead of 169 s (docs/perf-log.md, 2026-11-27, "CI time").
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
-    -DFATTN_SANITIZE=address,undefined -DFATTN_BUILD_BENCH=ON -DFATTN_CUDA=OFF >/dev/null
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DFATTN_SANITIZE=address,undefined \
+    -DFATTN_BUILD_BENCH=ON -DFATTN_CUDA=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs"

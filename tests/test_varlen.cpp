@@ -64,10 +64,11 @@ Lengths many_lengths(std::uint64_t seed) {
 }
 
 // Sequences of ~2000 keys at Hkv = 8, D = 64 (8 MB of K and V packed as float32 each):
-// more than one wave of the fused kernel (run_fused_in_waves, 16 MiB a wave), and among
-// them sequences of few queries, which impl auto runs on the decode kernel.
+// more than one wave of the fused kernel (run_fused_in_waves: 16 MiB a wave at 2 threads),
+// and among them sequences of few queries, which impl auto runs on the decode kernel, and
+// one without keys.
 Lengths wave_lengths() {
-  return {{70, 2100}, {3, 40}, {80, 1900}, {66, 2300}, {1, 500}, {90, 2050}, {0, 300}};
+  return {{70, 2100}, {3, 40}, {80, 1900}, {5, 0}, {66, 2300}, {1, 500}, {90, 2050}, {0, 300}};
 }
 
 struct Case {
@@ -200,7 +201,8 @@ class VarlenForward : public ::testing::TestWithParam<Case> {};
 TEST_P(VarlenForward, EverySequenceMatchesItsOwnFloat64Reference) {
   const Case c = GetParam();
   Rng rng(test_seed());
-  const Lengths lengths = c.waves ? wave_lengths() : c.many ? many_lengths(test_seed()) : odd_lengths();
+  const Lengths lengths =
+      c.waves ? wave_lengths() : c.many ? many_lengths(test_seed()) : odd_lengths();
   Offsets cu(lengths);
   const std::int64_t B = cu.batch(), total_q = cu.q.back(), total_k = cu.k.back();
   Packed q(total_q, c.Hq, c.D, c.dtype, &rng), k(total_k, c.Hkv, c.D, c.dtype, &rng),
@@ -267,8 +269,12 @@ std::vector<Case> forward_cases() {
   with([](Case& c) { c.many = true, c.Hq = 4, c.Hkv = 4, c.D = 128, c.threads = 3; });
   with([](Case& c) { c.many = true, c.dtype = DType::bfloat16, c.D = 128, c.threads = 3; });
   with([](Case& c) { c.many = true, c.dtype = DType::float16, c.variant = Variant::sinks; });
-  with([](Case& c) { c.waves = true, c.Hq = 8, c.Hkv = 8, c.D = 64; });
-  with([](Case& c) { c.waves = true, c.Hq = 8, c.Hkv = 8, c.D = 64, c.dtype = DType::bfloat16, c.variant = Variant::alibi_per_sequence; });
+  auto waves = [](Case& c) { c.waves = true, c.Hq = 8, c.Hkv = 8, c.D = 64; };
+  with(waves);
+  with([&](Case& c) { waves(c), c.impl = Impl::fused, c.variant = Variant::sinks; });
+  with([&](Case& c) {
+    waves(c), c.dtype = DType::bfloat16, c.variant = Variant::alibi_per_sequence;
+  });
   with([](Case& c) { c.dtype = DType::bfloat16, c.D = 80, c.Hq = 6, c.Hkv = 3; });
   with([](Case& c) { c.D = 80, c.Hq = 6, c.Hkv = 1, c.threads = 1; });
   with([](Case& c) { c.isa = Isa::avx2, c.variant = Variant::window; });

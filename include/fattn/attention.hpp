@@ -202,6 +202,11 @@ double reference_row(const TensorView& q, const TensorView& k, const TensorView&
 Isa best_cpu_isa();
 Isa automatic_cpu_isa(std::int64_t kv_len);
 bool cpu_supports(Isa isa);
+// The environment variable that caps them (read once per process).
+inline constexpr const char* kCpuIsaCapVariable = "FATTN_CPU_ISA";
+// Why cpu_supports(isa) is false, for an error message: " (best: avx2)", and where
+// FATTN_CPU_ISA is set, " (best: avx2; FATTN_CPU_ISA=avx2 caps it)".
+std::string cpu_unsupported_reason();
 // Whether bfloat16 inputs on avx512 run on bfloat16 dot products here (AVX512-BF16's
 // vdpbf16ps, in this CPU and this build): the fused forward and the decode kernel (a cache
 // read in place), with P rounded to bfloat16 for P·V as FlashAttention does on GPUs

@@ -52,9 +52,11 @@ std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,
 //   cu_seqlens_q, cu_seqlens_k: (B + 1) int32, starting at 0, non-decreasing, ending at
 //   total_q and total_k.
 // Causal alignment is per sequence. The call is checked once and runs as one ragged
-// problem: Impl::automatic and Impl::fused run the fused kernel over the work items of all
-// sequences in one parallel section (a sequence without keys gives rows 0 and lse −inf, or
-// the sink); Impl::naive, Impl::decode and isa amx run the sequences one after another,
+// problem: Impl::fused runs the fused kernel over the work items of all sequences together,
+// in waves of sequences whose K/V fit the L3 (a sequence without keys gives rows 0 and lse
+// −inf, or the sink); Impl::automatic does too, except for the sequences of few queries
+// that a call of their own would run on the decode kernel, which run on it, side by side
+// (docs/decode.md, "Varlen"); Impl::naive, Impl::decode and isa amx run the sequences one after another,
 // Impl::reference (and float64) the float64 reference. CPU tensors only. The variants
 // (Options) apply per sequence, aligned to its own lengths: window, softcap, sinks (Hq),
 // alibi_slopes (Hq) or (B, Hq); not attn_mask.

@@ -342,8 +342,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           TORCH_CHECK(false, e.what());
         }
         TORCH_CHECK(fattn::cpu_supports(wanted), "fattn: isa ", isa,
-                    " is not supported by this CPU (best: ",
-                    fattn::to_string(fattn::best_cpu_isa()), ")");
+                    " is not supported by this CPU", fattn::cpu_unsupported_reason());
         return std::string(fattn::to_string(cpu_isa.exchange(wanted)));
       },
       pybind11::arg("isa"),

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/checked.hpp"
@@ -34,7 +35,7 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
                                 Direction direction) {
   if (!cpu_supports(options.isa))
     throw Error(std::string("fattn: isa ") + to_string(options.isa) +
-                " is not supported by this CPU (best: " + to_string(best_cpu_isa()) + ")");
+                " is not supported by this CPU" + cpu_unsupported_reason());
   const bool sixteen_bit = p.dtype == DType::bfloat16 || p.dtype == DType::float16;
   if (options.isa == Isa::amx && sixteen_bit)
     throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.dtype) +
@@ -265,12 +266,27 @@ const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
   return cpu_kernels(options, p, Direction::forward);
 }
 
-// Sequences `which` of ragged problem p side by side on the decode kernel, one thread
-// each, heaviest first, each in its worker's slice of one working-memory lease (a fresh
-// allocation per sequence would be page-faulted in on every call). Each runs on one
-// thread, so its bits do not depend on which worker takes it.
-void decode_side_by_side(const Problem& p, const std::vector<std::int64_t>& which,
-                         const Exec& exec, const Options& options, const cpu::Kernels& kernels) {
+// Sequences `which` of ragged problem p on the decode kernel. One with at least 1/workers
+// of their work (query rows × keys) runs alone on every worker, its keys split as in a call
+// of its own (two sequences of one query and 32k keys on 16 threads must not take two of
+// them); the others side by side, one thread each, heaviest first, each in its worker's
+// slice of one working-memory lease (a fresh allocation per sequence would be
+// page-faulted in on every call). Which sequence runs which way depends only on the
+// problem and the worker count, so the bits are the same on every run.
+void decode_sequences(const Problem& p, std::vector<std::int64_t> which, const Exec& exec,
+                      const Options& options, const cpu::Kernels& kernels) {
+  auto work = [&](std::int64_t b) {
+    return static_cast<double>(p.queries_of(b)) * static_cast<double>(p.keys_of(b));
+  };
+  std::stable_sort(which.begin(), which.end(),
+                   [&](std::int64_t a, std::int64_t b) { return work(a) > work(b); });
+  double total = 0.0;
+  for (std::int64_t b : which) total += work(b);
+  while (exec.workers > 1 && !which.empty() && work(which.front()) * exec.workers >= total) {
+    run_decode(p.sequence(which.front()), exec, options);
+    which.erase(which.begin());
+  }
+  if (which.empty()) return;
   const Exec one{1, nullptr};
   std::int64_t slice = 0;  // floats of the largest sequence's working memory on one thread
   for (std::int64_t b : which)
@@ -293,28 +309,32 @@ void decode_side_by_side(const Problem& p, const std::vector<std::int64_t>& whic
 }
 
 // The fused kernel over the sequences of ragged problem p that `elsewhere` leaves to it, in
-// waves of consecutive sequences whose K and V, packed as float32, take about
-// kWaveBytes: a wave's pre-pass packs them, and its items read them back from L3 (all at
-// once, 64 sequences of 16-512 tokens pack ~116 MB at D = 128, and the items read them
-// from DRAM). Half of dev-zen5's 32 MiB L3: 2 threads, bfloat16, that mix, time against
-// the per-sequence loop 0.91-0.93× in one wave, 0.98-1.00× in waves of 4 or 16 MB; float32
-// and a long-tailed mix the same either way (docs/perf-log.md, 2026-11-27, "varlen in
-// waves"). Each wave costs two fork-joins; 16 MB makes 7 waves of that mix.
+// waves of consecutive sequences whose K and V, packed as float32, take about the wave
+// budget: a wave's pre-pass packs them, and its items read them back from L3 (in one
+// wave, 64 sequences of 16-512 tokens pack ~116 MB at D = 128 before the first item, which
+// then reads them from DRAM). Measured on dev-zen5 (32 MiB L3), 2 threads, that mix,
+// loop/ragged (the per-sequence loop's time over the ragged call's): no waves 0.93-1.02×,
+// waves of 4 MB 1.00-1.02×, 16 MB 0.98-1.00×, 64 MB 0.91-1.00× (docs/perf-log.md,
+// 2026-11-27, "varlen in waves"). Each wave costs two fork-joins; 16 MiB makes 7 waves of
+// that mix. At least 2 MiB a worker (about 16 work items a worker at Hkv = 8, D = 128), so
+// that on many cores a wave still keeps them busy (not measured beyond 2 threads).
 constexpr double kWaveBytes = 16.0 * (1 << 20);
+constexpr double kWaveBytesPerWorker = 2.0 * (1 << 20);
 
 void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsewhere,
                         const Exec& exec, const cpu::Kernels& kernels) {
+  const double budget = std::max(kWaveBytes, kWaveBytesPerWorker * exec.workers);
   std::vector<std::uint8_t> outside(elsewhere.size());
   for (std::int64_t b = 0; b < p.batch;) {
     std::fill(outside.begin(), outside.end(), std::uint8_t{1});
     double bytes = 0.0;
-    bool any = false;
-    for (; b < p.batch && (!any || bytes < kWaveBytes); ++b) {
+    bool any = false;  // a sequence with queries (one without gives no item)
+    for (; b < p.batch && (!any || bytes < budget); ++b) {
       if (elsewhere[static_cast<std::size_t>(b)]) continue;
       outside[static_cast<std::size_t>(b)] = 0;
       bytes += 2.0 * sizeof(float) * static_cast<double>(p.kv_heads) *
                static_cast<double>(p.keys_of(b)) * static_cast<double>(p.head_dim);
-      any = true;
+      any = any || p.queries_of(b) > 0;
     }
     if (!any) return;
     Problem wave = p;
@@ -325,13 +345,11 @@ void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsew
 
 // A ragged problem (attention_varlen) under impl auto or fused runs the fused kernel over
 // its sequences, each wave's in one parallel section (cpu/common/ragged_items.hpp; waves:
-// run_fused_in_waves). Under auto, the
-// sequences that a call of their own would run on the decode kernel (resolve: few query
-// rows) run on it here too, side by side, one thread each, after the fused section: their
-// rows fill its tiles better than the fused kernel's query tiles, and the items of one
-// sequence on one thread need no fork-join (60 sequences of 16-64 tokens and 4 of 256-1024,
-// 2 threads: the ragged call at 1.01-1.12× the per-sequence loop with every sequence
-// fused, 1.07-1.20× so; docs/perf-log.md, 2026-11-27, "varlen in waves"). The kernels
+// run_fused_in_waves). Under auto, the sequences that a call of their own would run on the
+// decode kernel (resolve: few query rows) run on it here too, after the fused waves
+// (decode_sequences): 60 sequences of 16-64 tokens and 4 of 256-1024, 2 threads, the
+// ragged call at 1.07-1.20× the per-sequence loop so, 1.01-1.12× with every sequence fused
+// (docs/perf-log.md, 2026-11-27, "varlen in waves"). The kernels
 // without ragged items (naive, decode, AMX when isa amx is asked for) run the sequences one
 // after another; a sequence without keys goes to the reference there (rows 0, lse −inf or
 // the sink), a sequence without queries nowhere.
@@ -342,21 +360,18 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
   const bool ragged_kernel = kernels.isa != Isa::amx;
   if ((impl == Impl::automatic || impl == Impl::fused) && ragged_kernel) {
     std::vector<std::uint8_t> on_decode(static_cast<std::size_t>(p.batch), 0);
-    std::vector<std::int64_t> decoded;  // heaviest first
+    std::vector<std::int64_t> decoded;
     if (impl == Impl::automatic)
       for (std::int64_t b = 0; b < p.batch; ++b) {
         const Problem s = p.sequence(b);
-        if (s.q_len > 0 && s.kv_len > 0 && resolve(Impl::automatic, p.dtype, s) == Impl::decode) {
+        if (s.q_len > 0 && s.kv_len > 0 &&
+            resolve(Impl::automatic, p.dtype, s) == Impl::decode) {
           on_decode[static_cast<std::size_t>(b)] = 1;
           decoded.push_back(b);
         }
       }
     run_fused_in_waves(p, on_decode, exec, kernels);
-    if (decoded.empty()) return;
-    auto work = [&](std::int64_t b) { return p.queries_of(b) * p.keys_of(b); };
-    std::stable_sort(decoded.begin(), decoded.end(),
-                     [&](std::int64_t a, std::int64_t b) { return work(a) > work(b); });
-    return decode_side_by_side(p, decoded, exec, options, kernels);
+    return decode_sequences(p, std::move(decoded), exec, options, kernels);
   }
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const Problem s = p.sequence(b);
@@ -370,11 +385,11 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
 // The backward of a ragged batch: the reference over all sequences at once; the kernels
 // sequence by sequence (their items are one sequence's), a sequence without (query, key)
 // pairs through the reference (zero gradients); with sinks, dsinks summed over every
-// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem). Two schedules: a sequence with
-// at least 1/workers of the batch's work (query rows × keys) runs alone on every worker;
-// the others run in one parallel section, each on one worker, heaviest first, in a
-// working-memory slice of that worker's (one lease for all: a fresh allocation per
-// sequence would be page-faulted in on every call). Which sequence runs which way
+// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem). Two schedules:
+// a sequence with at least 1/workers of the batch's work (query rows × keys) runs alone on
+// every worker; the others run in one parallel section, each on one worker, heaviest
+// first, in a working-memory slice of that worker's (one lease for all: a fresh
+// allocation per sequence would be page-faulted in on every call). Which sequence runs which way
 // depends only on the problem and the worker count, so the bits are the same on every run.
 void ragged_backward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = resolve_backward(options.impl, p.dtype);
@@ -431,7 +446,8 @@ std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem&
   const std::int64_t floats = kernels.decode_workspace_floats(p, exec.workers, options.kv_splits);
   std::int64_t bytes = 0;
   if (floats < 0 || !checked_mul(floats, sizeof(float), &bytes))
-    throw Error("fattn: the decode kernel's working memory for this problem would overflow 64 bits");
+    throw Error(
+        "fattn: the decode kernel's working memory for this problem would overflow 64 bits");
   return floats;
 }
 

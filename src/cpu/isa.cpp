@@ -32,7 +32,7 @@ bool amx_granted() {
 // what cpu_supports reports, so a machine runs as one without the wider units would
 // (an AVX-512 machine's test run as an AVX2-only CPU's, say). Unset or empty: no cap.
 // Read once; a name it does not know is an error at every call that asks.
-constexpr const char* kIsaCapVariable = "FATTN_CPU_ISA";
+constexpr const char* kIsaCapVariable = kCpuIsaCapVariable;
 
 int isa_rank(Isa isa) {
   switch (isa) {
@@ -93,6 +93,14 @@ bool hardware_supports(Isa isa) {
 
 bool cpu_supports(Isa isa) {
   return isa == Isa::automatic || (isa_rank(isa) <= isa_rank(isa_cap()) && hardware_supports(isa));
+}
+
+std::string cpu_unsupported_reason() {
+  std::string reason = std::string(" (best: ") + to_string(best_cpu_isa());
+  const char* cap = std::getenv(kIsaCapVariable);
+  if (cap != nullptr && *cap != '\0')
+    reason += std::string("; ") + kIsaCapVariable + "=" + cap + " caps it";
+  return reason + ")";
 }
 
 // Fastest first: amx runs the attention products ~2× faster than avx512 at D = 64-128

@@ -43,9 +43,10 @@ def add_isa_argument(parser) -> None:
 def use_isa(name: str) -> str:
     """Makes every later fattn CPU call of this process run the kernels of `name`; returns
     the name the results record (the best ISA for "auto")."""
-    if not fattn._C.cpu_supports(name):
-        raise SystemExit(f"--isa {name}: not supported by this CPU (best: {fattn.best_cpu_isa()})")
-    fattn._C.set_cpu_isa(name)
+    try:
+        fattn._C.set_cpu_isa(name)
+    except RuntimeError as e:  # names the best ISA, and FATTN_CPU_ISA where it caps them
+        raise SystemExit(f"--isa {name}: {e}") from None
     return fattn.best_cpu_isa() if name == "auto" else name
 
 

@@ -1,6 +1,7 @@
 // fattn — the work items of a ragged problem (attention_varlen): every sequence's (query
 // head, group of query tiles) items in one list, so one parallel section spreads all the
-// sequences over the cores.
+// sequences over the cores. Sequences marked Ragged::elsewhere (another wave's, or the
+// decode kernel's) are left out.
 //
 // Sequences are listed heaviest first (visible (query, key) pairs plus one per query row,
 // so a sequence without keys still counts its rows), and within a sequence head by head,
