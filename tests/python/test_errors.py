@@ -217,7 +217,7 @@ def test_messages_are_torch_errors_not_crashes():
 def test_cpu_isa_cap_from_the_environment():
     # FATTN_CPU_ISA=portable runs every CPU kernel on the portable unit, wherever this runs;
     # asking for a wider one is then an error that names the ISA.
-    out = run_python("""
+    out = run_python(r"""
         import pytest, torch, fattn
         assert fattn.best_cpu_isa() == "portable", fattn.best_cpu_isa()
         assert not fattn._C.cpu_supports("avx2")
