@@ -32,7 +32,6 @@ bool amx_granted() {
 // what cpu_supports reports, so a machine runs as one without the wider units would
 // (an AVX-512 machine's test run as an AVX2-only CPU's, say). Unset or empty: no cap.
 // Read once; a name it does not know is an error at every call that asks.
-constexpr const char* kIsaCapVariable = kCpuIsaCapVariable;
 
 int isa_rank(Isa isa) {
   switch (isa) {
@@ -47,12 +46,12 @@ int isa_rank(Isa isa) {
 
 Isa isa_cap() {
   static const Isa cap = [] {
-    const char* value = std::getenv(kIsaCapVariable);
+    const char* value = std::getenv(kCpuIsaCapVariable);
     if (value == nullptr || *value == '\0') return Isa::amx;
     const std::string name(value);
     for (Isa isa : {Isa::amx, Isa::avx512, Isa::avx2, Isa::portable})
       if (name == to_string(isa)) return isa;
-    throw Error(std::string("fattn: ") + kIsaCapVariable +
+    throw Error(std::string("fattn: ") + kCpuIsaCapVariable +
                 " must be one of amx, avx512, avx2, portable (or unset); got '" + name + "'");
   }();
   return cap;
@@ -97,9 +96,8 @@ bool cpu_supports(Isa isa) {
 
 std::string cpu_unsupported_reason() {
   std::string reason = std::string(" (best: ") + to_string(best_cpu_isa());
-  const char* cap = std::getenv(kIsaCapVariable);
-  if (cap != nullptr && *cap != '\0')
-    reason += std::string("; ") + kIsaCapVariable + "=" + cap + " caps it";
+  if (isa_cap() != Isa::amx)
+    reason += std::string("; ") + kCpuIsaCapVariable + "=" + to_string(isa_cap()) + " caps it";
   return reason + ")";
 }
 
