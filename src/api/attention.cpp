@@ -3,8 +3,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <numeric>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "model/checked.hpp"
@@ -266,46 +266,72 @@ const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
   return cpu_kernels(options, p, Direction::forward);
 }
 
-// Sequences `which` of ragged problem p on the decode kernel. One with at least 1/workers
-// of their work (query rows × keys) runs alone on every worker, its keys split as in a call
-// of its own (two sequences of one query and 32k keys on 16 threads must not take two of
-// them); the others side by side, one thread each, heaviest first, each in its worker's
-// slice of one working-memory lease (a fresh allocation per sequence would be
-// page-faulted in on every call). Which sequence runs which way depends only on the
+// How a ragged problem's sequences `which` run: one with at least 1/workers of their work
+// (query rows × keys) alone on every worker (`alone`), the others side by side, one worker
+// each, heaviest first (`shared`). Which sequence runs which way depends only on the
 // problem and the worker count, so the bits are the same on every run.
-void decode_sequences(const Problem& p, std::vector<std::int64_t> which, const Exec& exec,
-                      const Options& options, const cpu::Kernels& kernels) {
+struct SequenceSchedule {
+  std::vector<std::int64_t> alone, shared;
+};
+SequenceSchedule schedule_sequences(const Problem& p, const std::vector<std::int64_t>& which,
+                                    int workers) {
   auto work = [&](std::int64_t b) {
     return static_cast<double>(p.queries_of(b)) * static_cast<double>(p.keys_of(b));
   };
-  std::stable_sort(which.begin(), which.end(),
-                   [&](std::int64_t a, std::int64_t b) { return work(a) > work(b); });
   double total = 0.0;
   for (std::int64_t b : which) total += work(b);
-  while (exec.workers > 1 && !which.empty() && work(which.front()) * exec.workers >= total) {
-    run_decode(p.sequence(which.front()), exec, options);
-    which.erase(which.begin());
-  }
-  if (which.empty()) return;
-  const Exec one{1, nullptr};
-  std::int64_t slice = 0;  // floats of the largest sequence's working memory on one thread
+  SequenceSchedule schedule;
   for (std::int64_t b : which)
-    slice = std::max(slice, decode_workspace_floats(kernels, p.sequence(b), one, options));
+    (workers > 1 && work(b) > 0.0 && work(b) * workers >= total ? schedule.alone : schedule.shared)
+        .push_back(b);
+  std::stable_sort(schedule.shared.begin(), schedule.shared.end(),
+                   [&](std::int64_t x, std::int64_t y) { return work(x) > work(y); });
+  return schedule;
+}
+
+// run(b, one, memory) for each sequence b of `shared` in one parallel section, one worker
+// each (Exec one), in that worker's slice of `slice` floats of one working-memory lease (a
+// fresh allocation per sequence would be page-faulted in on every call). The first
+// exception stops the other sequences and is rethrown here. what: the working memory's
+// owner in the overflow error; lease: its name in the workspace cache.
+template <class Run>
+void run_side_by_side(const Exec& exec, const std::vector<std::int64_t>& shared,
+                      std::int64_t slice, const char* what, const char* lease, Run&& run) {
+  if (shared.empty()) return;
   std::int64_t floats = 0;
   if (!checked_mul(slice, exec.workers, &floats))
-    throw Error("fattn: the decode kernel's working memory for this batch would overflow 64 bits");
-  const WorkspaceLease memory(floats, to_string(Impl::decode));
+    throw Error(std::string("fattn: the ") + what +
+                "'s working memory for this batch would overflow 64 bits");
+  const WorkspaceLease memory(floats, lease);
+  const Exec one{1, nullptr};
   std::exception_ptr failed;
   std::atomic<bool> stop{false};
-  parallel_items(exec, static_cast<std::int64_t>(which.size()), [&](std::int64_t i, int worker) {
+  parallel_items(exec, static_cast<std::int64_t>(shared.size()), [&](std::int64_t i, int worker) {
     if (stop.load(std::memory_order_relaxed)) return;
     try {  // an exception must not leave the parallel section
-      kernels.decode(p.sequence(which[i]), one, memory.get() + worker * slice, options.kv_splits);
+      run(shared[static_cast<std::size_t>(i)], one, memory.get() + worker * slice);
     } catch (...) {
       if (!stop.exchange(true)) failed = std::current_exception();
     }
   });
   if (failed) std::rethrow_exception(failed);
+}
+
+// Sequences `which` of ragged problem p on the decode kernel, as schedule_sequences puts
+// them: alone, its keys split as in a call of its own (two sequences of one query and 32k
+// keys on 16 threads must not take two of them), or side by side.
+void decode_sequences(const Problem& p, const std::vector<std::int64_t>& which,
+                      const Exec& exec, const Options& options, const cpu::Kernels& kernels) {
+  const SequenceSchedule schedule = schedule_sequences(p, which, exec.workers);
+  for (std::int64_t b : schedule.alone) run_decode(p.sequence(b), exec, options);
+  const Exec one{1, nullptr};
+  std::int64_t slice = 0;  // floats of the largest sequence's working memory on one thread
+  for (std::int64_t b : schedule.shared)
+    slice = std::max(slice, decode_workspace_floats(kernels, p.sequence(b), one, options));
+  run_side_by_side(exec, schedule.shared, slice, "decode kernel", to_string(Impl::decode),
+                   [&](std::int64_t b, const Exec& on_one, float* memory) {
+                     kernels.decode(p.sequence(b), on_one, memory, options.kv_splits);
+                   });
 }
 
 // The fused kernel over the sequences of ragged problem p that `elsewhere` leaves to it, in
@@ -371,7 +397,7 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
         }
       }
     run_fused_in_waves(p, on_decode, exec, kernels);
-    return decode_sequences(p, std::move(decoded), exec, options, kernels);
+    return decode_sequences(p, decoded, exec, options, kernels);
   }
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const Problem s = p.sequence(b);
@@ -385,59 +411,33 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
 // The backward of a ragged batch: the reference over all sequences at once; the kernels
 // sequence by sequence (their items are one sequence's), a sequence without (query, key)
 // pairs through the reference (zero gradients); with sinks, dsinks summed over every
-// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem). Two schedules:
-// a sequence with at least 1/workers of the batch's work (query rows × keys) runs alone on
-// every worker; the others run in one parallel section, each on one worker, heaviest
-// first, in a working-memory slice of that worker's (one lease for all: a fresh
-// allocation per sequence would be page-faulted in on every call). Which sequence runs which way
-// depends only on the problem and the worker count, so the bits are the same on every run.
+// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem). The sequences
+// run as schedule_sequences puts them: alone on every worker, or side by side.
 void ragged_backward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = resolve_backward(options.impl, p.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
   const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
-  std::vector<double> work(static_cast<std::size_t>(p.batch));  // query rows × keys
-  double total = 0.0;
-  for (std::int64_t b = 0; b < p.batch; ++b) {
-    work[b] = static_cast<double>(p.queries_of(b)) * static_cast<double>(p.keys_of(b));
-    total += work[b];
-  }
-  std::vector<std::int64_t> alone, shared;  // sequences, heaviest first
-  for (std::int64_t b = 0; b < p.batch; ++b)
-    (exec.workers > 1 && work[b] > 0.0 && work[b] * exec.workers >= total ? alone : shared)
-        .push_back(b);
-  std::stable_sort(shared.begin(), shared.end(),
-                   [&](std::int64_t a, std::int64_t b) { return work[a] > work[b]; });
-
-  for (std::int64_t b : alone) run(p.sequence(b), exec, pass, impl);
-
-  const Exec one{1, nullptr};
+  std::vector<std::int64_t> all(static_cast<std::size_t>(p.batch));
+  std::iota(all.begin(), all.end(), std::int64_t{0});
+  const SequenceSchedule schedule = schedule_sequences(p, all, exec.workers);
+  for (std::int64_t b : schedule.alone) run(p.sequence(b), exec, pass, impl);
   std::int64_t slice = 0;  // floats of the largest shared sequence's working memory
-  for (std::int64_t b : shared)
-    if (work[b] > 0.0) slice = std::max(slice, workspace_floats(p.sequence(b), pass, impl, 1));
-  std::int64_t floats = 0;
-  if (!checked_mul(slice, exec.workers, &floats))
-    throw Error("fattn: the backward's working memory for this batch would overflow 64 bits");
-  const WorkspaceLease memory(floats, to_string(impl));
-  std::exception_ptr failed;
-  std::atomic<bool> stop{false};
-  parallel_items(exec, static_cast<std::int64_t>(shared.size()), [&](std::int64_t i, int worker) {
-    if (stop.load(std::memory_order_relaxed)) return;
-    try {  // an exception must not leave the parallel section
-      Problem s = p.sequence(shared[i]);
-      if (s.q_len == 0 || s.kv_len == 0) {  // zero gradients
-        // Without the sinks: the reference would write dsinks, which other workers write
-        // too; sink_gradients computes them for every sequence afterwards.
-        s.mods.sinks = nullptr;
-        s.dsinks = nullptr;
-        return cpu::reference_backward(s, one);
-      }
-      float* mine = memory.get() + worker * slice;
-      (impl == Impl::naive ? pass.naive : pass.fused)(s, one, mine);
-    } catch (...) {
-      if (!stop.exchange(true)) failed = std::current_exception();
-    }
-  });
-  if (failed) std::rethrow_exception(failed);
+  for (std::int64_t b : schedule.shared)
+    if (p.queries_of(b) > 0 && p.keys_of(b) > 0)
+      slice = std::max(slice, workspace_floats(p.sequence(b), pass, impl, 1));
+  run_side_by_side(exec, schedule.shared, slice, "backward", to_string(impl),
+                   [&](std::int64_t b, const Exec& one, float* memory) {
+                     Problem s = p.sequence(b);
+                     if (s.q_len == 0 || s.kv_len == 0) {  // zero gradients
+                       // Without the sinks: the reference would write dsinks, which other
+                       // workers write too; sink_gradients computes them for every sequence
+                       // afterwards.
+                       s.mods.sinks = nullptr;
+                       s.dsinks = nullptr;
+                       return cpu::reference_backward(s, one);
+                     }
+                     (impl == Impl::naive ? pass.naive : pass.fused)(s, one, memory);
+                   });
   if (p.mods.sinks) cpu::sink_gradients(p, exec);
 }
 
