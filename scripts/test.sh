@@ -58,7 +58,7 @@ if grep -q avx512_bf16 /proc/cpuinfo && ! grep -qw amx_tile /proc/cpuinfo; then
   cmake -S . -B build-amx-emulation -DCMAKE_BUILD_TYPE=Release -DFATTN_AMX_EMULATION=ON \
     -DFATTN_BUILD_BENCH=OFF -DFATTN_CUDA=OFF >/dev/null
   cmake --build build-amx-emulation -j"$jobs"
-  ctest --test-dir build-amx-emulation --output-on-failure -j"$jobs" -R amx
+  GTEST_FILTER='*amx*' ctest --test-dir build-amx-emulation --output-on-failure -j"$jobs"
 fi
 
 if [ "$sanitizers" = 1 ]; then
