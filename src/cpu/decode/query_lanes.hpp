@@ -136,16 +136,28 @@ struct DecodeQueryLanes {
     return masked;
   }
 
-  // One key tile for one kv head: scores, probabilities, ot ← alpha·ot + P·V.
-  static void key_tile(const Rows& k, const Rows& v, std::int64_t nj, std::int64_t rows,
-                       const Seen& seen, std::int64_t D, const State& h, float* st,
-                       typename Ops::Prefetch& next) {
-    const MaskCover mask = cover(seen);
-    if (mask == MaskCover::hidden) return;
-    scores(k, nj, h.qt, D, st, next);
+  // What a key tile's softmax step leaves its P·V: which keys each lane sees.
+  struct Step {
     typename Tile::LaneRanges ranges;
-    if (probabilities(st, nj, rows, seen, mask, h, &ranges))
-      Tile::pv_rows(Values{v}, nj, st, h.alpha, D, h.ot, ranges);
+    bool masked = false;  // some lane does not see the whole tile
+  };
+
+  // One key tile for one kv head, the forward loop's softmax step: scores and
+  // probabilities; false where the attn_mask hides the tile from every row (no P·V).
+  static bool softmax_step(const Rows& k, std::int64_t nj, std::int64_t rows, const Seen& seen,
+                           std::int64_t D, const State& h, float* st,
+                           typename Ops::Prefetch& next, Step* step) {
+    const MaskCover mask = cover(seen);
+    if (mask == MaskCover::hidden) return false;
+    scores(k, nj, h.qt, D, st, next);
+    step->masked = probabilities(st, nj, rows, seen, mask, h, &step->ranges);
+    return true;
+  }
+  // ... and its P·V step: ot ← alpha·ot + P·V.
+  static void pv_step(const Rows& v, std::int64_t nj, std::int64_t D, const State& h,
+                      const float* st, const Step& step) {
+    if (step.masked)
+      Tile::pv_rows(Values{v}, nj, st, h.alpha, D, h.ot, step.ranges);
     else
       Tile::pv_rows(Values{v}, nj, st, h.alpha, D, h.ot, typename Tile::AllVisible{});
   }

@@ -72,17 +72,24 @@ struct DecodeQueryLanesBf16 {
     return finite;
   }
 
-  // One key tile for one kv head (DecodeQueryLanes::key_tile's steps on bfloat16 pairs).
-  // kt: the worker's D·Bk floats, for vp (or the float32 values of a non-finite tile).
-  static void key_tile(const Rows& k, const Rows& v, std::int64_t nj, std::int64_t rows,
-                       const typename Lanes::Seen& seen, std::int64_t D, float factor,
-                       const typename Lanes::State& h, float* kt, float* st,
-                       typename Ops::Prefetch& next) {
+  // One key tile for one kv head: DecodeQueryLanes' two steps on bfloat16 pairs. The
+  // softmax step: scores and probabilities; false where the attn_mask hides the tile from
+  // every row.
+  static bool softmax_step(const Rows& k, std::int64_t nj, std::int64_t rows,
+                           const typename Lanes::Seen& seen, std::int64_t D, float factor,
+                           const typename Lanes::State& h, float* st,
+                           typename Ops::Prefetch& next, typename Lanes::Step* step) {
     const MaskCover mask = Lanes::cover(seen);
-    if (mask == MaskCover::hidden) return;
+    if (mask == MaskCover::hidden) return false;
     scores(k, nj, reinterpret_cast<const Pair*>(h.qt), D, factor, st, next);
-    typename Tile::LaneRanges ranges;  // filled whether or not some lane is masked
-    Lanes::probabilities(st, nj, rows, seen, mask, h, &ranges);
+    // ranges filled whether or not some lane is masked: the float32 P·V below reads them.
+    step->masked = Lanes::probabilities(st, nj, rows, seen, mask, h, &step->ranges);
+    return true;
+  }
+  // The P·V step. kt: the worker's D·Bk floats, for vp (or the float32 values of a
+  // non-finite tile).
+  static void pv_step(const Rows& v, std::int64_t nj, std::int64_t D, const typename Lanes::State& h,
+                      float* kt, float* st, const typename Lanes::Step& step) {
     auto* vp = reinterpret_cast<Pair*>(kt);
     if (pack_values(v, nj, D, vp)) {
       auto* pp = reinterpret_cast<Pair*>(st);  // row j of pp over row j of st, read by then
@@ -91,7 +98,7 @@ struct DecodeQueryLanesBf16 {
     }
     for (std::int64_t j = 0; j < nj; ++j)  // a non-finite value: float32, hidden keys skipped
       for (std::int64_t d = 0; d < D; ++d) kt[j * D + d] = to_float(v.row(j)[d]);
-    Tile::pv_rows(typename Tile::ValueRows{kt, D}, nj, st, h.alpha, D, h.ot, ranges);
+    Tile::pv_rows(typename Tile::ValueRows{kt, D}, nj, st, h.alpha, D, h.ot, step.ranges);
   }
 };
 

@@ -1,7 +1,8 @@
-// fattn — the decode kernel's worker: one work item's rows through the item's key tiles, in
-// one of three tile layouts chosen once per item (DecodeWorkspace::query_lanes_for,
-// dot_lanes_for), each a policy of what a kv head's rows start as, what a key tile does
-// to them and what they end as:
+// fattn — the decode kernel's worker: one work item's rows through the forward loop
+// (cpu/forward/loop.hpp; DecodePass, each of the item's kv heads a unit), in one of three
+// tile layouts chosen once per item (DecodeWorkspace::query_lanes_for, dot_lanes_for),
+// each a policy of what a kv head's rows start as, what a key tile's softmax and P·V
+// steps do to them and what they end as:
 //   KeysOnLanes     st [rows][Bk], the keys along the lanes (cpu/decode/ops.hpp); for a
 //                   bfloat16 cache on dot_bf16 problems the products on vdpbf16ps
 //                   (cpu/decode/bf16.hpp)
@@ -21,6 +22,7 @@
 #include "cpu/decode/query_lanes.hpp"
 #include "cpu/decode/query_lanes_bf16.hpp"
 #include "cpu/decode/workspace.hpp"
+#include "cpu/forward/loop.hpp"
 
 namespace fattn::cpu {
 
@@ -69,19 +71,26 @@ struct KeysOnLanes {
     Ops::load_q_rows(c.p, it.b, hk, it.r0, it.rows, c.q_factor, h.qs, h.qb);
     Ops::start_rows(it.rows, c.p.head_dim, h.m, h.l, h.os);
   }
-  // Scores, the variants (a mask hiding the tile from every row: skipped), online
-  // softmax, P·V.
+  // Nothing kept between a key tile's softmax step and its P·V but the scores in st.
+  struct Step {};
+  // Scores, the variants, online softmax; false where the attn_mask hides the tile from
+  // every row (no P·V).
   template <class Rows>
-  static void key_tile(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h,
-                       const Rows& k, const Rows& v, std::int64_t j0, std::int64_t nj,
-                       const RowKeys<S>& keys, typename Ops::Prefetch& next) {
+  static bool softmax_step(const C& c, const typename C::Item& it, std::int64_t hk,
+                           const HeadState& h, const Rows& k, std::int64_t j0, std::int64_t nj,
+                           const RowKeys<S>& keys, typename Ops::Prefetch& next, Step*) {
     const detail::Problem& p = c.p;
     float* st = c.st();
     scores(c, h, it.rows, k, nj, st, next);
     if (p.mods.any() || p.has_window())
-      if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) return;
+      if (!DecodeModOps<S>::apply(p, it.b, hk, it.r0, it.rows, j0, nj, st)) return false;
     Ops::softmax_update(st, it.rows, keys.visible, h.m, h.l, h.alpha);
-    values(c, st, it.rows, keys.visible, nj, v, h);
+    return true;
+  }
+  template <class Rows>
+  static void pv_step(const C& c, const typename C::Item& it, const HeadState& h, const Rows& v,
+                      std::int64_t nj, const RowKeys<S>& keys, const Step&) {
+    values(c, c.st(), it.rows, keys.visible, nj, v, h);
   }
   static HeadState finish(const C&, const typename C::Item&, const HeadState& h) { return h; }
 
@@ -137,11 +146,14 @@ struct QueryLanes {
       Kernel::to_lanes(h.os, it.rows, c.p.head_dim, c.ws.Dp, h.qs);
     Lanes::Tile::start_rows(h.m, h.l, h.os, c.p.head_dim);
   }
-  // The rows' key ranges, and with variants their (head, query) pairs.
+  using Step = typename Lanes::Step;
+  // The rows' key ranges, and with variants their (head, query) pairs, into the kernel's
+  // softmax step.
   template <class Rows>
-  static void key_tile(const C& c, const typename C::Item& it, std::int64_t hk, const HeadState& h,
-                       const Rows& k, const Rows& v, std::int64_t j0, std::int64_t nj,
-                       const RowKeys<S>& keys, typename DecodeOps<S>::Prefetch& next) {
+  static bool softmax_step(const C& c, const typename C::Item& it, std::int64_t hk,
+                           const HeadState& h, const Rows& k, std::int64_t j0, std::int64_t nj,
+                           const RowKeys<S>& keys, typename DecodeOps<S>::Prefetch& next,
+                           Step* step) {
     const detail::Problem& p = c.p;
     typename Lanes::Mods::LanePair pairs[C::kRowTile];
     typename Lanes::Seen seen{keys.first, keys.visible, nullptr, {}};
@@ -152,17 +164,74 @@ struct QueryLanes {
       }
       seen = {keys.first, keys.visible, &p, {it.b, 0, 0, it.rows, j0, nj, pairs}};
     }
-    const typename Lanes::State state{h.qs, h.os, h.m, h.l, h.alpha};
     if constexpr (Bf16)
-      Kernel::key_tile(k, v, nj, it.rows, seen, p.head_dim, c.q_factor, state, c.kt(), c.st(), next);
+      return Kernel::softmax_step(k, nj, it.rows, seen, p.head_dim, c.q_factor, state(h), c.st(),
+                                  next, step);
     else
-      Kernel::key_tile(k, v, nj, it.rows, seen, p.head_dim, state, c.st(), next);
+      return Kernel::softmax_step(k, nj, it.rows, seen, p.head_dim, state(h), c.st(), next, step);
   }
+  template <class Rows>
+  static void pv_step(const C& c, const typename C::Item&, const HeadState& h, const Rows& v,
+                      std::int64_t nj, const RowKeys<S>&, const Step& step) {
+    if constexpr (Bf16)
+      Kernel::pv_step(v, nj, c.p.head_dim, state(h), c.kt(), c.st(), step);
+    else
+      Kernel::pv_step(v, nj, c.p.head_dim, state(h), c.st(), step);
+  }
+  static typename Lanes::State state(const HeadState& h) { return {h.qs, h.os, h.m, h.l, h.alpha}; }
   static HeadState finish(const C& c, const typename C::Item& it, const HeadState& h) {
     Lanes::to_rows(h.os, it.rows, c.p.head_dim, c.ws.Dp, h.qs);
     HeadState rows = h;
     rows.os = h.qs;
     return rows;
+  }
+};
+
+// The forward loop's pass (cpu/forward/loop.hpp) for one decode item: each of its kv
+// heads a unit, every one live in every key tile; the tiles from `tiles`, the steps in
+// `Layout` (KeysOnLanes, QueryLanes).
+template <class S, class Layout, class Tiles>
+struct DecodePass {
+  using Ops = DecodeOps<S>;
+  using C = DecodeContext<S>;
+  using Item = typename C::Item;
+  static constexpr int kKeyTile = Ops::Bk;
+  static constexpr bool kSoftmaxAmongProducts = false;
+
+  const C& c;
+  const Item& it;
+  const Tiles& tiles;
+  std::int64_t kv_end;  // the chunk's end: no prefetch past it
+  // Of the key tile in the loop: which keys each row sees, where it is, and what a head's
+  // softmax step leaves its P·V.
+  RowKeys<S> keys;
+  std::int64_t nj = 0;
+  typename Layout::Step step;
+
+  // Each row's visible keys of [j0, j0 + Bk); the tile staged where tiles are staged.
+  // Every head of the item sees the tile.
+  int visit(std::int64_t j0) {
+    const detail::Problem& p = c.p;
+    nj = std::min<std::int64_t>(Ops::Bk, kv_end - j0);
+    for (std::int64_t r = 0; r < it.rows; ++r) {
+      const std::int64_t i = Ops::group_row(p, 0, it.r0 + r).query;
+      keys.first[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_begin(it.b, i) - j0, 0, nj));
+      keys.visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
+    }
+    tiles.prepare(it, j0, nj);
+    return static_cast<int>(it.hk_end - it.hk_begin);
+  }
+  // Head hk_begin + x; the next head's tile (or the first head's next tile) asked of
+  // memory during its scores.
+  bool softmax_step(std::int64_t j0, int x, int) {
+    const std::int64_t hk = it.hk_begin + x;
+    typename Ops::Prefetch next = tiles.next(it, hk, j0, kv_end);
+    return Layout::softmax_step(c, it, hk, c.state(x), tiles.k_rows(it, hk, j0, nj), j0, nj, keys,
+                                next, &step);
+  }
+  void pv_step(std::int64_t j0, int x, int) {
+    const std::int64_t hk = it.hk_begin + x;
+    Layout::pv_step(c, it, c.state(x), tiles.v_rows(it, hk, j0, nj), nj, keys, step);
   }
 };
 
@@ -177,8 +246,8 @@ struct DecodeWorker : DecodeContext<S> {
   StagedTiles<S> staged_tiles() const { return {p, w + ws.k_stage_at, w + ws.v_stage_at}; }
 
   // Keys [kv_begin, kv_end) of the item's rows, tiles from `tiles` (TilesInCache or
-  // StagedTiles): out and lse, or with split keys its chunk's partial (os, m, l), in the
-  // item's layout.
+  // StagedTiles), through the forward loop: out and lse, or with split keys its chunk's
+  // partial (os, m, l), in the item's layout.
   template <class Tiles>
   void run(const Item& it, std::int64_t kv_begin, std::int64_t kv_end, const Tiles& tiles,
            float* memory) const {
@@ -186,8 +255,8 @@ struct DecodeWorker : DecodeContext<S> {
       using Layout = typename decltype(layout)::type;
       for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk)
         Layout::start(*this, it, hk, this->state(hk - it.hk_begin));
-      for (std::int64_t j0 = kv_begin; j0 < kv_end; j0 += Ops::Bk)
-        key_tile<Layout>(it, j0, std::min<std::int64_t>(Ops::Bk, kv_end - j0), kv_end, tiles);
+      DecodePass<S, Layout, Tiles> pass{*this, it, tiles, kv_end, {}, 0, {}};
+      forward_loop(pass, kv_begin, kv_end);
       for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk)
         finish(it, hk, Layout::finish(*this, it, this->state(hk - it.hk_begin)), memory);
     });
@@ -210,24 +279,6 @@ struct DecodeWorker : DecodeContext<S> {
     if constexpr (QueryLanes<S, false>::template takes<Rows>)
       if (ws.query_lanes_for(it)) return f(Tag<QueryLanes<S, false>>{});
     f(Tag<KeysOnLanes<S>>{});
-  }
-
-  // Keys [j0, j0 + nj) for every head of the item.
-  template <class Layout, class Tiles>
-  void key_tile(const Item& it, std::int64_t j0, std::int64_t nj, std::int64_t kv_end,
-                const Tiles& tiles) const {
-    RowKeys<S> keys;
-    for (std::int64_t r = 0; r < it.rows; ++r) {
-      const std::int64_t i = Ops::group_row(p, 0, it.r0 + r).query;
-      keys.first[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_begin(it.b, i) - j0, 0, nj));
-      keys.visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
-    }
-    tiles.prepare(it, j0, nj);
-    for (std::int64_t hk = it.hk_begin; hk < it.hk_end; ++hk) {
-      typename Ops::Prefetch next = tiles.next(it, hk, j0, kv_end);
-      Layout::key_tile(*this, it, hk, this->state(hk - it.hk_begin), tiles.k_rows(it, hk, j0, nj),
-                       tiles.v_rows(it, hk, j0, nj), j0, nj, keys, next);
-    }
   }
 
   // Head hk's rows, h in the rows layout: out and lse, or its chunk's partial.

@@ -1,4 +1,5 @@
-// fattn — the fused CPU kernel: FlashAttention-2's loop on a CPU core.
+// fattn — the fused CPU kernel: the forward loop (cpu/forward/loop.hpp) with a query tile
+// of one head as its unit, on K and V packed by the workspace.
 //
 // For one query tile:   qt ← Q·scale·log2(e)
 //   for each key tile in the band:
@@ -18,14 +19,15 @@
 // The products (scores_tile, pv_accumulate and the layouts they read) and the softmax step
 // are the mainloop's policy: float32 FMAs (FmaMainloop); for bfloat16 with AVX512-BF16,
 // bfloat16 dot products (cpu/forward/dot_bf16.hpp); on AMX, tile products with the softmax
-// among them (cpu/amx/forward.hpp). Every mainloop takes every variant: the loop applies
-// them.
+// among them (cpu/amx/forward.hpp). Every mainloop takes every variant: the pass applies
+// them (FusedPass).
 #pragma once
 
 #include <algorithm>
 
 #include "cpu/common/score_mods.hpp"
 #include "cpu/common/workspace.hpp"
+#include "cpu/forward/loop.hpp"
 
 namespace fattn::cpu {
 
@@ -73,44 +75,57 @@ struct FmaMainloop {
   }
 };
 
-// The loop above for one work item: query tile `first` and the next ones of its head, up
-// to query_tiles_per_item, against the keys `head` holds; worker: the caller's worker index
-// (its tile slots). p: the item's sequence's problem. The products and the softmax step
-// come from `mainloop` (FmaMainloop, DotBf16Mainloop, AmxMainloop), which holds the
-// prepared workspace. Per key tile, the tiles that see it run their scores and softmax
-// first, then their P·V: a mainloop may overlap one tile's softmax with the neighbouring
-// tile's products (the AMX one does; `overlapped` names that neighbour).
+// The forward loop's pass (cpu/forward/loop.hpp) for one work item: query tile `first`
+// and the next ones of its head, up to query_tiles_per_item, each a unit, against the
+// keys `head` holds; worker: the caller's worker index (its tile slots). p: the item's
+// sequence's problem. The products and the softmax step come from `mainloop`
+// (FmaMainloop, DotBf16Mainloop, AmxMainloop), which holds the prepared workspace; a
+// mainloop may overlap one tile's softmax with the neighbouring tile's products (the AMX
+// one does; `overlapped` names that neighbour).
 template <class S, class Mainloop>
-void fused_group(const detail::Problem& p, const Mainloop& mainloop, const QueryTile& first,
-                 int worker, const typename Mainloop::Head& head) {
+struct FusedPass {
   using Ops = TileOps<S>;
   using Mods = ScoreModOps<S>;
   using Band = typename Ops::Band;
-  constexpr int kGroup = Ops::T::query_tiles_per_item;
-  const auto& ws = mainloop.ws;
-  const std::int64_t dims = mainloop.out_dims();
-  QueryTile q[kGroup];
-  typename Mainloop::Tile tile[kGroup];
-  int n = 0;
-  std::int64_t first_key = p.kv_len, kv_max = 0;
-  // The item's tiles end with its sequence's (ws.q_tiles is the longest sequence's).
-  for (; n < kGroup && (first.t + n) * Ops::Br < p.q_len; ++n) {
-    q[n] = ws.query_tile(p, first.b, first.h, first.t + n);
-    tile[n] = mainloop.tile(worker * kGroup + n);
-    first_key = std::min(first_key, q[n].first_key_tile(Ops::Bc));
-    kv_max = std::max(kv_max, q[n].kv_end);
-    mainloop.load_q(p, q[n], tile[n]);
-    Ops::start_rows(tile[n].m, tile[n].l, tile[n].ot, dims);
-  }
+  static constexpr int kMaxUnits = Ops::T::query_tiles_per_item, kKeyTile = Ops::Bc;
+  static constexpr bool kSoftmaxAmongProducts = Mainloop::kSoftmaxAmongProducts;
+
+  const detail::Problem& p;
+  const Mainloop& mainloop;
+  const typename Mainloop::Head& head;
   // The band's edges are hidden in the scores (−inf, by selection), unless the mainloop's
   // softmax hides the causal one and there is no other (a window's).
-  const bool scores_hide_band = !Mainloop::kSoftmaxHidesCausalEdge || p.has_window();
-  typename Mods::Tile pairs[kGroup];
-  MaskCover cover[kGroup];
-  Band band[kGroup];
-  const Band* edge[kGroup];  // null where no edge of the band crosses the tile
-  for (std::int64_t j0 = first_key; j0 < kv_max; j0 += Ops::Bc) {
-    int live[kGroup], n_live = 0;  // the tiles that see some key of this one
+  const bool scores_hide_band;
+  int n = 0;  // the item's tiles
+  int live[kMaxUnits];  // the tiles that see the key tile in the loop
+  std::int64_t first_key, kv_max = 0;  // the keys some tile of the item sees
+  QueryTile q[kMaxUnits];
+  typename Mainloop::Tile tile[kMaxUnits];
+  typename Mods::Tile pairs[kMaxUnits];
+  MaskCover cover[kMaxUnits];
+  Band band[kMaxUnits];
+  const Band* edge[kMaxUnits];  // null where no edge of the band crosses the tile
+
+  // The item's tiles in: Q loaded, the running states started. The item's tiles end with
+  // its sequence's (the workspace's q_tiles is the longest sequence's).
+  FusedPass(const detail::Problem& problem, const Mainloop& m, const QueryTile& first, int worker,
+            const typename Mainloop::Head& h)
+      : p(problem), mainloop(m), head(h),
+        scores_hide_band(!Mainloop::kSoftmaxHidesCausalEdge || problem.has_window()),
+        first_key(problem.kv_len) {
+    for (; n < kMaxUnits && (first.t + n) * Ops::Br < p.q_len; ++n) {
+      q[n] = mainloop.ws.query_tile(p, first.b, first.h, first.t + n);
+      tile[n] = mainloop.tile(worker * kMaxUnits + n);
+      first_key = std::min(first_key, q[n].first_key_tile(Ops::Bc));
+      kv_max = std::max(kv_max, q[n].kv_end);
+      mainloop.load_q(p, q[n], tile[n]);
+      Ops::start_rows(tile[n].m, tile[n].l, tile[n].ot, mainloop.out_dims());
+    }
+  }
+
+  // The tiles that see some key of [j0, j0 + Bc) and that attn_mask does not hide whole.
+  int visit(std::int64_t j0) {
+    int n_live = 0;
     for (int s = 0; s < n; ++s) {
       if (j0 >= q[s].kv_end || j0 + Ops::Bc <= q[s].kv_begin) continue;
       pairs[s] = {q[s].b, q[s].h, q[s].i0, q[s].rows, j0,
@@ -118,42 +133,43 @@ void fused_group(const detail::Problem& p, const Mainloop& mainloop, const Query
       cover[s] = Mods::mask_cover(p, pairs[s]);
       if (cover[s] != MaskCover::hidden) live[n_live++] = s;
     }
-    // Scores, the variants and the softmax step of the x-th live tile, then its P·V.
-    auto softmax_step = [&](int x) {
-      const int s = live[x];
-      const std::int64_t nj = pairs[s].nj;
-      band[s] = Ops::band_of(p, j0, q[s].i0);
-      edge[s] = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + nj) ? &band[s] : nullptr;
-      mainloop.scores(head, j0, nj, tile[s], edge[s], x > 0 ? &tile[live[x - 1]] : nullptr);
-      Mods::finish_scores(p, pairs[s], cover[s], scores_hide_band ? edge[s] : nullptr, tile[s].st);
-      mainloop.softmax(tile[s], nj, edge[s]);
-    };
-    auto pv_step = [&](int x) {
-      const int s = live[x];
-      mainloop.pv(head, j0, pairs[s].nj, tile[s], edge[s], x + 1 < n_live ? &tile[live[x + 1]] : nullptr);
-    };
-    // A softmax among the products runs every tile's softmax step before the first P·V
-    // (each overlaps a neighbour's products); else each tile's P·V follows its softmax
-    // while its scores are in L1 (the other order: float32 2-4 % slower at S = 1024-2048,
-    // docs/perf-log.md, "one forward loop").
-    if constexpr (Mainloop::kSoftmaxAmongProducts) {
-      for (int x = 0; x < n_live; ++x) softmax_step(x);
-      for (int x = 0; x < n_live; ++x) pv_step(x);
-    } else {
-      for (int x = 0; x < n_live; ++x) {
-        softmax_step(x);
-        pv_step(x);
+    return n_live;
+  }
+  bool softmax_step(std::int64_t j0, int x, int) {
+    const int s = live[x], before = x > 0 ? live[x - 1] : -1;
+    const std::int64_t nj = pairs[s].nj;
+    band[s] = Ops::band_of(p, j0, q[s].i0);
+    edge[s] = p.needs_mask(q[s].i0, q[s].i0 + q[s].rows, j0, j0 + nj) ? &band[s] : nullptr;
+    mainloop.scores(head, j0, nj, tile[s], edge[s], before >= 0 ? &tile[before] : nullptr);
+    Mods::finish_scores(p, pairs[s], cover[s], scores_hide_band ? edge[s] : nullptr, tile[s].st);
+    mainloop.softmax(tile[s], nj, edge[s]);
+    return true;
+  }
+  void pv_step(std::int64_t j0, int x, int n_live) {
+    const int s = live[x], after = x + 1 < n_live ? live[x + 1] : -1;
+    mainloop.pv(head, j0, pairs[s].nj, tile[s], edge[s], after >= 0 ? &tile[after] : nullptr);
+  }
+
+  // The sinks joined, out ← ot / l, lse.
+  void finish() {
+    for (int s = 0; s < n; ++s) {
+      if (p.mods.sinks) {
+        Mods::add_sink(p, q[s].h, tile[s].m, tile[s].l, tile[s].alpha);
+        Mods::scale_rows(tile[s].ot, mainloop.out_dims(), tile[s].alpha);
       }
+      Ops::store_output(tile[s].ot, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
+      Ops::store_lse(tile[s].m, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
     }
   }
-  for (int s = 0; s < n; ++s) {
-    if (p.mods.sinks) {
-      Mods::add_sink(p, q[s].h, tile[s].m, tile[s].l, tile[s].alpha);
-      Mods::scale_rows(tile[s].ot, dims, tile[s].alpha);
-    }
-    Ops::store_output(tile[s].ot, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
-    Ops::store_lse(tile[s].m, tile[s].l, p, q[s].b, q[s].h, q[s].i0, q[s].rows);
-  }
+};
+
+// One work item through the forward loop: its tiles in, their visible key tiles, out.
+template <class S, class Mainloop>
+void fused_group(const detail::Problem& p, const Mainloop& mainloop, const QueryTile& first,
+                 int worker, const typename Mainloop::Head& head) {
+  FusedPass<S, Mainloop> pass(p, mainloop, first, worker, head);
+  forward_loop(pass, pass.first_key, pass.kv_max);
+  pass.finish();
 }
 
 // Every work item of the problem through fused_group, in one parallel section. A ragged
