@@ -18,11 +18,23 @@ cover the call):
   softcap (Gemma 2)        softcap;   s_aux (gpt-oss's sinks)   sinks, with their gradient
   sliding_window           in the mask transformers builds; without a mask, the window
 GQA needs no copies (Hq a multiple of Hkv). Training runs fattn's backward through
-autograd. What fattn cannot do raises an error naming the option (dropout > 0 while
+autograd.
+
+``append_cache(config)`` is transformers' DynamicCache with its full-attention layers
+appending in place: each layer keeps K and V in buffers that grow by doubling, writes a
+step's new tokens into them and returns views of the filled part, which fattn reads as
+they lie. DynamicCache concatenates the whole cache into new tensors at every step (a
+copy of every layer's K and V, and fresh pages for them, per generated token), which at
+long contexts costs more than the attention itself (docs/perf-log.md, 2026-11-27,
+"transformers decode: a cache that appends in place"). Pass it as
+``cache=fattn.transformers.append_cache(model.config)`` to ``generate`` or a forward call;
+the sliding-window layers stay transformers' own (their size is bounded). What fattn cannot do raises an error naming the option (dropout > 0 while
 training, attention weights asked for); nothing falls back to another implementation.
 transformers itself is imported only by ``register``.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -61,6 +73,85 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         query, key, value, causal, False, scaling, "auto", attention_mask, window[0], window[1],
         float(softcap) if softcap else 0.0, None, per_head(s_aux, query))
     return out.transpose(1, 2).contiguous(), None
+
+
+# Capacity of a new buffer, in tokens: at least this many, or twice what the first update
+# brings, so a prompt and its first steps share one allocation.
+_FIRST_CAPACITY = 256
+
+
+@functools.lru_cache(maxsize=None)
+def _append_layer_class():
+    """AppendLayer, defined on first use: transformers is imported only here and by
+    register."""
+    from transformers.cache_utils import DynamicLayer
+
+    class AppendLayer(DynamicLayer):
+        """DynamicLayer's contract (keys and values (B, H, S, D), grown by update) on buffers
+        of (B, H, capacity, D) that grow by doubling: update copies the new tokens in place
+        and returns views of the first S positions. Whatever replaces keys or values from
+        outside (DynamicLayer's reorder_cache, batch_select_indices, ...) is taken as the
+        new content on the next update."""
+
+        def lazy_initialization(self, key_states, value_states):
+            super().lazy_initialization(key_states, value_states)
+            self._buffers = None  # (K buffer, V buffer)
+            self._views = None    # the (keys, values) views update returned last
+
+        def _make_room(self, add: int, key_states, value_states) -> int:
+            """Room for `add` more tokens; returns how many the buffers hold. The buffers as
+            they are while keys and values are still the views update returned and have
+            room; else new ones of twice the tokens (at least _FIRST_CAPACITY) holding
+            the current keys and values."""
+            held = self.get_seq_length()
+            need = held + add
+            ours = (self._views is not None and self.keys is self._views[0]
+                    and self.values is self._views[1])
+            if ours and need <= self._buffers[0].shape[-2]:
+                return held
+            capacity = max(_FIRST_CAPACITY, 2 * need)
+
+            def grown(current, states):
+                b, h, _, d = states.shape
+                buffer = states.new_empty((b, h, capacity, d))
+                if held:
+                    buffer[:, :, :held].copy_(current)
+                return buffer
+
+            self._buffers = (grown(self.keys, key_states), grown(self.values, value_states))
+            return held
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            held = self._make_room(key_states.shape[-2], key_states, value_states)
+            end = held + key_states.shape[-2]
+            k_buf, v_buf = self._buffers
+            k_buf[:, :, held:end].copy_(key_states)
+            v_buf[:, :, held:end].copy_(value_states)
+            self.keys, self.values = k_buf[:, :, :end], v_buf[:, :, :end]
+            self._views = (self.keys, self.values)
+            return self.keys, self.values
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)  # its checks, then shorter views of the buffers
+            if self._views is not None and tokens_to_remove != 0:
+                self._views = (self.keys, self.values)
+
+    return AppendLayer
+
+
+def append_cache(config=None):
+    """transformers' DynamicCache (for ``config``'s layer types) whose full-attention layers
+    append in place (see the module's docstring)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+    layer = _append_layer_class()
+    cache = DynamicCache(config=config)
+    cache.layers = [layer() if type(x) is DynamicLayer else x for x in cache.layers]
+    if cache.layer_class_to_replicate is DynamicLayer:  # no config: layers made on first use
+        cache.layer_class_to_replicate = layer
+    return cache
 
 
 def register(name: str = "fattn") -> str:

@@ -88,8 +88,8 @@ def test_bench_model_quick(tmp_path, dtype):
     assert report["machine"]["model"]["dtype"] == dtype
     assert (tmp_path / "model.png").stat().st_size > 0
     results = report["results"]
-    assert {(r["row"], r["batch"]) for r in results} == {("prefill", 1), ("decode", 1),
-                                                         ("decode", 2)}
+    assert {(r["row"], r["batch"]) for r in results} == {
+        ("prefill", 1), ("decode", 1), ("decode", 2), ("decode_append", 1), ("decode_append", 2)}
     for r in results:
         assert 0 < r["fattn_attention_s"] < r["fattn_s"] and 0 < r["sdpa_attention_s"] < r["sdpa_s"]
 

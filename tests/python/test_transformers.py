@@ -120,3 +120,55 @@ def test_dropout_while_training_is_an_error():
     ids, mask = batch(padded=False)
     with pytest.raises(NotImplementedError, match="attention dropout 0.1 is not supported"):
         model(input_ids=ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generate_with_append_cache_gives_the_same_tokens(kind):
+    """append_cache through generate(): 300 new tokens (EOS suppressed), so the buffers grow
+    past their first capacity (256 tokens); the same tokens as with transformers'
+    DynamicCache (fattn reads K and V as they lie: the same bits from the buffers' views as
+    from contiguous copies). Mistral's layers are all sliding-window ones, which stay
+    transformers' own."""
+    ids, mask = batch(padded=True)
+    kw = dict(attention_mask=mask, max_new_tokens=300, min_new_tokens=300, do_sample=False,
+              pad_token_id=0)
+    model = tiny(kind, NAME)
+    with torch.no_grad():
+        cache = fattn.transformers.append_cache(model.config)
+        ours = model.generate(ids, cache=cache, **kw)
+        ref = model.generate(ids, cache=transformers.DynamicCache(config=model.config), **kw)
+    assert torch.equal(ours, ref)
+    appended = [x for x in cache.layers if type(x).__name__ == "AppendLayer"]
+    types = getattr(model.config, "layer_types", None) or ["full_attention"] * len(cache.layers)
+    assert len(appended) == (0 if kind == "mistral" else types.count("full_attention"))
+    for layer in appended:
+        assert layer.keys.shape[-2] == ours.shape[1] - 1
+        assert layer.keys.data_ptr() == layer._buffers[0].data_ptr()  # a view, not a copy
+
+
+def test_append_cache_keeps_dynamic_caches_contents():
+    """Update by update, crop and batch selection (beam search's path): the same keys and
+    values as DynamicCache, and a step within capacity writes into the same buffers."""
+    from transformers import DynamicCache
+    g = torch.Generator().manual_seed(3)
+    ours, ref = fattn.transformers.append_cache(), DynamicCache()
+
+    def step(tokens, batch_size=2):
+        k, v = (torch.randn(batch_size, 2, tokens, 16, generator=g) for _ in range(2))
+        a, b = ours.update(k, v, 0), ref.update(k.clone(), v.clone(), 0)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        return a[0].data_ptr()
+
+    step(100)
+    first = step(1)
+    while ours.get_seq_length() < 256:
+        assert step(1) == first  # within the first capacity: in place
+    assert step(1) != first  # past it: new buffers, holding what the old ones held
+    within = step(1)
+    ours.crop(-5)
+    ref.crop(-5)
+    assert step(3) == within  # the crop kept the buffers
+    ours.batch_select_indices(torch.tensor([1]))
+    ref.batch_select_indices(torch.tensor([1]))
+    step(2, batch_size=1)  # the selected rows taken as the new content
+    assert ours.get_seq_length() == ref.get_seq_length()

@@ -12,7 +12,11 @@ Rows:
   prefill  one forward pass over a batch of `context` tokens (causal, no padding)
   decode   one new token per sequence against a KV cache of `context` tokens (filled with
            random keys and values: the attention's cost does not depend on them), the
-           median over --steps steps; tokens/s = batch / time
+           median over --steps steps; tokens/s = batch / time. The cache is transformers'
+           DynamicCache, its default, which concatenates every layer's whole K and V into
+           new tensors at each step
+  decode_append  the same with fattn.transformers.append_cache for both backends: the
+           new tokens written in place into buffers that grow by doubling
 For each, the time in attention (the attention function's calls, timed around them) and
 its share of the whole, fattn / sdpa speedups end to end and in attention.
 Output: a table, model.json and model.png (per row, fattn's and sdpa's time split into
@@ -34,6 +38,8 @@ from .core import Contention, machine_info
 CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
               num_attention_heads=16, num_key_value_heads=4, head_dim=64,
               max_position_embeddings=32768)
+# The rows, in the order they run.
+KINDS = ("prefill", "decode", "decode_append")
 
 
 class AttentionClock:
@@ -70,10 +76,12 @@ def build(impl, layers, dtype):
     return transformers.LlamaForCausalLM(config).to(dtype).eval()
 
 
-def filled_cache(model, batch, context):
+def filled_cache(model, batch, context, append):
     from transformers import DynamicCache
+
+    import fattn.transformers
     cfg = model.config
-    cache = DynamicCache(config=cfg)
+    cache = fattn.transformers.append_cache(cfg) if append else DynamicCache(config=cfg)
     g = torch.Generator().manual_seed(2)
     for layer in range(cfg.num_hidden_layers):
         shape = (batch, cfg.num_key_value_heads, context, cfg.head_dim)
@@ -90,7 +98,7 @@ def measure(model, clock, kind, batch, context, steps):
         start = time.perf_counter()
         model(input_ids=ids, use_cache=False)
         return time.perf_counter() - start, clock.seconds
-    cache = filled_cache(model, batch, context)
+    cache = filled_cache(model, batch, context, append=kind == "decode_append")
     runs = []
     for step in range(steps + 1):  # the first step warms up
         position = torch.full((batch, 1), context + step)
@@ -113,7 +121,7 @@ def plot(out: Path, results: list, title: str) -> None:
     except ImportError:
         print("fattn.bench --model: matplotlib is not installed; no plot")
         return
-    kinds = [k for k in ("prefill", "decode") if any(r["row"] == k for r in results)]
+    kinds = [k for k in KINDS if any(r["row"] == k for r in results)]
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.2), squeeze=False)
     for ax, kind in zip(axes.flat, kinds):
         rows = [r for r in results if r["row"] == kind]
@@ -168,12 +176,12 @@ def main(argv=None):
           f"{threads} threads; Llama-shaped model in {args.dtype}, {args.layers} layers, "
           f"{weights / 2**20:.0f} MiB of weights, KV cache {kv_per_token / 1024:.0f} KiB per token "
           "(see --help)")
-    print(f"{'row':<8} {'batch':>5} {'context':>7} {'fattn ms':>9} {'sdpa ms':>9} {'speedup':>7} "
+    print(f"{'row':<13} {'batch':>5} {'context':>7} {'fattn ms':>9} {'sdpa ms':>9} {'speedup':>7} "
           f"{'attn fattn':>10} {'attn sdpa':>10} {'attn x':>7} {'share f/s':>11}")
     contention = Contention()
     results = []
     with torch.inference_mode():
-        for kind in ("prefill", "decode"):
+        for kind in KINDS:
             for batch in args.batches:
                 for context in args.contexts:
                     if kind == "prefill" and (batch != 1 or context > args.prefill_max):
@@ -183,10 +191,10 @@ def main(argv=None):
                     (f, fa), (s, sa) = t["fattn"], t["sdpa"]
                     row = dict(row=kind, batch=batch, context=context, fattn_s=f, sdpa_s=s,
                                fattn_attention_s=fa, sdpa_attention_s=sa,
-                               tokens_per_s_fattn=batch / f if kind == "decode" else None,
-                               tokens_per_s_sdpa=batch / s if kind == "decode" else None)
+                               tokens_per_s_fattn=batch / f if kind != "prefill" else None,
+                               tokens_per_s_sdpa=batch / s if kind != "prefill" else None)
                     results.append(row)
-                    print(f"{kind:<8} {batch:>5} {context:>7} {f * 1e3:>9.1f} {s * 1e3:>9.1f} "
+                    print(f"{kind:<13} {batch:>5} {context:>7} {f * 1e3:>9.1f} {s * 1e3:>9.1f} "
                           f"{s / f:>7.2f} {fa * 1e3:>10.1f} {sa * 1e3:>10.1f} {sa / fa:>7.2f} "
                           f"{fa / f:>5.0%}/{sa / s:>4.0%}", flush=True)
     args.min_reps = args.max_reps = args.steps
