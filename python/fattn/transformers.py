@@ -20,17 +20,21 @@ cover the call):
 GQA needs no copies (Hq a multiple of Hkv). Training runs fattn's backward through
 autograd.
 
+What fattn cannot do raises an error naming the option (dropout > 0 while training,
+attention weights asked for); nothing falls back to another implementation.
+
 ``append_cache(config)`` is transformers' DynamicCache with its full-attention layers
-appending in place: each layer keeps K and V in buffers that grow by doubling, writes a
-step's new tokens into them and returns views of the filled part, which fattn reads as
-they lie. DynamicCache concatenates the whole cache into new tensors at every step (a
-copy of every layer's K and V, and fresh pages for them, per generated token), which at
-long contexts costs more than the attention itself (docs/perf-log.md, 2026-11-27,
-"transformers decode: a cache that appends in place"). Pass it as
-``cache=fattn.transformers.append_cache(model.config)`` to ``generate`` or a forward call;
-the sliding-window layers stay transformers' own (their size is bounded). What fattn cannot do raises an error naming the option (dropout > 0 while
-training, attention weights asked for); nothing falls back to another implementation.
-transformers itself is imported only by ``register``.
+appending in place, for inference: each layer keeps K and V in buffers that grow by
+doubling (up to twice the tokens held), writes a step's new tokens into them and returns
+views of the filled part, which fattn reads as they lie. DynamicCache concatenates the whole
+cache into new tensors at every step (a copy of every layer's K and V, and fresh pages for
+them, per generated token), which at long contexts costs more than the attention itself
+(docs/perf-log.md, 2026-11-27, "transformers decode: a cache that appends in place"). Pass
+it as ``cache=fattn.transformers.append_cache(model.config)`` to ``generate`` or a forward
+call; the sliding-window layers stay transformers' own (their size is bounded). Where
+gradients flow into the new keys or values, a layer concatenates as DynamicCache does.
+
+transformers itself is imported only by ``register`` and ``append_cache``.
 """
 from __future__ import annotations
 
@@ -90,24 +94,35 @@ def _append_layer_class():
         """DynamicLayer's contract (keys and values (B, H, S, D), grown by update) on buffers
         of (B, H, capacity, D) that grow by doubling: update copies the new tokens in place
         and returns views of the first S positions. Whatever replaces keys or values from
-        outside (DynamicLayer's reorder_cache, batch_select_indices, ...) is taken as the
-        new content on the next update."""
+        outside (DynamicLayer's reorder_cache, batch_select_indices, offload, ...) is taken
+        as the new content on the next update."""
 
-        def lazy_initialization(self, key_states, value_states):
-            super().lazy_initialization(key_states, value_states)
-            self._buffers = None  # (K buffer, V buffer)
-            self._views = None    # the (keys, values) views update returned last
+        _layer_type = None  # never registered as transformers' own layer type
+        _buffers = None     # (K buffer, V buffer)
+        _views = None       # the (keys, values) views update returned last
+
+        def _ours(self) -> bool:
+            """Whether keys and values are still the views of the buffers update left."""
+            return (self._views is not None and self.keys is self._views[0]
+                    and self.values is self._views[1])
+
+        def _fits(self, need: int, states) -> bool:
+            """Whether the buffers take `need` tokens of `states`: their batch, heads, head
+            dim, dtype and device, and (inference tensors) inference mode as it is now."""
+            buffer = self._buffers[0]
+            return (need <= buffer.shape[-2]
+                    and buffer.shape[:2] == states.shape[:2] and buffer.shape[-1] == states.shape[-1]
+                    and buffer.dtype == states.dtype and buffer.device == states.device
+                    and (torch.is_inference_mode_enabled() or not buffer.is_inference()))
 
         def _make_room(self, add: int, key_states, value_states) -> int:
             """Room for `add` more tokens; returns how many the buffers hold. The buffers as
-            they are while keys and values are still the views update returned and have
-            room; else new ones of twice the tokens (at least _FIRST_CAPACITY) holding
-            the current keys and values."""
+            they are while keys and values are still their views and they fit; else new
+            ones of twice the tokens (at least _FIRST_CAPACITY) holding the current keys
+            and values."""
             held = self.get_seq_length()
             need = held + add
-            ours = (self._views is not None and self.keys is self._views[0]
-                    and self.values is self._views[1])
-            if ours and need <= self._buffers[0].shape[-2]:
+            if self._ours() and self._fits(need, key_states):
                 return held
             capacity = max(_FIRST_CAPACITY, 2 * need)
 
@@ -122,6 +137,10 @@ def _append_layer_class():
             return held
 
         def update(self, key_states, value_states, *args, **kwargs):
+            if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad):
+                # An in-place write would change tensors autograd saved: concatenate.
+                self._buffers = self._views = None
+                return super().update(key_states, value_states, *args, **kwargs)
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             held = self._make_room(key_states.shape[-2], key_states, value_states)
@@ -134,9 +153,18 @@ def _append_layer_class():
             return self.keys, self.values
 
         def crop(self, tokens_to_remove: int) -> None:
+            ours = self._ours()
             super().crop(tokens_to_remove)  # its checks, then shorter views of the buffers
-            if self._views is not None and tokens_to_remove != 0:
+            if ours:
                 self._views = (self.keys, self.values)
+
+        def reset(self) -> None:
+            self._buffers = self._views = None
+            super().reset()
+
+        def offload(self):
+            self._buffers = self._views = None  # the offloaded copies are the content now
+            super().offload()
 
     return AppendLayer
 

@@ -172,3 +172,37 @@ def test_append_cache_keeps_dynamic_caches_contents():
     ref.batch_select_indices(torch.tensor([1]))
     step(2, batch_size=1)  # the selected rows taken as the new content
     assert ours.get_seq_length() == ref.get_seq_length()
+
+
+def test_append_cache_after_outside_changes():
+    """What DynamicLayer allows, the append layer allows with the same contents: a crop before
+    any update, a reorder then a crop then an update (the reordered rows, not the buffers'
+    old ones), a reset, buffers made in inference mode updated outside it, a change of
+    dtype, and new keys that require grad (concatenated, so backward works)."""
+    from transformers import DynamicCache
+    g = torch.Generator().manual_seed(4)
+    ours, ref = fattn.transformers.append_cache(), DynamicCache()
+    ours.crop(-1)  # nothing held yet: nothing to do
+    ref.crop(-1)
+
+    def step(tokens, dtype=torch.float32, requires_grad=False):
+        k, v = (torch.randn(3, 2, tokens, 8, generator=g, dtype=dtype) for _ in range(2))
+        k.requires_grad_(requires_grad)
+        a, b = ours.update(k, v, 0), ref.update(k.detach().clone(), v.clone(), 0)
+        assert a[0].shape == b[0].shape and torch.equal(a[0].detach(), b[0])
+        assert torch.equal(a[1].detach(), b[1])
+        return a
+
+    with torch.inference_mode():
+        step(10)
+    step(1)  # inference-mode buffers, a step outside it: new buffers
+    for cache in (ours, ref):
+        cache.reorder_cache(torch.tensor([2, 0, 1]))
+        cache.crop(-2)
+    step(1)
+    for cache in (ours, ref):
+        cache.reset()
+    step(4)
+    step(1, dtype=torch.float64)  # the content follows the new dtype, as torch.cat's result
+    keys, _ = step(1, requires_grad=True)
+    keys.sum().backward()

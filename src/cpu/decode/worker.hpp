@@ -196,6 +196,7 @@ struct DecodePass {
   using C = DecodeContext<S>;
   using Item = typename C::Item;
   static constexpr int kKeyTile = Ops::Bk;
+  // Each head's P·V right after its softmax step: one Step and one st serve every head.
   static constexpr bool kSoftmaxAmongProducts = false;
 
   const C& c;

@@ -25,7 +25,10 @@
 //   visit(j0)                how many units see keys [j0, j0 + kKeyTile) (the live
 //                            units; the pass keeps which)
 //   softmax_step(j0, x, n)   scores, variants, band and softmax of the x-th of the n live
-//                            units; false where the variants hid every key from it (no P·V)
+//                            units; false where the variants hid every key from it (no P·V).
+//                            A pass with kSoftmaxAmongProducts returns true (its visit left
+//                            out the hidden units): its P·V steps overlap the neighbours'
+//                            softmax, which must have run
 //   pv_step(j0, x, n)        its P·V
 // The steps have n, so a step can reach its neighbours (x − 1, x + 1).
 #pragma once
