@@ -282,14 +282,21 @@ void print_varlen_table(std::FILE* out, const VarlenConfig& c, const std::vector
   print_table_header(out, {"mix", "dtype", "D", "seqs", "tokens", "max", "ragged ms", "GFLOP/s",
                            "loop ms", "loop/ragged", "padded ms", "padded/ragged",
                            "padded useful GFLOP/s", "max diff", "others' cores"});
+  // A column the run did not time (--varlen-no-padded) reads "-".
+  auto cell = [&](const char* format, double value) {
+    char text[32] = "-";
+    if (c.padded) std::snprintf(text, sizeof text, format, value);
+    return std::string(text);
+  };
   for (const VarlenResult& r : results)
-    std::fprintf(out, "| %s | %s | %lld | %lld | %lld | %lld | %.2f | %.1f | %.2f | %.2fx | %.1f | %.2fx | %.1f | %.1e | %.2f%s |\n",
+    std::fprintf(out, "| %s | %s | %lld | %lld | %lld | %lld | %.2f | %.1f | %.2f | %.2fx | %s | %s | %s | %.1e | %.2f%s |\n",
                  r.mix.c_str(), fattn::to_string(r.dtype), static_cast<long long>(r.head_dim),
                  static_cast<long long>(r.sequences), static_cast<long long>(r.tokens),
                  static_cast<long long>(r.max_len), r.ragged_ms, gflops(r.useful_flops, r.ragged_ms),
-                 r.loop_ms, r.loop_over_ragged, r.padded_ms, r.padded_over_ragged,
-                 gflops(r.useful_flops, r.padded_ms), r.max_abs_diff, r.others_cores,
-                 r.others_cores > kBusyCores ? " (busy)" : "");
+                 r.loop_ms, r.loop_over_ragged, cell("%.1f", r.padded_ms).c_str(),
+                 cell("%.2fx", r.padded_over_ragged).c_str(),
+                 cell("%.1f", gflops(r.useful_flops, r.padded_ms)).c_str(), r.max_abs_diff,
+                 r.others_cores, r.others_cores > kBusyCores ? " (busy)" : "");
   if (!c.backward) return;
   std::fprintf(out,
                "\nvarlen backward (of the ragged forward's out and lse): attention_varlen_backward "
@@ -317,9 +324,11 @@ void write_varlen_json(const std::string& path, const VarlenConfig& c,
     j["results"].push_back({{"mix", r.mix}, {"dtype", fattn::to_string(r.dtype)}, {"D", r.head_dim},
                             {"sequences", r.sequences}, {"tokens", r.tokens}, {"max_len", r.max_len},
                             {"useful_flops", r.useful_flops}, {"ragged_ms", r.ragged_ms},
-                            {"loop_ms", r.loop_ms}, {"padded_ms", r.padded_ms},
+                            {"loop_ms", r.loop_ms},
+                            {"padded_ms", c.padded ? nlohmann::json(r.padded_ms) : nlohmann::json()},
                             {"loop_over_ragged", r.loop_over_ragged},
-                            {"padded_over_ragged", r.padded_over_ragged},
+                            {"padded_over_ragged",
+                             c.padded ? nlohmann::json(r.padded_over_ragged) : nlohmann::json()},
                             {"max_abs_diff", r.max_abs_diff}, {"others_cores", r.others_cores},
                             {"backward_ragged_ms", r.backward_ragged_ms},
                             {"backward_loop_ms", r.backward_loop_ms},
