@@ -3,7 +3,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -266,24 +265,26 @@ const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
   return cpu_kernels(options, p, Direction::forward);
 }
 
-// How a ragged problem's sequences `which` run: one with at least 1/workers of their work
-// (query rows × keys) alone on every worker (`alone`), the others side by side, one worker
-// each, heaviest first (`shared`). Which sequence runs which way depends only on the
-// problem and the worker count, so the bits are the same on every run.
+// How the sequences b of a ragged problem with takes(b) run: one with at least 1/workers of
+// their work (query rows × keys) alone on every worker (`alone`), the others side by side,
+// one worker each, heaviest first (`shared`). Which sequence runs which way depends only
+// on the problem and the worker count, so the bits are the same on every run.
 struct SequenceSchedule {
   std::vector<std::int64_t> alone, shared;
 };
-SequenceSchedule schedule_sequences(const Problem& p, const std::vector<std::int64_t>& which,
-                                    int workers) {
+template <class Takes>
+SequenceSchedule schedule_sequences(const Problem& p, int workers, Takes&& takes) {
   auto work = [&](std::int64_t b) {
     return static_cast<double>(p.queries_of(b)) * static_cast<double>(p.keys_of(b));
   };
   double total = 0.0;
-  for (std::int64_t b : which) total += work(b);
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    if (takes(b)) total += work(b);
   SequenceSchedule schedule;
-  for (std::int64_t b : which)
-    (workers > 1 && work(b) > 0.0 && work(b) * workers >= total ? schedule.alone : schedule.shared)
-        .push_back(b);
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    if (takes(b))
+      (workers > 1 && work(b) > 0.0 && work(b) * workers >= total ? schedule.alone : schedule.shared)
+          .push_back(b);
   std::stable_sort(schedule.shared.begin(), schedule.shared.end(),
                    [&](std::int64_t x, std::int64_t y) { return work(x) > work(y); });
   return schedule;
@@ -317,12 +318,14 @@ void run_side_by_side(const Exec& exec, const std::vector<std::int64_t>& shared,
   if (failed) std::rethrow_exception(failed);
 }
 
-// Sequences `which` of ragged problem p on the decode kernel, as schedule_sequences puts
-// them: alone, its keys split as in a call of its own (two sequences of one query and 32k
-// keys on 16 threads must not take two of them), or side by side.
-void decode_sequences(const Problem& p, const std::vector<std::int64_t>& which,
+// The sequences of ragged problem p that `on_decode` marks, on the decode kernel, as
+// schedule_sequences puts them: alone, its keys split as in a call of its own (two
+// sequences of one query and 32k keys on 16 threads must not take two of them), or side
+// by side.
+void decode_sequences(const Problem& p, const std::vector<std::uint8_t>& on_decode,
                       const Exec& exec, const Options& options, const cpu::Kernels& kernels) {
-  const SequenceSchedule schedule = schedule_sequences(p, which, exec.workers);
+  const SequenceSchedule schedule = schedule_sequences(
+      p, exec.workers, [&](std::int64_t b) { return on_decode[static_cast<std::size_t>(b)] != 0; });
   for (std::int64_t b : schedule.alone) run_decode(p.sequence(b), exec, options);
   const Exec one{1, nullptr};
   std::int64_t slice = 0;  // floats of the largest sequence's working memory on one thread
@@ -386,18 +389,14 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
   const bool ragged_kernel = kernels.isa != Isa::amx;
   if ((impl == Impl::automatic || impl == Impl::fused) && ragged_kernel) {
     std::vector<std::uint8_t> on_decode(static_cast<std::size_t>(p.batch), 0);
-    std::vector<std::int64_t> decoded;
     if (impl == Impl::automatic)
       for (std::int64_t b = 0; b < p.batch; ++b) {
         const Problem s = p.sequence(b);
-        if (s.q_len > 0 && s.kv_len > 0 &&
-            resolve(Impl::automatic, p.dtype, s) == Impl::decode) {
-          on_decode[static_cast<std::size_t>(b)] = 1;
-          decoded.push_back(b);
-        }
+        on_decode[static_cast<std::size_t>(b)] =
+            s.q_len > 0 && s.kv_len > 0 && resolve(Impl::automatic, p.dtype, s) == Impl::decode;
       }
     run_fused_in_waves(p, on_decode, exec, kernels);
-    return decode_sequences(p, decoded, exec, options, kernels);
+    return decode_sequences(p, on_decode, exec, options, kernels);
   }
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const Problem s = p.sequence(b);
@@ -417,9 +416,8 @@ void ragged_backward(const Problem& p, const Exec& exec, const Options& options)
   const Impl impl = resolve_backward(options.impl, p.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
   const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
-  std::vector<std::int64_t> all(static_cast<std::size_t>(p.batch));
-  std::iota(all.begin(), all.end(), std::int64_t{0});
-  const SequenceSchedule schedule = schedule_sequences(p, all, exec.workers);
+  const SequenceSchedule schedule =
+      schedule_sequences(p, exec.workers, [](std::int64_t) { return true; });
   for (std::int64_t b : schedule.alone) run(p.sequence(b), exec, pass, impl);
   std::int64_t slice = 0;  // floats of the largest shared sequence's working memory
   for (std::int64_t b : schedule.shared)

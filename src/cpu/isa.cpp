@@ -28,11 +28,6 @@ bool amx_granted() {
 #endif
 }
 
-// The widest ISA this process may use: FATTN_CPU_ISA (amx, avx512, avx2, portable) caps
-// what cpu_supports reports, so a machine runs as one without the wider units would
-// (an AVX-512 machine's test run as an AVX2-only CPU's, say). Unset or empty: no cap.
-// Read once; a name it does not know is an error at every call that asks.
-
 int isa_rank(Isa isa) {
   switch (isa) {
     case Isa::portable: return 0;
@@ -44,6 +39,10 @@ int isa_rank(Isa isa) {
   return 4;
 }
 
+// The widest ISA this process may use: FATTN_CPU_ISA (amx, avx512, avx2, portable) caps
+// what cpu_supports reports, so a machine runs as one without the wider units would
+// (an AVX-512 machine's test run as an AVX2-only CPU's, say). Unset or empty: no cap.
+// Read once; a name it does not know is an error at every call that asks.
 Isa isa_cap() {
   static const Isa cap = [] {
     const char* value = std::getenv(kCpuIsaCapVariable);

@@ -25,10 +25,12 @@ class RaggedItems {
     std::vector<std::int64_t> weight(static_cast<std::size_t>(p.batch), 0);
     std::vector<std::int64_t> order(weight.size());
     std::iota(order.begin(), order.end(), std::int64_t{0});
-    for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t i = 0; i < (p.runs_elsewhere(b) ? 0 : p.queries_of(b)); ++i)
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      if (p.runs_elsewhere(b)) continue;  // weight 0; left out below
+      for (std::int64_t i = 0; i < p.queries_of(b); ++i)
         weight[static_cast<std::size_t>(b)] +=
             1 + std::max<std::int64_t>(0, p.visible_end(b, i) - p.visible_begin(b, i));
+    }
     std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) {
       return weight[static_cast<std::size_t>(x)] > weight[static_cast<std::size_t>(y)];
     });
