@@ -330,6 +330,7 @@ class VarlenBackward : public ::testing::TestWithParam<Case> {};
 // sequence's own float64 reference backward (from its float64 forward's out and lse).
 TEST_P(VarlenBackward, EverySequenceMatchesItsOwnFloat64Gradients) {
   const Case c = GetParam();
+  if (!fattn::cpu_supports(c.isa)) GTEST_SKIP() << "isa " << fattn::to_string(c.isa) << " not on this CPU";
   Rng rng(test_seed());
   Offsets cu(c.many ? many_lengths(test_seed()) : odd_lengths());
   const std::int64_t B = cu.batch(), total_q = cu.q.back(), total_k = cu.k.back();
@@ -418,6 +419,24 @@ std::vector<Case> backward_cases() {
   Case naive;
   naive.impl = Impl::naive, naive.causal = Causal::top_left;
   all.push_back(naive);
+  auto with = [&](auto&& change) {
+    Case c;
+    change(c);
+    all.push_back(c);
+  };
+  // 16 threads: the sequences with 1/16 of the work each run on every worker, all at once,
+  // with fewer kv heads among them than the items the call aims at, so the longest split
+  // their keys into chunks and their query heads into subgroups (partials).
+  with([](Case& c) { c.threads = 16; });
+  with([](Case& c) { c.threads = 16, c.causal = Causal::none, c.variant = Variant::softcap; });
+  with([](Case& c) { c.threads = 16, c.Hq = c.Hkv = 1, c.variant = Variant::window; });
+  with([](Case& c) { c.threads = 16, c.dtype = DType::bfloat16, c.variant = Variant::sinks; });
+  // 32 threads on 41 sequences: a dozen of them each with 1/32 of the work, kv heads enough
+  // among them for the items the call aims at (one item per kv head).
+  with([](Case& c) { c.many = true, c.threads = 32, c.Hq = c.Hkv = 8, c.causal = Causal::top_left; });
+  with([](Case& c) { c.isa = Isa::avx2, c.variant = Variant::window, c.D = 80; });
+  with([](Case& c) { c.isa = Isa::portable, c.variant = Variant::alibi_per_sequence; });
+  with([](Case& c) { c.isa = Isa::amx, c.causal = Causal::top_left; });  // sequence by sequence
   return all;
 }
 

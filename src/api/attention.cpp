@@ -337,38 +337,41 @@ void decode_sequences(const Problem& p, const std::vector<std::uint8_t>& on_deco
                    });
 }
 
-// The fused kernel over the sequences of ragged problem p that `elsewhere` leaves to it, in
-// waves of consecutive sequences whose K and V, packed as float32, take about the wave
-// budget: a wave's pre-pass packs them, and its items read them back from L3 (in one
-// wave, 64 sequences of 16-512 tokens pack ~116 MB at D = 128 before the first item, which
-// then reads them from DRAM). Measured on dev-zen5 (32 MiB L3), 2 threads, that mix,
-// loop/ragged (the per-sequence loop's time over the ragged call's): no waves 0.93-1.02×,
-// waves of 4 MB 1.00-1.02×, 16 MB 0.98-1.00×, 64 MB 0.91-1.00× (docs/perf-log.md,
-// 2026-11-27, "varlen in waves"). Each wave costs two fork-joins; 16 MiB makes 7 waves of
-// that mix. At least 2 MiB a worker (about 16 work items a worker at Hkv = 8, D = 128), so
-// that on many cores a wave still keeps them busy (not measured beyond 2 threads).
+// The fused kernel of `pass` over the sequences of ragged problem p that `elsewhere` leaves
+// to it, in waves of consecutive sequences whose working memory, bytes(b) for sequence b,
+// takes about the wave budget: a wave's pre-pass writes it (the forward: K and V packed as
+// float32; the backward: those and the query tiles' operands and dQ partials), and its
+// items read it back from L3. In one wave, 64 sequences of 16-512 tokens pack ~116 MB of
+// K and V at D = 128 before the first item, which then reads them from DRAM. Measured on
+// dev-zen5 (32 MiB L3), 2 threads, that mix, loop/ragged (the per-sequence loop's time
+// over the ragged call's): forward, no waves 0.93-1.02×, waves of 4 MB 1.00-1.02×, 16 MB
+// 0.98-1.00×, 64 MB 0.91-1.00× (docs/perf-log.md, 2026-11-27, "varlen in waves");
+// backward, see "ragged backward" there. Each wave costs the kernel's fork-joins (two
+// forward, three backward); 16 MiB makes 7 forward waves of that mix. At least 2 MiB a
+// worker (about 16 work items a worker at Hkv = 8, D = 128), so that on many cores a
+// wave still keeps them busy (not measured beyond 2 threads).
 constexpr double kWaveBytes = 16.0 * (1 << 20);
 constexpr double kWaveBytesPerWorker = 2.0 * (1 << 20);
 
+template <class Bytes>
 void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsewhere,
-                        const Exec& exec, const cpu::Kernels& kernels) {
+                        const Exec& exec, const Pass& pass, Bytes&& bytes) {
   const double budget = std::max(kWaveBytes, kWaveBytesPerWorker * exec.workers);
   std::vector<std::uint8_t> outside(elsewhere.size());
   for (std::int64_t b = 0; b < p.batch;) {
     std::fill(outside.begin(), outside.end(), std::uint8_t{1});
-    double bytes = 0.0;
+    double wave_bytes = 0.0;
     bool any = false;  // a sequence with queries (one without gives no item)
-    for (; b < p.batch && (!any || bytes < budget); ++b) {
+    for (; b < p.batch && (!any || wave_bytes < budget); ++b) {
       if (elsewhere[static_cast<std::size_t>(b)]) continue;
       outside[static_cast<std::size_t>(b)] = 0;
-      bytes += 2.0 * sizeof(float) * static_cast<double>(p.kv_heads) *
-               static_cast<double>(p.keys_of(b)) * static_cast<double>(p.head_dim);
+      wave_bytes += bytes(b);
       any = any || p.queries_of(b) > 0;
     }
     if (!any) return;
     Problem wave = p;
     wave.ragged.elsewhere = outside.data();
-    run(wave, exec, forward_pass(kernels), Impl::fused);
+    run(wave, exec, pass, Impl::fused);
   }
 }
 
@@ -395,7 +398,10 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
         on_decode[static_cast<std::size_t>(b)] =
             s.q_len > 0 && s.kv_len > 0 && resolve(Impl::automatic, p.dtype, s) == Impl::decode;
       }
-    run_fused_in_waves(p, on_decode, exec, kernels);
+    run_fused_in_waves(p, on_decode, exec, forward_pass(kernels), [&](std::int64_t b) {
+      return 2.0 * sizeof(float) * static_cast<double>(p.kv_heads) *
+             static_cast<double>(p.keys_of(b)) * static_cast<double>(p.head_dim);
+    });
     return decode_sequences(p, on_decode, exec, options, kernels);
   }
   for (std::int64_t b = 0; b < p.batch; ++b) {
@@ -407,34 +413,59 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
   }
 }
 
-// The backward of a ragged batch: the reference over all sequences at once; the kernels
-// sequence by sequence (their items are one sequence's), a sequence without (query, key)
-// pairs through the reference (zero gradients); with sinks, dsinks summed over every
-// sequence's rows afterwards (cpu::sink_gradients reads a ragged problem). The sequences
-// run as schedule_sequences puts them: alone on every worker, or side by side.
+// The zero gradients of the sequences of ragged problem p without queries or keys (those
+// `empty` marks), side by side through the reference; without the sinks, whose gradient
+// the reference would write from every worker (cpu::sink_gradients computes it afterwards
+// for every sequence's rows).
+void zero_gradients(const Problem& p, const std::vector<std::int64_t>& empty, const Exec& exec) {
+  run_side_by_side(exec, empty, 0, "backward", to_string(Impl::reference),
+                   [&](std::int64_t b, const Exec& one, float*) {
+                     Problem s = p.sequence(b);
+                     s.mods.sinks = nullptr;
+                     s.dsinks = nullptr;
+                     cpu::reference_backward(s, one);
+                   });
+}
+
+// The backward of a ragged batch: the reference over all sequences at once; the kernels as
+// schedule_sequences puts the sequences. Those with at least 1/workers of the work run on
+// every worker: on the fused kernel of every ISA but AMX all at once, their items in one
+// parallel section (cpu/backward/ragged.hpp, in waves: run_fused_in_waves); on the naive
+// kernels and the AMX backward one after another. The others run side by side, one worker
+// each, in one parallel section: a sequence's working memory stays in its worker's caches
+// from its pre-pass to its last item. Measured on dev-zen5, 2 threads, 64 sequences of
+// 16-512 tokens (none with 1/2 of the work), the per-sequence loop's time over this call's:
+// side by side 0.92-1.22×, every sequence's items in waves 0.86-0.93× (docs/perf-log.md,
+// 2026-11-27, "ragged backward"). A sequence without (query, key) pairs gets zero gradients
+// (zero_gradients); with sinks, dsinks is summed over every sequence's rows afterwards
+// (cpu::sink_gradients reads a ragged problem).
 void ragged_backward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = resolve_backward(options.impl, p.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
-  const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
-  const SequenceSchedule schedule =
-      schedule_sequences(p, exec.workers, [](std::int64_t) { return true; });
-  for (std::int64_t b : schedule.alone) run(p.sequence(b), exec, pass, impl);
+  const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::backward);
+  const Pass pass = backward_pass(kernels);
+  std::vector<std::int64_t> empty;
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    if (p.queries_of(b) == 0 || p.keys_of(b) == 0) empty.push_back(b);
+  zero_gradients(p, empty, exec);
+  const SequenceSchedule schedule = schedule_sequences(p, exec.workers, [&](std::int64_t b) {
+    return p.queries_of(b) > 0 && p.keys_of(b) > 0;
+  });
+  if (impl == Impl::fused && kernels.isa != Isa::amx) {
+    std::vector<std::uint8_t> not_alone(static_cast<std::size_t>(p.batch), 1);
+    for (std::int64_t b : schedule.alone) not_alone[static_cast<std::size_t>(b)] = 0;
+    run_fused_in_waves(p, not_alone, exec, pass, [&](std::int64_t b) {
+      return static_cast<double>(workspace_floats(p.sequence(b), pass, impl, 1)) * sizeof(float);
+    });
+  } else {
+    for (std::int64_t b : schedule.alone) run(p.sequence(b), exec, pass, impl);
+  }
   std::int64_t slice = 0;  // floats of the largest shared sequence's working memory
   for (std::int64_t b : schedule.shared)
-    if (p.queries_of(b) > 0 && p.keys_of(b) > 0)
-      slice = std::max(slice, workspace_floats(p.sequence(b), pass, impl, 1));
+    slice = std::max(slice, workspace_floats(p.sequence(b), pass, impl, 1));
   run_side_by_side(exec, schedule.shared, slice, "backward", to_string(impl),
                    [&](std::int64_t b, const Exec& one, float* memory) {
-                     Problem s = p.sequence(b);
-                     if (s.q_len == 0 || s.kv_len == 0) {  // zero gradients
-                       // Without the sinks: the reference would write dsinks, which other
-                       // workers write too; sink_gradients computes them for every sequence
-                       // afterwards.
-                       s.mods.sinks = nullptr;
-                       s.dsinks = nullptr;
-                       return cpu::reference_backward(s, one);
-                     }
-                     (impl == Impl::naive ? pass.naive : pass.fused)(s, one, memory);
+                     (impl == Impl::naive ? pass.naive : pass.fused)(p.sequence(b), one, memory);
                    });
   if (p.mods.sinks) cpu::sink_gradients(p, exec);
 }

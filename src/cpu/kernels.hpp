@@ -16,7 +16,9 @@ struct Kernels {
   std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
-  // The backward (cpu/backward/backward.hpp): working memory, fused and naive.
+  // The backward (cpu/backward/backward.hpp): working memory, fused and naive. The fused
+  // kernels (forward and backward) of every table but amx take a ragged problem whole
+  // (its sequences' items in one parallel section); the naive ones one sequence at a time.
   std::int64_t (*backward_workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*fused_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*naive_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);

@@ -10,6 +10,7 @@
 // code built with one unit's instructions never stands in for another unit's copy of the
 // same template (avx512 and avx512_bf16 both have 64-byte vectors).
 #include "cpu/backward/backward.hpp"
+#include "cpu/backward/ragged.hpp"
 #include "cpu/decode/decode.hpp"
 #include "cpu/forward/dot_bf16.hpp"
 #include "cpu/forward/fused.hpp"
@@ -38,8 +39,16 @@ void fused(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   fused_forward<S>(p, exec, memory);
 }
 
+// A ragged batch (attention_varlen_backward) runs the fused backward over all its sequences
+// at once (cpu/backward/ragged.hpp); the naive backward takes one sequence at a time.
 std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
+  if (p.is_ragged() && !naive) return ragged_backward_workspace_floats<S>(p, workers);
   return BackwardWorkspace<S>(p, naive, workers).total;
+}
+
+void backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  if (p.is_ragged()) return ragged_fused_backward<S>(p, exec, memory);
+  fused_backward<S>(p, exec, memory);
 }
 
 std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std::int64_t splits) {
@@ -57,7 +66,7 @@ Products products(const detail::Problem& p, Impl impl) {
 
 const Kernels FATTN_KERNELS = {Isa::FATTN_ISA,        TileOps<S>::Br,     workspace_floats,
                                fused,                 naive_forward<S>,   backward_workspace_floats,
-                               fused_backward<S>,     naive_backward<S>,  decode_workspace_floats,
+                               backward,              naive_backward<S>,  decode_workspace_floats,
                                decode_forward<S>,     products};
 
 }  // namespace fattn::cpu

@@ -85,26 +85,33 @@ void put_key_grads(const detail::Problem& p, std::int64_t row_floats, std::int64
   std::copy_n(dv, nj * row_floats, part(1) + j0 * row_floats);
 }
 
-// The fused backward's last passes, over a workspace W of either ISA: dK·scale and dV
-// from the subgroups' partials (when there are several), then dQ·scale from the chunks'
-// partials (when the items left dQ there).
+// The fused backward's last pass, over a workspace W of either ISA: dK·scale and dV from
+// the subgroups' partials (when there are several), and dQ·scale from the chunks' partials
+// (when the items left dQ there). Its items: the key items first, then the query tiles.
+template <class W>
+std::int64_t partial_sum_items(const W& ws, bool dq_in_parts) {
+  return (ws.subgroups > 1 ? ws.key_items() : 0) + (dq_in_parts ? ws.tiles : 0);
+}
+template <class S, class W>
+void sum_partial(const detail::Problem& p, const W& ws, bool dq_in_parts, std::int64_t index,
+                 int worker) {
+  const std::int64_t key_items = ws.subgroups > 1 ? ws.key_items() : 0;
+  if (index >= key_items)
+    return store_query_grads<S, W::Br>(p, ws.query_tile(index - key_items), ws.chunks,
+                                       [&](std::int64_t c) { return ws.dq_part(c, index - key_items); });
+  const auto [b, hk, key] = ws.key_item(index);
+  const auto scratch = ws.worker(worker);
+  store_key_grad_parts<S>(
+      p, ws.Dp, b, hk, key.j0, key.nj, ws.subgroups,
+      [&](std::int64_t sub, int which) { return ws.dkv_part(sub, b, hk, which); }, scratch.dk,
+      scratch.dv);
+}
 template <class S, class W>
 void sum_partials(const detail::Problem& p, const detail::Exec& exec, const W& ws,
                   bool dq_in_parts) {
-  if (ws.subgroups > 1)
-    detail::parallel_items(exec, ws.key_items(), [&](std::int64_t index, int worker) {
-      const auto [b, hk, key] = ws.key_item(index);
-      const auto scratch = ws.worker(worker);
-      store_key_grad_parts<S>(
-          p, ws.Dp, b, hk, key.j0, key.nj, ws.subgroups,
-          [&](std::int64_t sub, int which) { return ws.dkv_part(sub, b, hk, which); },
-          scratch.dk, scratch.dv);
-    });
-  if (dq_in_parts)
-    detail::parallel_items(exec, ws.tiles, [&](std::int64_t index, int) {
-      store_query_grads<S, W::Br>(p, ws.query_tile(index), ws.chunks,
-                                  [&](std::int64_t c) { return ws.dq_part(c, index); });
-    });
+  detail::parallel_items(exec, partial_sum_items(ws, dq_in_parts), [&](std::int64_t index, int worker) {
+    sum_partial<S>(p, ws, dq_in_parts, index, worker);
+  });
 }
 
 // The variants on the naive backward's scores of query tile x against keys [k0, n) (its
@@ -125,7 +132,7 @@ template <class S>
 BackwardWorkspace<S> prepared_workspace(const detail::Problem& p, bool is_naive,
                                         const detail::Exec& exec, float* memory) {
   BackwardWorkspace<S> ws(p, is_naive, exec.workers);
-  ws.base = memory;
+  ws.place(memory);
   ws.prepare(exec);
   return ws;
 }

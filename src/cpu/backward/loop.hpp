@@ -56,69 +56,78 @@ struct BackwardVisit {
   const Band* edge;
 };
 
+// Work item `index` of the policy's workspace on `worker`; false where an operand did not
+// fit the products (the caller runs another backward).
 template <class S, class Mainloop>
-bool fused_backward_loop(const detail::Problem& p, const detail::Exec& exec,
-                         const Mainloop& mainloop) {
+bool backward_item(const detail::Problem& p, const Mainloop& mainloop, std::int64_t index,
+                   int worker) {
   using Mods = ScoreModOps<S>;
   using Band = typename TileOps<S>::Band;
   const auto& ws = mainloop.ws;
-  std::atomic<bool> completed{true};
+  const auto item = ws.item(index);
+  auto t = mainloop.item(item, worker);
+  const std::int64_t slots = (item.h_end - item.h_begin) * ws.q_tiles;
+  auto slot_tile = [&](std::int64_t s) {
+    return ws.query_tile(item.b, item.h_begin + s / ws.q_tiles, s % ws.q_tiles);
+  };
 
-  detail::parallel_items(exec, ws.items(), [&](std::int64_t index, int worker) {
-    const auto item = ws.item(index);
-    auto t = mainloop.item(item, worker);
-    const std::int64_t slots = (item.h_end - item.h_begin) * ws.q_tiles;
-    auto slot_tile = [&](std::int64_t s) {
-      return ws.query_tile(item.b, item.h_begin + s / ws.q_tiles, s % ws.q_tiles);
-    };
+  // Slot s against key tile `key`; s_next: the slot visited after it; first: the batch's.
+  auto visit = [&](const auto& key, std::int64_t s, std::int64_t s_next, std::int64_t first) {
+    const QueryTile x = slot_tile(s);
+    const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, key.j0, key.nj};
+    const MaskCover cover = Mods::mask_cover(p, pairs);
+    if (cover == MaskCover::hidden) return true;  // P = 0, dS = 0 on every pair
+    const Band band = TileOps<S>::band_of(p, key.j0, x.i0);
+    const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj);
+    const BackwardVisit<std::decay_t<decltype(key)>, Band> v{key, x, s - first, s_next - first,
+                                                             on_edge ? &band : nullptr};
+    mainloop.scores(t, v);
+    Mods::finish_scores(p, pairs, cover, Mainloop::kProbsMaskBand ? nullptr : v.edge, t.st, t.cap);
+    mainloop.probs(t, v);
+    const bool ok = mainloop.grads(t, v);
+    mainloop.accumulate(t, v);
+    return ok;
+  };
 
-    // Slot s against key tile `key`; s_next: the slot visited after it; first: the batch's.
-    auto visit = [&](const auto& key, std::int64_t s, std::int64_t s_next, std::int64_t first) {
-      const QueryTile x = slot_tile(s);
-      const typename Mods::Tile pairs{x.b, x.h, x.i0, x.rows, key.j0, key.nj};
-      const MaskCover cover = Mods::mask_cover(p, pairs);
-      if (cover == MaskCover::hidden) return true;  // P = 0, dS = 0 on every pair
-      const Band band = TileOps<S>::band_of(p, key.j0, x.i0);
-      const bool on_edge = p.needs_mask(x.i0, x.i0 + x.rows, key.j0, key.j0 + key.nj);
-      const BackwardVisit<std::decay_t<decltype(key)>, Band> v{key, x, s - first, s_next - first,
-                                                               on_edge ? &band : nullptr};
-      mainloop.scores(t, v);
-      Mods::finish_scores(p, pairs, cover, Mainloop::kProbsMaskBand ? nullptr : v.edge, t.st, t.cap);
-      mainloop.probs(t, v);
-      const bool ok = mainloop.grads(t, v);
-      mainloop.accumulate(t, v);
-      return ok;
-    };
-
-    bool ok = mainloop.begin_item(t);
-    for (std::int64_t first = 0; ok && first < slots; first += mainloop.batch) {
-      const std::int64_t last = std::min(slots, first + mainloop.batch);
-      ok = mainloop.begin_batch(t, first, last, slot_tile);
-      for (std::int64_t kt = ws.chunk_begin(item.chunk); ok && kt < ws.chunk_end(item.chunk); ++kt) {
-        const auto key = ws.key_tile(kt);
-        const std::int64_t t_seeing = ws.first_tile_seeing(key.j0);
-        mainloop.begin_key(t, key);
-        // Visits run one slot behind, so that each knows the next; the last one's next
-        // is the key tile's first.
-        std::int64_t first_seen = -1, pending = -1;
-        for (std::int64_t s = first; s < last; ++s) {
-          const QueryTile x = slot_tile(s);
-          if (x.t < t_seeing || x.kv_end <= key.j0 || x.kv_begin >= key.j0 + key.nj)
-            continue;  // no row sees a key of the tile (or only its padding rows would)
-          if (pending >= 0)
-            ok &= visit(key, pending, s, first);
-          else
-            first_seen = s;
-          pending = s;
-        }
+  bool ok = mainloop.begin_item(t);
+  for (std::int64_t first = 0; ok && first < slots; first += mainloop.batch) {
+    const std::int64_t last = std::min(slots, first + mainloop.batch);
+    ok = mainloop.begin_batch(t, first, last, slot_tile);
+    for (std::int64_t kt = ws.chunk_begin(item.chunk); ok && kt < ws.chunk_end(item.chunk); ++kt) {
+      const auto key = ws.key_tile(kt);
+      const std::int64_t t_seeing = ws.first_tile_seeing(key.j0);
+      mainloop.begin_key(t, key);
+      // Visits run one slot behind, so that each knows the next; the last one's next
+      // is the key tile's first.
+      std::int64_t first_seen = -1, pending = -1;
+      for (std::int64_t s = first; s < last; ++s) {
+        const QueryTile x = slot_tile(s);
+        if (x.t < t_seeing || x.kv_end <= key.j0 || x.kv_begin >= key.j0 + key.nj)
+          continue;  // no row sees a key of the tile (or only its padding rows would)
         if (pending >= 0)
-          ok &= visit(key, pending, first_seen, first);
-        mainloop.end_key(t, key);
+          ok &= visit(key, pending, s, first);
+        else
+          first_seen = s;
+        pending = s;
       }
-      if (ok) mainloop.end_batch(t, first, last, slot_tile);
+      if (pending >= 0)
+        ok &= visit(key, pending, first_seen, first);
+      mainloop.end_key(t, key);
     }
-    if (ok) mainloop.end_item(t);
-    if (!ok) completed.store(false, std::memory_order_relaxed);
+    if (ok) mainloop.end_batch(t, first, last, slot_tile);
+  }
+  if (ok) mainloop.end_item(t);
+  return ok;
+}
+
+// Every work item of the policy's workspace through backward_item, in one parallel section.
+template <class S, class Mainloop>
+bool fused_backward_loop(const detail::Problem& p, const detail::Exec& exec,
+                         const Mainloop& mainloop) {
+  std::atomic<bool> completed{true};
+  detail::parallel_items(exec, mainloop.ws.items(), [&](std::int64_t index, int worker) {
+    if (!backward_item<S>(p, mainloop, index, worker))
+      completed.store(false, std::memory_order_relaxed);
   });
   return completed.load();
 }

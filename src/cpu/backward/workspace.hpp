@@ -70,20 +70,29 @@ struct BackwardTiles {
   // tiles = B·Hq·ceil(Sq/Br) ≤ the elements of q: no overflow.
   std::int64_t q_tiles, tiles, key_tiles, kv_heads, subgroups, subgroup_heads, chunks;
 
-  BackwardTiles(const detail::Problem& problem, bool naive, int workers)
+  // The items a call on `workers` threads aims at (the naive backward has no items).
+  static std::int64_t items_target(bool naive, int workers) {
+    return naive ? 1 : kItemsPerWorker * std::int64_t{workers};
+  }
+
+  // target: the items to split the work into where the problem allows (items_target, or a
+  // ragged batch's share of it for one sequence, cpu/backward/ragged.hpp).
+  BackwardTiles(const detail::Problem& problem, std::int64_t target)
       : p(problem),
         q_tiles((p.q_len + Br - 1) / Br),
         tiles(p.batch * p.q_heads * q_tiles),
         key_tiles((p.kv_len + Bc - 1) / Bc),
         kv_heads(p.batch * p.kv_heads) {
-    const std::int64_t target = naive ? 1 : kItemsPerWorker * std::int64_t{workers};
     const std::int64_t group = p.group_size();
     subgroups = std::clamp<std::int64_t>((target + kv_heads - 1) / kv_heads, 1, group);
     subgroup_heads = (group + subgroups - 1) / subgroups;
     subgroups = (group + subgroup_heads - 1) / subgroup_heads;  // none empty
     const std::int64_t per_chunk = kv_heads * subgroups;
-    chunks = std::clamp<std::int64_t>((target + per_chunk - 1) / per_chunk, 1, key_tiles);
+    chunks = std::clamp<std::int64_t>((target + per_chunk - 1) / per_chunk, 1,
+                                      std::max<std::int64_t>(key_tiles, 1));
   }
+  BackwardTiles(const detail::Problem& problem, bool naive, int workers)
+      : BackwardTiles(problem, items_target(naive, workers)) {}
 
   // Work item i, chunk-major (under a causal mask the first keys are seen by the most
   // queries: the heaviest items come first and the dynamic schedule balances them), then
@@ -200,9 +209,15 @@ struct BackwardWorkspace : BackwardTiles<S> {
   std::int64_t st_at, dst_at, dk_at, dv_at, dqt_at, ones_at, cap_at;  // within a worker's slot
   bool has_cap;  // the fused backward with softcap keeps 1 − tanh² per worker
   float* base = nullptr;
+  float* slots = nullptr;  // the workers' slots (place)
 
   BackwardWorkspace(const detail::Problem& problem, bool is_naive, int workers)
-      : Tiles(problem, is_naive, workers), naive(is_naive) {
+      : BackwardWorkspace(problem, is_naive, workers, Tiles::items_target(is_naive, workers)) {}
+  // With `target` items (BackwardTiles) and `slot_workers` worker slots in its own memory:
+  // 0 when they lie elsewhere (a ragged batch's sequences share one set, place()).
+  BackwardWorkspace(const detail::Problem& problem, bool is_naive, int slot_workers,
+                    std::int64_t target)
+      : Tiles(problem, target), naive(is_naive) {
     Sizes n;  // every product checked, as in Workspace
     Dp = Bwd::padded_dim(p.head_dim);
     q_direct = rows_in_place(p.q, p.dtype) && Dp == p.head_dim;
@@ -243,8 +258,15 @@ struct BackwardWorkspace : BackwardTiles<S> {
     probs_at = all.take(n.mul(tiles, full_block));
     dscores_at = all.take(n.mul(tiles, full_block));
     cap_grads_at = all.take(p.mods.softcap != 0.0 ? n.mul(tiles, full_block) : 0);
-    workers_at = all.take(n.mul(workers, worker_floats));
+    workers_at = all.take(n.mul(slot_workers, worker_floats));
     total = n.overflow || all.n.overflow ? -1 : all.end;
+  }
+
+  // Puts the workspace in `memory` (total floats), its worker slots there too or, with
+  // `worker_slots`, in those (worker_floats each).
+  void place(float* memory, float* worker_slots = nullptr) {
+    base = memory;
+    slots = worker_slots ? worker_slots : memory + workers_at;
   }
 
   const float* k_panels(std::int64_t b, std::int64_t hk) const {
@@ -277,7 +299,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
   // The naive backward with softcap: 1 − tanh² of every score of the tile.
   float* cap_grads(std::int64_t tile) const { return base + cap_grads_at + tile * full_block; }
   Worker worker(int w) const {
-    float* s = base + workers_at + w * worker_floats;
+    float* s = slots + w * worker_floats;
     return {naive ? nullptr : s + st_at, naive ? nullptr : s + dst_at, s + dk_at, s + dv_at,
             s + dqt_at, s + ones_at, has_cap ? s + cap_at : nullptr};
   }
@@ -294,13 +316,16 @@ struct BackwardWorkspace : BackwardTiles<S> {
   // Pre-pass, one parallel loop: the kv heads' panels and rows, then every query tile's
   // operands, lse2 and Δ; the dQ partials start at zero.
   void prepare(const detail::Exec& exec) const {
-    const std::int64_t kv_items = p.batch * p.kv_heads;
-    detail::parallel_items(exec, kv_items + tiles, [&](std::int64_t item, int) {
-      if (item < kv_items)
-        prepare_kv(item / p.kv_heads, item % p.kv_heads);
-      else
-        prepare_query_tile(query_tile(item - kv_items));
-    });
+    detail::parallel_items(exec, prepare_items(),
+                           [&](std::int64_t item, int) { prepare_item(item); });
+  }
+  // The pre-pass's items: every kv head, then every query tile.
+  std::int64_t prepare_items() const { return kv_heads + tiles; }
+  void prepare_item(std::int64_t item) const {
+    if (item < kv_heads)
+      prepare_kv(item / p.kv_heads, item % p.kv_heads);
+    else
+      prepare_query_tile(query_tile(item - kv_heads));
   }
 
   void prepare_kv(std::int64_t b, std::int64_t hk) const {

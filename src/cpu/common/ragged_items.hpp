@@ -3,8 +3,7 @@
 // sequences over the cores. Sequences marked Ragged::elsewhere (another wave's, or the
 // decode kernel's) are left out.
 //
-// Sequences are listed heaviest first (visible (query, key) pairs plus one per query row,
-// so a sequence without keys still counts its rows), and within a sequence head by head,
+// Sequences are listed heaviest first (sequence_work), and within a sequence head by head,
 // each head's heaviest group first, as a dense problem's items: the dynamic schedule
 // (detail::parallel_items) hands out the lightest items last and ends balanced.
 #pragma once
@@ -18,6 +17,15 @@
 
 namespace fattn::cpu {
 
+// The work of sequence b, to order sequences heaviest first: its visible (query, key) pairs
+// plus one per query row, so a sequence without keys still counts its rows.
+inline std::int64_t sequence_work(const detail::Problem& p, std::int64_t b) {
+  std::int64_t work = 0;
+  for (std::int64_t i = 0; i < p.queries_of(b); ++i)
+    work += 1 + std::max<std::int64_t>(0, p.visible_end(b, i) - p.visible_begin(b, i));
+  return work;
+}
+
 class RaggedItems {
  public:
   RaggedItems() = default;
@@ -25,12 +33,8 @@ class RaggedItems {
     std::vector<std::int64_t> weight(static_cast<std::size_t>(p.batch), 0);
     std::vector<std::int64_t> order(weight.size());
     std::iota(order.begin(), order.end(), std::int64_t{0});
-    for (std::int64_t b = 0; b < p.batch; ++b) {
-      if (p.runs_elsewhere(b)) continue;  // weight 0; left out below
-      for (std::int64_t i = 0; i < p.queries_of(b); ++i)
-        weight[static_cast<std::size_t>(b)] +=
-            1 + std::max<std::int64_t>(0, p.visible_end(b, i) - p.visible_begin(b, i));
-    }
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      if (!p.runs_elsewhere(b)) weight[static_cast<std::size_t>(b)] = sequence_work(p, b);
     std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) {
       return weight[static_cast<std::size_t>(x)] > weight[static_cast<std::size_t>(y)];
     });
