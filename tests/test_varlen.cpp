@@ -200,6 +200,7 @@ class VarlenForward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(VarlenForward, EverySequenceMatchesItsOwnFloat64Reference) {
   const Case c = GetParam();
+  if (!fattn::cpu_supports(c.isa)) GTEST_SKIP() << "isa " << fattn::to_string(c.isa) << " not on this CPU";
   Rng rng(test_seed());
   const Lengths lengths =
       c.waves ? wave_lengths() : c.many ? many_lengths(test_seed()) : odd_lengths();
@@ -289,6 +290,29 @@ std::vector<Case> forward_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, VarlenForward, ::testing::ValuesIn(forward_cases()));
+
+// The AMX kernels (isa amx; on a CPU without AMX, skipped, or built with emulated tiles):
+// the fused forward takes the ragged batch whole, every variant varlen takes (its own
+// instantiation, below); the backward runs the sequences that need every thread one after
+// another.
+std::vector<Case> amx_cases() {
+  std::vector<Case> all;
+  for (Variant variant : {Variant::plain, Variant::window, Variant::softcap, Variant::sinks,
+                          Variant::alibi_per_sequence})
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      Case c;
+      c.isa = Isa::amx, c.variant = variant, c.causal = causal;
+      all.push_back(c);
+    }
+  Case many;
+  many.isa = Isa::amx, many.many = true, many.impl = Impl::fused, many.threads = 3;
+  all.push_back(many);
+  Case waves;
+  waves.isa = Isa::amx, waves.waves = true, waves.Hq = waves.Hkv = 8, waves.causal = Causal::top_left;
+  all.push_back(waves);
+  return all;
+}
+INSTANTIATE_TEST_SUITE_P(Amx, VarlenForward, ::testing::ValuesIn(amx_cases()));
 
 // The ragged problem's own float64 path (impl auto on float64 inputs runs the reference over
 // every sequence at once) gives the same numbers as the per-sequence float64 reference.
@@ -436,11 +460,18 @@ std::vector<Case> backward_cases() {
   with([](Case& c) { c.many = true, c.threads = 32, c.Hq = c.Hkv = 8, c.causal = Causal::top_left; });
   with([](Case& c) { c.isa = Isa::avx2, c.variant = Variant::window, c.D = 80; });
   with([](Case& c) { c.isa = Isa::portable, c.variant = Variant::alibi_per_sequence; });
-  with([](Case& c) { c.isa = Isa::amx, c.causal = Causal::top_left; });  // sequence by sequence
   return all;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, VarlenBackward, ::testing::ValuesIn(backward_cases()));
+// Two cases: the AMX backward on emulated tiles takes seconds a case.
+std::vector<Case> amx_backward_cases() {
+  std::vector<Case> all(2);
+  all[0].isa = all[1].isa = Isa::amx;
+  all[1].causal = Causal::none, all[1].variant = Variant::softcap;
+  return all;
+}
+INSTANTIATE_TEST_SUITE_P(Amx, VarlenBackward, ::testing::ValuesIn(amx_backward_cases()));
 
 // ---- arguments ------------------------------------------------------------------------------
 

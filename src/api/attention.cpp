@@ -41,7 +41,8 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
                 " inputs run on avx512, avx2 or portable");
   if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa, p.dtype);
   Isa isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
-  // Every AMX CPU has avx512: 16-bit inputs and ragged batches run there.
+  // Every AMX CPU has avx512: 16-bit inputs run there, and ragged batches (the AMX kernels
+  // take them when isa amx is asked for, but are not measured on them).
   if (isa == Isa::amx && (sixteen_bit || p.is_ragged())) isa = Isa::avx512;
   return cpu::kernels_for(isa, p.dtype);
 }
@@ -381,16 +382,16 @@ void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsew
 // decode kernel (resolve: few query rows) run on it here too, after the fused waves
 // (decode_sequences): 60 sequences of 16-64 tokens and 4 of 256-1024, 2 threads, the
 // ragged call at 1.07-1.20× the per-sequence loop so, 1.01-1.12× with every sequence fused
-// (docs/perf-log.md, 2026-11-27, "varlen in waves"). The kernels
-// without ragged items (naive, decode, AMX when isa amx is asked for) run the sequences one
-// after another; a sequence without keys goes to the reference there (rows 0, lse −inf or
-// the sink), a sequence without queries nowhere.
+// (docs/perf-log.md, 2026-11-27, "varlen in waves"). The fused kernels of every table take
+// the ragged items (the AMX one when isa amx is asked for: isa auto runs avx512 for a
+// ragged batch, cpu_kernels). The kernels without them (naive, decode) run the sequences
+// one after another; a sequence without keys goes to the reference there (rows 0, lse −inf
+// or the sink), a sequence without queries nowhere.
 void ragged_forward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = p.dtype == DType::float64 ? reference_for_float64(options.impl) : options.impl;
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
   const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::forward);
-  const bool ragged_kernel = kernels.isa != Isa::amx;
-  if ((impl == Impl::automatic || impl == Impl::fused) && ragged_kernel) {
+  if (impl == Impl::automatic || impl == Impl::fused) {
     std::vector<std::uint8_t> on_decode(static_cast<std::size_t>(p.batch), 0);
     if (impl == Impl::automatic)
       for (std::int64_t b = 0; b < p.batch; ++b) {

@@ -49,6 +49,8 @@ struct AmxWorkspace
   // them to memory and reads them back: 4-21 % of a call at S = 512-4096. Head-local was
   // 7-27 % faster at S = 512-2048 and 3-14 % at S=2048-4096 with D=128, 4096 with D=64
   // (heads of 3.2 MiB; docs/perf-log.md, "AMX kernels").
+  // A ragged batch (attention_varlen) splits every head first, each (sequence, kv head) at
+  // its own length (HeadRoom): its items span the sequences (QueryTiling), not its heads.
   static constexpr int kLocalHeadsPerWorker = 4;  // items per worker for the dynamic schedule
 
   const detail::Problem& p;
@@ -58,6 +60,7 @@ struct AmxWorkspace
   std::int64_t k_at, v_at, scores_at, slots_at, total;
   // Within a worker's slot.
   std::int64_t qt_at, ot_at, m_at, l_at, alpha_at, ones_at, st_at, q_parts_at, p_parts_at;
+  HeadRoom room;  // split first (not local): where each (sequence, kv head)'s parts lie
   float* base = nullptr;
 
   AmxWorkspace(const detail::Problem& problem, bool is_naive, int workers)
@@ -71,8 +74,12 @@ struct AmxWorkspace
     const std::int64_t kv_heads = p.batch * p.kv_heads;
     // K or Vᵀ parts of one head: 3·kv_pad·Dp bf16, two a float (a multiple of 16 floats).
     head_floats = n.mul(n.mul(Ops::kParts, kv_pad), dim_pad) / 2;
-    local = !naive && kv_heads >= std::int64_t{kLocalHeadsPerWorker} * workers;
-    const std::int64_t held_heads = local ? workers : kv_heads;  // K/V part buffers
+    local = !naive && !p.is_ragged() && kv_heads >= std::int64_t{kLocalHeadsPerWorker} * workers;
+    if (!local)
+      room = HeadRoom(p, n, [&](std::int64_t keys) {
+        return n.align(n.mul(n.mul(Ops::kParts, n.mul(n.div_up(keys, Bc), Bc)), dim_pad) / 2);
+      });
+    this->plan_ragged_items();
     scores_block = n.mul(kv_pad, Br);
     Layout slot;  // dim_pad ≤ 256 and the tiles: no overflow
     qt_at = slot.take(dim_pad * Br);
@@ -86,31 +93,35 @@ struct AmxWorkspace
     p_parts_at = slot.take(p_parts / 2);
     slot_floats = slot.end;
     Layout all;
-    k_at = all.take(n.mul(held_heads, head_floats));
-    v_at = all.take(n.mul(held_heads, head_floats));
+    k_at = all.take(local ? n.mul(workers, head_floats) : room.total());
+    v_at = all.take(local ? n.mul(workers, head_floats) : room.total());
     scores_at = all.take(this->naive_scores_floats(n));
     slots_at = all.take(n.mul(this->slots(workers), slot_floats));
     total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
-  // K and Vᵀ parts: of kv head `held` (b·kv_heads + hk), or in local mode of worker `held`.
-  bf16* k_parts(std::int64_t held) const {
-    return reinterpret_cast<bf16*>(base + k_at + held * head_floats);
+  // K and Vᵀ parts: in local mode of worker w, else of kv head (b, hk).
+  struct Parts {
+    bf16 *k, *v;
+  };
+  Parts worker_parts(int w) const {
+    return {reinterpret_cast<bf16*>(base + k_at + w * head_floats),
+            reinterpret_cast<bf16*>(base + v_at + w * head_floats)};
   }
-  bf16* v_parts(std::int64_t held) const {
-    return reinterpret_cast<bf16*>(base + v_at + held * head_floats);
+  Parts head_parts(std::int64_t b, std::int64_t hk) const {
+    return {reinterpret_cast<bf16*>(base + k_at + room.at(b, hk)),
+            reinterpret_cast<bf16*>(base + v_at + room.at(b, hk))};
   }
-  const bf16* k_parts(std::int64_t b, std::int64_t hk) const { return k_parts(b * p.kv_heads + hk); }
-  const bf16* v_parts(std::int64_t b, std::int64_t hk) const { return v_parts(b * p.kv_heads + hk); }
 
-  // Splits kv head (b, hk) into buffer `held` and checks query head rows [h_begin, h_end)
-  // of Q. False: some value does not split exactly (NaN, Inf, |x| > 3e38).
-  bool split_head(std::int64_t b, std::int64_t hk, std::int64_t h_begin, std::int64_t h_end,
-                  std::int64_t held) const {
-    bool ok = Ops::pack_k(p.k, b, hk, p.kv_len, p.head_dim, k_parts(held));
-    ok &= Ops::pack_v_transposed(p.v, b, hk, p.kv_len, p.head_dim, v_parts(held));
+  // Splits kv head (b, hk) of sequence problem s (detail::SequenceOf) into `parts` and
+  // checks query head rows [h_begin, h_end) of its Q. False: some value does not split
+  // exactly (NaN, Inf, |x| > 3e38).
+  bool split_head(const detail::Problem& s, std::int64_t b, std::int64_t hk, std::int64_t h_begin,
+                  std::int64_t h_end, const Parts& parts) const {
+    bool ok = Ops::pack_k(s.k, b, hk, s.kv_len, s.head_dim, parts.k);
+    ok &= Ops::pack_v_transposed(s.v, b, hk, s.kv_len, s.head_dim, parts.v);
     for (std::int64_t h = h_begin; ok && h < h_end; ++h)
-      ok &= Ops::splittable_rows(p.q, b, h, p.q_len, p.head_dim);
+      ok &= Ops::splittable_rows(s.q, b, h, s.q_len, s.head_dim);
     return ok;
   }
   Slot slot(int w) const {
@@ -127,16 +138,20 @@ struct AmxWorkspace
     std::atomic<bool> splittable{true};
     detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
       const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-      if (!split_head(b, hk, hk * p.group_size(), (hk + 1) * p.group_size(), item))
+      if (p.runs_elsewhere(b)) return;
+      const detail::SequenceOf seq(p, b);
+      if (!split_head(seq.get(), b, hk, hk * p.group_size(), (hk + 1) * p.group_size(),
+                      head_parts(b, hk)))
         splittable.store(false, std::memory_order_relaxed);
     });
     return splittable.load();
   }
 
-  // One query tile in: Q rows scaled and transposed (the FMA kernel's loader), then split.
-  void load_q(const QueryTile& x, float factor, const Slot& s) const {
-    Ops::Fma::load_q_transposed(p.q, p.dtype, x.b, x.h, x.i0, x.rows, p.head_dim, factor, s.qt);
-    Ops::split_pairs(s.qt, p.head_dim, dim_pad, s.q_parts);
+  // One query tile of sequence problem s in: Q rows scaled and transposed (the FMA
+  // kernel's loader), then split.
+  void load_q(const detail::Problem& s, const QueryTile& x, float factor, const Slot& t) const {
+    Ops::Fma::load_q_transposed(s.q, s.dtype, x.b, x.h, x.i0, x.rows, s.head_dim, factor, t.qt);
+    Ops::split_pairs(t.qt, s.head_dim, dim_pad, t.q_parts);
   }
 };
 
@@ -162,11 +177,14 @@ struct AmxMainloop {
   struct Tile : AmxWorkspace<S>::Slot {
     SoftmaxTask<S> softmax;
   };
-  Head head(std::int64_t b, std::int64_t hk) const { return {ws.k_parts(b, hk), ws.v_parts(b, hk)}; }
+  Head head(std::int64_t b, std::int64_t hk) const {
+    const auto parts = ws.head_parts(b, hk);
+    return {parts.k, parts.v};
+  }
   Tile tile(int slot) const { return {ws.slot(slot), {}}; }
   std::int64_t out_dims() const { return ws.dim_pad; }  // ot [Dp][Br]
-  void load_q(const detail::Problem&, const QueryTile& q, const Tile& t) const {
-    ws.load_q(q, q_factor, t);
+  void load_q(const detail::Problem& p, const QueryTile& q, const Tile& t) const {
+    ws.load_q(p, q, q_factor, t);
   }
   void scores(const Head& h, std::int64_t j0, std::int64_t nj, Tile& t, const Band* edge,
               Tile* overlapped) const {
@@ -198,7 +216,8 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
     detail::parallel_items(exec, ws.items(kGroup), [&](std::int64_t item, int worker) {
       const typename Ops::Scope tiles;
       const auto first = ws.first_tile_of(item, kGroup);
-      fused_group<S>(p, mainloop, first, worker, mainloop.head(first.b, first.hk));
+      const detail::SequenceOf seq(p, first.b);  // a ragged problem's sequence
+      fused_group<S>(seq.get(), mainloop, first, worker, mainloop.head(first.b, first.hk));
     });
     return;
   }
@@ -210,12 +229,13 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
   detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int worker) {
     const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
     const std::int64_t h_begin = hk * p.group_size(), h_end = h_begin + p.group_size();
-    if (!ws.split_head(b, hk, h_begin, h_end, worker)) {
+    const auto held = ws.worker_parts(worker);
+    if (!ws.split_head(p, b, hk, h_begin, h_end, held)) {
       splittable.store(false, std::memory_order_relaxed);
       return;
     }
     const typename Ops::Scope tiles;
-    const typename AmxMainloop<S>::Head parts{ws.k_parts(worker), ws.v_parts(worker)};
+    const typename AmxMainloop<S>::Head parts{held.k, held.v};
     for (std::int64_t h = h_begin; h < h_end; ++h)
       for (std::int64_t g = 0; g < groups; ++g)
         fused_group<S>(p, mainloop, ws.first_tile_of((b * p.q_heads + h) * groups + g, kGroup),
@@ -243,9 +263,9 @@ void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float
     const typename Ops::Scope tiles;
     const auto x = ws.first_tile_of(item, 1);
     const auto t = ws.slot(worker);
-    ws.load_q(x, q_factor, t);
+    ws.load_q(p, x, q_factor, t);
     float* scores = ws.scores(x.b, x.h, x.t);  // [kv_pad][Br] from key 0: TileOps' layout
-    Ops::scores_tile(ws.k_parts(x.b, x.hk), Dp, 0, x.kv_end, t.q_parts, scores);
+    Ops::scores_tile(ws.head_parts(x.b, x.hk).k, Dp, 0, x.kv_end, t.q_parts, scores);
     if (p.mods.any()) naive_score_mods<S>(p, x, 0, scores);
   });
   seconds.scores = clock.lap();
@@ -267,7 +287,7 @@ void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float
     for (std::int64_t j0 = x.first_key_tile(Ops::Bc); j0 < x.kv_end; j0 += Ops::Bc) {
       const std::int64_t nj = std::min<std::int64_t>(Ops::Bc, x.kv_end - j0);
       Ops::split_pairs(probs + j0 * Ops::Br, nj, Ops::round_up(nj), t.p_parts);
-      Ops::pv_tile(ws.v_parts(x.b, x.hk), j0, nj, t.p_parts, Dp, t.ot);
+      Ops::pv_tile(ws.head_parts(x.b, x.hk).v, j0, nj, t.p_parts, Dp, t.ot);
     }
     Fma::store_output(t.ot, t.ones, p, x.b, x.h, x.i0, x.rows);
   });

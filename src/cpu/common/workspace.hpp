@@ -57,6 +57,7 @@ struct Layout {
 // the pre-pass's time on a long-tailed mix of lengths).
 class HeadRoom {
  public:
+  HeadRoom() = default;  // no heads
   // floats_of(keys): the floats one head of that many keys takes (aligned through n).
   template <class FloatsOf>
   HeadRoom(const detail::Problem& p, Sizes& n, FloatsOf floats_of) : kv_heads_(p.kv_heads) {
@@ -82,7 +83,7 @@ class HeadRoom {
   bool empty() const { return total_ == 0; }
 
  private:
-  std::int64_t kv_heads_, per_head_ = 0, total_ = 0;
+  std::int64_t kv_heads_ = 0, per_head_ = 0, total_ = 0;
   std::vector<std::int64_t> sequence_at_, head_of_;  // ragged: per sequence
 };
 
