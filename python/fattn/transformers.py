@@ -136,6 +136,29 @@ def _append_layer_class():
             self._buffers = (grown(self.keys, key_states), grown(self.values, value_states))
             return held
 
+        def _check_extends(self, key_states, value_states) -> None:
+            """New keys and values (B, H, S, D) that extend the held ones: the same batch,
+            heads and head dim as those (once any are held), and as many tokens each."""
+            if key_states.dim() != 4 or value_states.dim() != 4:
+                raise ValueError(
+                    "fattn append_cache: key_states and value_states must be (batch, heads, "
+                    f"tokens, head_dim), got {tuple(key_states.shape)} and "
+                    f"{tuple(value_states.shape)}")
+            if key_states.shape[-2] != value_states.shape[-2]:
+                raise ValueError(
+                    "fattn append_cache: key_states and value_states must hold as many tokens, "
+                    f"got {key_states.shape[-2]} and {value_states.shape[-2]}")
+            if not self.get_seq_length():
+                return
+            for name, states, held in (("key_states", key_states, self.keys),
+                                       ("value_states", value_states, self.values)):
+                if states.shape[:2] != held.shape[:2] or states.shape[-1] != held.shape[-1]:
+                    raise ValueError(
+                        f"fattn append_cache: {name} of shape {tuple(states.shape)} do not extend "
+                        f"the {held.shape[-2]} cached tokens of shape {tuple(held.shape)}: "
+                        "batch, heads and head_dim must match (reset the cache, or select its "
+                        "batch rows first)")
+
         def update(self, key_states, value_states, *args, **kwargs):
             if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad):
                 # An in-place write would change tensors autograd saved: concatenate.
@@ -143,6 +166,7 @@ def _append_layer_class():
                 return super().update(key_states, value_states, *args, **kwargs)
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
+            self._check_extends(key_states, value_states)
             held = self._make_room(key_states.shape[-2], key_states, value_states)
             end = held + key_states.shape[-2]
             k_buf, v_buf = self._buffers

@@ -174,6 +174,26 @@ def test_append_cache_keeps_dynamic_caches_contents():
     assert ours.get_seq_length() == ref.get_seq_length()
 
 
+def test_append_cache_rejects_states_that_do_not_extend_it():
+    """New keys of another batch size, head count or head dim than the cached ones, or keys
+    and values of different token counts: a ValueError naming the argument and both shapes,
+    and the cache as it was."""
+    g = torch.Generator().manual_seed(5)
+    cache = fattn.transformers.append_cache()
+    keys, values = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(2))
+    cache.update(keys, values, 0)
+    for k_shape, v_shape, message in (
+            ((4, 3, 1, 8), (4, 3, 1, 8), r"key_states of shape \(4, 3, 1, 8\) do not extend the 5 "
+                                         r"cached tokens of shape \(2, 3, 5, 8\)"),
+            ((2, 3, 1, 8), (2, 1, 1, 8), r"value_states of shape \(2, 1, 1, 8\)"),
+            ((2, 3, 1, 4), (2, 3, 1, 8), r"key_states of shape \(2, 3, 1, 4\)"),
+            ((2, 3, 2, 8), (2, 3, 1, 8), r"as many tokens, got 2 and 1"),
+            ((2, 3, 8), (2, 3, 1, 8), r"\(batch, heads, tokens, head_dim\)")):
+        with pytest.raises(ValueError, match=message):
+            cache.update(torch.randn(k_shape, generator=g), torch.randn(v_shape, generator=g), 0)
+    assert torch.equal(cache.layers[0].keys, keys) and torch.equal(cache.layers[0].values, values)
+
+
 def test_append_cache_after_outside_changes():
     """What DynamicLayer allows, the append layer allows with the same contents: a crop before
     any update, a reorder then a crop then an update (the reordered rows, not the buffers'
