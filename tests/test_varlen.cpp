@@ -64,7 +64,7 @@ Lengths many_lengths(std::uint64_t seed) {
 }
 
 // Sequences of ~2000 keys at Hkv = 8, D = 64 (8 MB of K and V packed as float32 each):
-// more than one wave of the fused kernel (run_fused_in_waves: 16 MiB a wave at 2 threads),
+// more than one wave of the fused kernel (run_fused_in_waves: 16 MiB a wave up to 8 threads),
 // and among them sequences of few queries, which impl auto runs on the decode kernel, and
 // one without keys.
 Lengths wave_lengths() {
@@ -270,12 +270,18 @@ std::vector<Case> forward_cases() {
   with([](Case& c) { c.many = true, c.Hq = 4, c.Hkv = 4, c.D = 128, c.threads = 3; });
   with([](Case& c) { c.many = true, c.dtype = DType::bfloat16, c.D = 128, c.threads = 3; });
   with([](Case& c) { c.many = true, c.dtype = DType::float16, c.variant = Variant::sinks; });
-  auto waves = [](Case& c) { c.waves = true, c.Hq = 8, c.Hkv = 8, c.D = 64; };
+  // 8 threads: the four long sequences each need every thread, and run through the fused
+  // kernel's items together, in two waves.
+  auto waves = [](Case& c) { c.waves = true, c.Hq = 8, c.Hkv = 8, c.D = 64, c.threads = 8; };
   with(waves);
   with([&](Case& c) { waves(c), c.impl = Impl::fused, c.variant = Variant::sinks; });
   with([&](Case& c) {
     waves(c), c.dtype = DType::bfloat16, c.variant = Variant::alibi_per_sequence;
   });
+  // Many threads: the sequences with 1/threads of the work each run through the fused
+  // kernel's items together (at 2-3 threads most run side by side, one thread each).
+  with([](Case& c) { c.many = true, c.threads = 32, c.Hq = c.Hkv = 8, c.impl = Impl::fused; });
+  with([](Case& c) { c.threads = 16, c.variant = Variant::alibi_per_sequence, c.causal = Causal::top_left; });
   with([](Case& c) { c.dtype = DType::bfloat16, c.D = 80, c.Hq = 6, c.Hkv = 3; });
   with([](Case& c) { c.D = 80, c.Hq = 6, c.Hkv = 1, c.threads = 1; });
   with([](Case& c) { c.isa = Isa::avx2, c.variant = Variant::window; });
@@ -305,10 +311,11 @@ std::vector<Case> amx_cases() {
       all.push_back(c);
     }
   Case many;
-  many.isa = Isa::amx, many.many = true, many.impl = Impl::fused, many.threads = 3;
+  many.isa = Isa::amx, many.many = true, many.impl = Impl::fused, many.threads = 16;
   all.push_back(many);
   Case waves;
-  waves.isa = Isa::amx, waves.waves = true, waves.Hq = waves.Hkv = 8, waves.causal = Causal::top_left;
+  waves.isa = Isa::amx, waves.waves = true, waves.Hq = waves.Hkv = 8, waves.threads = 8;
+  waves.causal = Causal::top_left;
   all.push_back(waves);
   return all;
 }

@@ -319,25 +319,6 @@ void run_side_by_side(const Exec& exec, const std::vector<std::int64_t>& shared,
   if (failed) std::rethrow_exception(failed);
 }
 
-// The sequences of ragged problem p that `on_decode` marks, on the decode kernel, as
-// schedule_sequences puts them: alone, its keys split as in a call of its own (two
-// sequences of one query and 32k keys on 16 threads must not take two of them), or side
-// by side.
-void decode_sequences(const Problem& p, const std::vector<std::uint8_t>& on_decode,
-                      const Exec& exec, const Options& options, const cpu::Kernels& kernels) {
-  const SequenceSchedule schedule = schedule_sequences(
-      p, exec.workers, [&](std::int64_t b) { return on_decode[static_cast<std::size_t>(b)] != 0; });
-  for (std::int64_t b : schedule.alone) run_decode(p.sequence(b), exec, options);
-  const Exec one{1, nullptr};
-  std::int64_t slice = 0;  // floats of the largest sequence's working memory on one thread
-  for (std::int64_t b : schedule.shared)
-    slice = std::max(slice, decode_workspace_floats(kernels, p.sequence(b), one, options));
-  run_side_by_side(exec, schedule.shared, slice, "decode kernel", to_string(Impl::decode),
-                   [&](std::int64_t b, const Exec& on_one, float* memory) {
-                     kernels.decode(p.sequence(b), on_one, memory, options.kv_splits);
-                   });
-}
-
 // The fused kernel of `pass` over the sequences of ragged problem p that `elsewhere` leaves
 // to it, in waves of consecutive sequences whose working memory, bytes(b) for sequence b,
 // takes about the wave budget: a wave's pre-pass writes it (the forward: K and V packed as
@@ -376,21 +357,28 @@ void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsew
   }
 }
 
-// A ragged problem (attention_varlen) under impl auto or fused runs the fused kernel over
-// its sequences, each wave's in one parallel section (cpu/common/ragged_items.hpp; waves:
-// run_fused_in_waves). Under auto, the sequences that a call of their own would run on the
-// decode kernel (resolve: few query rows) run on it here too, after the fused waves
-// (decode_sequences): 60 sequences of 16-64 tokens and 4 of 256-1024, 2 threads, the
-// ragged call at 1.07-1.20× the per-sequence loop so, 1.01-1.12× with every sequence fused
-// (docs/perf-log.md, 2026-11-27, "varlen in waves"). The fused kernels of every table take
-// the ragged items (the AMX one when isa amx is asked for: isa auto runs avx512 for a
-// ragged batch, cpu_kernels). The kernels without them (naive, decode) run the sequences
-// one after another; a sequence without keys goes to the reference there (rows 0, lse −inf
-// or the sink), a sequence without queries nowhere.
+// A ragged problem (attention_varlen) under impl auto or fused runs its sequences as
+// schedule_sequences puts them. Those with at least 1/workers of the work need every
+// worker: on the fused kernel all at once, their items in one parallel section
+// (cpu/common/ragged_items.hpp), in waves (run_fused_in_waves); on the decode kernel one
+// after another, their keys split as in a call of their own (two sequences of one query
+// and 32k keys on 16 threads must not take two threads). The others run side by side, one
+// worker each, heaviest first, in one parallel section, each in its worker's caches. Under
+// auto, a sequence that a call of its own would run on the decode kernel (resolve: few
+// query rows) runs on it here too. Measured on dev-zen5, 2 threads (docs/perf-log.md,
+// 2026-11-27, "varlen forward side by side"), the per-sequence loop's time over this
+// call's: 64 sequences of 16-512 tokens 1.01-1.05× (every sequence's items in waves:
+// 0.96-1.00×); 60 of 16-64 tokens and 4 of 256-1024 1.09-1.26× (1.04-1.21×). A sequence
+// with queries and no keys goes to the fused kernel's items (rows 0, lse −inf or the
+// sink). The fused kernels of every table take the ragged items (the AMX one when isa amx
+// is asked for: isa auto runs avx512 for a ragged batch, cpu_kernels). The naive and
+// decode impls run the sequences one after another; a sequence without keys goes to the
+// reference there, a sequence without queries nowhere.
 void ragged_forward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = p.dtype == DType::float64 ? reference_for_float64(options.impl) : options.impl;
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
   const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::forward);
+  const Pass pass = forward_pass(kernels);
   if (impl == Impl::automatic || impl == Impl::fused) {
     std::vector<std::uint8_t> on_decode(static_cast<std::size_t>(p.batch), 0);
     if (impl == Impl::automatic)
@@ -399,18 +387,40 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
         on_decode[static_cast<std::size_t>(b)] =
             s.q_len > 0 && s.kv_len > 0 && resolve(Impl::automatic, p.dtype, s) == Impl::decode;
       }
-    run_fused_in_waves(p, on_decode, exec, forward_pass(kernels), [&](std::int64_t b) {
+    auto decoded = [&](std::int64_t b) { return on_decode[static_cast<std::size_t>(b)] != 0; };
+    const SequenceSchedule schedule = schedule_sequences(p, exec.workers, [&](std::int64_t b) {
+      return p.queries_of(b) > 0 && p.keys_of(b) > 0;
+    });
+    std::vector<std::uint8_t> not_fused_items(static_cast<std::size_t>(p.batch), 1);
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      if (p.queries_of(b) > 0 && p.keys_of(b) == 0) not_fused_items[static_cast<std::size_t>(b)] = 0;
+    for (std::int64_t b : schedule.alone)
+      if (!decoded(b)) not_fused_items[static_cast<std::size_t>(b)] = 0;
+    run_fused_in_waves(p, not_fused_items, exec, pass, [&](std::int64_t b) {
       return 2.0 * sizeof(float) * static_cast<double>(p.kv_heads) *
              static_cast<double>(p.keys_of(b)) * static_cast<double>(p.head_dim);
     });
-    return decode_sequences(p, on_decode, exec, options, kernels);
+    for (std::int64_t b : schedule.alone)
+      if (decoded(b)) run_decode(p.sequence(b), exec, options);
+    const Exec one{1, nullptr};
+    std::int64_t slice = 0;  // floats of the largest shared sequence's working memory
+    for (std::int64_t b : schedule.shared)
+      slice = std::max(slice, decoded(b) ? decode_workspace_floats(kernels, p.sequence(b), one, options)
+                                         : workspace_floats(p.sequence(b), pass, Impl::fused, 1));
+    return run_side_by_side(exec, schedule.shared, slice, "forward", to_string(Impl::fused),
+                            [&](std::int64_t b, const Exec& on_one, float* memory) {
+                              if (decoded(b))
+                                kernels.decode(p.sequence(b), on_one, memory, options.kv_splits);
+                              else
+                                kernels.fused(p.sequence(b), on_one, memory);
+                            });
   }
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const Problem s = p.sequence(b);
     if (s.q_len == 0) continue;
     if (s.kv_len == 0) cpu::reference_forward(s, exec);
     else if (impl == Impl::decode) run_decode(s, exec, options);
-    else run(s, exec, forward_pass(kernels), impl == Impl::automatic ? Impl::fused : impl);
+    else run(s, exec, pass, impl);
   }
 }
 
