@@ -136,12 +136,8 @@ struct AmxWorkspace
   // does not split exactly (NaN, Inf, |x| > 3e38), and the caller runs the FMA kernel.
   bool prepare(const detail::Exec& exec) const {
     std::atomic<bool> splittable{true};
-    detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
-      const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-      if (p.runs_elsewhere(b)) return;
-      const detail::SequenceOf seq(p, b);
-      if (!split_head(seq.get(), b, hk, hk * p.group_size(), (hk + 1) * p.group_size(),
-                      head_parts(b, hk)))
+    for_each_kv_head(p, exec, [&](const detail::Problem& s, std::int64_t b, std::int64_t hk) {
+      if (!split_head(s, b, hk, hk * p.group_size(), (hk + 1) * p.group_size(), head_parts(b, hk)))
         splittable.store(false, std::memory_order_relaxed);
     });
     return splittable.load();

@@ -87,6 +87,19 @@ class HeadRoom {
   std::vector<std::int64_t> sequence_at_, head_of_;  // ragged: per sequence
 };
 
+// f(s, b, hk) for every kv head hk of every sequence b that the kernel computes (a ragged
+// problem's not marked Ragged::elsewhere; every one of a dense problem), in one parallel
+// section: the key/value pre-passes. s: sequence b's own problem (detail::SequenceOf).
+template <class F>
+void for_each_kv_head(const detail::Problem& p, const detail::Exec& exec, F&& f) {
+  detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
+    const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
+    if (p.runs_elsewhere(b)) return;
+    const detail::SequenceOf seq(p, b);
+    f(seq.get(), b, hk);
+  });
+}
+
 // One query tile of one head: the rows it holds and the keys they may see. index
 // numbers the tiles over (batch, query head, tile), for per-tile buffers.
 struct QueryTile {
@@ -251,11 +264,7 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
 
   // Pre-pass: every kv head's keys into panels (and V into contiguous rows if needed).
   void prepare_kv(const detail::Exec& exec) const {
-    detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
-      const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-      if (p.runs_elsewhere(b)) return;
-      const detail::SequenceOf seq(p, b);
-      const detail::Problem& s = seq.get();
+    for_each_kv_head(p, exec, [&](const detail::Problem& s, std::int64_t b, std::int64_t hk) {
       Ops::pack_k_panels(s.k, p.dtype, b, hk, s.kv_len, p.head_dim,
                          base + k_panels_at + k_room.at(b, hk));
       if (!v_room.empty())

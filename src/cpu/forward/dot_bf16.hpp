@@ -88,11 +88,7 @@ struct DotBf16Workspace
   // Pre-pass: every kv head's keys and values into pairs. False if a value is not finite.
   bool prepare_kv(const detail::Exec& exec) const {
     std::atomic<bool> finite{true};
-    detail::parallel_items(exec, p.batch * p.kv_heads, [&](std::int64_t item, int) {
-      const std::int64_t b = item / p.kv_heads, hk = item % p.kv_heads;
-      if (p.runs_elsewhere(b)) return;
-      const detail::SequenceOf seq(p, b);
-      const detail::Problem& s = seq.get();
+    for_each_kv_head(p, exec, [&](const detail::Problem& s, std::int64_t b, std::int64_t hk) {
       Dot::pack_k_pairs(s, b, hk, s.kv_len, k_pairs(b, hk));
       if (!Dot::pack_v_pairs(s, b, hk, s.kv_len, v_pairs(b, hk)))
         finite.store(false, std::memory_order_relaxed);
