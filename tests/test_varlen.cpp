@@ -71,6 +71,12 @@ Lengths wave_lengths() {
   return {{70, 2100}, {3, 40}, {80, 1900}, {5, 0}, {66, 2300}, {1, 500}, {90, 2050}, {0, 300}};
 }
 
+// Two sequences of few queries against thousands of keys (the decode kernel's, under impl
+// auto), each with over 1/4 of the work, among short ones.
+Lengths long_decode_lengths() {
+  return {{1, 6000}, {17, 17}, {2, 3000}, {30, 40}, {5, 0}, {64, 64}, {0, 7}};
+}
+
 struct Case {
   DType dtype = DType::float32;
   Causal causal = Causal::bottom_right;
@@ -81,12 +87,13 @@ struct Case {
   Isa isa = Isa::automatic;
   bool many = false;
   bool waves = false;  // wave_lengths (with Hkv = 8, D = 64)
+  bool long_decode = false;  // long_decode_lengths
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << fattn::to_string(c.dtype) << "_" << fattn::to_string(c.causal) << "_"
       << variant_name(c.variant) << "_H" << c.Hq << "x" << c.Hkv << "_D" << c.D << "_t"
       << c.threads << "_" << fattn::to_string(c.impl) << "_" << fattn::to_string(c.isa)
-      << (c.waves ? "_waves" : c.many ? "_many" : "_odd");
+      << (c.waves ? "_waves" : c.many ? "_many" : c.long_decode ? "_long_decode" : "_odd");
 }
 
 // Packed (total, H, D) rows drawn in float32, rounded to the case's dtype: `values` holds
@@ -203,7 +210,8 @@ TEST_P(VarlenForward, EverySequenceMatchesItsOwnFloat64Reference) {
   if (!fattn::cpu_supports(c.isa)) GTEST_SKIP() << "isa " << fattn::to_string(c.isa) << " not on this CPU";
   Rng rng(test_seed());
   const Lengths lengths =
-      c.waves ? wave_lengths() : c.many ? many_lengths(test_seed()) : odd_lengths();
+      c.waves ? wave_lengths() : c.many ? many_lengths(test_seed())
+      : c.long_decode ? long_decode_lengths() : odd_lengths();
   Offsets cu(lengths);
   const std::int64_t B = cu.batch(), total_q = cu.q.back(), total_k = cu.k.back();
   Packed q(total_q, c.Hq, c.D, c.dtype, &rng), k(total_k, c.Hkv, c.D, c.dtype, &rng),
@@ -282,6 +290,9 @@ std::vector<Case> forward_cases() {
   // kernel's items together (at 2-3 threads most run side by side, one thread each).
   with([](Case& c) { c.many = true, c.threads = 32, c.Hq = c.Hkv = 8, c.impl = Impl::fused; });
   with([](Case& c) { c.threads = 16, c.variant = Variant::alibi_per_sequence, c.causal = Causal::top_left; });
+  // 4 threads: the two long decode sequences each need every thread (run_decode, one after
+  // the other), the rest side by side.
+  with([](Case& c) { c.long_decode = true, c.threads = 4, c.variant = Variant::sinks; });
   with([](Case& c) { c.dtype = DType::bfloat16, c.D = 80, c.Hq = 6, c.Hkv = 3; });
   with([](Case& c) { c.D = 80, c.Hq = 6, c.Hkv = 1, c.threads = 1; });
   with([](Case& c) { c.isa = Isa::avx2, c.variant = Variant::window; });
@@ -363,7 +374,7 @@ TEST_P(VarlenBackward, EverySequenceMatchesItsOwnFloat64Gradients) {
   const Case c = GetParam();
   if (!fattn::cpu_supports(c.isa)) GTEST_SKIP() << "isa " << fattn::to_string(c.isa) << " not on this CPU";
   Rng rng(test_seed());
-  Offsets cu(c.many ? many_lengths(test_seed()) : odd_lengths());
+  Offsets cu(c.waves ? wave_lengths() : c.many ? many_lengths(test_seed()) : odd_lengths());
   const std::int64_t B = cu.batch(), total_q = cu.q.back(), total_k = cu.k.back();
   Packed q(total_q, c.Hq, c.D, c.dtype, &rng), k(total_k, c.Hkv, c.D, c.dtype, &rng),
       v(total_k, c.Hkv, c.D, c.dtype, &rng), dout(total_q, c.Hq, c.D, c.dtype, &rng),
@@ -462,9 +473,12 @@ std::vector<Case> backward_cases() {
   with([](Case& c) { c.threads = 16, c.causal = Causal::none, c.variant = Variant::softcap; });
   with([](Case& c) { c.threads = 16, c.Hq = c.Hkv = 1, c.variant = Variant::window; });
   with([](Case& c) { c.threads = 16, c.dtype = DType::bfloat16, c.variant = Variant::sinks; });
-  // 32 threads on 41 sequences: a dozen of them each with 1/32 of the work, kv heads enough
-  // among them for the items the call aims at (one item per kv head).
+  // 32 threads on 41 sequences: a dozen of them each with 1/32 of the work, most of them
+  // one item per kv head.
   with([](Case& c) { c.many = true, c.threads = 32, c.Hq = c.Hkv = 8, c.causal = Causal::top_left; });
+  // 8 threads on the wave lengths: four sequences of ~2000 keys (~9 MB of working memory
+  // each at D = 64) through the ragged backward in two waves.
+  with([](Case& c) { c.waves = true, c.Hq = c.Hkv = 8, c.threads = 8, c.variant = Variant::window; });
   with([](Case& c) { c.isa = Isa::avx2, c.variant = Variant::window, c.D = 80; });
   with([](Case& c) { c.isa = Isa::portable, c.variant = Variant::alibi_per_sequence; });
   return all;

@@ -106,14 +106,16 @@ def _append_layer_class():
             return (self._views is not None and self.keys is self._views[0]
                     and self.values is self._views[1])
 
-        def _fits(self, need: int, states) -> bool:
-            """Whether the buffers take `need` tokens of `states`: their batch, heads, head
-            dim, dtype and device, and (inference tensors) inference mode as it is now."""
-            buffer = self._buffers[0]
-            return (need <= buffer.shape[-2]
-                    and buffer.shape[:2] == states.shape[:2] and buffer.shape[-1] == states.shape[-1]
-                    and buffer.dtype == states.dtype and buffer.device == states.device
-                    and (torch.is_inference_mode_enabled() or not buffer.is_inference()))
+        def _fits(self, need: int, key_states, value_states) -> bool:
+            """Whether the buffers take `need` tokens of these keys and values: each buffer
+            their batch, heads, head dim, dtype and device, and (inference tensors)
+            inference mode as it is now."""
+            def fits(buffer, states):
+                return (need <= buffer.shape[-2] and buffer.shape[:2] == states.shape[:2]
+                        and buffer.shape[-1] == states.shape[-1]
+                        and buffer.dtype == states.dtype and buffer.device == states.device
+                        and (torch.is_inference_mode_enabled() or not buffer.is_inference()))
+            return fits(self._buffers[0], key_states) and fits(self._buffers[1], value_states)
 
         def _make_room(self, add: int, key_states, value_states) -> int:
             """Room for `add` more tokens; returns how many the buffers hold. The buffers as
@@ -122,7 +124,7 @@ def _append_layer_class():
             and values."""
             held = self.get_seq_length()
             need = held + add
-            if self._ours() and self._fits(need, key_states):
+            if self._ours() and self._fits(need, key_states, value_states):
                 return held
             capacity = max(_FIRST_CAPACITY, 2 * need)
 
@@ -138,16 +140,18 @@ def _append_layer_class():
 
         def _check_extends(self, key_states, value_states) -> None:
             """New keys and values (B, H, S, D) that extend the held ones: the same batch,
-            heads and head dim as those (once any are held), and as many tokens each."""
+            heads and tokens as each other, and the same batch, heads and head dim as the
+            held ones (once any are held)."""
             if key_states.dim() != 4 or value_states.dim() != 4:
                 raise ValueError(
                     "fattn append_cache: key_states and value_states must be (batch, heads, "
                     f"tokens, head_dim), got {tuple(key_states.shape)} and "
                     f"{tuple(value_states.shape)}")
-            if key_states.shape[-2] != value_states.shape[-2]:
+            if key_states.shape[:3] != value_states.shape[:3]:
                 raise ValueError(
-                    "fattn append_cache: key_states and value_states must hold as many tokens, "
-                    f"got {key_states.shape[-2]} and {value_states.shape[-2]}")
+                    "fattn append_cache: key_states and value_states must have the same batch, "
+                    f"heads and tokens, got {tuple(key_states.shape)} and "
+                    f"{tuple(value_states.shape)}")
             if not self.get_seq_length():
                 return
             for name, states, held in (("key_states", key_states, self.keys),

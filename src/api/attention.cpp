@@ -328,8 +328,9 @@ void run_side_by_side(const Exec& exec, const std::vector<std::int64_t>& shared,
 // dev-zen5 (32 MiB L3), 2 threads, that mix, loop/ragged (the per-sequence loop's time
 // over the ragged call's): forward, no waves 0.93-1.02×, waves of 4 MB 1.00-1.02×, 16 MB
 // 0.98-1.00×, 64 MB 0.91-1.00× (docs/perf-log.md, 2026-11-27, "varlen in waves");
-// backward, see "ragged backward" there. Each wave costs the kernel's fork-joins (two
-// forward, three backward); 16 MiB makes 7 forward waves of that mix. At least 2 MiB a
+// backward, see "ragged backward" there (every sequence of the mix in waves then; now
+// only those that need every thread). Each wave costs the kernel's fork-joins (two
+// forward, three backward); 16 MiB made 7 forward waves of that mix. At least 2 MiB a
 // worker (about 16 work items a worker at Hkv = 8, D = 128), so that on many cores a
 // wave still keeps them busy (not measured beyond 2 threads).
 constexpr double kWaveBytes = 16.0 * (1 << 20);

@@ -175,9 +175,9 @@ def test_append_cache_keeps_dynamic_caches_contents():
 
 
 def test_append_cache_rejects_states_that_do_not_extend_it():
-    """New keys of another batch size, head count or head dim than the cached ones, or keys
-    and values of different token counts: a ValueError naming the argument and both shapes,
-    and the cache as it was."""
+    """New keys or values of another batch size, head count or head dim than the cached ones,
+    or keys and values of different batch, heads or tokens: a ValueError naming the
+    argument and both shapes, and the cache as it was."""
     g = torch.Generator().manual_seed(5)
     cache = fattn.transformers.append_cache()
     keys, values = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(2))
@@ -185,13 +185,21 @@ def test_append_cache_rejects_states_that_do_not_extend_it():
     for k_shape, v_shape, message in (
             ((4, 3, 1, 8), (4, 3, 1, 8), r"key_states of shape \(4, 3, 1, 8\) do not extend the 5 "
                                          r"cached tokens of shape \(2, 3, 5, 8\)"),
-            ((2, 3, 1, 8), (2, 1, 1, 8), r"value_states of shape \(2, 1, 1, 8\)"),
+            ((2, 3, 1, 8), (2, 1, 1, 8), r"same batch, heads and tokens, got \(2, 3, 1, 8\) and "
+                                         r"\(2, 1, 1, 8\)"),
+            ((2, 3, 1, 8), (2, 3, 1, 4), r"value_states of shape \(2, 3, 1, 4\)"),
             ((2, 3, 1, 4), (2, 3, 1, 8), r"key_states of shape \(2, 3, 1, 4\)"),
-            ((2, 3, 2, 8), (2, 3, 1, 8), r"as many tokens, got 2 and 1"),
+            ((2, 3, 2, 8), (2, 3, 1, 8), r"same batch, heads and tokens, got \(2, 3, 2, 8\) and"),
             ((2, 3, 8), (2, 3, 1, 8), r"\(batch, heads, tokens, head_dim\)")):
         with pytest.raises(ValueError, match=message):
             cache.update(torch.randn(k_shape, generator=g), torch.randn(v_shape, generator=g), 0)
     assert torch.equal(cache.layers[0].keys, keys) and torch.equal(cache.layers[0].values, values)
+    # Cropped to nothing, the buffers kept: values of another head dim than the value
+    # buffer's become the content, as in DynamicCache, in buffers of their own.
+    cache.crop(-5)
+    k, v = torch.randn(2, 3, 1, 8, generator=g), torch.randn(2, 3, 1, 4, generator=g)
+    got_k, got_v = cache.update(k, v, 0)
+    assert torch.equal(got_k, k) and torch.equal(got_v, v)
 
 
 def test_append_cache_after_outside_changes():

@@ -306,6 +306,8 @@ struct AmxBackwardMainloop {
 
 template <class S>
 void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  // A ragged batch: AVX-512's ragged backward (its working memory is in the room, kernels_amx.cpp).
+  if (p.is_ragged()) return avx512_kernels.fused_backward(p, exec, memory);
   AmxBackwardWorkspace<S> ws(p, exec.workers);
   ws.base = memory;
   // An operand that does not split: the AVX-512 FMA backward rewrites every gradient.

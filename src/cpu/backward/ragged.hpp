@@ -10,14 +10,15 @@
 //                  heaviest sequence first, so the dynamic schedule ends on the lightest
 //   partial sums   every sequence's dQ partials, and its dK/dV partials where it has
 //                  several subgroups (sum_partial)
-// A sequence's chunks and subgroups (BackwardTiles) come from its share of the call's
-// target of kItemsPerWorker items a worker, by its work: with kv heads enough in the batch
-// every sequence takes one item per kv head (no partials beyond one dQ partial); a few
-// long sequences on many workers split their keys as a call of their own would. Both
-// depend only on the problem and the worker count, so the bits are the same on every run.
+// A sequence's chunks and subgroups (BackwardTiles) come from its share, by its work, of
+// the call's target of kItemsPerWorker items a worker: a sequence whose share is at most
+// its kv heads takes one item per kv head (no partials beyond one dQ partial); a heavier
+// one splits its keys and query heads as a call of its own would, so that it does not end
+// the section alone on a few threads. Both depend only on the problem and the worker
+// count, so the bits are the same on every run.
 //
 // Sequences without queries or keys, and those marked Ragged::elsewhere, are not this
-// kernel's: the caller writes their (zero) gradients.
+// kernel's: the caller computes them (zero gradients; another wave; side by side).
 #pragma once
 
 #include <algorithm>
@@ -49,12 +50,11 @@ class RaggedBackward {
       return work[static_cast<std::size_t>(x)] > work[static_cast<std::size_t>(y)];
     });
     const std::int64_t target = W::Tiles::items_target(/*naive=*/false, workers);
-    const bool heads_enough = static_cast<std::int64_t>(order.size()) * p.kv_heads >= target;
     Sizes n;
     for (const std::int64_t b : order) {
       const double share = static_cast<double>(work[static_cast<std::size_t>(b)]) / total_work;
       const std::int64_t own_target =
-          heads_enough ? 1 : std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(share * target)));
+          std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(share * static_cast<double>(target))));
       const Sequence& s = sequences_.emplace_back(p, b, own_target, total_);
       if (s.ws.total < 0) n.overflow = true;
       total_ = n.add(total_, s.ws.total);

@@ -1,7 +1,7 @@
 // fattn — the work items of a ragged problem (attention_varlen): every sequence's (query
 // head, group of query tiles) items in one list, so one parallel section spreads all the
-// sequences over the cores. Sequences marked Ragged::elsewhere (another wave's, or the
-// decode kernel's) are left out.
+// sequences over the cores. Sequences marked Ragged::elsewhere (another wave's, the
+// decode kernel's, or those run side by side, one thread each) are left out.
 //
 // Sequences are listed heaviest first (sequence_work), and within a sequence head by head,
 // each head's heaviest group first, as a dense problem's items: the dynamic schedule
