@@ -309,9 +309,8 @@ std::vector<Case> forward_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, VarlenForward, ::testing::ValuesIn(forward_cases()));
 
 // The AMX kernels (isa amx; on a CPU without AMX, skipped, or built with emulated tiles):
-// the fused forward takes the ragged batch whole, every variant varlen takes (its own
-// instantiation, below); the backward runs the sequences that need every thread one after
-// another.
+// the fused forward and backward take the ragged batch whole, the forward every variant
+// varlen takes.
 std::vector<Case> amx_cases() {
   std::vector<Case> all;
   for (Variant variant : {Variant::plain, Variant::window, Variant::softcap, Variant::sinks,
@@ -485,11 +484,13 @@ std::vector<Case> backward_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, VarlenBackward, ::testing::ValuesIn(backward_cases()));
-// Two cases: the AMX backward on emulated tiles takes seconds a case.
+// Three cases: the AMX backward on emulated tiles takes seconds a case. At 16 threads three
+// sequences need every thread and split their keys into chunks (dQ partials).
 std::vector<Case> amx_backward_cases() {
-  std::vector<Case> all(2);
-  all[0].isa = all[1].isa = Isa::amx;
+  std::vector<Case> all(3);
+  all[0].isa = all[1].isa = all[2].isa = Isa::amx;
   all[1].causal = Causal::none, all[1].variant = Variant::softcap;
+  all[2].threads = 16, all[2].variant = Variant::sinks;
   return all;
 }
 INSTANTIATE_TEST_SUITE_P(Amx, VarlenBackward, ::testing::ValuesIn(amx_backward_cases()));

@@ -441,9 +441,9 @@ void zero_gradients(const Problem& p, const std::vector<std::int64_t>& empty, co
 
 // The backward of a ragged batch: the reference over all sequences at once; the kernels as
 // schedule_sequences puts the sequences. Those with at least 1/workers of the work run on
-// every worker: on the fused kernel of every ISA but AMX all at once, their items in one
-// parallel section (cpu/backward/ragged.hpp, in waves: run_fused_in_waves); on the naive
-// kernels and the AMX backward one after another. The others run side by side, one worker
+// every worker: on the fused kernels all at once, their items in one parallel section
+// (cpu/backward/ragged.hpp, in waves: run_fused_in_waves); on the naive kernels one after
+// another. The others run side by side, one worker
 // each, in one parallel section: a sequence's working memory stays in its worker's caches
 // from its pre-pass to its last item. Measured on dev-zen5, 2 threads, 64 sequences of
 // 16-512 tokens (none with 1/2 of the work), the per-sequence loop's time over this call's:
@@ -463,7 +463,7 @@ void ragged_backward(const Problem& p, const Exec& exec, const Options& options)
   const SequenceSchedule schedule = schedule_sequences(p, exec.workers, [&](std::int64_t b) {
     return p.queries_of(b) > 0 && p.keys_of(b) > 0;
   });
-  if (impl == Impl::fused && kernels.isa != Isa::amx) {
+  if (impl == Impl::fused) {
     std::vector<std::uint8_t> not_alone(static_cast<std::size_t>(p.batch), 1);
     for (std::int64_t b : schedule.alone) not_alone[static_cast<std::size_t>(b)] = 0;
     run_fused_in_waves(p, not_alone, exec, pass, [&](std::int64_t b) {

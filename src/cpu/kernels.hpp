@@ -17,9 +17,8 @@ struct Kernels {
   void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   // The backward (cpu/backward/backward.hpp): working memory, fused and naive. The fused
-  // forward of every table and the fused backward of every table but amx take a ragged
-  // problem whole (its sequences' items in one parallel section; the amx backward hands
-  // one to avx512's); the naive ones take one sequence at a time.
+  // kernels (forward and backward) of every table take a ragged problem whole (its
+  // sequences' items in one parallel section); the naive ones one sequence at a time.
   std::int64_t (*backward_workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*fused_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*naive_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);

@@ -44,6 +44,7 @@
 #include "cpu/amx/backward_ops.hpp"
 #include "cpu/amx/ops.hpp"
 #include "cpu/backward/backward.hpp"
+#include "cpu/backward/ragged.hpp"
 #include "cpu/kernels.hpp"
 
 namespace fattn::cpu {
@@ -91,9 +92,29 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
   std::int64_t k_at, v_at, kt_at, operands_at, lse2_at, delta_at, dq_at, dk_at, dv_at, st_at,
       dst_at, scratch_at, cap_at, p_rows_at, ds_rows_at, ds_pairs_at;
   float* base = nullptr;
+  float* slot_base = nullptr;  // the workers' slots (place)
+  std::int64_t slot_stride = 0;  // floats from one worker's slot to the next (place)
 
   AmxBackwardWorkspace(const detail::Problem& problem, int workers)
-      : Tiles(problem, /*naive=*/false, workers) {
+      : AmxBackwardWorkspace(problem, workers, Tiles::items_target(/*naive=*/false, workers)) {}
+  AmxBackwardWorkspace(const detail::Problem& problem, SequenceShare share)
+      : AmxBackwardWorkspace(problem, /*slot_workers=*/0, share.target) {}
+
+  // Puts the workspace in `memory` (total floats), its worker slots there too or in
+  // `worker_slots`, `stride` floats apart (≥ worker_floats).
+  void place(float* memory, float* worker_slots = nullptr, std::int64_t stride = 0) {
+    base = memory;
+    slot_base = worker_slots ? worker_slots : memory + workers_at;
+    slot_stride = worker_slots ? stride : worker_floats;
+  }
+  // No pre-pass: the items split what they read (RaggedBackward asks).
+  std::int64_t prepare_items() const { return 0; }
+  void prepare_item(std::int64_t) const {}
+
+ private:
+  // With `target` items (BackwardTiles) and `slot_workers` worker slots in its own memory.
+  AmxBackwardWorkspace(const detail::Problem& problem, int slot_workers, std::int64_t target)
+      : Tiles(problem, target) {
     Sizes n;
     Dp = Ops::round_up(p.head_dim);
     chunk_keys = n.mul(n.div_up(key_tiles, chunks), Bc);  // the longest chunk, padded
@@ -127,13 +148,15 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
     Layout all;
     dq_parts_at = all.take(chunks > 1 ? n.mul(chunks, n.mul(tiles, tile_t)) : 0);
     dkv_parts_at = all.take(n.mul(this->dkv_blocks(), kv_part));
-    workers_at = all.take(n.mul(workers, worker_floats));
+    workers_at = all.take(n.mul(slot_workers, worker_floats));
     total = n.overflow || slot.n.overflow || all.n.overflow ? -1 : all.end;
   }
 
+ public:
+
   static bf16* as_parts(float* at) { return reinterpret_cast<bf16*>(at); }
   Worker worker(int w) const {
-    float* s = base + workers_at + w * worker_floats;
+    float* s = slot_base + w * slot_stride;
     Worker r;
     r.k = as_parts(s + k_at);
     r.v = as_parts(s + v_at);
@@ -199,6 +222,8 @@ struct AmxBackwardMainloop {
   static constexpr bool kProbsMaskBand = true;  // split_probs, split_grads: 0 outside the band
   const W& ws;
   std::int64_t batch = ws.batch;
+  // Whether dQ goes to the chunks' partials (several chunks), else out at each batch's end.
+  bool dq_in_parts() const { return ws.chunks > 1; }
 
   struct ItemState {
     typename W::Item item;
@@ -306,14 +331,18 @@ struct AmxBackwardMainloop {
 
 template <class S>
 void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
-  // A ragged batch: AVX-512's ragged backward (its working memory is in the room, kernels_amx.cpp).
-  if (p.is_ragged()) return avx512_kernels.fused_backward(p, exec, memory);
+  // An operand that does not split: the AVX-512 FMA backward rewrites every gradient (its
+  // working memory is in the room, kernels_amx.cpp).
+  if (p.is_ragged()) {
+    if (!RaggedBackward<S, AmxBackwardMainloop<S>>(p, exec.workers).run(exec, memory))
+      avx512_kernels.fused_backward(p, exec, memory);
+    return;
+  }
   AmxBackwardWorkspace<S> ws(p, exec.workers);
-  ws.base = memory;
-  // An operand that does not split: the AVX-512 FMA backward rewrites every gradient.
-  if (!fused_backward_loop<S>(p, exec, AmxBackwardMainloop<S>{ws}))
-    return avx512_kernels.fused_backward(p, exec, memory);
-  backward_detail::sum_partials<S>(p, exec, ws, /*dq_in_parts=*/ws.chunks > 1);
+  ws.place(memory);
+  const AmxBackwardMainloop<S> mainloop{ws};
+  if (!fused_backward_loop<S>(p, exec, mainloop)) return avx512_kernels.fused_backward(p, exec, memory);
+  backward_detail::sum_partials<S>(p, exec, ws, mainloop.dq_in_parts());
 }
 
 }  // namespace fattn::cpu

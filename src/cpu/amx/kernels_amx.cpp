@@ -29,7 +29,9 @@ std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers)
 }
 
 std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
-  if (p.is_ragged() && !naive) return avx512_kernels.backward_workspace_floats(p, naive, workers);
+  if (p.is_ragged() && !naive)  // the naive backward takes one sequence at a time
+    return room_for_both(RaggedBackward<S, AmxBackwardMainloop<S>>(p, workers).total(),
+                         avx512_kernels.backward_workspace_floats(p, naive, workers));
   return room_for_both(naive ? AmxNaiveBackwardWorkspace<S>(p, workers).total
                              : AmxBackwardWorkspace<S>(p, workers).total,
                        avx512_kernels.backward_workspace_floats(p, naive, workers));

@@ -150,6 +150,8 @@ struct FmaBackwardMainloop {
   static constexpr bool kProbsMaskBand = false;
   const W& ws;
   std::int64_t batch = ws.tiles;  // the pre-pass prepared every query tile
+  // dQ goes to the chunks' partials (one chunk: one partial), summed by sum_partials.
+  bool dq_in_parts() const { return true; }
 
   struct ItemState {
     typename W::Item item;
@@ -216,8 +218,9 @@ struct FmaBackwardMainloop {
 template <class S>
 void fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   const auto ws = backward_detail::prepared_workspace<S>(p, /*is_naive=*/false, exec, memory);
-  fused_backward_loop<S>(p, exec, FmaBackwardMainloop<S>{ws});
-  backward_detail::sum_partials<S>(p, exec, ws, /*dq_in_parts=*/true);
+  const FmaBackwardMainloop<S> mainloop{ws};
+  fused_backward_loop<S>(p, exec, mainloop);
+  backward_detail::sum_partials<S>(p, exec, ws, mainloop.dq_in_parts());
 }
 
 template <class S>

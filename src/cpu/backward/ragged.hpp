@@ -1,15 +1,17 @@
 // fattn — the fused backward of a ragged batch (attention_varlen_backward): every
 // sequence's work items in one parallel section, as the ragged forward's.
 //
-// Each sequence the kernel runs gets the dense backward's workspace of its own problem
-// (Problem::sequence: batch 1, its lengths and band), one after another in one allocation;
-// their workers' slots are one set that all of them use. The call then runs the dense
-// backward's three parallel sections, each over all those sequences at once:
-//   pre-pass       every sequence's kv heads and query tiles (BackwardWorkspace::prepare_item)
+// For either policy of the backward loop (FmaBackwardMainloop, AmxBackwardMainloop), each
+// sequence the kernel runs gets the dense backward's workspace of its own problem
+// (Problem::sequence: batch 1, its lengths and band; SequenceShare), one after another in
+// one allocation; their workers' slots are one set that all of them use. The call then
+// runs the dense backward's parallel sections, each over all those sequences at once:
+//   pre-pass       every sequence's kv heads and query tiles (the FMA workspace's
+//                  prepare_item; the AMX items split their own operands)
 //   items          every sequence's (key chunk, kv head, subgroup) items (backward_item),
 //                  heaviest sequence first, so the dynamic schedule ends on the lightest
-//   partial sums   every sequence's dQ partials, and its dK/dV partials where it has
-//                  several subgroups (sum_partial)
+//   partial sums   every sequence's dQ partials where the policy leaves dQ there, and its
+//                  dK/dV partials where it has several subgroups (sum_partial)
 // A sequence's chunks and subgroups (BackwardTiles) come from its share, by its work, of
 // the call's target of kItemsPerWorker items a worker: a sequence whose share is at most
 // its kv heads takes one item per kv head (no partials beyond one dQ partial); a heavier
@@ -22,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -32,10 +35,10 @@
 
 namespace fattn::cpu {
 
-template <class S>
+template <class S, class Mainloop>
 class RaggedBackward {
  public:
-  using W = BackwardWorkspace<S>;
+  using W = typename Mainloop::W;
 
   RaggedBackward(const detail::Problem& p, int workers) {
     std::vector<std::int64_t> order, work(static_cast<std::size_t>(p.batch), 0);
@@ -58,7 +61,7 @@ class RaggedBackward {
       const Sequence& s = sequences_.emplace_back(p, b, own_target, total_);
       if (s.ws.total < 0) n.overflow = true;
       total_ = n.add(total_, s.ws.total);
-      worker_floats_ = s.ws.worker_floats;  // the same for every sequence (Bc, Br, Dp, softcap)
+      worker_floats_ = std::max(worker_floats_, s.ws.worker_floats);
     }
     slots_at_ = total_;
     total_ = n.add(total_, n.mul(workers, worker_floats_));
@@ -70,22 +73,31 @@ class RaggedBackward {
   // Floats of working memory (−1: the sizes overflow 64 bits).
   std::int64_t total() const { return total_; }
 
-  // The three sections in `memory` (total() floats).
-  void run(const detail::Exec& exec, float* memory) {
-    for (Sequence& s : sequences_) s.ws.place(memory + s.at, memory + slots_at_);
+  // The sections in `memory` (total() floats). False where an operand did not fit the
+  // policy's products (the AMX backward's bfloat16 parts): the partial sums are skipped,
+  // and the caller runs another backward, which rewrites every gradient.
+  bool run(const detail::Exec& exec, float* memory) {
+    for (Sequence& s : sequences_) s.ws.place(memory + s.at, memory + slots_at_, worker_floats_);
     each_item(
         exec, [](const Sequence& s) { return s.ws.prepare_items(); },
         [](const Sequence& s, std::int64_t i, int) { s.ws.prepare_item(i); });
+    std::atomic<bool> completed{true};
     each_item(
         exec, [](const Sequence& s) { return s.ws.items(); },
-        [](const Sequence& s, std::int64_t i, int worker) {
-          backward_item<S>(s.problem, FmaBackwardMainloop<S>{s.ws}, i, worker);
+        [&](const Sequence& s, std::int64_t i, int worker) {
+          if (!backward_item<S>(s.problem, Mainloop{s.ws}, i, worker))
+            completed.store(false, std::memory_order_relaxed);
         });
+    if (!completed.load()) return false;
     each_item(
-        exec, [](const Sequence& s) { return backward_detail::partial_sum_items(s.ws, true); },
+        exec,
+        [](const Sequence& s) {
+          return backward_detail::partial_sum_items(s.ws, Mainloop{s.ws}.dq_in_parts());
+        },
         [](const Sequence& s, std::int64_t i, int worker) {
-          backward_detail::sum_partial<S>(s.problem, s.ws, /*dq_in_parts=*/true, i, worker);
+          backward_detail::sum_partial<S>(s.problem, s.ws, Mainloop{s.ws}.dq_in_parts(), i, worker);
         });
+    return true;
   }
 
  private:
@@ -93,7 +105,7 @@ class RaggedBackward {
   // Sequence stays where it is built, in a deque), at float `at` of the memory.
   struct Sequence {
     Sequence(const detail::Problem& whole, std::int64_t b, std::int64_t target, std::int64_t offset)
-        : problem(whole.sequence(b)), ws(problem, /*is_naive=*/false, /*slot_workers=*/0, target),
+        : problem(whole.sequence(b)), ws(problem, SequenceShare{target}),
           at(offset) {}
     detail::Problem problem;
     W ws;
@@ -119,12 +131,12 @@ class RaggedBackward {
 
 template <class S>
 std::int64_t ragged_backward_workspace_floats(const detail::Problem& p, int workers) {
-  return RaggedBackward<S>(p, workers).total();
+  return RaggedBackward<S, FmaBackwardMainloop<S>>(p, workers).total();
 }
 
 template <class S>
 void ragged_fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
-  RaggedBackward<S>(p, exec.workers).run(exec, memory);
+  RaggedBackward<S, FmaBackwardMainloop<S>>(p, exec.workers).run(exec, memory);
 }
 
 }  // namespace fattn::cpu

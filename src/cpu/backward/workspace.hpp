@@ -48,6 +48,13 @@ void query_row_stats(const detail::Problem& p, const QueryTile& x, int Br, float
   }
 }
 
+// How the fused backward's workspace of one sequence of a ragged batch is sized
+// (cpu/backward/ragged.hpp): for `target` items, its share of the call's, and without
+// worker slots of its own (the batch's sequences share one set, given to place()).
+struct SequenceShare {
+  std::int64_t target;
+};
+
 // The tiles of the backward and which of them meet: query tiles of Br rows, key tiles of
 // Bc keys. Shared by the FMA and AMX backward.
 //
@@ -209,12 +216,24 @@ struct BackwardWorkspace : BackwardTiles<S> {
   std::int64_t st_at, dst_at, dk_at, dv_at, dqt_at, ones_at, cap_at;  // within a worker's slot
   bool has_cap;  // the fused backward with softcap keeps 1 − tanh² per worker
   float* base = nullptr;
-  float* slots = nullptr;  // the workers' slots (place)
+  float* slot_base = nullptr;  // the workers' slots (place)
+  std::int64_t slot_stride = 0;  // floats from one worker's slot to the next (place)
 
   BackwardWorkspace(const detail::Problem& problem, bool is_naive, int workers)
       : BackwardWorkspace(problem, is_naive, workers, Tiles::items_target(is_naive, workers)) {}
-  // With `target` items (BackwardTiles) and `slot_workers` worker slots in its own memory:
-  // 0 when they lie elsewhere (a ragged batch's sequences share one set, place()).
+  BackwardWorkspace(const detail::Problem& problem, SequenceShare share)
+      : BackwardWorkspace(problem, /*is_naive=*/false, /*slot_workers=*/0, share.target) {}
+
+  // Puts the workspace in `memory` (total floats), its worker slots there too or in
+  // `worker_slots`, `stride` floats apart (≥ worker_floats).
+  void place(float* memory, float* worker_slots = nullptr, std::int64_t stride = 0) {
+    base = memory;
+    slot_base = worker_slots ? worker_slots : memory + workers_at;
+    slot_stride = worker_slots ? stride : worker_floats;
+  }
+
+ private:
+  // With `target` items (BackwardTiles) and `slot_workers` worker slots in its own memory.
   BackwardWorkspace(const detail::Problem& problem, bool is_naive, int slot_workers,
                     std::int64_t target)
       : Tiles(problem, target), naive(is_naive) {
@@ -262,12 +281,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
     total = n.overflow || all.n.overflow ? -1 : all.end;
   }
 
-  // Puts the workspace in `memory` (total floats), its worker slots there too or, with
-  // `worker_slots`, in those (worker_floats each).
-  void place(float* memory, float* worker_slots = nullptr) {
-    base = memory;
-    slots = worker_slots ? worker_slots : memory + workers_at;
-  }
+ public:
 
   const float* k_panels(std::int64_t b, std::int64_t hk) const {
     return base + k_panels_at + (b * p.kv_heads + hk) * panel_head;
@@ -299,7 +313,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
   // The naive backward with softcap: 1 − tanh² of every score of the tile.
   float* cap_grads(std::int64_t tile) const { return base + cap_grads_at + tile * full_block; }
   Worker worker(int w) const {
-    float* s = slots + w * worker_floats;
+    float* s = slot_base + w * slot_stride;
     return {naive ? nullptr : s + st_at, naive ? nullptr : s + dst_at, s + dk_at, s + dv_at,
             s + dqt_at, s + ones_at, has_cap ? s + cap_at : nullptr};
   }
