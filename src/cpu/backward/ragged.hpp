@@ -113,11 +113,12 @@ class RaggedBackward {
   };
 
   // f(sequence, i, worker) for every i < count(sequence) of every sequence, in one
-  // parallel section, the sequences' items in their order.
+  // parallel section (none without items), the sequences' items in their order.
   template <class Count, class F>
   void each_item(const detail::Exec& exec, Count count, F f) const {
     std::vector<std::int64_t> first(sequences_.size() + 1, 0);
     for (std::size_t s = 0; s < sequences_.size(); ++s) first[s + 1] = first[s] + count(sequences_[s]);
+    if (first.back() == 0) return;  // no section (the AMX backward has no pre-pass)
     detail::parallel_items(exec, first.back(), [&](std::int64_t i, int worker) {
       const auto s = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), i) -
                                               first.begin() - 1);
