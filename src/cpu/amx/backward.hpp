@@ -56,7 +56,7 @@ template <class S>
 inline constexpr int kAmxBackwardKeyTile = 2 * AmxOps<S>::Bc;
 
 template <class S>
-struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
+struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>>, BackwardMemory {
   using Ops = AmxOps<S>;
   using Tiles = BackwardTiles<S, kAmxBackwardKeyTile<S>>;
   using Tiles::Br, Tiles::Bc, Tiles::p, Tiles::q_tiles, Tiles::tiles, Tiles::key_tiles,
@@ -87,26 +87,15 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
 
   std::int64_t Dp, chunk_keys, slots, batch, key_floats, operand_floats, tile_t, tile_vec,
       rows_floats;
-  std::int64_t worker_floats, dq_parts_at, kv_part, dkv_parts_at, workers_at, total;
+  std::int64_t dq_parts_at, kv_part, dkv_parts_at, total;
   // Within a worker's slot (Worker's pieces, in its order).
   std::int64_t k_at, v_at, kt_at, operands_at, lse2_at, delta_at, dq_at, dk_at, dv_at, st_at,
       dst_at, scratch_at, cap_at, p_rows_at, ds_rows_at, ds_pairs_at;
-  float* base = nullptr;
-  float* slot_base = nullptr;  // the workers' slots (place)
-  std::int64_t slot_stride = 0;  // floats from one worker's slot to the next (place)
 
   AmxBackwardWorkspace(const detail::Problem& problem, int workers)
       : AmxBackwardWorkspace(problem, workers, Tiles::items_target(/*naive=*/false, workers)) {}
   AmxBackwardWorkspace(const detail::Problem& problem, SequenceShare share)
       : AmxBackwardWorkspace(problem, /*slot_workers=*/0, share.target) {}
-
-  // Puts the workspace in `memory` (total floats), its worker slots there too or in
-  // `worker_slots`, `stride` floats apart (≥ worker_floats).
-  void place(float* memory, float* worker_slots = nullptr, std::int64_t stride = 0) {
-    base = memory;
-    slot_base = worker_slots ? worker_slots : memory + workers_at;
-    slot_stride = worker_slots ? stride : worker_floats;
-  }
   // No pre-pass: the items split what they read (RaggedBackward asks).
   std::int64_t prepare_items() const { return 0; }
   void prepare_item(std::int64_t) const {}
@@ -156,7 +145,7 @@ struct AmxBackwardWorkspace : BackwardTiles<S, kAmxBackwardKeyTile<S>> {
 
   static bf16* as_parts(float* at) { return reinterpret_cast<bf16*>(at); }
   Worker worker(int w) const {
-    float* s = slot_base + w * slot_stride;
+    float* s = slot(w);
     Worker r;
     r.k = as_parts(s + k_at);
     r.v = as_parts(s + v_at);

@@ -55,6 +55,25 @@ struct SequenceShare {
   std::int64_t target;
 };
 
+// Where a backward workspace of either ISA lies: its memory (base), and its workers' slots
+// of worker_floats each, in that memory from workers_at or, for a ragged batch's sequence,
+// in one set that all the batch's sequences share (cpu/backward/ragged.hpp).
+struct BackwardMemory {
+  float* base = nullptr;
+  std::int64_t worker_floats = 0, workers_at = 0;  // set by the workspace's layout
+  float* slot_base = nullptr;
+  std::int64_t slot_stride = 0;  // floats from one worker's slot to the next
+
+  // Puts the workspace in `memory` (its total floats), its worker slots there too or in
+  // `worker_slots`, `stride` floats apart (≥ worker_floats).
+  void place(float* memory, float* worker_slots = nullptr, std::int64_t stride = 0) {
+    base = memory;
+    slot_base = worker_slots ? worker_slots : memory + workers_at;
+    slot_stride = worker_slots ? stride : worker_floats;
+  }
+  float* slot(int w) const { return slot_base + w * slot_stride; }
+};
+
 // The tiles of the backward and which of them meet: query tiles of Br rows, key tiles of
 // Bc keys. Shared by the FMA and AMX backward.
 //
@@ -188,7 +207,7 @@ struct BackwardTiles {
 };
 
 template <class S>
-struct BackwardWorkspace : BackwardTiles<S> {
+struct BackwardWorkspace : BackwardTiles<S>, BackwardMemory {
   using Ops = TileOps<S>;
   using Bwd = BackwardOps<S>;
   using Tiles = BackwardTiles<S>;
@@ -209,28 +228,17 @@ struct BackwardWorkspace : BackwardTiles<S> {
   bool naive;
   bool q_direct, do_direct;  // Q / dO rows read in place (no padded copy)
   std::int64_t Dp, kv_padded;
-  std::int64_t panel_head, k_rows_head, tile_t, tile_rows, tile_vec, full_block, worker_floats;
+  std::int64_t panel_head, k_rows_head, tile_t, tile_rows, tile_vec, full_block;
   std::int64_t k_panels_at, v_panels_at, k_rows_at, qt_at, dot_at, q_rows_at, do_rows_at;
   std::int64_t lse2_at, delta_at, dq_parts_at, dkv_parts_at, kv_part, probs_at, dscores_at,
-      cap_grads_at, workers_at, total;
+      cap_grads_at, total;
   std::int64_t st_at, dst_at, dk_at, dv_at, dqt_at, ones_at, cap_at;  // within a worker's slot
   bool has_cap;  // the fused backward with softcap keeps 1 − tanh² per worker
-  float* base = nullptr;
-  float* slot_base = nullptr;  // the workers' slots (place)
-  std::int64_t slot_stride = 0;  // floats from one worker's slot to the next (place)
 
   BackwardWorkspace(const detail::Problem& problem, bool is_naive, int workers)
       : BackwardWorkspace(problem, is_naive, workers, Tiles::items_target(is_naive, workers)) {}
   BackwardWorkspace(const detail::Problem& problem, SequenceShare share)
       : BackwardWorkspace(problem, /*is_naive=*/false, /*slot_workers=*/0, share.target) {}
-
-  // Puts the workspace in `memory` (total floats), its worker slots there too or in
-  // `worker_slots`, `stride` floats apart (≥ worker_floats).
-  void place(float* memory, float* worker_slots = nullptr, std::int64_t stride = 0) {
-    base = memory;
-    slot_base = worker_slots ? worker_slots : memory + workers_at;
-    slot_stride = worker_slots ? stride : worker_floats;
-  }
 
  private:
   // With `target` items (BackwardTiles) and `slot_workers` worker slots in its own memory.
@@ -313,7 +321,7 @@ struct BackwardWorkspace : BackwardTiles<S> {
   // The naive backward with softcap: 1 − tanh² of every score of the tile.
   float* cap_grads(std::int64_t tile) const { return base + cap_grads_at + tile * full_block; }
   Worker worker(int w) const {
-    float* s = slot_base + w * slot_stride;
+    float* s = slot(w);
     return {naive ? nullptr : s + st_at, naive ? nullptr : s + dst_at, s + dk_at, s + dv_at,
             s + dqt_at, s + ones_at, has_cap ? s + cap_at : nullptr};
   }
