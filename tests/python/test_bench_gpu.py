@@ -18,7 +18,8 @@ GPU_ONLY = {"sdpa_flash", "sdpa_cudnn", "sdpa_efficient"}
 def test_gpu_bench_smoke_on_cpu(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run([sys.executable, "-m", "fattn.bench", "--gpu", "--smoke", "--device",
-                        "cpu", "--out", str(tmp_path)], capture_output=True, text=True,
+                        "cpu", "--out", str(tmp_path), "--backward-tiles",
+                        "16,32,4,2/32,16,4,2"], capture_output=True, text=True,
                        timeout=240, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     evidence = json.loads((tmp_path / "evidence.json").read_text())
@@ -36,7 +37,11 @@ def test_gpu_bench_smoke_on_cpu(tmp_path):
     assert len(rows["masked"]) == 2 * 3 * 6            # dtypes x masks x impls
     assert len(rows["forward"]) == 4 * 2 * 2 * 4       # shapes x dtypes x causal x impls
     assert len(rows["decode"]) == 1 + 3 * 2 * 4        # the copy, Sk x B x impls
-    assert len(rows["training"]) == 2 * 2 * 4          # dtypes x causal x impls
+    assert len(rows["training"]) == 2 * 2 * 5          # dtypes x causal x (impls + sweep)
+    swept = [r for r in rows["training"] if "tiles 16x32 w4 s2 / 32x16 w4 s2" in r["variant"]]
+    assert len(swept) == 2 * 2 and all(r["impl"] == "fattn_triton" for r in swept)
+    for r in rows["training"]:  # fattn's backward is deterministic; torch's not stated
+        assert r["deterministic"] is (True if r["impl"].startswith("fattn") else None), r
     for section, rs in rows.items():
         for r in rs:
             assert KEYS <= set(r), (section, KEYS - set(r))

@@ -126,6 +126,75 @@ def test_gradients_are_bit_identical_run_to_run():
         assert torch.equal(a, b)
 
 
+# The configurations production runs (problem.BACKWARD_TILES' tiles, no test override) at
+# the head dims whose gradients were wrong on an H200 with Triton 3.6 (D = 80, 96 and 128
+# pad to BLOCK_D = 128: dK/dV 32 × 64, dQ 64 × 32), not causal and causal with a window,
+# several key and query tiles per program, odd lengths, Sq != Sk, GQA. On a GPU these run
+# the compiled kernels; under the interpreter the same tiles and grid.
+PRODUCTION = [  # (dtype, hq, hkv, sq, sk, d, causal, window)
+    (torch.float16, 2, 1, 131, 200, 128, None, (-1, -1)),
+    (torch.bfloat16, 2, 2, 160, 97, 96, None, (-1, -1)),
+    (torch.float16, 4, 2, 100, 150, 80, "bottom_right", (40, 0)),
+    (torch.bfloat16, 2, 1, 96, 96, 128, "top_left", (30, 20)),
+    (torch.float16, 2, 2, 70, 300, 64, None, (-1, -1)),
+    (torch.bfloat16, 2, 1, 50, 45, 256, None, (-1, -1)),
+]
+
+
+def production_backward(q, k, v, dout, causal, window):
+    q, k, v, dout = (t.to(DEVICE) for t in (q, k, v, dout))
+    flags = dict(causal=causal is not None, causal_bottom_right=causal == "bottom_right",
+                 window_size=window)
+    out, lse = fattn.triton.attention(q, k, v, return_lse=True, **flags)
+    return fattn.triton.attention_backward(dout, q, k, v, out, lse, **flags)[:3]
+
+
+@pytest.mark.parametrize("case", PRODUCTION, ids=lambda c: "-".join(
+    str(x).replace("torch.", "").replace(" ", "") for x in c))
+def test_16bit_gradients_at_production_tiles(case):
+    from test_triton import torch_eager
+    dtype, hq, hkv, sq, sk, d, causal, window = case
+    q, k, v = inputs(dtype, 1, hq, hkv, sq, sk, d, seed=sq + d)
+    dout = inputs(dtype, 1, hq, hq, sq, 1, d, seed=d)[0]
+    grads = production_backward(q, k, v, dout, causal, window)
+    _, _, ref = float64_gradients(q, k, v, dout, causal=causal, window_size=window)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch_eager(*leaves, dtype, causal=causal, window_size=window).backward(dout)
+    for name, got, want, theirs in zip(("dq", "dk", "dv"), grads, ref, (t.grad for t in leaves)):
+        err = (got.cpu().double() - want).abs().max().item()
+        err_torch = (theirs.double() - want).abs().max().item()
+        bound = 2 * err_torch + 2 * ulp_floor(want, dtype)
+        assert got.dtype == dtype and err <= bound, (name, err, err_torch, bound)
+
+
+def test_production_tiles_bit_identical_run_to_run():
+    """FlashAttention's deterministic test at the configuration that broke it on an H200:
+    D = 128, not causal, production tiles; two backward passes, the same bits."""
+    q, k, v = inputs(torch.float16, 1, 2, 2, 130, 190, 128, seed=11)
+    dout = inputs(torch.float16, 1, 2, 2, 130, 1, 128, seed=12)[0]
+    first = production_backward(q, k, v, dout, None, (-1, -1))
+    second = production_backward(q, k, v, dout, None, (-1, -1))
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_backward_tiles_override():
+    """attention_backward's tiles= (the benchmark's sweep) runs the kernels at the given
+    tiles, with the same gradients as the default's to float32 rounding, and rejects a
+    malformed configuration naming the argument."""
+    q, k, v = inputs(torch.float32, 1, 2, 1, 40, 70, 64, seed=2)
+    dout = inputs(torch.float32, 1, 2, 2, 40, 1, 64, seed=3)[0]
+    q, k, v, dout = (t.to(DEVICE) for t in (q, k, v, dout))
+    out, lse = fattn.triton.attention(q, k, v, return_lse=True)
+    default = fattn.triton.attention_backward(dout, q, k, v, out, lse)[:3]
+    swept = fattn.triton.attention_backward(dout, q, k, v, out, lse,
+                                            tiles=((16, 32, 4, 2), (32, 16, 4, 2)))[:3]
+    for a, b in zip(default, swept):
+        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, a.abs().max().item())
+    with pytest.raises(fattn.triton.ArgumentError, match="tiles must be two"):
+        fattn.triton.attention_backward(dout, q, k, v, out, lse, tiles=((24, 32, 4, 2),) * 2)
+
+
 def test_varlen_gradients():
     lq, lk = [5, 0, 17], [9, 4, 17]
     cu_q = torch.tensor([0, 5, 5, 22], dtype=torch.int32)
@@ -148,8 +217,17 @@ def test_varlen_gradients():
         assert_gradient(name, got, ref)
 
 
-def test_bad_gradient_inputs():
+def test_cpu_tensors_without_the_interpreter(monkeypatch):
+    """With a GPU (no interpreter), CPU tensors get fattn's error naming the device, not
+    Triton's launch failure."""
+    monkeypatch.setattr(fattn.triton.problem, "interpreted", lambda: False)
     q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(fattn.triton.ArgumentError, match="q is on cpu, expected a CUDA"):
+        fattn.triton.attention(q, q, q)
+
+
+def test_bad_gradient_inputs():
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
     out, lse = fattn.triton.attention(q, q, q, return_lse=True)
     with pytest.raises(fattn.triton.ArgumentError, match="dout must have shape"):
         fattn.triton.attention_backward(q[:, :, :4], q, q, q, out, lse)

@@ -25,3 +25,9 @@ def test_every_policy_combination_compiles_for_sm90(tmp_path):
                                                 + ["splits8"])
     for row in rows:  # ptxas accepted each one (its report, where Triton bundles ptxas)
         assert row.get("registers", 1) > 0
+        # no product tile is transposed in registers: the pattern Triton 3.6 compiles
+        # wrongly on Hopper (the dK/dV kernel's wrong gradients at D = 80-128 on an H200)
+        assert row["product_transposes"] == 0, row
+        if row["kernel"] in ("dkdv", "dq") and row["dtype"] != "fp32":
+            # problem.BACKWARD_TILES' rule: the 16-bit backward spills no register
+            assert row.get("spill_store_bytes", 0) == 0, row

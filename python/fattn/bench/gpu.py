@@ -33,7 +33,10 @@ torch rows it is compared with. Sections (--sections; each its own JSON file):
            sdpa_cudnn through autograd. TFLOP/s with the FLOPs counted as 3.5x the
            forward's; peak_extra_mib: what one step allocates at its peak beyond what was
            allocated before it; max_err over dq, dk, dv against float32 autograd of the
-           definition on the first (batch, 2 heads).
+           definition on the first (batch, 2 heads); deterministic: true where the
+           backward gives the same bits run to run (fattn's: no atomics), null where torch
+           does not say. --backward-tiles adds fattn_triton rows at other backward tiles
+           (one row per configuration, its variant naming them) beside the default.
 
 Timing: triton.testing.do_bench (CUDA events around each call, L2 flushed before each,
 25 ms warm-up, 100 ms of calls; --warmup-ms, --rep-ms), the median. The first call of each
@@ -358,13 +361,13 @@ def bench_training(run: Run):
                         return torch.autograd.grad(forward(*leaves), leaves, dout)
                     return step
 
-                def triton_step(c=causal):
+                def triton_step(c=causal, tiles=None):
                     import fattn.triton
 
                     def step():
                         out, lse = fattn.triton.attention(q, k, v, causal=c, return_lse=True)
                         return fattn.triton.attention_backward(dout, q, k, v, out, lse,
-                                                               causal=c)[:3]
+                                                               causal=c, tiles=tiles)[:3]
                     return step
 
                 def sdpa_step(backend, c=causal):
@@ -377,15 +380,22 @@ def bench_training(run: Run):
                     run.needs_cuda()
                     return autograd_step(forward)
 
-                for impl, variant, make in (
+                sweep = [("fattn_triton", f"fattn.triton.attention + attention_backward, "
+                                          f"tiles {format_tiles(t)}",
+                          lambda t=t: triton_step(tiles=t), True)
+                         for t in run.args.backward_tiles]
+                for impl, variant, make, deterministic in [
                         ("fattn_triton", "fattn.triton.attention + attention_backward",
-                         triton_step),
+                         triton_step, True),
                         ("fattn_op", "autograd through fattn.scaled_dot_product_attention",
                          lambda c=causal: autograd_step(
-                             lambda *t: fattn.scaled_dot_product_attention(*t, is_causal=c))),
-                        ("sdpa_flash", "autograd", lambda: sdpa_step("sdpa_flash")),
-                        ("sdpa_cudnn", "autograd", lambda: sdpa_step("sdpa_cudnn"))):
-                    row = run.row("training", dict(base, causal=causal), impl,
+                             lambda *t: fattn.scaled_dot_product_attention(*t, is_causal=c)),
+                         True),
+                        ("sdpa_flash", "autograd", lambda: sdpa_step("sdpa_flash"), None),
+                        ("sdpa_cudnn", "autograd", lambda: sdpa_step("sdpa_cudnn"), None),
+                        *sweep]:
+                    row = run.row("training", dict(base, causal=causal,
+                                                   deterministic=deterministic), impl,
                                   f"{variant} (causal={causal})", make, check, work)
                     if run.cuda and row["status"] == "ok":
                         row["peak_extra_mib"] = peak_extra_mib(make())
@@ -393,6 +403,23 @@ def bench_training(run: Run):
                 del ref
             del q, k, v, dout
             run.free()
+
+
+def parse_tiles(text: str):
+    """'M,N,W,S/M,N,W,S' -> the (dK/dV, dQ) configurations of attention_backward's tiles=."""
+    try:
+        kernels = [tuple(int(x) for x in part.split(",")) for part in text.split("/")]
+    except ValueError:
+        kernels = []
+    if len(kernels) != 2 or any(len(k) != 4 for k in kernels):
+        raise argparse.ArgumentTypeError(
+            f"--backward-tiles takes BLOCK_M,BLOCK_N,WARPS,STAGES/BLOCK_M,BLOCK_N,WARPS,STAGES "
+            f"(dK/dV kernel / dQ kernel), got {text!r}")
+    return tuple(kernels)
+
+
+def format_tiles(tiles) -> str:
+    return " / ".join("{}x{} w{} s{}".format(*t) for t in tiles)
 
 
 def peak_extra_mib(step) -> float:
@@ -451,6 +478,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backward-tiles", nargs="*", type=parse_tiles, default=[],
+                   metavar="M,N,W,S/M,N,W,S",
+                   help="training: fattn_triton rows at these backward tiles too (dK/dV "
+                        "kernel / dQ kernel: block_m,block_n,num_warps,num_stages; "
+                        "fattn.triton.compile_check --backward-sweep lists candidates)")
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.smoke else "cuda")
     device = torch.device(args.device)

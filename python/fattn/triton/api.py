@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from . import problem
 from .problem import (DTYPES, HEAD_DIMS, ArgumentError, Problem, check, check_lengths,
                       check_variants, run_backward, run_forward)
 
@@ -27,6 +28,9 @@ def _check_operands(fn, named, rank, layout):
                                           f"is {first.dtype}; all inputs must have one dtype")
     check(first.dtype in DTYPES, fn, f"{first_name}.dtype must be float32, float16 or bfloat16, "
                                      f"got {first.dtype}")
+    check(first.is_cuda or problem.interpreted(), fn,
+          f"{first_name} is on {first.device}, expected a CUDA device (CPU tensors run only "
+          "under Triton's interpreter, TRITON_INTERPRET=1 before triton is imported)")
 
 
 def _check_heads_and_dim(fn, hq, hkv, d, dk, dv):
@@ -120,15 +124,26 @@ def _check_gradient_inputs(fn, p, dout, out, lse, dlse, lse_shape, packed_shape=
 def attention_backward(dout, q, k, v, out, lse, dlse=None, attn_mask=None, causal=False,
                        causal_bottom_right=False, window_size=(-1, -1), softcap=0.0,
                        sinks=None, alibi_slopes=None, scale=None, dq=None, dk=None, dv=None,
-                       block_m=None, block_n=None):
+                       block_m=None, block_n=None, tiles=None):
     """The gradients of attention(q, k, v, ...) -> (out, lse) given dout and optionally
     dlse (the logsumexp's gradient): (dq, dk, dv, dsinks), dsinks float32 of sinks' shape
     (None without sinks). The options must be the forward's; out and lse its results.
     dq, dk, dv (optional): tensors shaped as q, k, v to write into. Deterministic: the same
-    bits run to run (no atomics)."""
+    bits run to run (no atomics). tiles (benchmarks): ((block_m, block_n, num_warps,
+    num_stages) of the dK/dV kernel, the same of the dQ kernel) instead of problem.py's
+    BACKWARD_TILES."""
     fn = "attention_backward"
     p = _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_size,
                        softcap, sinks, alibi_slopes, scale, out, block_m, block_n, lse=lse)
+    if tiles is not None:
+        def power_of_two(x, least):
+            return isinstance(x, int) and x >= least and x & (x - 1) == 0
+        check(len(tiles) == 2 and all(
+            len(t) == 4 and power_of_two(t[0], 16) and power_of_two(t[1], 16)
+            and power_of_two(t[2], 1) and isinstance(t[3], int) and t[3] >= 1 for t in tiles),
+            fn, "tiles must be two (block_m, block_n, num_warps, num_stages) tuples: blocks "
+                f"powers of two >= 16, warps a power of two, stages >= 1; got {tiles!r}")
+        p.backward_tiles = tuple(tuple(t) for t in tiles)
     _check_gradient_inputs(fn, p, dout, out, lse, dlse, tuple(q.shape[:3]))
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) if g is None else g
                   for t, g in ((q, dq), (k, dk), (v, dv)))

@@ -49,6 +49,10 @@ def _dkdv_kernel(
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, LENGTHS: tl.constexpr,
         PRECISION: tl.constexpr, UPCAST: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    # The tile is [keys, queries]: Sᵀ = K·Qᵀ, so Pᵀ and dSᵀ come out of their products
+    # already as the left operands of dV += Pᵀ·dO and dK += dSᵀ·Q. Transposing a product's
+    # register tile instead (dV += trans(P)·dO) is what Triton 3.6 compiles wrongly on
+    # Hopper (docs/triton.md, "The backward"); only loaded tiles are transposed here.
     key_tile = tl.program_id(0)
     b = (tl.program_id(1) // kv_heads).to(tl.int64)
     hk = tl.program_id(1) % kv_heads
@@ -89,18 +93,19 @@ def _dkdv_kernel(
                                                  sdoh, sdos, sdod, slb, slh, sls)
                 mask_rows = MASK
                 if MASK_KIND != 0:
-                    mask_rows = MASK + b * smb + head * smh + i.to(tl.int64) * sms
-                qk = scores.dot(q, tl.trans(k), PRECISION, UPCAST)
-                s, t = scores.modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale,
-                                     softcap, slope2, mask_rows, smk, cover, CAUSAL, WINDOW,
-                                     MASK_KIND, SOFTCAP, ALIBI, False)
-                p = tl.exp2(s - lse2[:, None])
-                dv += scores.dot(tl.trans(p.to(v.dtype)), do, PRECISION, UPCAST)
-                dp = scores.dot(do, tl.trans(v), PRECISION, UPCAST)
-                ds = p * (dp - delta[:, None])
+                    mask_rows = (MASK + b * smb + head * smh + i.to(tl.int64) * sms)[None, :]
+                kq = scores.dot(k, tl.trans(q), PRECISION, UPCAST)
+                s, t = scores.modify(kq, i[None, :], keys[:, None], row_ok[None, :],
+                                     key_ok[:, None], lq, lk, lo, hi, scale, softcap, slope2,
+                                     mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND,
+                                     SOFTCAP, ALIBI)
+                p = tl.exp2(s - lse2[None, :])
+                dv += scores.dot(p.to(v.dtype), do, PRECISION, UPCAST)
+                dp = scores.dot(v, tl.trans(do), PRECISION, UPCAST)
+                ds = p * (dp - delta[None, :])
                 if SOFTCAP:
                     ds = ds * (1.0 - t * t)
-                dk += scores.dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
+                dk += scores.dot(ds.to(q.dtype), q, PRECISION, UPCAST)
     dk = dk * scale
     kv_mask = key_ok[:, None] & dim_ok[None, :]
     tl.store(DK + b * sdkb + hk * sdkh + k_rows[:, None] * sdks + dims[None, :] * sdkd,
@@ -138,7 +143,7 @@ def _dq_kernel(
         slope2 = tl.load(SLOPES + b * sab + head * sah).to(tl.float32) * LOG2E
     mask_rows = MASK
     if MASK_KIND != 0:
-        mask_rows = MASK + b * smb + head * smh + i.to(tl.int64) * sms
+        mask_rows = (MASK + b * smb + head * smh + i.to(tl.int64) * sms)[:, None]
     i_last = tl.minimum(tile * BLOCK_M + BLOCK_M, lq) - 1
     begin, end = visibility.key_range(tile * BLOCK_M, i_last, lo, hi, lk, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -153,9 +158,10 @@ def _dq_kernel(
             k = scores.load_rows(K + b * skb + hk * skh, k_rows, sks, dims, skd, key_ok, dim_ok)
             v = scores.load_rows(V + b * svb + hk * svh, k_rows, svs, dims, svd, key_ok, dim_ok)
             qk = scores.dot(q, tl.trans(k), PRECISION, UPCAST)
-            s, t = scores.modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale, softcap,
-                                 slope2, mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND,
-                                 SOFTCAP, ALIBI, False)
+            s, t = scores.modify(qk, i[:, None], keys[None, :], row_ok[:, None],
+                                 key_ok[None, :], lq, lk, lo, hi, scale, softcap, slope2,
+                                 mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND, SOFTCAP,
+                                 ALIBI)
             p = tl.exp2(s - lse2[:, None])
             dp = scores.dot(do, tl.trans(v), PRECISION, UPCAST)
             ds = p * (dp - delta[:, None])

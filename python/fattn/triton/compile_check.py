@@ -25,7 +25,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import backward, forward
+from . import backward, forward, problem
 
 # The policy combinations compiled, named as the calls that use them; launch options as
 # problem.tile_config gives them (num_warps 4, num_stages 3: Triton's defaults)
@@ -45,14 +45,28 @@ COMBINATIONS = [  # (name, dtype, constexprs over BASE)
     ("decode_paged_split", "bf16", dict(LENGTHS=1, PAGED=True, PACK_GQA=True, SPLIT=True,
                                         CAUSAL=2, BLOCK_M=16)),
 ]
-# the backward's kernels: (name, dtype, constexprs); dK/dV tile 32 × 64, dQ tile 64 × 32
+# the backward's kernels: (name, dtype, constexprs), each at problem.BACKWARD_TILES' tiles
+# and launch options for its BLOCK_D
 BACKWARD_BASE = dict(CAUSAL=0, WINDOW=False, MASK_KIND=0, SOFTCAP=False, ALIBI=False, LENGTHS=0,
                      PRECISION="tf32x3", UPCAST=False, BLOCK_D=128)
 BACKWARD = [
     ("plain", "bf16", {}),
     ("variants", "fp16", dict(CAUSAL=2, WINDOW=True, MASK_KIND=2, SOFTCAP=True, ALIBI=True)),
+    ("d64_causal", "fp16", dict(CAUSAL=1, BLOCK_D=64)),
+    ("d256_window", "bf16", dict(CAUSAL=2, WINDOW=True, BLOCK_D=256)),
     ("varlen_float32", "fp32", dict(LENGTHS=2, CAUSAL=2, BLOCK_D=64)),
 ]
+# --backward-sweep: candidate (block_m, block_n, num_warps, num_stages) per kernel and
+# BLOCK_D, compiled in float16 (what problem.BACKWARD_TILES was chosen from)
+BACKWARD_CANDIDATES = {
+    "dkdv": {64: [(32, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3)],
+             128: [(32, 64, 4, 3), (16, 64, 4, 3), (32, 64, 8, 3), (32, 64, 8, 2),
+                   (64, 64, 8, 2), (32, 128, 8, 2)],
+             256: [(16, 32, 4, 3), (16, 32, 8, 2), (16, 64, 8, 2)]},
+    "dq": {64: [(64, 32, 4, 3), (64, 32, 8, 3), (128, 32, 8, 3)],
+           128: [(64, 32, 4, 3), (64, 32, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3)],
+           256: [(32, 16, 4, 3), (32, 16, 8, 2), (32, 32, 8, 2), (64, 16, 8, 2)]},
+}
 _POINTERS = {"LSE": "fp32", "DELTA": "fp32", "MASK": "i1", "COVER": "i8", "SLOPES": "fp32", "SINKS": "fp32",
              "SEQ_Q": "i32", "SEQ_K": "i32", "TABLE": "i32"}
 _FLOATS = {"scale", "softcap"}
@@ -96,6 +110,49 @@ def _ptxas_report(ptx: str, arch: int) -> dict:
     return report
 
 
+def product_transposes(ttgir: str) -> int:
+    """tt.trans ops whose source is a product tile (a tensor in an MMA accumulator layout,
+    #mma...) in a kernel's TritonGPU IR. Triton 3.6 on Hopper compiles such a tile feeding
+    the next product (dV += trans(P)·dO) wrongly: the dK/dV kernel's gradients at D = 80-128
+    on an H200 (docs/triton.md, "The backward"). Transposed loads are not counted: they
+    become shared-memory views (ttg.memdesc_trans) for wgmma, or register shuffles of a
+    loaded tile for mma.sync."""
+    count = 0
+    for line in ttgir.splitlines():
+        if " = tt.trans " in line:
+            source = line.split(" : ", 1)[1].split(" -> ")[0]
+            count += ", #mma" in source
+    return count
+
+
+def _compile_backward(kernel_name, dtype, constexprs, config, target, arch):
+    fn = {"dkdv": backward._dkdv_kernel, "dq": backward._dq_kernel}[kernel_name]
+    signature, values = _signature(fn, dtype, {**constexprs, "BLOCK_M": config.block_m,
+                                               "BLOCK_N": config.block_n})
+    kernel = triton.compile(ASTSource(fn, signature, values), target=target,
+                            options=problem.launch_options(config))
+    return dict(tiles=f"{config.block_m}x{config.block_n}", num_warps=config.num_warps,
+                num_stages=config.num_stages, shared_bytes=kernel.metadata.shared,
+                product_transposes=product_transposes(kernel.asm["ttgir"]),
+                **_ptxas_report(kernel.asm["ptx"], arch))
+
+
+def backward_sweep(arch: int = 90):
+    """Every BACKWARD_CANDIDATES configuration of the plain float16 backward: the rows
+    problem.BACKWARD_TILES was chosen from."""
+    target = GPUTarget("cuda", arch, 32)
+    rows = []
+    for kernel_name, by_dim in BACKWARD_CANDIDATES.items():
+        for block_d, candidates in by_dim.items():
+            for m, n, warps, stages in candidates:
+                config = problem.TileConfig(m, n, warps, stages)
+                rows.append(dict(kernel=kernel_name, combination=f"sweep_d{block_d}",
+                                 dtype="fp16", **_compile_backward(
+                                     kernel_name, "fp16", {**BACKWARD_BASE, "BLOCK_D": block_d},
+                                     config, target, arch)))
+    return rows
+
+
 def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
     """Compiles every combination (and the split combine); returns one row per kernel."""
     target = GPUTarget("cuda", arch, 32)
@@ -108,17 +165,16 @@ def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
                                 options={"num_warps": num_warps, "num_stages": num_stages})
         rows.append(dict(kernel="forward", combination=name, dtype=dtype,
                          shared_bytes=kernel.metadata.shared,
+                         product_transposes=product_transposes(kernel.asm["ttgir"]),
                          seconds=round(time.perf_counter() - start, 2),
                          **_ptxas_report(kernel.asm["ptx"], arch)))
     for name, dtype, over in BACKWARD:
-        for kernel_fn, tiles in ((backward._dkdv_kernel, dict(BLOCK_M=32, BLOCK_N=64)),
-                                 (backward._dq_kernel, dict(BLOCK_M=64, BLOCK_N=32))):
-            signature, values = _signature(kernel_fn, dtype, {**BACKWARD_BASE, **over, **tiles})
-            kernel = triton.compile(ASTSource(kernel_fn, signature, values), target=target,
-                                    options={"num_warps": num_warps, "num_stages": num_stages})
-            rows.append(dict(kernel=kernel_fn.__name__.strip("_"), combination=name, dtype=dtype,
-                             shared_bytes=kernel.metadata.shared,
-                             **_ptxas_report(kernel.asm["ptx"], arch)))
+        constexprs = {**BACKWARD_BASE, **over}
+        tiles = dict(zip(("dkdv", "dq"), problem.backward_tiles(constexprs["BLOCK_D"])))
+        for kernel_name, config in tiles.items():
+            rows.append(dict(kernel=kernel_name, combination=name, dtype=dtype,
+                             **_compile_backward(kernel_name, dtype, constexprs, config,
+                                                 target, arch)))
     fn = forward._combine_kernel
     signature, values = {}, {}
     for index, name in enumerate(fn.arg_names):
@@ -133,7 +189,8 @@ def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
             signature[name] = "i32"
     kernel = triton.compile(ASTSource(fn, signature, values), target=target)
     rows.append(dict(kernel="combine", combination="splits8", dtype="bf16",
-                     shared_bytes=kernel.metadata.shared, **_ptxas_report(kernel.asm["ptx"], arch)))
+                     shared_bytes=kernel.metadata.shared,
+                     product_transposes=product_transposes(kernel.asm["ttgir"]), **_ptxas_report(kernel.asm["ptx"], arch)))
     return rows
 
 
@@ -141,11 +198,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--backward-sweep", action="store_true",
+                        help="compile the backward's candidate tiles (BACKWARD_CANDIDATES) "
+                             "instead")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("fattn.triton.compile_check: unset TRITON_INTERPRET (the interpreter "
                  "compiles nothing)")
-    rows = compile_all(args.arch)
+    rows = backward_sweep(args.arch) if args.backward_sweep else compile_all(args.arch)
     for row in rows:
         print(" ".join(f"{k}={v}" for k, v in row.items()))
     if args.json:

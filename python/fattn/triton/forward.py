@@ -103,6 +103,8 @@ def _forward_kernel(
     slope2 = 0.0
     if ALIBI:
         slope2 = tl.load(SLOPES + b * sab + head * sah).to(tl.float32) * LOG2E
+        if PACK_GQA:  # one slope per row (its query head)
+            slope2 = slope2[:, None]
     # --- the online softmax's state; a sink starts every row with its term -------------
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
@@ -138,10 +140,11 @@ def _forward_kernel(
                 s += scores.dot(q_tail, tl.trans(k_tail), PRECISION, UPCAST)
             mask_rows = MASK
             if MASK_KIND != 0:
-                mask_rows = MASK + b * smb + head * smh + i.to(tl.int64) * sms
-            s, _ = scores.modify(s, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale, softcap,
-                                 slope2, mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND,
-                                 SOFTCAP, ALIBI, PACK_GQA)
+                mask_rows = (MASK + b * smb + head * smh + i.to(tl.int64) * sms)[:, None]
+            s, _ = scores.modify(s, i[:, None], keys[None, :], row_ok[:, None],
+                                 key_ok[None, :], lq, lk, lo, hi, scale, softcap, slope2,
+                                 mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND, SOFTCAP,
+                                 ALIBI)
             m_new = tl.maximum(m, tl.max(s, 1))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible score yet
             p = tl.exp2(s - m_ref[:, None])

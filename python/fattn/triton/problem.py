@@ -85,6 +85,7 @@ class Problem:
     num_splits: int = 0         # 0: chosen here; 1: no split
     block_m: int | None = None
     block_n: int | None = None
+    backward_tiles: tuple | None = None  # backward_tiles' `tiles` (benchmark sweeps)
 
     @property
     def q_heads(self):
@@ -97,6 +98,13 @@ class Problem:
     @property
     def head_dim(self):
         return self.q.size(3)
+
+
+def interpreted() -> bool:
+    """Whether fattn's kernels run under Triton's interpreter (TRITON_INTERPRET=1 when
+    triton was imported): the only way they take CPU tensors."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(kernels._forward_kernel, InterpretedFunction)
 
 
 def check(condition: bool, fn: str, message: str) -> None:
@@ -216,6 +224,12 @@ def _precision(p: Problem) -> tuple[str, bool]:
     return ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"), False
 
 
+def launch_options(config: TileConfig) -> dict:
+    """Triton's launch options of a tile configuration (those it leaves to Triton omitted)."""
+    return {k: v for k, v in (("num_warps", config.num_warps),
+                              ("num_stages", config.num_stages)) if v is not None}
+
+
 def run_forward(p: Problem) -> None:
     """Launches the forward kernel (and the split combine) for a validated Problem,
     writing p.out and p.lse."""
@@ -275,8 +289,7 @@ def run_forward(p: Problem) -> None:
         SPLIT=splits > 1, PRECISION=precision, UPCAST=upcast,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_D=max(16, triton.next_power_of_2(p.head_dim)),
-        **{k: v for k, v in (("num_warps", config.num_warps),
-                             ("num_stages", config.num_stages)) if v is not None})
+        **launch_options(config))
     if splits > 1:
         kernels._combine_kernel[(p.batch * p.q_heads * p.q_len,)](
             o_part, lse_part, p.out, p.lse, *o_part.stride(), *lse_part.stride(),
@@ -285,14 +298,36 @@ def run_forward(p: Problem) -> None:
             BLOCK_D=max(16, triton.next_power_of_2(p.head_dim)))
 
 
-def backward_tiles(head_dim: int, block_m=None, block_n=None):
-    """(dK/dV tile, dQ tile) as (query rows, keys): the dK/dV program holds its keys' K, V,
-    dK and dV, so it takes more keys than queries, the dQ program the reverse
-    (FlashAttention 2's Triton tutorial's shapes; not yet measured here). Halved above
-    D = 128 (the accumulators' registers)."""
-    small, large = (16, 32) if head_dim > 128 else (32, 64)
-    return (TileConfig(block_m or small, block_n or large),
-            TileConfig(block_m or large, block_n or small))
+# The backward's tiles per padded head dim (BLOCK_D): (dK/dV kernel, dQ kernel). The dK/dV
+# program holds its keys' K, V, dK and dV (two float32 accumulators of BLOCK_N × BLOCK_D),
+# so it takes more keys than queries, the dQ program the reverse. Chosen without a GPU
+# (2026-11-28, triton 3.6, ptxas for sm_90a, float16): the largest tiles of the
+# candidates compiled by `python -m fattn.triton.compile_check --backward-sweep` that use
+# wgmma for every product and spill no register (at D = 128, 32 × 64 on 4 warps spilled
+# 644 bytes; on 8 warps with 2 stages none). Not yet timed: `python -m fattn.bench --gpu
+# --backward-tiles ...` sweeps candidates beside the default in one run.
+BACKWARD_TILES = {
+    64: (TileConfig(32, 128, num_warps=8, num_stages=3), TileConfig(64, 32, num_warps=4)),
+    128: (TileConfig(32, 64, num_warps=8, num_stages=2),
+          TileConfig(64, 32, num_warps=8, num_stages=3)),
+    256: (TileConfig(16, 32, num_warps=8, num_stages=2),
+          TileConfig(32, 32, num_warps=8, num_stages=2)),
+}
+
+
+def backward_tiles(head_dim: int, block_m=None, block_n=None, tiles=None):
+    """(dK/dV tile, dQ tile) for head_dim: BACKWARD_TILES' row of the padded head dim;
+    block_m/block_n override both kernels' sizes (tests: tile edges), tiles =
+    ((block_m, block_n, num_warps, num_stages) of dK/dV, the same of dQ) replaces them
+    (benchmark sweeps)."""
+    if tiles is not None:
+        return tuple(TileConfig(*t) for t in tiles)
+    padded = max(16, triton.next_power_of_2(head_dim))
+    dkdv, dq = BACKWARD_TILES[min(d for d in BACKWARD_TILES if d >= padded)]
+    return (dataclasses.replace(dkdv, block_m=block_m or dkdv.block_m,
+                                block_n=block_n or dkdv.block_n),
+            dataclasses.replace(dq, block_m=block_m or dq.block_m,
+                                block_n=block_n or dq.block_n))
 
 
 def run_backward(p: Problem, dout, dlse, dq, dk, dv):
@@ -323,7 +358,7 @@ def run_backward(p: Problem, dout, dlse, dq, dk, dv):
         dv.zero_()
         return dsinks
     precision, upcast = _precision(p)
-    dkdv_tiles, dq_tiles = backward_tiles(p.head_dim, p.block_m, p.block_n)
+    dkdv_tiles, dq_tiles = backward_tiles(p.head_dim, p.block_m, p.block_n, p.backward_tiles)
     block_d = max(16, triton.next_power_of_2(p.head_dim))
     dummy = lse
 
@@ -349,11 +384,13 @@ def run_backward(p: Problem, dout, dlse, dq, dk, dv):
         p.q, p.k, p.v, dout, lse, delta, dk, dv, *pointers,
         *p.q.stride(), *p.k.stride(), *p.v.stride(), *dout.stride(), *lse.stride(),
         *dk.stride(), *dv.stride(), *strides, *scalars,
-        BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n, **common)
+        BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n, **common,
+        **launch_options(dkdv_tiles))
     pointers, strides = variant_args(dq_tiles)
     kernels_bwd._dq_kernel[(triton.cdiv(p.q_len, dq_tiles.block_m), p.batch * p.q_heads)](
         p.q, p.k, p.v, dout, lse, delta, dq, *pointers,
         *p.q.stride(), *p.k.stride(), *p.v.stride(), *dout.stride(), *lse.stride(),
         *dq.stride(), *strides, *scalars,
-        BLOCK_M=dq_tiles.block_m, BLOCK_N=dq_tiles.block_n, **common)
+        BLOCK_M=dq_tiles.block_m, BLOCK_N=dq_tiles.block_n, **common,
+        **launch_options(dq_tiles))
     return dsinks

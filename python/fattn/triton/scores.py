@@ -43,14 +43,17 @@ def load_rows(base, rows, row_stride, dims, dim_stride, row_ok, dim_ok):
 
 
 @triton.jit
-def modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale, softcap, slope2, mask_rows, smk,
+def modify(qk, i, j, row_ok, key_ok, lq, lk, lo, hi, scale, softcap, slope2, mask_rows, smk,
            cover, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
-           SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, ROW_SLOPES: tl.constexpr):
-    """(s, t): the tile's scores in log2 units from the raw products qk [rows, keys] of
-    queries i and keys `keys`, hidden pairs −inf; t = tanh(scale·qk/softcap) with SOFTCAP
-    (the backward's chain rule: ds/dqk = scale·(1 − t²)), else 0. slope2: the ALiBi slope
-    in log2 units, one per row with ROW_SLOPES, else one; mask_rows: the attn_mask's row
-    pointers, read where cover == 2 (mixed)."""
+           SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """(s, t): the tile's scores in log2 units from the raw products qk of queries i and keys
+    j, hidden pairs −inf; t = tanh(scale·qk/softcap) with SOFTCAP (the backward's chain rule:
+    ds/dqk = scale·(1 − t²)), else 0. The tile is either orientation: i, row_ok and
+    mask_rows (the attn_mask's row pointers, read where cover == 2: mixed) broadcast along
+    one axis, j and key_ok along the other — [queries, keys] as i[:, None], j[None, :] (the
+    forward, dQ), or [keys, queries] as j[:, None], i[None, :] (dK/dV: its products never
+    transpose a register tile). slope2: the ALiBi slope in log2 units, a scalar or
+    broadcast as i (one per row of a packed GQA tile)."""
     t = 0.0
     if SOFTCAP:
         t = tanh(qk * (scale / softcap))
@@ -58,21 +61,16 @@ def modify(qk, i, keys, row_ok, key_ok, lq, lk, lo, hi, scale, softcap, slope2, 
     else:
         s = qk * (scale * LOG2E)
     if ALIBI:
-        distance = tl.abs(i[:, None] + (lk - lq) - keys[None, :]).to(tl.float32)
-        if ROW_SLOPES:
-            s = s - slope2[:, None] * distance
-        else:
-            s = s - slope2 * distance
+        s = s - slope2 * tl.abs(i + (lk - lq) - j).to(tl.float32)
     if MASK_KIND != 0:
         if cover == 2:
-            value = tl.load(mask_rows[:, None] + keys[None, :].to(tl.int64) * smk,
-                            mask=row_ok[:, None] & key_ok[None, :], other=0)
+            value = tl.load(mask_rows + j.to(tl.int64) * smk, mask=row_ok & key_ok, other=0)
             if MASK_KIND == 1:
                 s = tl.where(value != 0, s, float("-inf"))
             else:
                 s = s + value.to(tl.float32) * LOG2E
-    visible = key_ok[None, :]
+    visible = key_ok
     if CAUSAL != 0 or WINDOW:
-        diagonal = keys[None, :] - i[:, None]
+        diagonal = j - i
         visible = visible & (diagonal >= lo) & (diagonal <= hi)
     return tl.where(visible, s, float("-inf")), t
