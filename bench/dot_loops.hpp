@@ -1,7 +1,8 @@
 // fattn-bench — the 16-bit dot-product peak: a register-resident VDPBF16PS loop.
 //
-// dot_loops.cpp is compiled with the flags of the library's avx512_bf16 unit where the
-// library has one (FATTN_HAVE_AVX512_BF16); elsewhere its loop is null. The caller asks
+// dot_loops.cpp runs the library's loop (cpu/common/peak_loops.hpp, the one its bfloat16
+// products are chosen by), where the library has an avx512_bf16 unit
+// (FATTN_HAVE_AVX512_BF16); elsewhere its loop is null. The caller asks
 // fattn::cpu_has_bf16_dot_products() before running it.
 #pragma once
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 
 #include "accuracy.hpp"
 #include "contention.hpp"
@@ -24,6 +25,17 @@ std::string format(const char* fmt, Args... args) {
   char buffer[128];
   std::snprintf(buffer, sizeof buffer, fmt, args...);
   return buffer;
+}
+
+// What bfloat16 inputs on avx512 multiply on in this process, and why (an invalid
+// FATTN_CPU_BF16 is reported as the reason: float32 runs do not need it).
+std::pair<std::string, std::string> bf16_products_chosen() {
+  try {
+    const fattn::Bf16ProductsChoice& choice = fattn::bf16_products_choice();
+    return {fattn::to_string(choice.products), choice.reason};
+  } catch (const fattn::Error& e) {
+    return {"error", e.what()};
+  }
 }
 
 std::string bytes_label(std::int64_t bytes) {
@@ -172,6 +184,9 @@ void print_machine(std::FILE* out, const Machine& m) {
     std::fprintf(out, "  bf16 dot peak   %8.1f GFLOP/s  (VDPBF16PS in registers: the roof of bfloat16\n"
                       "                                     inputs on the fused and decode kernels)\n",
                  c.bf16_dot_peak_gflops);
+  const auto [bf16_products, bf16_reason] = bf16_products_chosen();
+  std::fprintf(out, "  bfloat16 products on avx512: %s (%s)\n", bf16_products.c_str(),
+               bf16_reason.c_str());
   for (const LevelBandwidth& l : c.bandwidth_levels)
     std::fprintf(out, "  triad %-9s %8.1f GB/s     (working set %s%s)\n", l.level.c_str(),
                  l.bandwidth_gbs, bytes_label(l.working_set_bytes).c_str(),
@@ -321,6 +336,8 @@ nlohmann::ordered_json machine_json(const Machine& m) {
       {"threads", c.threads},
       {"fma_peak_gflops", c.fma_peak_gflops},
       {"bf16_dot_peak_gflops", c.bf16_dot_peak_gflops},
+      {"bf16_products", bf16_products_chosen().first},
+      {"bf16_products_reason", bf16_products_chosen().second},
       {"bandwidth_gbs", c.bandwidth_gbs},
       {"date", m.date},
       {"scalar_fma_peak_gflops", c.scalar_fma_peak_gflops},

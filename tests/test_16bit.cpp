@@ -8,6 +8,7 @@
 // within half a unit in the last place of the 16-bit dtype of the exact value, plus
 // float32's own error (kOutTol): that is the bound checked, element by element.
 // (The accuracy rule against torch's own 16-bit SDPA is in tests/python/test_16bit.py.)
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -22,6 +23,7 @@
 namespace fattn_test {
 namespace {
 
+using fattn::Bf16Products;
 using fattn::Products;
 using fattn::cpu::BFloat16;
 using fattn::cpu::Float16;
@@ -201,30 +203,34 @@ struct Forward16 {
   Tensor16 out;
   Tensor lse;
 };
-Forward16 run_forward16(const Inputs16& in, const Case16& c, DType dtype, const Variant& variant) {
+Forward16 run_forward16(const Inputs16& in, const Case16& c, DType dtype, const Variant& variant,
+                        Bf16Products bf16_products = Bf16Products::automatic) {
   Options options;
   options.causal = c.causal;
   Result ref = run_reference(in.q, in.k, in.v, options);
   Tensor ref_out = in_case_layout(c, ref.out);
   options.impl = variant.impl;
   options.isa = variant.isa;
+  options.bf16_products = bf16_products;
   Tensor16 out = output_like(make_output(c.layout, c.B, c.Hq, c.Sq, c.D), dtype);
   Tensor lse = make_lse(LseLayout::contiguous, c.B, c.Hq, c.Sq);
   fattn::attention_forward(in.q16.view, in.k16.view, in.v16.view, out.view, lse.view_ptr(), options);
   return {std::move(ref), std::move(ref_out), std::move(out), std::move(lse)};
 }
 
-TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
-  const auto& [dtype, variant, c] = GetParam();
-  FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
+// The forward of a case within half an ulp of the dtype (plus the bound of P's rounding
+// where its products round P); returns what its products ran on.
+Products expect_forward_within_half_an_ulp(DType dtype, const Variant& variant, const Case16& c,
+                                           Bf16Products bf16_products = Bf16Products::automatic) {
   Rng rng;
   const Inputs16 in(c, dtype, rng);
-  const auto [ref, ref_out, out, lse] = run_forward16(in, c, dtype, variant);
+  const auto [ref, ref_out, out, lse] = run_forward16(in, c, dtype, variant, bf16_products);
   std::optional<Tensor> p_rounding;
   Options options;
   options.causal = c.causal;
   options.impl = variant.impl;
   options.isa = variant.isa;
+  options.bf16_products = bf16_products;
   if (rounds_p(in.q16.view, in.k16.view, in.v16.view, options)) {
     Options reference;
     reference.causal = c.causal;
@@ -233,6 +239,13 @@ TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
   }
   EXPECT_TRUE(near_16bit(out, ref_out, dtype, 0.5, p_rounding ? &*p_rounding : nullptr));
   EXPECT_TRUE(lse_near(lse, ref.lse));
+  return fattn::forward_plan(in.q16.view, in.k16.view, in.v16.view, options).products;
+}
+
+TEST_P(Kernel16, ForwardWithinHalfAnUlp) {
+  const auto& [dtype, variant, c] = GetParam();
+  FATTN_SKIP_IF_UNSUPPORTED(variant.isa);
+  expect_forward_within_half_an_ulp(dtype, variant, c);
 }
 
 std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Variant, Case16>>& info) {
@@ -427,7 +440,8 @@ Options with(Impl impl, Isa isa = Isa::automatic) {
 }
 
 TEST(ForwardPlan, NamesTheKernelAndWhatItsProductsRunOn) {
-  const bool dots = fattn::cpu_has_bf16_dot_products();
+  const bool dots = fattn::cpu_has_bf16_dot_products() &&
+                    fattn::bf16_products_choice().products == Bf16Products::bf16_dot;
   const auto bf16_dot_if_here = dots ? Products::bf16_dot : Products::fma;
   // Long queries: fused, on the ISA automatic picks for their keys.
   fattn::ForwardPlan p = plan_of(DType::float32, Layout::bhsd, 4, 2, 200, 300, 64, {});
@@ -464,6 +478,108 @@ TEST(ForwardPlan, ChecksItsArgumentsAsTheForwardDoes) {
   if (!fattn::cpu_supports(Isa::amx))
     expect_error([&] { fattn::forward_plan(q.view(), q.view(), q.view(), with(Impl::fused, Isa::amx)); },
                  "isa amx is not supported by this CPU");
+}
+
+// ---- the bfloat16 products: forced either way, and chosen by rate ----------------------------
+
+// bfloat16 on avx512 forced onto each path runs it (forward_plan says so) within the same
+// bound: the fused forward and the decode kernel (a cache read in place, 1 and 16 query rows
+// per kv head). float32 FMAs everywhere; vdpbf16ps where this CPU has it.
+TEST(Bf16Products, EachPathForcedRunsItWithinHalfAnUlp) {
+  FATTN_SKIP_IF_UNSUPPORTED(Isa::avx512);
+  const Case16 cases[] = {{2, 4, 2, 65, 113, 64, Causal::none, Layout::bhsd},
+                          {1, 4, 2, 113, 65, 96, Causal::top_left, Layout::bshd},
+                          {1, 8, 2, 1, 300, 128, Causal::bottom_right, Layout::bshd},
+                          {1, 8, 2, 16, 300, 128, Causal::bottom_right, Layout::bshd}};
+  for (Bf16Products forced : {Bf16Products::fma, Bf16Products::bf16_dot}) {
+    if (forced == Bf16Products::bf16_dot && !fattn::cpu_has_bf16_dot_products()) continue;
+    const Products expected = forced == Bf16Products::bf16_dot ? Products::bf16_dot : Products::fma;
+    for (const Case16& c : cases)
+      for (Impl impl : {Impl::fused, Impl::decode}) {
+        if (impl == Impl::decode && c.Sq * c.Hq / c.Hkv > 64) continue;  // decode's rows
+        SCOPED_TRACE(std::string(fattn::to_string(forced)) + " " + fattn::to_string(impl));
+        EXPECT_EQ(expect_forward_within_half_an_ulp(DType::bfloat16, {impl, Isa::avx512}, c, forced),
+                  expected);
+      }
+  }
+}
+
+TEST(Bf16Products, PlanNamesWhyAndForcingWhatCannotRunIsAnError) {
+  FATTN_SKIP_IF_UNSUPPORTED(Isa::avx512);
+  Options fma;
+  fma.bf16_products = Bf16Products::fma;
+  const fattn::ForwardPlan forced = plan_of(DType::bfloat16, Layout::bhsd, 4, 2, 200, 300, 64, fma);
+  EXPECT_EQ(forced.products, Products::fma);
+  EXPECT_EQ(forced.products_reason, "bf16_products fma asked for");
+  const fattn::ForwardPlan chosen = plan_of(DType::bfloat16, Layout::bhsd, 4, 2, 200, 300, 64, {});
+  EXPECT_EQ(chosen.products_reason, fattn::bf16_products_choice().reason);
+  EXPECT_TRUE(plan_of(DType::float16, Layout::bhsd, 4, 2, 200, 300, 64, {}).products_reason.empty());
+  if (fattn::cpu_has_bf16_dot_products()) {  // a kernel without a vdpbf16ps path says so
+    Options naive_dot = with(Impl::naive);
+    naive_dot.bf16_products = Bf16Products::bf16_dot;
+    const fattn::ForwardPlan naive = plan_of(DType::bfloat16, Layout::bhsd, 4, 2, 200, 300, 64, naive_dot);
+    EXPECT_EQ(naive.products, Products::fma);
+    EXPECT_NE(naive.products_reason.find("widened to float32 FMAs for this problem"), std::string::npos)
+        << naive.products_reason;
+  }
+  Options dot;
+  dot.bf16_products = Bf16Products::bf16_dot;
+  dot.isa = Isa::portable;
+  Rng rng;
+  Tensor q32 = make_input(Layout::bhsd, 1, 2, 8, 64, rng);
+  const Tensor16 q = to_16bit(q32, DType::bfloat16);
+  expect_error([&] { fattn::forward_plan(q.view, q.view, q.view, dot); },
+               "bf16_products bf16_dot needs vdpbf16ps on isa avx512; this call runs on isa portable");
+  dot.isa = Isa::avx512;
+  if (!fattn::cpu_has_bf16_dot_products())
+    expect_error([&] { fattn::forward_plan(q.view, q.view, q.view, dot); }, "has no AVX512-BF16");
+  EXPECT_EQ(fattn::parse_bf16_products("bf16_dot"), Bf16Products::bf16_dot);
+  expect_error([] { fattn::parse_bf16_products("dot"); }, "must be one of auto, bf16_dot, fma; got 'dot'");
+}
+
+// automatic: the faster path by the rates timed on this core, the numbers in the reason.
+TEST(Bf16Products, AutomaticIsTheFasterOnThisCore) {
+  if (std::getenv(fattn::kCpuBf16Variable) != nullptr) GTEST_SKIP() << "FATTN_CPU_BF16 is set";
+  const fattn::Bf16ProductsChoice& choice = fattn::bf16_products_choice();
+  if (!fattn::cpu_has_bf16_dot_products()) {
+    EXPECT_EQ(choice.products, Bf16Products::fma);
+    EXPECT_NE(choice.reason.find("bfloat16 widened to float32 FMAs"), std::string::npos) << choice.reason;
+    return;
+  }
+  EXPECT_GT(choice.fma_gflops, 0.0);
+  EXPECT_GT(choice.bf16_dot_gflops, 0.0);
+  EXPECT_EQ(choice.products, choice.bf16_dot_gflops >= choice.fma_gflops ? Bf16Products::bf16_dot
+                                                                          : Bf16Products::fma);
+  EXPECT_NE(choice.reason.find("timed on one core: vdpbf16ps"), std::string::npos) << choice.reason;
+  const fattn::ProductRates again = fattn::measure_product_rates();
+  EXPECT_GT(again.fma_gflops, 0.0);
+}
+
+// FATTN_CPU_BF16 forces the choice for the process (read once: each case in a fresh one).
+TEST(Bf16ProductsDeathTest, TheEnvironmentForcesTheChoice) {
+  FATTN_SKIP_IF_UNSUPPORTED(Isa::avx512);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // re-executed: a process that never chose
+  EXPECT_EXIT(
+      {
+        setenv(fattn::kCpuBf16Variable, "fma", 1);
+        const auto& choice = fattn::bf16_products_choice();
+        std::exit(choice.products == Bf16Products::fma && choice.reason == "FATTN_CPU_BF16=fma" &&
+                          choice.fma_gflops == 0.0
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        setenv(fattn::kCpuBf16Variable, "fast", 1);
+        try {
+          fattn::bf16_products_choice();
+        } catch (const fattn::Error& e) {
+          std::exit(std::string(e.what()).find("must be bf16_dot or fma") != std::string::npos ? 0 : 2);
+        }
+        std::exit(1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

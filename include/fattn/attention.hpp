@@ -61,12 +61,23 @@ enum class Isa : std::uint8_t { automatic, amx, avx512, avx2, portable };
 //             NaN/Inf run the avx512 kernels: fma)
 enum class Products : std::uint8_t { float64, fma, bf16_dot, amx };
 
+// What bfloat16 inputs on avx512 multiply on in the fused forward and the decode kernel
+// (the naive kernels and the backward widen them to float32 FMAs always; other dtypes and
+// ISAs ignore it):
+//   automatic: the faster of the two on this CPU (bf16_products_choice())
+//   bf16_dot:  vdpbf16ps (Products::bf16_dot; an Error where this CPU or build has no
+//              AVX512-BF16, or the call runs on another ISA)
+//   fma:       widened to float32 as they are loaded, float32 FMAs (Products::fma)
+enum class Bf16Products : std::uint8_t { automatic, bf16_dot, fma };
+
 const char* to_string(Causal causal);
 const char* to_string(Impl impl);
 const char* to_string(Isa isa);
 const char* to_string(Products products);
+const char* to_string(Bf16Products products);
 Impl parse_impl(const std::string& name);  // throws Error on an unknown name
 Isa parse_isa(const std::string& name);    // throws Error on an unknown name
+Bf16Products parse_bf16_products(const std::string& name);  // auto, bf16_dot, fma
 
 // How CPU work items are spread over threads. By default fattn uses its own
 // OpenMP team; a host framework (e.g. PyTorch) can pass its own pool instead so
@@ -107,6 +118,9 @@ struct Options {
   // the thread count; n > 0 asks for n chunks per sequence (1: no split). Results are
   // the same bits on every run with the same threads and splits.
   int kv_splits = 0;
+  // bfloat16 inputs on avx512: vdpbf16ps or float32 FMAs (Bf16Products; automatic: the
+  // faster on this CPU, bf16_products_choice()).
+  Bf16Products bf16_products = Bf16Products::automatic;
 
   // --- Variants (CPU: every kernel and ISA, the decode kernel forward only; not CUDA) ----
   // Applied in this order to the scaled scores s = scale · q·k of each (query i, key j):
@@ -176,6 +190,9 @@ struct ForwardPlan {
   Impl impl;
   Isa isa;
   Products products;
+  // Why bfloat16 inputs on avx512 take these products (bf16_products_choice()'s reason,
+  // or the option that forced them); empty for other inputs.
+  std::string products_reason;
 };
 ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options = {});
@@ -207,11 +224,41 @@ inline constexpr const char* kCpuIsaCapVariable = "FATTN_CPU_ISA";
 // Why cpu_supports(isa) is false, for an error message: " (best: avx2)", and where
 // FATTN_CPU_ISA is set, " (best: avx2; FATTN_CPU_ISA=avx2 caps it)".
 std::string cpu_unsupported_reason();
-// Whether bfloat16 inputs on avx512 run on bfloat16 dot products here (AVX512-BF16's
-// vdpbf16ps, in this CPU and this build): the fused forward and the decode kernel (a cache
-// read in place), with P rounded to bfloat16 for P·V as FlashAttention does on GPUs
-// (where not: Products::bf16_dot).
+// Whether bfloat16 inputs on avx512 can run on bfloat16 dot products here (AVX512-BF16's
+// vdpbf16ps, in this CPU and this build, avx512 not capped by FATTN_CPU_ISA): the fused
+// forward and the decode kernel (a cache read in place), with P rounded to bfloat16 for
+// P·V as FlashAttention does on GPUs. Whether they do: bf16_products_choice().
 bool cpu_has_bf16_dot_products();
+
+// What Bf16Products::automatic runs on this CPU, and why; decided once per process, at the
+// first call that asks:
+//   FATTN_CPU_BF16 (bf16_dot or fma) where set (bf16_dot where the CPU cannot: an Error
+//   at every call that asks);
+//   fma where cpu_has_bf16_dot_products() is false;
+//   else the faster of vdpbf16ps and float32 FMAs, each timed on the calling thread in a
+//   register-resident loop (measure_product_rates(), a few milliseconds): bf16_dot where
+//   its multiply-adds per second are at least the FMAs'. Measured both ways: on Zen 5
+//   vdpbf16ps ran 2.0x the FMA rate and the bfloat16 forward on it 1.9x the float32 one;
+//   on an Emerald Rapids VM 0.49x, and bfloat16 on it 0.6x float16 widened to FMAs
+//   (docs/16bit.md).
+struct Bf16ProductsChoice {
+  Bf16Products products = Bf16Products::fma;  // bf16_dot or fma
+  std::string reason;
+  double bf16_dot_gflops = 0.0;  // one core, as timed (0: not timed)
+  double fma_gflops = 0.0;
+};
+const Bf16ProductsChoice& bf16_products_choice();
+inline constexpr const char* kCpuBf16Variable = "FATTN_CPU_BF16";
+
+// The peak multiply-add rates of one core (the calling thread), in GFLOP/s (a multiply-add
+// is 2 FLOPs; vdpbf16ps does 2 per lane): register-resident chains of AVX-512 FMAs and of
+// vdpbf16ps, the best of a few timed runs of about a millisecond each. 0 for an instruction
+// this CPU or build lacks.
+struct ProductRates {
+  double fma_gflops = 0.0;
+  double bf16_dot_gflops = 0.0;
+};
+ProductRates measure_product_rates();
 // Query rows per work item (Br) of the CPU kernels for an ISA (automatic: the best).
 int cpu_query_tile(Isa isa);
 int default_num_threads();

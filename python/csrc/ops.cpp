@@ -323,6 +323,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_cpu_isa", [] { return std::string(fattn::to_string(fattn::best_cpu_isa())); },
         "the widest instruction set of this CPU that fattn has kernels for");
   m.def(
+      "bf16_products",
+      [] {
+        try {
+          const fattn::Bf16ProductsChoice& choice = fattn::bf16_products_choice();
+          return std::make_pair(std::string(fattn::to_string(choice.products)), choice.reason);
+        } catch (const fattn::Error& e) {
+          TORCH_CHECK(false, e.what());
+        }
+      },
+      "(products, reason): what bfloat16 inputs on avx512 multiply on in this process "
+      "(bf16_dot: vdpbf16ps, fma: widened to float32 FMAs) and why");
+  m.def(
       "cpu_supports",
       [](const std::string& isa) {
         try {

@@ -67,6 +67,14 @@ def best_cpu_isa() -> str:
     return _C.best_cpu_isa()
 
 
+def bf16_products() -> tuple[str, str]:
+    """(products, reason): what bfloat16 inputs on avx512 multiply on in this process —
+    "bf16_dot" (vdpbf16ps) or "fma" (widened to float32 FMAs) — and why: FATTN_CPU_BF16
+    where set, else the faster of the two timed on one core at the first call (about
+    5 ms; docs/16bit.md)."""
+    return tuple(_C.bf16_products())
+
+
 __all__ = [
     "scaled_dot_product_attention",
     "flash_attention",
@@ -78,6 +86,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "num_threads",
     "best_cpu_isa",
+    "bf16_products",
     "release_cached_memory",
     "jit",
     "__version__",

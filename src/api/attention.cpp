@@ -39,12 +39,32 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
   if (options.isa == Isa::amx && sixteen_bit)
     throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.dtype) +
                 " inputs run on avx512, avx2 or portable");
-  if (options.isa != Isa::automatic) return cpu::kernels_for(options.isa, p.dtype);
-  Isa isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
-  // Every AMX CPU has avx512: 16-bit inputs run there, and ragged batches (the AMX kernels
-  // take them when isa amx is asked for, but are not measured on them).
-  if (isa == Isa::amx && (sixteen_bit || p.is_ragged())) isa = Isa::avx512;
-  return cpu::kernels_for(isa, p.dtype);
+  Isa isa = options.isa;
+  if (isa == Isa::automatic) {
+    isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
+    // Every AMX CPU has avx512: 16-bit inputs run there, and ragged batches (the AMX kernels
+    // take them when isa amx is asked for, but are not measured on them).
+    if (isa == Isa::amx && (sixteen_bit || p.is_ragged())) isa = Isa::avx512;
+  }
+  if (options.bf16_products == Bf16Products::bf16_dot && p.dtype == DType::bfloat16 &&
+      (isa != Isa::avx512 || !cpu_has_bf16_dot_products()))
+    throw Error(std::string("fattn: bf16_products bf16_dot needs vdpbf16ps on isa avx512; this "
+                            "call runs on isa ") + to_string(isa) +
+                (cpu_has_bf16_dot_products() ? "" : " and this CPU or build has no AVX512-BF16") +
+                cpu_unsupported_reason());
+  return cpu::kernels_for(isa, p.dtype, options.bf16_products);
+}
+
+// Why bfloat16 inputs on avx512 take the products they take (ForwardPlan::products_reason).
+std::string bf16_products_reason(const Options& options, const cpu::Kernels& kernels,
+                                 const detail::Problem& p, Products products) {
+  if (p.dtype != DType::bfloat16 || kernels.isa != Isa::avx512) return {};
+  if (products == Products::fma && cpu::runs_bf16_dot(options.bf16_products))
+    return "this kernel multiplies widened to float32 FMAs for this problem (its vdpbf16ps "
+           "path takes the fused forward and a decode cache read in place)";
+  if (options.bf16_products != Bf16Products::automatic)
+    return std::string("bf16_products ") + to_string(options.bf16_products) + " asked for";
+  return bf16_products_choice().reason;
 }
 
 void require_cpu(const TensorView& q) {
@@ -191,7 +211,8 @@ ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorV
   const Impl impl = resolve(options.impl, q.dtype, p);
   if (impl == Impl::reference) return {impl, Isa::portable, Products::float64};
   const cpu::Kernels& kernels = detail::forward_kernels(options, p);
-  return {impl, kernels.isa, kernels.products(p, impl)};
+  const Products products = kernels.products(p, impl);
+  return {impl, kernels.isa, products, bf16_products_reason(options, kernels, p, products)};
 }
 
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -69,6 +69,15 @@ const char* to_string(Isa isa) {
   return "unknown isa";
 }
 
+const char* to_string(Bf16Products products) {
+  switch (products) {
+    case Bf16Products::automatic: return "auto";
+    case Bf16Products::bf16_dot: return "bf16_dot";
+    case Bf16Products::fma: return "fma";
+  }
+  return "unknown bf16 products";
+}
+
 const char* to_string(Products products) {
   switch (products) {
     case Products::float64: return "float64";
@@ -90,6 +99,12 @@ Isa parse_isa(const std::string& name) {
   for (Isa i : {Isa::automatic, Isa::amx, Isa::avx512, Isa::avx2, Isa::portable})
     if (name == to_string(i)) return i;
   throw Error("fattn: isa must be one of auto, amx, avx512, avx2, portable; got '" + name + "'");
+}
+
+Bf16Products parse_bf16_products(const std::string& name) {
+  for (Bf16Products p : {Bf16Products::automatic, Bf16Products::bf16_dot, Bf16Products::fma})
+    if (name == to_string(p)) return p;
+  throw Error("fattn: bf16 products must be one of auto, bf16_dot, fma; got '" + name + "'");
 }
 
 TensorView TensorView::bhsd(void* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,

@@ -137,7 +137,12 @@ bool cpu_has_bf16_dot_products() {
 
 namespace cpu {
 
-const Kernels& kernels_for(Isa isa, DType dtype) {
+bool runs_bf16_dot(Bf16Products products) {
+  if (products == Bf16Products::automatic) products = bf16_products_choice().products;
+  return products == Bf16Products::bf16_dot && cpu_has_bf16_dot_products();
+}
+
+const Kernels& kernels_for(Isa isa, DType dtype, Bf16Products bf16_products) {
   if (isa == Isa::automatic) isa = best_cpu_isa();
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -146,8 +151,8 @@ const Kernels& kernels_for(Isa isa, DType dtype) {
 #endif
 #if defined(FATTN_HAVE_AVX512_BF16)
     case Isa::avx512:
-      return dtype == DType::bfloat16 && cpu_has_bf16_dot_products() ? avx512_bf16_kernels
-                                                                      : avx512_kernels;
+      return dtype == DType::bfloat16 && runs_bf16_dot(bf16_products) ? avx512_bf16_kernels
+                                                                       : avx512_kernels;
 #else
     case Isa::avx512: return avx512_kernels;
 #endif

@@ -42,8 +42,12 @@ extern const Kernels avx2_kernels;
 extern const Kernels portable_kernels;
 
 // The table for an ISA this CPU supports (the caller checks), or the best one; for
-// bfloat16 inputs on avx512, the avx512_bf16 table where cpu_has_bf16_dot_products().
-const Kernels& kernels_for(Isa isa, DType dtype = DType::float32);
+// bfloat16 inputs on avx512, the avx512_bf16 table where bf16_products (automatic:
+// bf16_products_choice()) is bf16_dot and cpu_has_bf16_dot_products().
+const Kernels& kernels_for(Isa isa, DType dtype = DType::float32,
+                           Bf16Products bf16_products = Bf16Products::automatic);
+// Whether bfloat16 inputs on avx512 take vdpbf16ps under this option on this CPU.
+bool runs_bf16_dot(Bf16Products bf16_products);
 
 // Float64 reference: plain loops, for tests (cpu/reference.cpp).
 void reference_forward(const detail::Problem& p, const detail::Exec& exec);

@@ -240,3 +240,48 @@ def test_cpu_isa_cap_unknown_name():
         print(e.value)
         """, env={"FATTN_CPU_ISA": "avx1024"})
     assert "FATTN_CPU_ISA must be one of amx, avx512, avx2, portable" in out and "'avx1024'" in out
+
+
+BF16_PATH_ERRORS = r"""
+    import torch, fattn
+    try:
+        chosen = fattn.bf16_products()
+    except RuntimeError as e:
+        print("error|" + str(e).splitlines()[0])
+        raise SystemExit(0)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 70, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    out = fattn.scaled_dot_product_attention(q, k, v)
+    eager = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    print(*chosen, sep="|")
+    print((out.double() - ref).abs().max().item(), (eager.double() - ref).abs().max().item())
+    """
+
+
+@pytest.mark.parametrize("products", ["fma", "bf16_dot"])
+def test_bf16_products_forced_from_the_environment(products):
+    """FATTN_CPU_BF16 forces the bfloat16 path of the process (each within the 16-bit rule:
+    2x torch's bfloat16 error plus an ulp); bf16_dot where this CPU has no AVX512-BF16 is
+    an error naming it."""
+    if not fattn._C.cpu_supports("avx512"):
+        pytest.skip("the choice is between avx512 paths")
+    out = run_python(BF16_PATH_ERRORS, env={"FATTN_CPU_BF16": products})
+    if out.startswith("error|"):
+        assert products == "bf16_dot" and "has no AVX512-BF16" in out, out
+        return
+    chosen, rest = out.strip().splitlines()[-2:]
+    assert chosen == f"{products}|FATTN_CPU_BF16={products}"
+    err, err_torch = map(float, rest.split())
+    assert err <= 2 * err_torch + 2 ** -8, (err, err_torch)
+
+
+def test_bf16_products_chosen_by_rate():
+    out = run_python(BF16_PATH_ERRORS)
+    chosen, rest = out.strip().splitlines()[-2:]
+    products, reason = chosen.split("|")
+    assert products in ("bf16_dot", "fma")
+    assert reason.startswith("timed on one core: vdpbf16ps") or \
+        reason.endswith("bfloat16 widened to float32 FMAs"), reason
+    err, err_torch = map(float, rest.split())
+    assert err <= 2 * err_torch + 2 ** -8, (err, err_torch)

@@ -166,6 +166,14 @@ def fmt_bytes(n):
     return f"{n}B"
 
 
+def bf16_products_used() -> str:
+    """What bfloat16 inputs on avx512 multiply on in this process, and why."""
+    try:
+        return "{} ({})".format(*fattn.bf16_products())
+    except RuntimeError as e:  # an invalid FATTN_CPU_BF16: float32 runs do not need it
+        return f"error: {e}"
+
+
 def machine_info(threads: int, args, contention) -> dict:
     cpu = cpu_name()
     others, steal = contention
@@ -173,6 +181,7 @@ def machine_info(threads: int, args, contention) -> dict:
         "device": "cpu",
         "cpu": cpu,
         "isa": getattr(args, "isa_used", None) or fattn.best_cpu_isa(),
+        "bf16_products": bf16_products_used(),
         "threads": threads,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "fattn_version": fattn.__version__,
