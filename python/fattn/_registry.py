@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from ._layouts import empty_like_output, lse_dtype
+
 _registered: set[str] = set()
-
-
-def output_is_bshd(q: torch.Tensor) -> bool:
-    """The layout rule of python/csrc/ops.cpp (empty_output): (B, S, H, D) memory when q's
-    heads are closer in memory than its rows, else contiguous (B, H, S, D)."""
-    return q.size(1) > 1 and q.size(2) > 1 and q.stride(1) < q.stride(2)
 
 
 def check_operands(q, k, v, is_causal: bool, causal_bottom_right: bool) -> None:
@@ -60,20 +56,6 @@ def check_operands(q, k, v, is_causal: bool, causal_bottom_right: bool) -> None:
                            f"(kv heads) = {k.size(1)}, got {q.size(1)}")
 
 
-def _empty_like_output(t):
-    """An uninitialised tensor laid out as the C++ operator lays out an output like t."""
-    b, h, s, d = t.shape
-    if output_is_bshd(t):
-        return t.new_empty((b, s, h, d)).transpose(1, 2)
-    return t.new_empty((b, h, s, d))
-
-
-def lse_dtype(q):
-    """The logsumexp's dtype, also that of per-head values (sinks, ALiBi slopes) and
-    their gradients: float32, float64 for float64 problems."""
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
 def register(ns: str) -> None:
     """Registers the fake kernels and autograd formulas of ``<ns>``'s operators (once)."""
     if ns in _registered:
@@ -86,7 +68,7 @@ def register(ns: str) -> None:
                        softcap=0.0, alibi_slopes=None, sinks=None):
         check_operands(q, k, v, is_causal, causal_bottom_right)
         b, h, s, _ = q.shape
-        return _empty_like_output(q), q.new_empty((b, h, s), dtype=lse_dtype(q))
+        return empty_like_output(q), q.new_empty((b, h, s), dtype=lse_dtype(q))
 
     def fake_attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
                                 causal_bottom_right=False, scale=None, impl="auto",
@@ -94,7 +76,7 @@ def register(ns: str) -> None:
                                 alibi_slopes=None, sinks=None):
         check_operands(q, k, v, is_causal, causal_bottom_right)
         dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=lse_dtype(q))
-        return _empty_like_output(q), _empty_like_output(k), _empty_like_output(v), dsinks
+        return empty_like_output(q), empty_like_output(k), empty_like_output(v), dsinks
 
     torch.library.register_fake(qualname, fake_attention)
     torch.library.register_fake(backward_qualname, fake_attention_backward)
@@ -168,7 +150,7 @@ def _register_kv_ops(ns: str) -> None:
             if t is not None:
                 _check_int32(name, t)
         b, h, s, _ = q.shape
-        return _empty_like_output(q), q.new_empty((b, h, s), dtype=torch.float32)
+        return empty_like_output(q), q.new_empty((b, h, s), dtype=torch.float32)
 
     def check_packed(q, k, v):
         _check_rank("q", q, 3, "(total_q, heads, head_dim)")

@@ -5,12 +5,19 @@ cache, packed sequences) and the CUDA C++ kernels of the library (src/cuda: the 
 forward, causal or not, when the extension is built with its CUDA backend). Per call:
 
   impl       call                                   runs            evidence
-  auto       any forward                            triton          H100, 2026-11-26
+  auto       plain forward (causal or not), float16 cuda_cpp        H200, 2026-11-28
+             or bfloat16, D = 128, compute          (fused_tma)     (results/h200/gpu/2026-11-28):
+             capability 9.0, C++ CUDA backend built                 fused_tma 406-520 TFLOP/s
+                                                                    against Triton's 326-406 at
+                                                                    S 4096-16384 (1.0-1.5x)
+  auto       any other forward                      triton          H100, 2026-11-26
                                                                     (results/h100/2026-11-26):
                                                                     Triton 345-418 TFLOP/s,
                                                                     C++ fused 220-262, at every
                                                                     measured shape (D 64/128,
-                                                                    S 4096-16384, causal both)
+                                                                    S 4096-16384, causal both);
+                                                                    H200: at D = 64 Triton
+                                                                    331-345, fused_tma 296-308
   auto       plain forward, no triton installed     cuda_cpp        (the only one there)
   triton     any forward                            triton
   fused, naive, reference   plain forward           cuda_cpp        (the C++ kernel by name)
@@ -27,7 +34,7 @@ import importlib.util
 
 import torch
 
-from ._registry import _empty_like_output
+from ._layouts import empty_like_output
 
 TRITON = "triton"
 CUDA_CPP = "cuda_cpp"
@@ -49,10 +56,21 @@ def cpp_available() -> bool:
     return bool(_C.with_cuda)
 
 
-def plan(entry: str = "attention", impl: str = "auto", variants: bool = False) -> Plan:
+# Where the C++ kernel beats Triton (the table above): the Hopper TMA kernel's measured head
+# dim, 16-bit inputs, compute capability 9.0.
+TMA_HEAD_DIMS = (128,)
+TMA_CAPABILITY = (9, 0)
+SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+
+
+def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
+         head_dim: int | None = None, dtype: torch.dtype | None = None,
+         capability: tuple[int, int] | None = None) -> Plan:
     """The GPU implementation of a call: entry "attention", "attention_kvcache" or
     "attention_varlen"; impl as the operator's; variants: the call has an attn_mask, a
-    window, softcap, ALiBi or sinks (the C++ kernels take none of them)."""
+    window, softcap, ALiBi or sinks (the C++ kernels take none of them); head_dim, dtype and
+    the device's compute capability (major, minor), where known, choose between the kernels
+    that can run a plain forward. Answers without a GPU (CI asks it for capability (9, 0))."""
     plain = entry == "attention" and not variants
     if impl in CPP_IMPLS:
         if not plain:
@@ -68,9 +86,14 @@ def plan(entry: str = "attention", impl: str = "auto", variants: bool = False) -
     if impl not in ("auto", TRITON, "decode"):
         raise NotImplementedError(f"fattn: impl={impl!r} is not a CUDA implementation (auto, "
                                   f"triton, {', '.join(CPP_IMPLS)})")
+    if (plain and impl == "auto" and head_dim in TMA_HEAD_DIMS and dtype in SIXTEEN_BIT
+            and capability is not None and tuple(capability) == TMA_CAPABILITY
+            and cpp_available()):
+        return Plan(CUDA_CPP, "the C++ Hopper kernel on TMA loads (fused_tma): 1.0-1.5x the "
+                              "Triton kernel at D = 128 on an H200 (2026-11-28)")
     if triton_available():
-        return Plan(TRITON, "the Triton kernel: every variant, and faster than the C++ kernel "
-                            "at every shape measured on an H100 (2026-11-26)")
+        return Plan(TRITON, "the Triton kernel: every variant, and faster than the C++ kernels "
+                            "at every other shape measured (H100 2026-11-26, H200 2026-11-28)")
     if plain and impl == "auto" and cpp_available():
         return Plan(CUDA_CPP, "triton is not installed; the CUDA C++ kernel covers the plain "
                               "forward")
@@ -95,11 +118,13 @@ def attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None, i
               sinks=None, ns="fattn"):
     """The CUDA kernel of <ns>::attention (the operator's schema; (B, H, S, D) views)."""
     chosen = plan("attention", impl, _has_variants(attn_mask, window_left, window_right,
-                                                   softcap, alibi_slopes, sinks))
+                                                   softcap, alibi_slopes, sinks),
+                  head_dim=q.size(-1), dtype=q.dtype,
+                  capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None)
     if chosen.kernel == CUDA_CPP:
         return getattr(torch.ops, ns).cuda_attention(q, k, v, is_causal, causal_bottom_right,
                                                      scale, "auto" if impl == "auto" else impl)
-    out = _empty_like_output(q)
+    out = empty_like_output(q)
     _, lse = _triton().attention(q, k, v, attn_mask=attn_mask, causal=is_causal,
                                  causal_bottom_right=causal_bottom_right,
                                  window_size=(window_left, window_right), softcap=softcap,
@@ -142,7 +167,7 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
     """<ns>::attention_backward on CUDA: the Triton backward (deterministic); dq, dk, dv
     laid out as the operator lays out outputs like q, k, v."""
     plan("attention_backward", "auto" if impl in CPP_IMPLS else impl, True)
-    dq, dk, dv = (_empty_like_output(t) for t in (q, k, v))
+    dq, dk, dv = (empty_like_output(t) for t in (q, k, v))
     _, _, _, dsinks = _triton().attention_backward(
         dout, q, k, v, out, lse, dlse, attn_mask=attn_mask, causal=is_causal,
         causal_bottom_right=causal_bottom_right, window_size=(window_left, window_right),

@@ -29,7 +29,7 @@ import functools
 import torch
 
 from . import _C, cuda_dispatch
-from ._registry import lse_dtype
+from ._layouts import lse_dtype
 
 # Device types with a fattn kernel in this build: the CPU, the fake kernel (meta), and
 # CUDA where triton is installed (the Triton kernels) or the extension is built with the
@@ -77,13 +77,21 @@ def _check_tensors(fn: str, tensors) -> None:
         raise NotImplementedError(
             f"fattn.{fn}: {first_name}.dtype is {first.dtype}, but fattn on {device} takes "
             f"{allowed}")
-    if torch.is_grad_enabled() and device == "cuda" and not cuda_dispatch.triton_available():
-        needing = [name for name, t in tensors if t.requires_grad]
-        if needing:
-            raise NotImplementedError(
-                f"fattn.{fn}: {', '.join(needing)} require grad, but fattn's backward pass "
-                "runs on CUDA tensors in Triton, and triton is not installed. Call it under "
-                "torch.no_grad() or pass detached tensors.")
+    if device == "cuda" and not cuda_dispatch.triton_available():
+        refuse_grad(fn, tensors, "fattn's backward pass runs on CUDA tensors in Triton, and "
+                                 "triton is not installed")
+
+
+def refuse_grad(fn: str, tensors, why: str) -> None:
+    """NotImplementedError naming the (name, tensor) pairs that require grad under grad
+    mode, for a call that has no backward here (`why`)."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [name for name, t in tensors if t.requires_grad]
+    if needing:
+        raise NotImplementedError(
+            f"fattn.{fn}: {', '.join(needing)} require grad, but {why}. Call it under "
+            "torch.no_grad() or torch.inference_mode(), or pass detached tensors.")
 
 
 def _check_heads(fn: str, hq: int, hkv: int, enable_gqa: bool, hint: str) -> None:

@@ -15,9 +15,8 @@ length, offset and block-table entry is checked by the C++ library, before anyth
 written: a call that raises leaves the KV cache as it was.
 
 Errors:
-  NotImplementedError  valid for FlashAttention but not supported by fattn: rotary
-                       embeddings, cache_batch_idx, cache_leftpad, dropout, a paged K/V in
-                       the varlen function,
+  NotImplementedError  valid for FlashAttention but not supported by fattn: dropout, a
+                       paged K/V in the varlen function,
                        dtypes other than float32, bfloat16 and float16 (float64 too in the
                        varlen function), devices other than the CPU, inputs requiring grad
                        in flash_attn_with_kvcache
@@ -28,6 +27,9 @@ Errors:
                        append past the cache's capacity, a block-table entry out of range);
                        sizes there are counted in the operator's (B, H, S, D) view (packed
                        tensors: (1, H, total, D)), k_new and v_new are the k and v arguments.
+                       On CUDA tensors the Triton path's fattn.triton.ArgumentError (a
+                       RuntimeError and a ValueError, "fattn.triton.<function>: ..."), for
+                       the same inputs (tests/python/test_cuda_dispatch.py).
 """
 from __future__ import annotations
 
@@ -35,8 +37,11 @@ import functools
 
 import torch
 
+from . import rotary
+from ._layouts import PAGE_MULTIPLE
 from .cuda_dispatch import triton_available
-from .functional import CPU_KERNEL_DTYPES, check_one_device_and_dtype, per_head, window_of
+from .functional import (CPU_KERNEL_DTYPES, check_one_device_and_dtype, per_head, refuse_grad,
+                         window_of)
 
 # The C++ KV-cache and varlen entry points run on the CPU (meta is the fake kernel's); on
 # CUDA the Triton kernels run them where triton is installed (fattn/cuda_dispatch.py).
@@ -90,24 +95,12 @@ def _unsupported(fn: str, **given) -> None:
                                       f"(got {value!r}); leave it at its default")
 
 
-def _is_full_window(window_size) -> bool:
-    try:
-        return tuple(window_size) == (-1, -1)
-    except TypeError:
-        return False
-
-
 def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                   cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                   block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                   softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                   return_softmax_lse=False, sinks=None):
     fn = "flash_attn_with_kvcache"
-    _unsupported(fn,
-                 rotary_cos=(rotary_cos, rotary_cos is None),
-                 rotary_sin=(rotary_sin, rotary_sin is None),
-                 cache_batch_idx=(cache_batch_idx, cache_batch_idx is None),
-                 cache_leftpad=(cache_leftpad, cache_leftpad is None))
     left, right = window_of(fn, window_size)
     cache_layout = "(num_blocks, block_size, Hkv, D)" if block_table is not None else \
         "(B, S_cache, Hkv, D)"
@@ -116,13 +109,8 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
     operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
     operands += [(name, t) for name, t in (("k", k), ("v", v)) if t is not None]
     _check_floats(fn, operands, CPU_KERNEL_DTYPES, 4, layouts)
-    if torch.is_grad_enabled():
-        needing = [name for name, t in operands if t.requires_grad]
-        if needing:
-            raise NotImplementedError(
-                f"fattn.{fn}: {', '.join(needing)} require grad, but flash_attn_with_kvcache "
-                "has no backward pass (inference only, as in FlashAttention). Call it under "
-                "torch.no_grad() or torch.inference_mode(), or pass detached tensors.")
+    refuse_grad(fn, operands, "flash_attn_with_kvcache has no backward pass (inference "
+                              "only, as in FlashAttention)")
     if block_table is not None:
         _check_int32(fn, "block_table", block_table, 2, "(B, max_blocks_per_seq)", q.device)
     if cache_seqlens is not None:
@@ -138,13 +126,67 @@ def _with_kvcache(op, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
         else:
             raise TypeError(f"fattn.{fn}: cache_seqlens must be an int or an int32 tensor of "
                             f"shape (B,), got {type(cache_seqlens).__name__}")
-    out, lse = op(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+    if rotary_cos is not None or rotary_sin is not None:
+        q, k = rotary.apply(fn, q, k, rotary_cos, rotary_sin, cache_seqlens,
+                            bool(rotary_interleaved), bool(causal) or (left, right) != (-1, -1))
+
+    def call(q, k_cache, v_cache, k, v, cache_seqlens, block_table, alibi_slopes):
+        return op(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                   None if k is None else k.transpose(1, 2),
                   None if v is None else v.transpose(1, 2),
-                  cache_seqlens, block_table, bool(causal), softmax_scale, int(num_splits), "auto",
-                  left, right, float(softcap), alibi_slopes, per_head(sinks, q))
+                  cache_seqlens, block_table, bool(causal), softmax_scale, int(num_splits),
+                  "auto", left, right, float(softcap), alibi_slopes, per_head(sinks, q))
+
+    if cache_batch_idx is None and cache_leftpad is None:
+        out, lse = call(q, k_cache, v_cache, k, v, cache_seqlens, block_table, alibi_slopes)
+    else:
+        out, lse = _indexed_cache(fn, call, q, k_cache, v_cache, k, v, cache_seqlens,
+                                  cache_batch_idx, cache_leftpad, block_table, alibi_slopes)
     out = out.transpose(1, 2)
     return (out, lse) if return_softmax_lse else out
+
+
+def _indexed_cache(fn, call, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                   cache_leftpad, block_table, alibi_slopes):
+    """The call with sequence b on cache row cache_batch_idx[b] (default b), its keys starting
+    at cache_leftpad[b] (default 0): the cache row is a page of block_size S_cache in one call
+    where no sequence is left-padded and the page-size rule allows it, else sequence by
+    sequence on views of its row from its first key (both read the indices on the host
+    once, to check them)."""
+    if block_table is not None:
+        raise NotImplementedError(f"fattn.{fn}: cache_batch_idx and cache_leftpad take a "
+                                  "(B_cache, S_cache, Hkv, D) cache, not a paged one (as in "
+                                  "FlashAttention)")
+    b, cache_rows, capacity = q.size(0), k_cache.size(0), k_cache.size(1)
+    rows = list(range(b))
+    if cache_batch_idx is not None:
+        _check_int32(fn, "cache_batch_idx", cache_batch_idx, 1, "(B,)", q.device)
+        rows = cache_batch_idx.tolist()
+        if len(rows) != b or any(not 0 <= r < cache_rows for r in rows):
+            raise ValueError(f"fattn.{fn}: cache_batch_idx must hold {b} rows of k_cache "
+                             f"(each in [0, {cache_rows})), got {rows}")
+    pads = [0] * b
+    if cache_leftpad is not None:
+        _check_int32(fn, "cache_leftpad", cache_leftpad, 1, "(B,)", q.device)
+        pads = cache_leftpad.tolist()
+        lengths = cache_seqlens.tolist() if cache_seqlens is not None else [capacity] * b
+        if len(pads) != b or any(not 0 <= p <= n for p, n in zip(pads, lengths)):
+            raise ValueError(f"fattn.{fn}: cache_leftpad must hold {b} first keys, each in "
+                             f"[0, cache_seqlens[b]] = {lengths}, got {pads}")
+    if not any(pads) and capacity % PAGE_MULTIPLE == 0:  # each row one page
+        table = torch.tensor(rows, dtype=torch.int32, device=q.device).view(b, 1)
+        return call(q, k_cache, v_cache, k, v, cache_seqlens, table, alibi_slopes)
+    outs, lses = [], []
+    for s, (row, pad) in enumerate(zip(rows, pads)):
+        one = slice(s, s + 1)
+        outs_lse = call(q[one], k_cache[row:row + 1, pad:], v_cache[row:row + 1, pad:],
+                        None if k is None else k[one], None if v is None else v[one],
+                        None if cache_seqlens is None else cache_seqlens[one] - pad, None,
+                        alibi_slopes[one] if alibi_slopes is not None and alibi_slopes.dim() == 2
+                        else alibi_slopes)
+        outs.append(outs_lse[0])
+        lses.append(outs_lse[1])
+    return torch.cat(outs), torch.cat(lses)
 
 
 def _longest(cu_seqlens) -> int:
@@ -165,13 +207,10 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
     _check_floats(fn, [("q", q), ("k", k), ("v", v)], CPU_KERNEL_DTYPES + (torch.float64,), 3,
                   layouts)
-    if q.device.type == "cuda" and torch.is_grad_enabled() and not triton_available():
-        needing = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
-        if needing:
-            raise NotImplementedError(
-                f"fattn.{fn}: {', '.join(needing)} require grad, but fattn's backward pass "
-                "runs on CUDA tensors in Triton, and triton is not installed. Call it under "
-                "torch.no_grad() or pass detached tensors.")
+    if q.device.type == "cuda" and not triton_available():
+        refuse_grad(fn, [("q", q), ("k", k), ("v", v)], "fattn's backward pass runs on CUDA "
+                                                        "tensors in Triton, and triton is not "
+                                                        "installed")
     _check_int32(fn, "cu_seqlens_q", cu_seqlens_q, 1, "(B + 1,)", q.device)
     _check_int32(fn, "cu_seqlens_k", cu_seqlens_k, 1, "(B + 1,)", q.device)
     # fattn does not need the maxima, but FlashAttention sizes its grid by them: a value
@@ -231,11 +270,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     FlashAttention's, aligned to each sequence's own length; sinks (Hq): gpt-oss's
     per-head logits in the softmax denominator (README, docs/variants.md).
 
-    Not supported (NotImplementedError naming the argument): rotary_cos/rotary_sin (apply
-    the rotary embedding to q and k beforehand; rotary_interleaved is then unused),
-    cache_batch_idx, cache_leftpad; inputs that require grad under grad mode (no backward,
-    as in FlashAttention). Every argument is validated before the append: a call that raises
-    leaves k_cache and v_cache untouched.
+    rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), rotary_dim a multiple of 16 at most
+    D: the new keys k are rotated at positions cache_seqlens[b] + t before the append, q at
+    cache_seqlens[b] + i with causal or a window, else all at cache_seqlens[b];
+    rotary_interleaved: dims (0, 1), (2, 3), ... rotate together, else (i, i + rotary_dim / 2)
+    (fattn/rotary.py; FlashAttention's semantics). Needs k, v and cache_seqlens.
+    cache_batch_idx (B,) int32: sequence b reads and appends to row cache_batch_idx[b] of a
+    (B_cache, S_cache, Hkv, D) cache. cache_leftpad (B,) int32: sequence b's keys start at
+    position cache_leftpad[b] of its row (<= cache_seqlens[b]): the causal alignment, the
+    window and ALiBi count from there, rotary positions do not. Neither takes a paged cache
+    (as in FlashAttention). Both read their indices on the host once to check them; with no
+    left padding and S_cache a multiple of 16 the call runs as one (each row a page), else
+    sequence by sequence.
+
+    Not supported (NotImplementedError naming the argument): inputs that require grad under
+    grad mode (no backward, as in FlashAttention). Every argument is validated before the
+    append: a call that raises leaves k_cache and v_cache untouched.
     """
     return _with_kvcache(torch.ops.fattn.attention_kvcache, q, k_cache, v_cache, k, v,
                          rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,

@@ -16,10 +16,13 @@
 //                    on TMA loads and warp specialization) are reached through forward_with
 //                    only until they have been measured against fused_mma on an H100
 //                    (docs/cuda.md).
-//   Impl::automatic  float32: 3xTF32 on mma.sync m16n8k8 (Kernel::fused_tf32x3), which
-//                    keeps float32 accuracy, or the TF32 mode (Kernel::fused_tf32) when
-//                    Options::allow_tf32 is set; Kernel::fused_fma (plain FMA, exact
-//                    float32 arithmetic) is reachable through forward_with only.
+//   Impl::automatic  float16/bfloat16: Kernel::fused_tma on a device of compute capability
+//                    9.0 with a build that has it, at the head dims it was measured at
+//                    (automatic_kernel), else as Impl::fused. float32: 3xTF32 on mma.sync
+//                    m16n8k8 (Kernel::fused_tf32x3), which keeps float32 accuracy, or the
+//                    TF32 mode (Kernel::fused_tf32) when Options::allow_tf32 is set;
+//                    Kernel::fused_fma (plain FMA, exact float32 arithmetic) is reachable
+//                    through forward_with only.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +48,18 @@ enum class Kernel : std::uint8_t {
 
 const char* to_string(Kernel kernel);
 
-// The kernel attention_forward runs for this impl and dtype (allow_tf32: Options's).
+// The kernel attention_forward runs for this impl and dtype (allow_tf32: Options's) on
+// any device.
 Kernel kernel_for(Impl impl, DType dtype, bool allow_tf32 = false);
+
+// What attention_forward runs on the current device: kernel_for, except that Impl::automatic
+// with 16-bit inputs runs Kernel::fused_tma where runs_on_current_device says it can and
+// head_dim is one it is built and measured for (64, 128). On an H200 (results/h200/gpu/
+// 2026-11-28/tma_bench.json, B·H·S² fixed): fused_tma 464-510 TFLOP/s at D = 128, S 8192-16384
+// against fused_mma's 246-256 (1.9-2.0x), 296-308 at D = 64 against 222-224 (1.35x).
+Kernel automatic_kernel(const Options& options, DType dtype, std::int64_t head_dim);
+// The head dims automatic_kernel sends to fused_tma (where this build has them).
+bool tma_measured_head_dim(std::int64_t head_dim);
 
 // The largest head dim with 128-row query tiles (two 16-row slices per warp).
 int max_tall_head_dim();

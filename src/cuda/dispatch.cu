@@ -137,7 +137,7 @@ void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView* lse, const Options& options) {
-  forward_with(q, k, v, out, lse, options, Kernel::automatic);
+  forward_with(q, k, v, out, lse, options, automatic_kernel(options, q.dtype, q.size(3)));
 }
 
 std::int64_t extra_bytes_with(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -150,7 +150,7 @@ std::int64_t extra_bytes_with(const TensorView& q, const TensorView& k, const Te
 
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options) {
-  return extra_bytes_with(q, k, v, options, Kernel::automatic);
+  return extra_bytes_with(q, k, v, options, automatic_kernel(options, q.dtype, q.size(3)));
 }
 
 }  // namespace fattn::cuda

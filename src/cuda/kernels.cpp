@@ -25,6 +25,20 @@ Kernel kernel_for(Impl impl, DType dtype, bool allow_tf32) {
   return allow_tf32 ? Kernel::fused_tf32 : Kernel::fused_tf32x3;
 }
 
+bool tma_measured_head_dim(std::int64_t head_dim) {
+  const std::vector<int> built = wgmma_head_dims();
+  return (head_dim == 64 || head_dim == 128) &&
+         std::find(built.begin(), built.end(), static_cast<int>(head_dim)) != built.end();
+}
+
+Kernel automatic_kernel(const Options& options, DType dtype, std::int64_t head_dim) {
+  const Kernel chosen = kernel_for(options.impl, dtype, options.allow_tf32);
+  if (options.impl != Impl::automatic || chosen != Kernel::fused_mma) return chosen;
+  return tma_measured_head_dim(head_dim) && runs_on_current_device(Kernel::fused_tma)
+             ? Kernel::fused_tma
+             : chosen;
+}
+
 int max_tall_head_dim() {
   int largest = 0;
   for (int d = 16; d <= 256; d += 16)

@@ -383,6 +383,22 @@ TEST(CudaBehaviour, AllowTf32SelectsPlainTf32) {
   EXPECT_EQ(fattn::cuda::kernel_for(Impl::naive, DType::float32, true), Kernel::naive);
 }
 
+// Impl::automatic with 16-bit inputs runs the TMA kernel where it runs (a Hopper device, a
+// build with it) at the head dims measured faster (64, 128); everything else as kernel_for.
+TEST(CudaBehaviour, AutomaticRunsTheTmaKernelOnHopperAtItsHeadDims) {
+  using fattn::Impl;
+  fattn::Options options;
+  const bool tma = fattn::cuda::runs_on_current_device(Kernel::fused_tma);
+  for (int d : {64, 128})
+    EXPECT_EQ(fattn::cuda::automatic_kernel(options, DType::bfloat16, d),
+              tma && fattn::cuda::tma_measured_head_dim(d) ? Kernel::fused_tma : Kernel::fused_mma);
+  EXPECT_EQ(fattn::cuda::automatic_kernel(options, DType::float16, 96), Kernel::fused_mma);
+  EXPECT_EQ(fattn::cuda::automatic_kernel(options, DType::float32, 128), Kernel::fused_tf32x3);
+  options.impl = Impl::fused;  // the mma.sync kernel by name
+  EXPECT_EQ(fattn::cuda::automatic_kernel(options, DType::float16, 128), Kernel::fused_mma);
+  EXPECT_FALSE(fattn::cuda::tma_measured_head_dim(96));
+}
+
 // Options::device_allocator: the working memory comes from it (once, the size
 // extra_bytes reports) and goes back to it; the result is the same as with
 // fattn's own cudaMallocAsync.

@@ -58,6 +58,25 @@ def test_the_table():
             cuda_dispatch.plan("attention", "fused")
 
 
+@pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
+def test_the_table_on_hopper(built, monkeypatch):
+    """plan(capability=(9, 0)): the plain forward at D = 128 in 16 bits runs the C++ TMA
+    kernel where the C++ CUDA backend is built; every other forward runs Triton."""
+    monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
+    hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
+    tma = "cuda_cpp" if built else "triton"
+    assert cuda_dispatch.plan("attention", **hopper).kernel == tma
+    assert cuda_dispatch.plan("attention", **dict(hopper, dtype=torch.float16)).kernel == tma
+    if built:
+        assert "fused_tma" in cuda_dispatch.plan("attention", **hopper).reason
+    for other in (dict(head_dim=64), dict(dtype=torch.float32), dict(capability=(8, 0)),
+                  dict(capability=(10, 0)), dict(capability=None)):
+        assert cuda_dispatch.plan("attention", **dict(hopper, **other)).kernel == "triton", other
+    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == "triton"
+    assert cuda_dispatch.plan("attention_kvcache", "auto", True, **hopper).kernel == "triton"
+    assert cuda_dispatch.plan("attention", "triton", **hopper).kernel == "triton"
+
+
 def test_without_triton_only_the_plain_forward_has_a_kernel(monkeypatch):
     monkeypatch.setattr(cuda_dispatch, "triton_available", lambda: False)
     with pytest.raises(NotImplementedError, match="triton is not installed"):
@@ -242,3 +261,129 @@ def test_opcheck_of_the_cuda_kernels(gpu_path, name):
     op, args, kwargs = opcheck_cases()[name]
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(op, args, kwargs, test_utils=tests)
+
+
+# One bad input, one exception type on both devices: the C++ operators' CPU kernels and the
+# CUDA path (here on CPU tensors through gpu_path) raise a RuntimeError (as torch and
+# FlashAttention do) whose message names the argument. (name, call's keyword changes, the
+# argument the message must name)
+BAD_KVCACHE_INPUTS = [
+    ("block_table out of range", dict(table_entry=99), "block_table"),
+    ("window below -1", dict(window_size=(-2, 0)), "window"),
+    ("page size not a multiple of 16", dict(page=8), "16"),
+    ("lengths past the cache", dict(seqlen=60), "cache_seqlens"),
+]
+
+
+def bad_kvcache_call(table_entry=None, window_size=(-1, -1), page=16, seqlen=5):
+    g = torch.Generator().manual_seed(5)
+    pages, per_seq = 64 // page, 64 // page // 2
+    k_cache, v_cache = (torch.randn(pages, page, 2, 32, generator=g).to(DEVICE) for _ in range(2))
+    table = torch.arange(pages, dtype=torch.int32).view(2, per_seq).to(DEVICE)
+    if table_entry is not None:
+        table[0, 0] = table_entry
+    q = torch.randn(2, 1, 4, 32, generator=g).to(DEVICE)
+    k_new, v_new = (torch.randn(2, 1, 2, 32, generator=g).to(DEVICE) for _ in range(2))
+    lens = torch.full((2,), seqlen, dtype=torch.int32, device=DEVICE)
+    before = k_cache.clone()
+    with torch.no_grad():
+        try:
+            fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens,
+                                          block_table=table, window_size=window_size)
+        except Exception:
+            assert torch.equal(k_cache, before), "a rejected call wrote the cache"
+            raise
+
+
+PATHS = ["cpu_kernels", "cuda_path"]
+
+
+def take_path(path, request):
+    """The operators' CPU kernels, or their CUDA kernels (gpu_path) on this test's device."""
+    if path == "cuda_path":
+        request.getfixturevalue("gpu_path")
+    elif ON_GPU:
+        pytest.skip("the CPU kernels run CPU tensors")
+
+
+@pytest.mark.parametrize("case", BAD_KVCACHE_INPUTS, ids=lambda c: c[0].replace(" ", "_"))
+@pytest.mark.parametrize("path", PATHS)
+def test_bad_kvcache_input_same_error_on_both_paths(case, path, request):
+    take_path(path, request)
+    _, changes, names = case
+    with pytest.raises(RuntimeError, match=names) as e:
+        bad_kvcache_call(**changes)
+    assert str(e.value).startswith("fattn"), e.value
+
+
+# FlashAttention's rotary_cos/sin, cache_batch_idx and cache_leftpad against a float64
+# definition, through the CPU kernels and the CUDA path: (rotary: None or interleaved,
+# causal, window, batch_idx, leftpad, S_cache). S_cache 64 with no left padding runs as one
+# call (each cache row a page), the others sequence by sequence.
+KVCACHE_INDEXED = [
+    (True, True, (-1, -1), True, False, 64),
+    (False, False, (-1, -1), True, True, 64),
+    (None, True, (7, 0), False, True, 50),
+    (True, False, (10, 3), True, False, 50),
+]
+
+
+def rotated64(x, cos, sin, at, interleaved):
+    """float64 rotary: x (B, S, H, D), positions at (B, S)."""
+    half = cos.size(1)
+    c, s = cos.double()[at].unsqueeze(2), sin.double()[at].unsqueeze(2)
+    x = x.double().clone()
+    if interleaved:
+        x1, x2 = x[..., 0:2 * half:2].clone(), x[..., 1:2 * half:2].clone()
+        x[..., 0:2 * half:2], x[..., 1:2 * half:2] = x1 * c - x2 * s, x1 * s + x2 * c
+    else:
+        x1, x2 = x[..., :half].clone(), x[..., half:2 * half].clone()
+        x[..., :half], x[..., half:2 * half] = x1 * c - x2 * s, x1 * s + x2 * c
+    return x
+
+
+@pytest.mark.parametrize("case", KVCACHE_INDEXED, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("path", PATHS)
+def test_kvcache_rotary_batch_idx_leftpad_against_float64(case, path, request):
+    take_path(path, request)
+    interleaved, causal, window, with_idx, with_pad, s_cache = case
+    b, sq, new, hq, hkv, d, half = 2, 3, 2, 4, 2, 32, 8
+    g = torch.Generator().manual_seed(sum(map(hash, map(str, case))) % 1000)
+    k_cache, v_cache = (torch.randn(5, s_cache, hkv, d, generator=g) for _ in range(2))
+    q = torch.randn(b, sq, hq, d, generator=g)
+    k, v = (torch.randn(b, new, hkv, d, generator=g) for _ in range(2))
+    lens = torch.tensor([9, s_cache - new - 1], dtype=torch.int32)
+    rows = torch.tensor([3, 1] if with_idx else [0, 1], dtype=torch.int32)
+    pads = torch.tensor([4, 0] if with_pad else [0, 0], dtype=torch.int32)
+    angle = torch.rand(s_cache + sq, half, generator=g) * 6.3
+    cos, sin = angle.cos(), angle.sin()
+    rot = {} if interleaved is None else dict(rotary_cos=cos.to(DEVICE), rotary_sin=sin.to(DEVICE),
+                                              rotary_interleaved=interleaved)
+    # the definition, float64
+    ref_cache_k, ref_cache_v = k_cache.double().clone(), v_cache.double().clone()
+    at_k = lens.long().view(-1, 1) + torch.arange(new)
+    consecutive = causal or window != (-1, -1)
+    at_q = lens.long().view(-1, 1) + (torch.arange(sq) if consecutive else torch.zeros(sq).long())
+    k64 = k.double() if interleaved is None else rotated64(k, cos, sin, at_k, interleaved)
+    q64 = q.double() if interleaved is None else rotated64(q, cos, sin, at_q, interleaved)
+    outs = []
+    for s in range(b):
+        row, pad, n = int(rows[s]), int(pads[s]), int(lens[s])
+        ref_cache_k[row, n:n + new], ref_cache_v[row, n:n + new] = k64[s], v.double()[s]
+        keys = ref_cache_k[row, pad:n + new].transpose(0, 1)[None]
+        values = ref_cache_v[row, pad:n + new].transpose(0, 1)[None]
+        out, _ = reference.attention(q64[s].transpose(0, 1)[None], keys, values,
+                                     causal="bottom_right" if causal else None,
+                                     window_size=window)
+        outs.append(out[0].transpose(0, 1))
+    want = torch.stack(outs)
+    k_cache, v_cache = k_cache.to(DEVICE), v_cache.to(DEVICE)
+    with torch.no_grad():
+        got = fattn.flash_attn_with_kvcache(
+            q.to(DEVICE), k_cache, v_cache, k.to(DEVICE), v.to(DEVICE),
+            cache_seqlens=lens.to(DEVICE), causal=causal, window_size=window,
+            cache_batch_idx=rows.to(DEVICE) if with_idx else None,
+            cache_leftpad=pads.to(DEVICE) if with_pad else None, **rot)
+    assert (got.cpu().double() - want).abs().max().item() < 1e-5
+    assert (k_cache.cpu().double() - ref_cache_k).abs().max().item() < 1e-6
+    assert torch.equal(v_cache.cpu().double(), ref_cache_v)

@@ -272,19 +272,43 @@ def test_failed_call_names_the_argument_and_leaves_the_cache(case):
     assert torch.equal(kw["k_cache"], k_before) and torch.equal(kw["v_cache"], v_before)
 
 
-UNSUPPORTED = {
-    "rotary_cos": torch.ones(8, 8), "rotary_sin": torch.ones(8, 8),
-    "cache_batch_idx": int32([0, 1]), "cache_leftpad": int32([0, 0]),
+def _angles(positions, half, seed=30):
+    return torch.rand(positions, half, generator=torch.Generator().manual_seed(seed)) * 6.3
+
+
+# FlashAttention's rotary and cache-index arguments, given wrong: (keyword changes, whether
+# the cache is paged, exception, message)
+INDEX_AND_ROTARY_ERRORS = {
+    "rotary_sin_missing": (dict(rotary_cos=_angles(64, 8).cos()), False, TypeError,
+                           "rotary_sin must be a tensor"),
+    "rotary_dim_not_16": (dict(rotary_cos=_angles(64, 4).cos(), rotary_sin=_angles(64, 4).sin()),
+                          False, ValueError, "must be a positive multiple of 16"),
+    "rotary_table_short": (dict(rotary_cos=_angles(21, 8).cos(), rotary_sin=_angles(21, 8).sin()),
+                           False, ValueError, "have 21 positions, but the new tokens reach "
+                                              "position 21"),
+    "rotary_without_new_keys": (dict(k=None, v=None, rotary_cos=_angles(64, 8).cos(),
+                                     rotary_sin=_angles(64, 8).sin()), False, ValueError,
+                                "k and v must be given"),
+    "batch_idx_out_of_range": (dict(cache_batch_idx=int32([0, 2])), False, ValueError,
+                               r"cache_batch_idx must hold 2 rows of k_cache \(each in \[0, 2\)\)"),
+    "batch_idx_int64": (dict(cache_batch_idx=torch.tensor([0, 1])), False, ValueError,
+                        "cache_batch_idx.dtype must be torch.int32"),
+    "leftpad_past_the_keys": (dict(cache_leftpad=int32([0, 21])), False, ValueError,
+                              r"cache_leftpad must hold 2 first keys, each in \[0, "
+                              r"cache_seqlens\[b\]\]"),
+    "batch_idx_paged": (dict(cache_batch_idx=int32([0, 1])), True, NotImplementedError,
+                        "not a paged one"),
 }
 
 
-@pytest.mark.parametrize("name", UNSUPPORTED)
-def test_kvcache_unsupported_arguments(name):
-    kw = _error_setup(paged=False)
-    k_before = kw["k_cache"].clone()
-    with pytest.raises(NotImplementedError, match=f"{name} is not supported by fattn"):
-        fattn.flash_attn_with_kvcache(**kw, **{name: UNSUPPORTED[name]})
-    assert torch.equal(kw["k_cache"], k_before)
+@pytest.mark.parametrize("case", INDEX_AND_ROTARY_ERRORS)
+def test_kvcache_index_and_rotary_errors_leave_the_cache(case):
+    changes, paged, exception, message = INDEX_AND_ROTARY_ERRORS[case]
+    kw = dict(_error_setup(paged=paged), **changes)
+    k_before, v_before = kw["k_cache"].clone(), kw["v_cache"].clone()
+    with pytest.raises(exception, match=message):
+        fattn.flash_attn_with_kvcache(**kw)
+    assert torch.equal(kw["k_cache"], k_before) and torch.equal(kw["v_cache"], v_before)
 
 
 def test_kvcache_dtypes_and_grad():

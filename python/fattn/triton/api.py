@@ -9,6 +9,7 @@ import math
 import torch
 
 from . import problem
+from .._layouts import PAGE_MULTIPLE
 from .problem import (DTYPES, HEAD_DIMS, ArgumentError, Problem, check, check_lengths,
                       check_variants, run_backward, run_forward)
 
@@ -256,7 +257,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                            return_lse=False, block_m=None, block_n=None):
     """Attention of q against a KV cache after appending k and v in place
     (FlashAttention's flash_attn_with_kvcache, its layouts and meaning): q (B, Sq, Hq, D);
-    k_cache, v_cache (B, S_cache, Hkv, D), or pages (num_pages, page_size, Hkv, D) with
+    k_cache, v_cache (B, S_cache, Hkv, D), or pages (num_blocks, block_size, Hkv, D) with
     block_table (B, pages per sequence) int32; k, v (B, S_new, Hkv, D) written at
     cache_seqlens[b] ... (int or (B,) int32; None: the whole cache). causal and the window
     are aligned bottom-right to each sequence's length after the append. num_splits: key
@@ -265,7 +266,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     the append: a call that raises leaves the caches as they were."""
     fn = "attention_with_kvcache"
     paged = block_table is not None
-    cache_layout = "(num_pages, page_size, Hkv, D)" if paged else "(B, S_cache, Hkv, D)"
+    cache_layout = "(num_blocks, block_size, Hkv, D)" if paged else "(B, S_cache, Hkv, D)"
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
     check((k is None) == (v is None), fn, "k and v must be given together (or neither)")
     if k is not None:
@@ -291,7 +292,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
         check(block_table.device == q.device, fn,
               f"block_table is on {block_table.device} but q is on {q.device}")
         page = k_cache.size(1)
-        check(page > 0, fn, "k_cache's page_size (dim 1) must be positive")
+        check(page > 0 and page % PAGE_MULTIPLE == 0, fn,
+              f"k_cache.size(1) (block_size, keys per page) must be a multiple of "
+              f"{PAGE_MULTIPLE} with a paged cache, got {page}")
         capacity = block_table.size(1) * page
     else:
         check(k_cache.size(0) == b, fn,

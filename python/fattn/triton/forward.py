@@ -42,7 +42,7 @@ def _forward_kernel(
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
         sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
         smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
-        q_heads, kv_heads, q_len, kv_len, head_dim, page_size, num_splits,
+        q_heads, kv_heads, q_len, kv_len, head_dim, block_size, num_splits,
         scale, softcap, window_left, window_right,
         CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS_ON: tl.constexpr,
@@ -122,9 +122,9 @@ def _forward_kernel(
             keys = start + tl.arange(0, BLOCK_N)
             key_ok = keys < lk
             if PAGED:
-                page = tl.load(TABLE + b * stb + keys // page_size, mask=key_ok, other=0)
-                k_rows = page.to(tl.int64) * skb + (keys % page_size) * sks
-                v_rows = page.to(tl.int64) * svb + (keys % page_size) * svs
+                page = tl.load(TABLE + b * stb + keys // block_size, mask=key_ok, other=0)
+                k_rows = page.to(tl.int64) * skb + (keys % block_size) * sks
+                v_rows = page.to(tl.int64) * svb + (keys % block_size) * svs
                 k_ptr = K + hk * skh + k_rows
                 v_ptr = V + hk * svh + v_rows
             else:

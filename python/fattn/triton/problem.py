@@ -23,9 +23,10 @@ HEAD_DIMS = (16, 256)  # inclusive; padded to a power of two inside the kernel
 MAX_SPLITS = 128
 
 
-class ArgumentError(ValueError):
+class ArgumentError(ValueError, RuntimeError):
     """An invalid argument of a fattn.triton call; the message names it, what was expected
-    and what was given."""
+    and what was given. A RuntimeError as the C++ operators' errors are (and torch's and
+    FlashAttention's for such inputs), and a ValueError."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ def tile_config(head_dim: int, packed: bool, on_gpu: bool, block_m=None, block_n
 @dataclasses.dataclass
 class Problem:
     """One forward call as the kernel sees it. q, out: (B, Hq, Sq, D) views; k, v: (B, Hkv,
-    Sk, D), or pages (num_pages, Hkv, page_size, D) with block_table; varlen: B = 1 views
+    Sk, D), or pages (num_blocks, Hkv, block_size, D) with block_table; varlen: B = 1 views
     of the packed rows with seq_q/seq_k the cu_seqlens. lse: (B, Hq, Sq) float32 view."""
     q: torch.Tensor
     k: torch.Tensor

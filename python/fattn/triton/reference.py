@@ -79,7 +79,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, alibi_sl
 
 def cache_rows(cache, seq, length, block_table=None):
     """The first `length` positions of sequence `seq` of a (B, S, H, D) cache, or of a
-    paged (pages, page_size, H, D) one through block_table: (length, H, D)."""
+    paged (pages, block_size, H, D) one through block_table: (length, H, D)."""
     if block_table is None:
         return cache[seq, :length]
     page = cache.size(1)
