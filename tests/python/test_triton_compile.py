@@ -22,7 +22,7 @@ def test_every_policy_combination_compiles_for_sm90(tmp_path):
     from fattn.triton.compile_check import BACKWARD, COMBINATIONS
     assert [r["combination"] for r in rows] == ([c[0] for c in COMBINATIONS]
                                                 + [c[0] for c in BACKWARD for _ in range(2)]
-                                                + ["splits8"])
+                                                + ["dlse", "splits8"])
     for row in rows:  # ptxas accepted each one (its report, where Triton bundles ptxas)
         assert row.get("registers", 1) > 0
         # no product tile is transposed in registers: the pattern Triton 3.6 compiles

@@ -171,3 +171,23 @@ def _dq_kernel(
     dq = dq * scale
     tl.store(DQ + b * sdqb + head * sdqh + q_rows[:, None] * sdqs + dims[None, :] * sdqd,
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+
+
+@triton.jit
+def _delta_kernel(O, DO, DLSE, DELTA, sob, soh, sos, sod, sdob, sdoh, sdos, sdod,
+                  slb, slh, sls, sdb, sdh, sds, heads, rows, head_dim,
+                  HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Δ = rowsum(dO ∘ O) − dlse for BLOCK_M rows of one (batch, head), float32, read once
+    from the 16-bit (or float32) tensors: no float32 copies of dO and O in memory."""
+    b = (tl.program_id(1) // heads).to(tl.int64)
+    h = tl.program_id(1) % heads
+    i = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = i < rows
+    dim_ok = dims < head_dim
+    o = scores.load_rows(O + b * sob + h * soh, i, sos, dims, sod, row_ok, dim_ok)
+    do = scores.load_rows(DO + b * sdob + h * sdoh, i, sdos, dims, sdod, row_ok, dim_ok)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + b * slb + h * slh + i * sls, mask=row_ok, other=0.0)
+    tl.store(DELTA + b * sdb + h * sdh + i * sds, delta, mask=row_ok)

@@ -175,6 +175,24 @@ def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
             rows.append(dict(kernel=kernel_name, combination=name, dtype=dtype,
                              **_compile_backward(kernel_name, dtype, constexprs, config,
                                                  target, arch)))
+    fn = backward._delta_kernel
+    signature, values = {}, {}
+    for index, name in enumerate(fn.arg_names):
+        if fn.params[index].is_constexpr:
+            values[(index,)] = {"HAS_DLSE": True, "BLOCK_M": problem.DELTA_ROWS,
+                                "BLOCK_D": 128}[name]
+            signature[name] = "constexpr"
+        elif name in ("O", "DO"):
+            signature[name] = "*bf16"
+        elif name in ("DLSE", "DELTA"):
+            signature[name] = "*fp32"
+        else:
+            signature[name] = "i32"
+    kernel = triton.compile(ASTSource(fn, signature, values), target=target)
+    rows.append(dict(kernel="delta", combination="dlse", dtype="bf16",
+                     shared_bytes=kernel.metadata.shared,
+                     product_transposes=product_transposes(kernel.asm["ttgir"]),
+                     **_ptxas_report(kernel.asm["ptx"], arch)))
     fn = forward._combine_kernel
     signature, values = {}, {}
     for index, name in enumerate(fn.arg_names):

@@ -331,6 +331,27 @@ def backward_tiles(head_dim: int, block_m=None, block_n=None, tiles=None):
                                 block_n=block_n or dq.block_n))
 
 
+# Rows of one Δ program: a 64 × D tile of O and of dO (FlashAttention's preprocess tiles are
+# 64-128 rows); a memory-bound pass, one read of each.
+DELTA_ROWS = 64
+
+
+def row_deltas(out, dout, dlse):
+    """Δ = rowsum(dout ∘ out) − dlse, (B, H, S) float32 contiguous, from (B, H, S, D) views
+    (_delta_kernel: no float32 copies of the 16-bit tensors)."""
+    from . import backward as kernels_bwd
+    b, h, s, d = out.shape
+    delta = torch.empty((b, h, s), dtype=torch.float32, device=out.device)
+    if delta.numel() == 0:
+        return delta
+    dlse_strides = dlse.stride() if dlse is not None else (0, 0, 0)
+    kernels_bwd._delta_kernel[(triton.cdiv(s, DELTA_ROWS), b * h)](
+        out, dout, dlse if dlse is not None else delta, delta, *out.stride(), *dout.stride(),
+        *dlse_strides, *delta.stride(), h, s, d, HAS_DLSE=dlse is not None,
+        BLOCK_M=DELTA_ROWS, BLOCK_D=max(16, triton.next_power_of_2(d)))
+    return delta
+
+
 def run_backward(p: Problem, dout, dlse, dq, dk, dv):
     """dq, dk, dv (views shaped as p.q, p.k, p.v) of the forward Problem p, whose out and
     lse are the forward's results; returns the sinks' gradient (float32) or None."""
@@ -338,15 +359,11 @@ def run_backward(p: Problem, dout, dlse, dq, dk, dv):
     # Δ = rowsum(dO ∘ O) − dlse, float32, laid out as lse (packed sequences: (Hq, total)
     # behind a batch stride of 0)
     if p.lengths == 2:
-        delta = (dout[0].float() * p.out[0].float()).sum(-1)
+        delta = row_deltas(p.out[0:1], dout[0:1], None).expand(p.batch, -1, -1)
         lse = p.lse[0].float().contiguous().unsqueeze(0).expand(p.batch, -1, -1)
-        delta = delta.unsqueeze(0).expand(p.batch, -1, -1)
     else:
-        delta = (dout.float() * p.out.float()).sum(-1)
-        if dlse is not None:
-            delta = delta - dlse
+        delta = row_deltas(p.out, dout, dlse)
         lse = p.lse.float().contiguous()
-        delta = delta.contiguous()
     dsinks = None
     if p.sinks is not None:  # −Σ_rows P_sink·Δ, P_sink = e^(sink − lse)
         rows = lse[0:1] if p.lengths == 2 else lse
