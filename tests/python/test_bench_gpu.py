@@ -36,7 +36,15 @@ def test_gpu_bench_smoke_on_cpu(tmp_path):
     assert {r["mask"] for r in rows["masked"]} == {"causal", "window16", "padding"}
     assert len(rows["masked"]) == 2 * 3 * 6            # dtypes x masks x impls
     assert len(rows["forward"]) == 4 * 2 * 2 * 4       # shapes x dtypes x causal x impls
-    assert len(rows["decode"]) == 1 + 3 * 2 * 4        # the copy, Sk x B x impls
+    # the copy; Sk x B x (impls + the CUDA-graph row + block_size 16); block_size 256 at 256
+    assert len(rows["decode"]) == 1 + 3 * 2 * 6 + 2
+    graph = [r for r in rows["decode"] if r["variant"].startswith("CUDA graph replay")]
+    assert len(graph) == 6 and all(r["status"] == "skipped: needs CUDA" for r in graph)
+    paged = [r for r in rows["decode"] if "block_size" in r]
+    assert sorted({r["block_size"] for r in paged}) == [16, 256]
+    assert all(r["status"] == "ok" and r["max_err"] < 3e-2 for r in paged), paged
+    assert all(r["host_ms"] > 0 for r in rows["decode"]
+               if r["impl"] == "fattn_op" and "block_size" not in r and r["status"] == "ok")
     assert len(rows["training"]) == 2 * 2 * 5          # dtypes x causal x (impls + sweep)
     swept = [r for r in rows["training"] if "tiles 16x32 w4 s2 / 32x16 w4 s2" in r["variant"]]
     assert len(swept) == 2 * 2 and all(r["impl"] == "fattn_triton" for r in swept)
@@ -50,7 +58,7 @@ def test_gpu_bench_smoke_on_cpu(tmp_path):
             if r["impl"] in GPU_ONLY:  # the peer cannot run on the CPU: said, not attempted
                 assert status in ("skipped: needs CUDA",
                                   "skipped: SDPA's flash backend takes no attn_mask"), r
-            elif r["impl"] in ("fattn_op", "flex", "torch_copy"):
+            elif r["impl"] in ("fattn_op", "flex", "torch_copy") and r not in graph:
                 assert status == "ok", r
             if status == "ok":
                 assert r["ms_median"] > 0

@@ -20,9 +20,12 @@ torch rows it is compared with. Sections (--sections; each its own JSON file):
            and 16384 (B=1), causal and not, float16 and bfloat16: fattn_triton
            (fattn.triton.attention), fattn_op (fattn.scaled_dot_product_attention), sdpa_flash,
            sdpa_cudnn. TFLOP/s as above.
-  decode   one query, Hq=32 Hkv=8 D=128, a bfloat16 cache of Sk = 8k, 32k, 128k keys, B = 1
-           and 8: fattn_triton (fattn.triton.attention_with_kvcache, FlashAttention's
-           (B, S, H, D) cache), fattn_op (fattn.flash_attn_with_kvcache), sdpa_cudnn and
+  decode   one query, Hq=32 Hkv=8 D=128, a bfloat16 cache of Sk = 8k, 32k, 128k keys, B = 1,
+           8 and 32: fattn_triton (fattn.triton.attention_with_kvcache, FlashAttention's
+           (B, S, H, D) cache), fattn_op (fattn.flash_attn_with_kvcache; host_ms: the CPU
+           time of one call without synchronising; a CUDA-graph replay row; paged rows,
+           block_size 256 and 16, the same memory with each sequence's pages scattered
+           by a random block table), sdpa_cudnn and
            sdpa_flash with enable_gqa (on their own contiguous (B, H, S, D) copy of the
            cache). GB/s = bytes of K and V read / time, and as a percentage of the
            device-to-device copy bandwidth measured first in the same run (torch_copy:
@@ -244,18 +247,24 @@ def bench_forward(run: Run):
             run.free()
 
 
-def decode_reference(q, k_cache, v_cache, batches):
+def decode_reference(q, k_cache, v_cache, batches, block_table=None):
     """softmax(q kᵀ/sqrt(D)) v of one query per sequence in `batches`, from FlashAttention's
-    layouts (q (B, 1, Hq, D), caches (B, Sk, Hkv, D)): (len(batches), Hq, D), in float64, or
-    float32 where the float64 copies of K and V would pass FLOAT64_CACHE_LIMIT."""
-    _, sk, hkv, d = k_cache.shape
+    layouts (q (B, 1, Hq, D), caches (B, Sk, Hkv, D), or pages (num_blocks, block_size, Hkv,
+    D) with block_table (B, Sk / block_size)): (len(batches), Hq, D), in float64, or float32
+    where the float64 copies of K and V would pass FLOAT64_CACHE_LIMIT."""
+    def rows(cache, bi):  # (Sk, Hkv, D)
+        if block_table is None:
+            return cache[bi]
+        return cache[block_table[bi].long()].flatten(0, 1)
+    hkv, d = k_cache.shape[2:]
+    sk = k_cache.size(1) if block_table is None else block_table.size(1) * k_cache.size(1)
     hq = q.size(2)
     dt = torch.float64 if 2 * sk * hkv * d * 8 <= FLOAT64_CACHE_LIMIT else torch.float32
     outs = []
     for bi in batches:
         qg = q[bi, 0].to(dt).view(hkv, hq // hkv, d)             # (Hkv, G, D)
-        kb = k_cache[bi].to(dt).permute(1, 2, 0)                  # (Hkv, D, Sk)
-        vb = v_cache[bi].to(dt).permute(1, 0, 2)                  # (Hkv, Sk, D)
+        kb = rows(k_cache, bi).to(dt).permute(1, 2, 0)            # (Hkv, D, Sk)
+        vb = rows(v_cache, bi).to(dt).permute(1, 0, 2)            # (Hkv, Sk, D)
         p = torch.softmax(torch.matmul(qg, kb) / math.sqrt(d), dim=-1)
         outs.append(torch.matmul(p, vb).reshape(hq, d).double())
         del kb, vb, p
@@ -307,10 +316,32 @@ def bench_decode(run: Run):
                     "fattn.triton.attention_with_kvcache(cache_seqlens=Sk), (B,S,H,D) cache",
                     lambda: triton_call("attention_with_kvcache", q, k_cache, v_cache,
                                         cache_seqlens=seqlens), check_bshd, work)
+            def op_call(k_cache=k_cache, v_cache=v_cache, table=None, q=q, seqlens=seqlens):
+                return lambda: fattn.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                             cache_seqlens=seqlens,
+                                                             block_table=table)
+            row = run.row("decode", base, "fattn_op",
+                          "fattn.flash_attn_with_kvcache(cache_seqlens=Sk), (B,S,H,D) cache",
+                          op_call, check_bshd, work)
+            if row["status"] == "ok":
+                row["host_ms"] = host_ms(op_call())
+                run.write("decode")
             run.row("decode", base, "fattn_op",
-                    "fattn.flash_attn_with_kvcache(cache_seqlens=Sk), (B,S,H,D) cache",
-                    lambda: (lambda: fattn.flash_attn_with_kvcache(
-                        q, k_cache, v_cache, cache_seqlens=seqlens)), check_bshd, work)
+                    "CUDA graph replay of flash_attn_with_kvcache(cache_seqlens=Sk)",
+                    lambda: graph_replay(run, op_call()), check_bshd, work)
+            for page in dc["pages"]:
+                if sk % page:
+                    continue
+                # the same memory as pages, each sequence's pages scattered over the cache
+                k_pages, v_pages = (c.view(-1, page, hkv, d) for c in (k_cache, v_cache))
+                table = torch.randperm(k_pages.size(0), generator=run.gen, device=dev)
+                table = table.to(torch.int32).view(b, sk // page)
+                paged_ref, _ = decode_reference(q, k_pages, v_pages, batches, table)
+                run.row("decode", dict(base, block_size=page), "fattn_op",
+                        f"flash_attn_with_kvcache, paged: block_size {page}, pages scattered",
+                        lambda kp=k_pages, vp=v_pages, t=table: op_call(kp, vp, t),
+                        lambda out, r=paged_ref: max_err(out[batches, 0], r), work)
+                del paged_ref, table
             # torch on its own layout: (B, H, S, D) contiguous copies of the same cache
             torch_kv = {}
 
@@ -327,6 +358,35 @@ def bench_decode(run: Run):
                         lambda be=backend: make_sdpa(be), check_bhsd, work)
             del q, k_cache, v_cache, seqlens, ref, torch_kv
             run.free()
+
+
+def host_ms(call, calls: int = 5) -> float:
+    """Milliseconds of host time one call takes to return (its launches queued, no
+    synchronisation in the timing), the best of `calls`: what a decode step costs the CPU."""
+    best = math.inf
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t0)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return round(best * 1e3, 4)
+
+
+def graph_replay(run: Run, call):
+    """The call captured once in a CUDA graph, replayed (raises where the call cannot be
+    captured: a host synchronisation inside it, say)."""
+    run.needs_cuda()
+    call()  # compiles and warms up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+
+    def replay():
+        graph.replay()
+        return out
+    return replay
 
 
 def bench_training(run: Run):

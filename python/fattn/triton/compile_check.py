@@ -137,6 +137,23 @@ def _compile_backward(kernel_name, dtype, constexprs, config, target, arch):
                 **_ptxas_report(kernel.asm["ptx"], arch))
 
 
+def _reduction_row(fn, kernel_name, combination, pointers, constexprs, target, arch):
+    """The row of a per-row reduction kernel (Δ, the split combine): pointers as given,
+    every other argument an int32; bfloat16 data."""
+    signature, values = {}, {}
+    for index, name in enumerate(fn.arg_names):
+        if fn.params[index].is_constexpr:
+            signature[name] = "constexpr"
+            values[(index,)] = constexprs[name]
+        else:
+            signature[name] = pointers.get(name, "i32")
+    kernel = triton.compile(ASTSource(fn, signature, values), target=target)
+    return dict(kernel=kernel_name, combination=combination, dtype="bf16",
+                shared_bytes=kernel.metadata.shared,
+                product_transposes=product_transposes(kernel.asm["ttgir"]),
+                **_ptxas_report(kernel.asm["ptx"], arch))
+
+
 def backward_sweep(arch: int = 90):
     """Every BACKWARD_CANDIDATES configuration of the plain float16 backward: the rows
     problem.BACKWARD_TILES was chosen from."""
@@ -175,40 +192,13 @@ def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
             rows.append(dict(kernel=kernel_name, combination=name, dtype=dtype,
                              **_compile_backward(kernel_name, dtype, constexprs, config,
                                                  target, arch)))
-    fn = backward._delta_kernel
-    signature, values = {}, {}
-    for index, name in enumerate(fn.arg_names):
-        if fn.params[index].is_constexpr:
-            values[(index,)] = {"HAS_DLSE": True, "BLOCK_M": problem.DELTA_ROWS,
-                                "BLOCK_D": 128}[name]
-            signature[name] = "constexpr"
-        elif name in ("O", "DO"):
-            signature[name] = "*bf16"
-        elif name in ("DLSE", "DELTA"):
-            signature[name] = "*fp32"
-        else:
-            signature[name] = "i32"
-    kernel = triton.compile(ASTSource(fn, signature, values), target=target)
-    rows.append(dict(kernel="delta", combination="dlse", dtype="bf16",
-                     shared_bytes=kernel.metadata.shared,
-                     product_transposes=product_transposes(kernel.asm["ttgir"]),
-                     **_ptxas_report(kernel.asm["ptx"], arch)))
-    fn = forward._combine_kernel
-    signature, values = {}, {}
-    for index, name in enumerate(fn.arg_names):
-        if fn.params[index].is_constexpr:
-            signature[name] = "constexpr"
-            values[(index,)] = {"SPLITS": 8, "BLOCK_D": 128}[name]
-        elif name in ("OP", "LSEP", "LSE"):
-            signature[name] = "*fp32"
-        elif name == "O":
-            signature[name] = "*bf16"
-        else:
-            signature[name] = "i32"
-    kernel = triton.compile(ASTSource(fn, signature, values), target=target)
-    rows.append(dict(kernel="combine", combination="splits8", dtype="bf16",
-                     shared_bytes=kernel.metadata.shared,
-                     product_transposes=product_transposes(kernel.asm["ttgir"]), **_ptxas_report(kernel.asm["ptx"], arch)))
+    rows.append(_reduction_row(backward._delta_kernel, "delta", "dlse",
+                               {"O": "*bf16", "DO": "*bf16", "DLSE": "*fp32", "DELTA": "*fp32"},
+                               {"HAS_DLSE": True, "BLOCK_M": problem.DELTA_ROWS, "BLOCK_D": 128},
+                               target, arch))
+    rows.append(_reduction_row(forward._combine_kernel, "combine", "splits8",
+                               {"OP": "*fp32", "LSEP": "*fp32", "LSE": "*fp32", "O": "*bf16"},
+                               {"SPLITS": 8, "BLOCK_D": 128}, target, arch))
     return rows
 
 
