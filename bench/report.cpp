@@ -328,6 +328,7 @@ void print_contention(std::FILE* out, const Machine& m) {
 
 nlohmann::ordered_json machine_json(const Machine& m) {
   const Ceilings& c = m.ceilings;
+  const auto [bf16_products, bf16_reason] = bf16_products_chosen();
   return {
       {"device", m.device},
       {"cpu", m.cpu},
@@ -336,8 +337,8 @@ nlohmann::ordered_json machine_json(const Machine& m) {
       {"threads", c.threads},
       {"fma_peak_gflops", c.fma_peak_gflops},
       {"bf16_dot_peak_gflops", c.bf16_dot_peak_gflops},
-      {"bf16_products", bf16_products_chosen().first},
-      {"bf16_products_reason", bf16_products_chosen().second},
+      {"bf16_products", bf16_products},
+      {"bf16_products_reason", bf16_reason},
       {"bandwidth_gbs", c.bandwidth_gbs},
       {"date", m.date},
       {"scalar_fma_peak_gflops", c.scalar_fma_peak_gflops},

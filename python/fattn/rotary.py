@@ -18,9 +18,8 @@ import torch
 ROTARY_DIM_MULTIPLE = 16  # FlashAttention's rule for rotary_dim
 
 
-def check(fn: str, rotary_cos, rotary_sin, q, k, cache_seqlens) -> int:
-    """rotary_dim, after checking the tables against q and the call (ValueError or TypeError
-    naming the argument)."""
+def check(fn: str, rotary_cos, rotary_sin, q, k, cache_seqlens) -> None:
+    """The tables against q and the call: a ValueError or TypeError naming the argument."""
     for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fattn.{fn}: {name} must be a tensor (seqlen_ro, rotary_dim / 2) "
@@ -44,7 +43,6 @@ def check(fn: str, rotary_cos, rotary_sin, q, k, cache_seqlens) -> int:
     if cache_seqlens is None:
         raise ValueError(f"fattn.{fn}: rotary_cos/rotary_sin need cache_seqlens (the new keys' "
                          "positions)")
-    return rotary_dim
 
 
 def positions(cache_seqlens: torch.Tensor, count: int, consecutive: bool) -> torch.Tensor:

@@ -12,10 +12,10 @@
 //   Impl::fused      float16/bfloat16: FlashAttention-2 on mma.sync (Kernel::fused_mma,
 //                    which picks 64- or 128-row query tiles per problem). The Hopper
 //                    wgmma kernels (Kernel::fused_wgmma and fused_wgmma_pipelined, compute
-//                    capability 9.0, head dims up to 128) and Kernel::fused_tma (the same
-//                    on TMA loads and warp specialization) are reached through forward_with
-//                    only until they have been measured against fused_mma on an H100
-//                    (docs/cuda.md).
+//                    capability 9.0, head dims up to 128; 0.92-0.95x fused_mma on an H100)
+//                    are reached through forward_with only; Kernel::fused_tma (the same on
+//                    TMA loads and warp specialization) through forward_with and
+//                    Impl::automatic (docs/cuda.md).
 //   Impl::automatic  float16/bfloat16: Kernel::fused_tma on a device of compute capability
 //                    9.0 with a build that has it, at the head dims it was measured at
 //                    (automatic_kernel), else as Impl::fused. float32: 3xTF32 on mma.sync
