@@ -107,6 +107,23 @@ fattn::Options options_for(const at::Tensor& q, bool is_causal, bool causal_bott
   return base_options(q, causal_of(is_causal, causal_bottom_right), scale, impl);
 }
 
+// What both dense operators begin with: the operands checked, and the options the call
+// asks for, the variants' views among them (they live as long as the call).
+struct DenseCall {
+  fattn::Options options;
+  Variants variants;
+  DenseCall(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+            bool causal_bottom_right, std::optional<double> scale, c10::string_view impl,
+            const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
+            std::int64_t window_right, double softcap,
+            const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks)
+      : options((check_operands(q, k, v),
+                 options_for(q, is_causal, causal_bottom_right, scale, impl))),
+        variants(attn_mask, window_left, window_right, softcap, alibi_slopes, sinks, &options) {}
+  DenseCall(const DenseCall&) = delete;
+  DenseCall& operator=(const DenseCall&) = delete;
+};
+
 // --- the operator -----------------------------------------------------------------------
 // attention(q, k, v, is_causal, causal_bottom_right, scale, impl) -> (out, lse)
 //   q: (B, Hq, Sq, D)  k, v: (B, Hkv, Sk, D), any strides; Hq a multiple of Hkv
@@ -118,10 +135,9 @@ std::tuple<at::Tensor, at::Tensor> attention(
     const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
     std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
     const std::optional<at::Tensor>& sinks) {
-  check_operands(q, k, v);
-  fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
-  const Variants variants(attn_mask, window_left, window_right, softcap, alibi_slopes, sinks,
-                          &options);
+  const DenseCall call(q, k, v, is_causal, causal_bottom_right, scale, impl, attn_mask,
+                       window_left, window_right, softcap, alibi_slopes, sinks);
+  const fattn::Options& options = call.options;
   at::Tensor out = empty_output(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
 
@@ -173,10 +189,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     c10::string_view impl, const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
     std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
     const std::optional<at::Tensor>& sinks) {
-  check_operands(q, k, v);
-  fattn::Options options = options_for(q, is_causal, causal_bottom_right, scale, impl);
-  const Variants variants(attn_mask, window_left, window_right, softcap, alibi_slopes, sinks,
-                          &options);
+  const DenseCall call(q, k, v, is_causal, causal_bottom_right, scale, impl, attn_mask,
+                       window_left, window_right, softcap, alibi_slopes, sinks);
+  const fattn::Options& options = call.options;
   at::Tensor dq = empty_output(q), dk = empty_output(k), dv = empty_output(v);
   at::Tensor dsinks = at::empty({sinks ? sinks->numel() : 0}, q.options().dtype(lse_dtype(q)));
   if (q.numel() == 0 || k.numel() == 0) {

@@ -137,16 +137,12 @@ def attention_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
                       block_table=None, causal=False, scale=None, kv_splits=0, impl="auto",
                       window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
                       sinks=None):
-    """<ns>::attention_kvcache on CUDA: the operator's (B, H, S, D) views are FlashAttention's
-    (B, S, H, D) tensors transposed (fattn.kvcache), handed back in that layout."""
+    """<ns>::attention_kvcache on CUDA: its arguments as they are (fattn.triton's
+    kvcache_attention takes the operator's (B, H, S, D) views)."""
     plan("attention_kvcache", impl, True)
-    t = (lambda x: None if x is None else x.transpose(1, 2))
-    out, lse = _triton().attention_with_kvcache(
-        t(q), t(k_cache), t(v_cache), k=t(k_new), v=t(v_new), cache_seqlens=cache_seqlens,
-        block_table=block_table, causal=causal, window_size=(window_left, window_right),
-        softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes, scale=scale,
-        num_splits=int(kv_splits), return_lse=True)
-    return out.transpose(1, 2), lse
+    return _triton().kvcache_attention(q, k_cache, v_cache, k_new, v_new, cache_seqlens,
+                                       block_table, causal, window_left, window_right, softcap,
+                                       sinks, alibi_slopes, scale, int(kv_splits))
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,

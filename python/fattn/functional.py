@@ -216,6 +216,15 @@ def window_of(fn: str, window_size):
     return int(window_size[0]), int(window_size[1])
 
 
+def sliding_window(size, causal=True) -> tuple[int, int]:
+    """The operator's (window_left, window_right) for transformers' and vLLM's
+    sliding_window = size: a query sees itself and the size − 1 keys before it (and, not
+    causal, every key after it). None or 0: no window, (-1, -1)."""
+    if not size:
+        return -1, -1
+    return int(size) - 1, 0 if causal else -1
+
+
 def per_head(values, q):
     """Per-head values (sinks: Hq logits) in the dtype the operator reads them in, the
     logsumexp's (float32; float64 for float64 q); the gradient flows back through the cast."""

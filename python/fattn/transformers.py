@@ -42,7 +42,7 @@ import functools
 
 import torch
 
-from .functional import per_head
+from .functional import per_head, sliding_window as sliding_window_of
 
 # The transformers release the tests run (scripts/python_env.sh installs it).
 TESTED_VERSION = "5.24.0"
@@ -68,9 +68,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     causal = bool(causal) and attention_mask is None and q_len > 1
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask.to(query.dtype)
-    window = (-1, -1)
-    if attention_mask is None and sliding_window:  # key j visible iff i − j < sliding_window
-        window = (int(sliding_window) - 1, 0 if causal else -1)
+    # With a mask, transformers has put the window in it.
+    window = sliding_window_of(None if attention_mask is not None else sliding_window, causal)
     if causal and kv_len > q_len:  # transformers' empty static-cache prefill: top-left keys
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     out, _ = torch.ops.fattn.attention(

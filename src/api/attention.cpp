@@ -117,29 +117,30 @@ Impl resolve_backward(Impl impl, DType dtype) {
   return impl == Impl::automatic ? Impl::fused : impl;
 }
 
-// One pass (forward or backward) of the CPU kernels of an ISA.
-struct Pass {
+// The CPU kernels of one direction (forward or backward) of an ISA: its naive and fused
+// kernels and their working memory.
+struct DirectionKernels {
   const char* name;
   std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
   void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
   bool records_stages;  // the naive kernel's stage times go to fattn::last_naive_stage_seconds()
 };
-Pass forward_pass(const cpu::Kernels& k) {
+DirectionKernels forward_kernels_of(const cpu::Kernels& k) {
   return {"forward", k.workspace_floats, k.naive, k.fused, true};
 }
-Pass backward_pass(const cpu::Kernels& k) {
+DirectionKernels backward_kernels_of(const cpu::Kernels& k) {
   return {"backward", k.backward_workspace_floats, k.naive_backward, k.fused_backward, false};
 }
 
 // Floats of working memory; every size product is checked for overflow.
-std::int64_t workspace_floats(const detail::Problem& p, const Pass& pass, Impl impl,
-                              int workers) {
+std::int64_t workspace_floats(const detail::Problem& p, const DirectionKernels& direction,
+                              Impl impl, int workers) {
   if (impl == Impl::reference) return 0;
-  const std::int64_t floats = pass.workspace_floats(p, impl == Impl::naive, workers);
+  const std::int64_t floats = direction.workspace_floats(p, impl == Impl::naive, workers);
   std::int64_t bytes = 0;
   if (floats < 0 || !detail::checked_mul(floats, sizeof(float), &bytes))
-    throw Error(std::string("fattn: the ") + to_string(impl) + " " + pass.name +
+    throw Error(std::string("fattn: the ") + to_string(impl) + " " + direction.name +
                 "'s working memory for this problem would overflow 64 bits");
   return floats;
 }
@@ -153,16 +154,17 @@ void run_decode(const detail::Problem& p, const detail::Exec& exec, const Option
 }
 
 // Runs the naive or fused kernel of a pass (not the reference) in its leased working memory.
-void run(const detail::Problem& p, const detail::Exec& exec, const Pass& pass, Impl impl) {
-  const detail::WorkspaceLease workspace(workspace_floats(p, pass, impl, exec.workers),
+void run(const detail::Problem& p, const detail::Exec& exec, const DirectionKernels& direction,
+         Impl impl) {
+  const detail::WorkspaceLease workspace(workspace_floats(p, direction, impl, exec.workers),
                                          to_string(impl));
-  if (impl != Impl::naive) return pass.fused(p, exec, workspace.get());
+  if (impl != Impl::naive) return direction.fused(p, exec, workspace.get());
   // The naive kernels time their stages (fattn::last_naive_stage_seconds()).
   NaiveStageSeconds stages;
   detail::Problem timed = p;
   timed.naive_stages = &stages;
-  pass.naive(timed, exec, workspace.get());
-  if (pass.records_stages) detail::record_naive_stage_seconds(stages);
+  direction.naive(timed, exec, workspace.get());
+  if (direction.records_stages) detail::record_naive_stage_seconds(stages);
 }
 
 // The backward has no CUDA kernels yet: a cuda tensor gets this error, not the generic one.
@@ -199,7 +201,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   const Impl impl = resolve(options.impl, q.dtype, p);
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
   if (impl == Impl::decode) return run_decode(p, exec, options);
-  run(p, exec, forward_pass(cpu_kernels(options, p, Direction::forward)), impl);
+  run(p, exec, forward_kernels_of(cpu_kernels(options, p, Direction::forward)), impl);
 }
 
 ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -233,8 +235,9 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
   if (impl == Impl::decode)
     return detail::decode_workspace_floats(detail::forward_kernels(options, p), p, exec, options) *
            static_cast<std::int64_t>(sizeof(float));
-  const Pass pass = forward_pass(cpu_kernels(options, p, Direction::forward));
-  return workspace_floats(p, pass, impl, workers) * static_cast<std::int64_t>(sizeof(float));
+  const DirectionKernels direction =
+      forward_kernels_of(cpu_kernels(options, p, Direction::forward));
+  return workspace_floats(p, direction, impl, workers) * static_cast<std::int64_t>(sizeof(float));
 }
 
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -248,7 +251,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve_backward(options.impl, q.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
-  run(p, exec, backward_pass(cpu_kernels(options, p, Direction::backward)), impl);
+  run(p, exec, backward_kernels_of(cpu_kernels(options, p, Direction::backward)), impl);
   if (p.mods.sinks) cpu::sink_gradients(p, exec);
 }
 
@@ -261,8 +264,9 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
   if (impl == Impl::reference)  // per worker: dk, dv of one kv head and a few rows, float64
     return workers * (2 * p.kv_len * p.head_dim + p.kv_len + 2 * p.head_dim) *
            static_cast<std::int64_t>(sizeof(double));
-  const Pass pass = backward_pass(cpu_kernels(options, p, Direction::backward));
-  return workspace_floats(p, pass, impl, workers) * static_cast<std::int64_t>(sizeof(float));
+  const DirectionKernels direction =
+      backward_kernels_of(cpu_kernels(options, p, Direction::backward));
+  return workspace_floats(p, direction, impl, workers) * static_cast<std::int64_t>(sizeof(float));
 }
 
 double reference_row(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -359,7 +363,7 @@ constexpr double kWaveBytesPerWorker = 2.0 * (1 << 20);
 
 template <class Bytes>
 void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsewhere,
-                        const Exec& exec, const Pass& pass, Bytes&& bytes) {
+                        const Exec& exec, const DirectionKernels& direction, Bytes&& bytes) {
   const double budget = std::max(kWaveBytes, kWaveBytesPerWorker * exec.workers);
   std::vector<std::uint8_t> outside(elsewhere.size());
   for (std::int64_t b = 0; b < p.batch;) {
@@ -375,7 +379,7 @@ void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsew
     if (!any) return;
     Problem wave = p;
     wave.ragged.elsewhere = outside.data();
-    run(wave, exec, pass, Impl::fused);
+    run(wave, exec, direction, Impl::fused);
   }
 }
 
@@ -400,7 +404,7 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
   const Impl impl = p.dtype == DType::float64 ? reference_for_float64(options.impl) : options.impl;
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
   const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::forward);
-  const Pass pass = forward_pass(kernels);
+  const DirectionKernels direction = forward_kernels_of(kernels);
   if (impl == Impl::automatic || impl == Impl::fused) {
     std::vector<std::uint8_t> on_decode(static_cast<std::size_t>(p.batch), 0);
     if (impl == Impl::automatic)
@@ -418,7 +422,7 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
       if (p.queries_of(b) > 0 && p.keys_of(b) == 0) not_fused_items[static_cast<std::size_t>(b)] = 0;
     for (std::int64_t b : schedule.alone)
       if (!decoded(b)) not_fused_items[static_cast<std::size_t>(b)] = 0;
-    run_fused_in_waves(p, not_fused_items, exec, pass, [&](std::int64_t b) {
+    run_fused_in_waves(p, not_fused_items, exec, direction, [&](std::int64_t b) {
       return 2.0 * sizeof(float) * static_cast<double>(p.kv_heads) *
              static_cast<double>(p.keys_of(b)) * static_cast<double>(p.head_dim);
     });
@@ -428,7 +432,7 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
     std::int64_t slice = 0;  // floats of the largest shared sequence's working memory
     for (std::int64_t b : schedule.shared)
       slice = std::max(slice, decoded(b) ? decode_workspace_floats(kernels, p.sequence(b), one, options)
-                                         : workspace_floats(p.sequence(b), pass, Impl::fused, 1));
+                                         : workspace_floats(p.sequence(b), direction, Impl::fused, 1));
     return run_side_by_side(exec, schedule.shared, slice, "forward", to_string(Impl::fused),
                             [&](std::int64_t b, const Exec& on_one, float* memory) {
                               if (decoded(b))
@@ -442,7 +446,7 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
     if (s.q_len == 0) continue;
     if (s.kv_len == 0) cpu::reference_forward(s, exec);
     else if (impl == Impl::decode) run_decode(s, exec, options);
-    else run(s, exec, pass, impl);
+    else run(s, exec, direction, impl);
   }
 }
 
@@ -476,7 +480,7 @@ void ragged_backward(const Problem& p, const Exec& exec, const Options& options)
   const Impl impl = resolve_backward(options.impl, p.dtype);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
   const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::backward);
-  const Pass pass = backward_pass(kernels);
+  const DirectionKernels direction = backward_kernels_of(kernels);
   std::vector<std::int64_t> empty;
   for (std::int64_t b = 0; b < p.batch; ++b)
     if (p.queries_of(b) == 0 || p.keys_of(b) == 0) empty.push_back(b);
@@ -487,18 +491,19 @@ void ragged_backward(const Problem& p, const Exec& exec, const Options& options)
   if (impl == Impl::fused) {
     std::vector<std::uint8_t> not_alone(static_cast<std::size_t>(p.batch), 1);
     for (std::int64_t b : schedule.alone) not_alone[static_cast<std::size_t>(b)] = 0;
-    run_fused_in_waves(p, not_alone, exec, pass, [&](std::int64_t b) {
-      return static_cast<double>(workspace_floats(p.sequence(b), pass, impl, 1)) * sizeof(float);
+    run_fused_in_waves(p, not_alone, exec, direction, [&](std::int64_t b) {
+      return static_cast<double>(workspace_floats(p.sequence(b), direction, impl, 1)) *
+             sizeof(float);
     });
   } else {
-    for (std::int64_t b : schedule.alone) run(p.sequence(b), exec, pass, impl);
+    for (std::int64_t b : schedule.alone) run(p.sequence(b), exec, direction, impl);
   }
   std::int64_t slice = 0;  // floats of the largest shared sequence's working memory
   for (std::int64_t b : schedule.shared)
-    slice = std::max(slice, workspace_floats(p.sequence(b), pass, impl, 1));
+    slice = std::max(slice, workspace_floats(p.sequence(b), direction, impl, 1));
   run_side_by_side(exec, schedule.shared, slice, "backward", to_string(impl),
                    [&](std::int64_t b, const Exec& one, float* memory) {
-                     (impl == Impl::naive ? pass.naive : pass.fused)(p.sequence(b), one, memory);
+                     (impl == Impl::naive ? direction.naive : direction.fused)(p.sequence(b), one, memory);
                    });
   if (p.mods.sinks) cpu::sink_gradients(p, exec);
 }

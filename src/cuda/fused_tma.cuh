@@ -52,9 +52,6 @@ struct TmaShape {
   static constexpr int kBr = 64 * kConsumers;
   static constexpr int kBc = tma_tiles(kD).bc;
   static constexpr int kStages = tma_tiles(kD).stages;
-  static constexpr int kNS = kBc / 8;   // 8-column score blocks per warp
-  static constexpr int kDB = kD / 8;    // 8-column output blocks per warp
-  static constexpr int kKS = kBc / 16;  // 16-key slices: P's A fragments
   static constexpr int kPanels = kD / kPanelCols;
   static constexpr int kTileElems = kBc * kD;
   static constexpr std::uint32_t kQBytes = kBr * kD * 2;
@@ -94,52 +91,29 @@ __device__ __forceinline__ bool consumers_see_nonfinite(const void* tile, int ct
   return named_sync_or(1, kThreads, bad);
 }
 
-// The slow path (fused_wgmma.cuh's pv_visible_keys_shared on the swizzled V): O += P·V summing
-// each row's visible keys only, with FMAs; P goes through `scratch` (a K stage no MMA reads
-// any more). Every consumer thread calls it; named barrier 1 instead of __syncthreads. Ends
-// with the scratch's generic writes fenced for the copy engine's next write into it.
-template <class T, int kD, int kKS, int kWarps, int kScratchElems>
-__device__ __forceinline__ void pv_visible_keys_sw128(const std::uint32_t (&a)[kKS][4],
-                                                      float (&o)[kD / 8][4], const T* v_tile,
-                                                      T* scratch, const Params& p, int warp,
-                                                      int lane, int row0, int k0) {
-  constexpr int kBc = 16 * kKS;
-  constexpr int kWarpElems = 16 * kBc;
-  constexpr int kWarpsPerTurn = kScratchElems / kWarpElems;
-  static_assert(kWarpsPerTurn >= 1, "a warp's probabilities fit in the scratch");
-  const int g = lane / 4, t = lane % 4;
-  for (int first = 0; first < kWarps; first += kWarpsPerTurn) {
-    named_sync(1, 32 * kWarps);  // the scratch's MMAs (first turn) or last turn's reads are done
-    if (warp < first || warp >= first + kWarpsPerTurn) continue;
-    T* const mine = scratch + (warp - first) * kWarpElems;
-    std::uint32_t* const pairs = reinterpret_cast<std::uint32_t*>(mine);
-#pragma unroll
-    for (int kk = 0; kk < kKS; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        pairs[(g + 8 * (r % 2)) * (kBc / 2) + kk * 8 + t + 4 * (r / 2)] = a[kk][r];
-    __syncwarp();
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = row0 + 8 * half;
-      const T* const prow = mine + (g + 8 * half) * kBc;
-#pragma unroll 1
-      for (int key = 0; key < kBc; ++key) {
-        if (visibility(p).hidden(row, k0 + key)) continue;
-        const float pe = to_float(prow[key]);
-        // Columns 8d + 2t, +1 of this key: element offset sw128_offset / 2 with the chunk
-        // d % 8 XOR key % 8 inside panel d / 8.
-        const T* const vrow = v_tile + key * (kSwizzleRowBytes / 2) + 2 * t;
-        const int x = key % 8;
-#pragma unroll
-        for (int d = 0; d < kD / 8; ++d) {
-          const T* const v2 = vrow + (d / 8) * (kBc * kSwizzleRowBytes / 2) + ((d % 8) ^ x) * 8;
-          o[d][2 * half] = fmaf(pe, to_float(v2[0]), o[d][2 * half]);
-          o[d][2 * half + 1] = fmaf(pe, to_float(v2[1]), o[d][2 * half + 1]);
-        }
-      }
-    }
+// Where pv_visible_keys (fused_wgmma.cuh) finds V's values in the swizzled layout, as element
+// offsets (sw128_offset / 2): columns 2t, 2t + 1 of the key's row, then columns 8d + 2t, +1 in
+// chunk d % 8 XOR key % 8 of panel d / 8.
+template <int kBc>
+struct Sw128Values {
+  __device__ __forceinline__ static int key_offset(int key, int t) {
+    return key * (kSwizzleRowBytes / 2) + 2 * t;
   }
+  __device__ __forceinline__ static int pair_offset(int key, int d) {
+    return (d / 8) * (kBc * kSwizzleRowBytes / 2) + ((d % 8) ^ (key % 8)) * 8;
+  }
+};
+
+// The slow path on the swizzled V, P through `scratch` (a K stage no MMA reads any more).
+// Every consumer thread calls it; named barrier 1 instead of __syncthreads, which would wait
+// for the producer too. Ends with the scratch's generic writes fenced for the copy engine's
+// next write into it.
+template <int kWarps, int kScratchElems, class T, int kD, int kBc>
+__device__ __forceinline__ void pv_visible_keys_sw128(WgmmaWarp<T, kD, kBc>& consumer_warp,
+                                                      const Params& p, int consumer_warp_index,
+                                                      const T* v_tile, T* scratch, int k0) {
+  consumer_warp.template pv_visible_keys_only<Sw128Values<kBc>, kWarps, kScratchElems>(
+      p, consumer_warp_index, v_tile, scratch, k0, [] { named_sync(1, 32 * kWarps); });
   fence_proxy_async_shared();  // generic writes to the scratch, before the copy engine's
   named_sync(1, 32 * kWarps);
 }
@@ -222,8 +196,6 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
     const int cwarp = warp - 4;             // 0 .. 7
     const int consumer = warpgroup - 1;     // 64 query rows each
     const bool signals = ctid % 128 == 0;   // the warpgroup's arrival on an empty barrier
-    const int warp_row0 = c.q0 + cwarp * 16;
-    const int row0 = warp_row0 + lane / 4;
     // The warpgroup's 64 rows of Q: row 64·consumer of each panel (8 KB in, 1024-aligned).
     const std::uint64_t q_desc =
         sw128_k_major_desc<S::kBr>(smem + consumer * 64 * kSwizzleRowBytes);
@@ -238,43 +210,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
       if (signals) mbar_arrive(v_empty + j % S::kStages);
     };
 
-    const Visibility visible = visibility(p);
-    auto crosses_diagonal = [&](int j, int first_row) {
-      return visible.crosses_limit(j * S::kBc, S::kBc, first_row);
-    };
-    auto hides_keys = [&](int j, int first_row) {
-      return visible.tile_hides_keys(j * S::kBc, S::kBc, first_row);
-    };
-    // Whether V_j must skip the tensor cores (fused_wgmma.cuh): uniform over the consumers.
-    auto needs_visible_keys_only = [&](int j) {
-      return crosses_diagonal(j, c.q0) &&
-             consumers_see_nonfinite<T, S::kTileBytes, S::kConsumerThreads>(
-                 v_stage(j % S::kStages), ctid);
-    };
-    auto scale_mask_softmax = [&](float (&s)[S::kNS][4], int j, bool may_mask, WarpRows& rows,
-                                  float (&alphas)[2]) {
-      const bool mask = may_mask && hides_keys(j, warp_row0);
-      scale_and_mask(s, p, mask, row0, j * S::kBc + 2 * (lane % 4));
-      softmax_scores(s, rows, alphas);
-    };
-
-    float o[S::kDB][4];
-#pragma unroll
-    for (int d = 0; d < S::kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-    WarpRows rows;
-    rows.start();
-    float s[S::kNS][4];
-    std::uint32_t a[S::kKS][4];
-    float alphas[2];
-    auto pv_visible_keys_only = [&](int jv, int j_scratch) {
-      pv_visible_keys_sw128<T, kD, S::kKS, S::kConsumerWarps, S::kTileElems>(
-          a, o, v_stage(jv % S::kStages), k_stage(j_scratch % S::kStages), p, cwarp, lane, row0,
-          jv * S::kBc);
-    };
-    auto finish = [&]() {
-      store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h),
-                    lse_head(p, c.b, c.h), row0, lane);
-    };
+    WgmmaWarp<T, kD, S::kBc> this_warp(c, cwarp, lane);
 
     if (tiles > 0) {
       const auto ring = Hooks{
@@ -293,13 +229,21 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
           [&](TileDone) {},
           [&](KeyDesc, int j) { return k_desc(j % S::kStages); },
           [&](ValueDesc, int j) { return v_desc(j % S::kStages); },
-          [&](NeedsVisibleKeysOnly, int j) { return needs_visible_keys_only(j); },
-          [&](PvVisibleKeysOnly, int jv, int j_scratch) { pv_visible_keys_only(jv, j_scratch); }};
-      pipelined_key_tiles<Sw128Slices, T, kD, S::kBc, S::kBr>(
-          ring, tiles, q_desc, s, a, o, rows, alphas, scale_mask_softmax,
-          [&](int j) { return hides_keys(j, c.q0); });
+          // Whether V_j must skip the tensor cores (fused_wgmma.cuh): uniform over the consumers.
+          [&](NeedsVisibleKeysOnly, int j) {
+            return this_warp.crosses_diagonal(p, j) &&
+                   consumers_see_nonfinite<T, S::kTileBytes, S::kConsumerThreads>(
+                       v_stage(j % S::kStages), ctid);
+          },
+          [&](PvVisibleKeysOnly, int jv, int j_scratch) {
+            pv_visible_keys_sw128<S::kConsumerWarps, S::kTileElems>(
+                this_warp, p, cwarp, v_stage(jv % S::kStages), k_stage(j_scratch % S::kStages),
+                jv * S::kBc);
+          }};
+      pipelined_key_tiles<Sw128Slices, S::kBr>(ring, tiles, q_desc, p, this_warp);
     }
-    finish();  // tiles == 0: no key visible to any row of the tile: 0 and lse = -inf
+    // tiles == 0: no key visible to any row of the tile: 0 and lse = -inf
+    this_warp.store_output(p);
   }
 }
 

@@ -50,8 +50,6 @@ struct WgmmaShape {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kBr = 64 * kWarpgroups;   // query rows per block
   static constexpr int kBc = wgmma_tiles(kD).bc;  // keys per tile: the N of S = Q·Kᵀ
-  static constexpr int kNS = kBc / 8;             // 8-column score blocks per warp
-  static constexpr int kDB = kD / 8;              // 8-column output blocks per warp
   static constexpr int kKS = kBc / 16;            // 16-key slices: P's A fragments
   static constexpr int kTileElems = kBc * kD;
   // Q, then 2 stages of K, then 2 stages of V.
@@ -83,28 +81,46 @@ __device__ __forceinline__ void pv_done(std::uint32_t (&a)[kKS][4], float (&o)[k
   for (int kk = 0; kk < kKS; ++kk) wgmma_fence_operands(a[kk]);
 }
 
+// Where pv_visible_keys below finds V's values in the core-matrix layout, as element
+// offsets: key_offset(key, t) of columns 2t, 2t + 1 of the key's row, plus pair_offset(key, d)
+// for columns 8d + 2t, +1: one pair per core matrix, 64 elements apart (core_index), so the
+// offsets are immediates and hold no registers. (Offsets, not pointers: a key_row returning
+// the pointer cost fused_wgmma_pipelined 2 registers at D = 64, nvcc 13.0.)
+template <int kD>
+struct CoreMatrixValues {
+  __device__ __forceinline__ static int key_offset(int key, int t) {
+    return core_index<kD>(key, 2 * t);
+  }
+  __device__ __forceinline__ static int pair_offset(int /*key*/, int d) { return 64 * d; }
+};
+
 // The slow path (header comment): O += P·V summing each row's visible keys only, with
-// FMAs. Block-wide (every thread calls it; the caller's choice is block-uniform). P (the
-// packed fragments a, the values the tensor-core path multiplies) goes through `scratch`,
+// FMAs. Every thread of the kWarps warps that issue the MMAs calls it (the caller's choice
+// is uniform over them); sync_mma_threads() is their barrier (__syncthreads here, a named
+// barrier in fused_tma.cuh, whose producer warpgroup does not take part). P (the packed
+// fragments a, the values the tensor-core path multiplies) goes through `scratch`,
 // a K stage no MMA reads any more (kScratchElems 16-bit values), so that the loop below
 // holds only o: ptxas gave the kernels 40-90 more registers for a register-resident
 // version, inlined or called (and spilled the pipelined one at D = 128). Each warp's 16
 // rows × Bc take 16·Bc values; the warps that fit take their turn together (all 8 at
-// D = 128, 4 at D = 64).
-template <class T, int kD, int kKS, int kWarps, int kScratchElems>
-__device__ __forceinline__ void pv_visible_keys_shared(const std::uint32_t (&a)[kKS][4],
-                                                       float (&o)[kD / 8][4], const T* v_tile,
-                                                       T* scratch, const Params& p, int warp,
-                                                       int lane, int row0, int k0) {
+// D = 128, 4 at D = 64). ValueLayout says where a key's values lie in v_tile
+// (CoreMatrixValues; fused_tma.cuh's Sw128Values).
+template <class ValueLayout, class T, int kD, int kKS, int kWarps, int kScratchElems,
+          class SyncMmaThreads>
+__device__ __forceinline__ void pv_visible_keys(const std::uint32_t (&a)[kKS][4],
+                                                float (&o)[kD / 8][4], const T* v_tile,
+                                                T* scratch, const Params& p, int warp, int lane,
+                                                int row0, int k0,
+                                                const SyncMmaThreads& sync_mma_threads) {
   constexpr int kBc = 16 * kKS;
   constexpr int kWarpElems = 16 * kBc;
   constexpr int kWarpsPerTurn = kScratchElems / kWarpElems;
   static_assert(kWarpsPerTurn >= 1, "a warp's probabilities fit in the scratch");
   const int g = lane / 4, t = lane % 4;
   for (int first = 0; first < kWarps; first += kWarpsPerTurn) {
-    // Every warpgroup's MMAs on the scratch's K tile (first turn), or the last turn's
-    // reads (later ones), are done.
-    __syncthreads();
+    // The MMAs on the scratch's K tile (first turn), or the last turn's reads (later
+    // ones), are done.
+    sync_mma_threads();
     if (warp < first || warp >= first + kWarpsPerTurn) continue;
     T* const mine = scratch + (warp - first) * kWarpElems;
     std::uint32_t* const pairs = reinterpret_cast<std::uint32_t*>(mine);
@@ -123,18 +139,85 @@ __device__ __forceinline__ void pv_visible_keys_shared(const std::uint32_t (&a)[
         const int col = k0 + key;
         if (visibility(p).hidden(row, col)) continue;
         const float pe = to_float(prow[key]);
-        // Columns 8d + 2t, +1 of this key's row: one pair per core matrix, 64 elements
-        // apart (core_index), so the offsets are immediates and hold no registers.
-        const T* const vrow = v_tile + core_index<kD>(key, 2 * t);
+        const T* const vrow = v_tile + ValueLayout::key_offset(key, t);
 #pragma unroll
         for (int d = 0; d < kD / 8; ++d) {
-          o[d][2 * half] = fmaf(pe, to_float(vrow[64 * d]), o[d][2 * half]);
-          o[d][2 * half + 1] = fmaf(pe, to_float(vrow[64 * d + 1]), o[d][2 * half + 1]);
+          const int pair = ValueLayout::pair_offset(key, d);
+          o[d][2 * half] = fmaf(pe, to_float(vrow[pair]), o[d][2 * half]);
+          o[d][2 * half + 1] = fmaf(pe, to_float(vrow[pair + 1]), o[d][2 * half + 1]);
         }
       }
     }
   }
 }
+
+// ---- one warp of the warpgroups that issue the MMAs -------------------------------------------
+// Every warp of fused_wgmma, the consumer warps of fused_tma.cuh: its 16 query rows of the
+// block's tile, its registers for key tiles of kBc keys, and the steps both kernels take on
+// them alike. How the tiles come in and where they lie stays with each kernel.
+template <class T, int kD, int kBc>
+struct WgmmaWarp {
+  static constexpr int kNS = kBc / 8;   // 8-column score blocks
+  static constexpr int kDB = kD / 8;    // 8-column output blocks
+  static constexpr int kKS = kBc / 16;  // 16-key slices: P's A fragments
+
+  BlockCoord c;
+  int lane;
+  int warp_row0;  // sequence index of the warp's first row
+  int row0;       // ... of this thread's row g
+  float o[kDB][4];
+  WarpRows rows;
+  float s[kNS][4];          // a key tile's scores, then its probabilities
+  std::uint32_t a[kKS][4];  // the probabilities rounded to T: P·V's A fragments
+  float alphas[2];          // the last softmax step's rescale factors of o
+
+  // Fresh accumulators: o = 0, m = -inf, l = 0. mma_warp: the warp's index among those
+  // that issue the MMAs.
+  __device__ __forceinline__ WgmmaWarp(const BlockCoord& block, int mma_warp, int lane_id)
+      : c(block),
+        lane(lane_id),
+        warp_row0(block.q0 + mma_warp * 16),
+        row0(warp_row0 + lane_id / 4) {
+#pragma unroll
+    for (int d = 0; d < kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    rows.start();
+  }
+
+  // Whether key tile j crosses the causal limit of a row of the block, and whether it hides
+  // any key (that, or the sequence end) from such a row. Params by reference, not kept: a
+  // reference member made NVVM branch on p.causal for every masked score instead of selecting.
+  __device__ __forceinline__ bool crosses_diagonal(const Params& p, int j) const {
+    return visibility(p).crosses_limit(j * kBc, kBc, c.q0);
+  }
+  __device__ __forceinline__ bool hides_block_keys(const Params& p, int j) const {
+    return visibility(p).tile_hides_keys(j * kBc, kBc, c.q0);
+  }
+
+  // The softmax step of key tile j's scores in s. may_mask = false: scale only (the caller
+  // knows the tile hides no key from any row of the block: hides_block_keys is false).
+  __device__ __forceinline__ void scale_mask_softmax(const Params& p, int j, bool may_mask) {
+    const bool mask = may_mask && visibility(p).tile_hides_keys(j * kBc, kBc, warp_row0);
+    scale_and_mask(s, p, mask, row0, j * kBc + 2 * (lane % 4));
+    softmax_scores(s, rows, alphas);
+  }
+
+  // out = o / l and lse for the thread's rows (store_rows).
+  __device__ __forceinline__ void store_output(const Params& p) {
+    store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h), lse_head(p, c.b, c.h),
+                  row0, lane);
+  }
+
+  // The slow path for the tile from key k0: pv_visible_keys on this warp's registers.
+  // mma_warp is not kept as a member: read from one, it cost fused_wgmma 2 registers at
+  // D = 128 (nvcc 13.0).
+  template <class ValueLayout, int kWarps, int kScratchElems, class SyncMmaThreads>
+  __device__ __forceinline__ void pv_visible_keys_only(const Params& p, int mma_warp,
+                                                       const T* v_tile, T* scratch, int k0,
+                                                       const SyncMmaThreads& sync_mma_threads) {
+    pv_visible_keys<ValueLayout, T, kD, kKS, kWarps, kScratchElems>(
+        a, o, v_tile, scratch, p, mma_warp, lane, row0, k0, sync_mma_threads);
+  }
+};
 
 // ---- the pipelined schedule (fused_wgmma_pipelined, and fused_tma's consumers) -------------
 // FlashAttention-3's intra-warpgroup overlap (header comment) is one schedule for both ways of
@@ -166,58 +249,53 @@ Hooks(Hook...) -> Hooks<Hook...>;
 // (ptxas serializes wgmma whose waits it finds in divergent paths, C7518). The slow path
 // (a NaN/Inf value at a key some rows do not see) and the masking tiles wait for both groups
 // first: the masking's per-warp branch between the waits made ptxas serialize every wgmma of
-// the kernel (C7514). hides_block_keys(j): whether tile j hides a key from a row of the block.
-template <class Slices, class T, int kD, int kBc, int kQRows, class Tiles, class Softmax,
-          class HidesBlockKeys>
+// the kernel (C7514).
+template <class Slices, int kQRows, class T, int kD, int kBc, class Tiles>
 __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int count,
-                                                    std::uint64_t q_desc, float (&s)[kBc / 8][4],
-                                                    std::uint32_t (&a)[kBc / 16][4],
-                                                    float (&o)[kD / 8][4], WarpRows& rows,
-                                                    float (&alphas)[2],
-                                                    const Softmax& scale_mask_softmax,
-                                                    const HidesBlockKeys& hides_block_keys) {
+                                                    std::uint64_t q_desc, const Params& p,
+                                                    WgmmaWarp<T, kD, kBc>& warp) {
   constexpr int kKS = kBc / 16;
   tiles(FirstTilesLanded{});
-  issue_qk<Slices, T, kD, kBc, kQRows>(s, q_desc, tiles(KeyDesc{}, 0));
+  issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, 0));
   wgmma_wait_group<0>();
-  wgmma_fence_operands(s);
+  wgmma_fence_operands(warp.s);
   tiles(KeysDone{}, 0);
-  scale_mask_softmax(s, 0, true, rows, alphas);
-  pack_probs<T>(s, a);
+  warp.scale_mask_softmax(p, 0, true);
+  pack_probs<T>(warp.s, warp.a);
   tiles(TileDone{});
 #pragma unroll 1
   for (int j = 1; j < count; ++j) {
     tiles(TilesLanded{}, j);
     if (tiles(NeedsVisibleKeysOnly{}, j - 1)) {
-      issue_qk<Slices, T, kD, kBc, kQRows>(s, q_desc, tiles(KeyDesc{}, j));
+      issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
       wgmma_wait_group<0>();
-      wgmma_fence_operands(s);
-      scale_mask_softmax(s, j, true, rows, alphas);
+      wgmma_fence_operands(warp.s);
+      warp.scale_mask_softmax(p, j, true);
       tiles(PvVisibleKeysOnly{}, j - 1, j);  // scratch: K_j's stage, whose Q·Kᵀ is done
       tiles(KeysDone{}, j);
       tiles(ValuesDone{}, j - 1);
-    } else if (hides_block_keys(j)) {
-      issue_qk<Slices, T, kD, kBc, kQRows>(s, q_desc, tiles(KeyDesc{}, j));
-      issue_pv<Slices, T, kD, kKS>(a, o, tiles(ValueDesc{}, j - 1));
+    } else if (warp.hides_block_keys(p, j)) {
+      issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
+      issue_pv<Slices, T, kD, kKS>(warp.a, warp.o, tiles(ValueDesc{}, j - 1));
       wgmma_wait_group<0>();
-      wgmma_fence_operands(s);
-      pv_done<kD, kKS>(a, o);
+      wgmma_fence_operands(warp.s);
+      pv_done<kD, kKS>(warp.a, warp.o);
       tiles(KeysDone{}, j);
       tiles(ValuesDone{}, j - 1);
-      scale_mask_softmax(s, j, true, rows, alphas);
+      warp.scale_mask_softmax(p, j, true);
     } else {
-      issue_qk<Slices, T, kD, kBc, kQRows>(s, q_desc, tiles(KeyDesc{}, j));
-      issue_pv<Slices, T, kD, kKS>(a, o, tiles(ValueDesc{}, j - 1));
+      issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
+      issue_pv<Slices, T, kD, kKS>(warp.a, warp.o, tiles(ValueDesc{}, j - 1));
       wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
-      wgmma_fence_operands(s);
+      wgmma_fence_operands(warp.s);
       tiles(KeysDone{}, j);
-      scale_mask_softmax(s, j, false, rows, alphas);  // overlaps P_{j-1}·V_{j-1}
+      warp.scale_mask_softmax(p, j, false);  // overlaps P_{j-1}·V_{j-1}
       wgmma_wait_group<0>();
-      pv_done<kD, kKS>(a, o);
+      pv_done<kD, kKS>(warp.a, warp.o);
       tiles(ValuesDone{}, j - 1);
     }
-    rescale_rows(o, alphas);
-    pack_probs<T>(s, a);
+    rescale_rows(warp.o, warp.alphas);
+    pack_probs<T>(warp.s, warp.a);
     tiles(TileDone{});
   }
   // The last tile's P·V: its V came after its K.
@@ -226,9 +304,9 @@ __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int coun
   if (tiles(NeedsVisibleKeysOnly{}, last)) {
     tiles(PvVisibleKeysOnly{}, last, last);
   } else {
-    issue_pv<Slices, T, kD, kKS>(a, o, tiles(ValueDesc{}, last));
+    issue_pv<Slices, T, kD, kKS>(warp.a, warp.o, tiles(ValueDesc{}, last));
     wgmma_wait_group<0>();
-    pv_done<kD, kKS>(a, o);
+    pv_done<kD, kKS>(warp.a, warp.o);
   }
 }
 
@@ -266,56 +344,23 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
     fence_proxy_async_shared();
     __syncthreads();
   };
-  // Whether key tile j crosses the causal limit of a row from `first_row` on, and whether
-  // it hides any key (that, or the sequence end) from such a row.
-  const Visibility visible = visibility(p);
-  auto crosses_diagonal = [&](int j, int first_row) {
-    return visible.crosses_limit(j * S::kBc, S::kBc, first_row);
-  };
-  auto hides_keys = [&](int j, int first_row) {
-    return visible.tile_hides_keys(j * S::kBc, S::kBc, first_row);
-  };
+  WgmmaWarp<T, kD, S::kBc> this_warp(c, warp, lane);
   // Whether tile j's V must skip the tensor cores (header comment). Block-uniform: every
   // thread enters the block-wide scan or none; the zero-filled rows past kv_len are finite.
   auto needs_visible_keys_only = [&](int j) {
-    return crosses_diagonal(j, c.q0) &&
+    return this_warp.crosses_diagonal(p, j) &&
            tile_has_nonfinite<T, S::kBc, kD, kD, S::kThreads>(v_tile(j), S::kBc, tid);
   };
-
-  const int warp_row0 = c.q0 + warp * 16;  // sequence index of the warp's first row
-  const int row0 = warp_row0 + lane / 4;   // ... of this thread's row g
+  // The slow path for tile jv's P·V, with the K stage of tile j_scratch as scratch; every
+  // thread of the block issues the MMAs.
+  auto pv_visible_keys_only = [&](int jv, int j_scratch) {
+    this_warp.template pv_visible_keys_only<CoreMatrixValues<kD>, S::kWarps, S::kTileElems>(
+        p, warp, v_tile(jv), k_tile(j_scratch), jv * S::kBc, [] { __syncthreads(); });
+  };
   // The warpgroup's 64 rows of Q: 8 row blocks of the core-matrix tile per 64 rows.
   const std::uint64_t q_desc = k_major_desc<kD>(sq + warpgroup * 64 * kD);
-  // may_mask = false: scale only (the caller knows the tile hides no key from any row of
-  // the block: hides_keys(j, c.q0) is false).
-  auto scale_mask_softmax = [&](float (&s)[S::kNS][4], int j, bool may_mask, WarpRows& rows,
-                                float (&alphas)[2]) {
-    const bool mask = may_mask && hides_keys(j, warp_row0);
-    scale_and_mask(s, p, mask, row0, j * S::kBc + 2 * (lane % 4));
-    softmax_scores(s, rows, alphas);
-  };
-
-  float o[S::kDB][4];
-#pragma unroll
-  for (int d = 0; d < S::kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-  WarpRows rows;
-  rows.start();
-  float s[S::kNS][4];
-  std::uint32_t a[S::kKS][4];
-  float alphas[2];
-  // The slow path for tile jv's P·V, with the K stage of tile j_scratch as scratch.
-  auto pv_visible_keys_only = [&](int jv, int j_scratch) {
-    pv_visible_keys_shared<T, kD, S::kKS, S::kWarps, S::kTileElems>(
-        a, o, v_tile(jv), k_tile(j_scratch), p, warp, lane, row0, jv * S::kBc);
-  };
-
-  // out = o / l and lse for the thread's rows (store_rows).
-  auto finish = [&]() {
-    store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h), lse_head(p, c.b, c.h),
-                  row0, lane);
-  };
   if (tiles == 0) {  // no key visible to any row of the tile: 0 and lse = -inf
-    finish();
+    this_warp.store_output(p);
     return;
   }
 
@@ -334,19 +379,20 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
       cp_async_commit();   // possibly empty: keeps one group per iteration
       cp_async_wait<1>();  // everything but tile j+1 has landed
       tiles_landed();
-      issue_qk<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(s, q_desc, k_desc(j));
+      issue_qk<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(this_warp.s, q_desc, k_desc(j));
       wgmma_wait_group<0>();
-      wgmma_fence_operands(s);
+      wgmma_fence_operands(this_warp.s);
       const bool slow = needs_visible_keys_only(j);
-      scale_mask_softmax(s, j, true, rows, alphas);
-      rescale_rows(o, alphas);
-      pack_probs<T>(s, a);
+      this_warp.scale_mask_softmax(p, j, true);
+      rescale_rows(this_warp.o, this_warp.alphas);
+      pack_probs<T>(this_warp.s, this_warp.a);
       if (slow) {  // rare: a NaN/Inf value at a key some rows do not see
         pv_visible_keys_only(j, j);
       } else {
-        issue_pv<CoreMatrixSlices, T, kD, S::kKS>(a, o, n_major_desc<kD>(v_tile(j)));
+        issue_pv<CoreMatrixSlices, T, kD, S::kKS>(this_warp.a, this_warp.o,
+                                                  n_major_desc<kD>(v_tile(j)));
         wgmma_wait_group<0>();
-        pv_done<kD, S::kKS>(a, o);
+        pv_done<kD, S::kKS>(this_warp.a, this_warp.o);
       }
       __syncthreads();  // this stage is reloaded by the next iteration's prefetch
     }
@@ -379,12 +425,10 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
         [&](ValueDesc, int j) { return n_major_desc<kD>(v_tile(j)); },
         [&](NeedsVisibleKeysOnly, int j) { return needs_visible_keys_only(j); },
         [&](PvVisibleKeysOnly, int jv, int j_scratch) { pv_visible_keys_only(jv, j_scratch); }};
-    pipelined_key_tiles<CoreMatrixSlices, T, kD, S::kBc, S::kBr>(
-        stages, tiles, q_desc, s, a, o, rows, alphas, scale_mask_softmax,
-        [&](int j) { return hides_keys(j, c.q0); });
+    pipelined_key_tiles<CoreMatrixSlices, S::kBr>(stages, tiles, q_desc, p, this_warp);
   }
 
-  finish();
+  this_warp.store_output(p);
 }
 
 // Kernel::fused_wgmma_pipelined: FlashAttention-3's overlapped schedule; fused_wgmma:

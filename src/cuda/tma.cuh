@@ -142,28 +142,29 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::u
 __device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
-// Whether the phase of parity `parity` has completed; try_wait may block for a while (a
-// hardware time limit) before it says no.
-__device__ __forceinline__ bool mbar_try_wait(std::uint64_t* bar, std::uint32_t parity) {
+// Whether the phase of parity `parity` has completed, asked with try_wait, which may block
+// for a while (a hardware time limit) before it says no, or with test_wait, which does not
+// block. One function for both: they differ in the instruction's name only, and an asm
+// template cannot be spliced from strings.
+enum class MbarPoll { try_wait, test_wait };
+template <MbarPoll kPoll>
+__device__ __forceinline__ bool mbar_phase_done(std::uint64_t* bar, std::uint32_t parity) {
   std::uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
+  if constexpr (kPoll == MbarPoll::try_wait)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  else
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
   return done != 0;
 }
-// The same question without blocking.
+__device__ __forceinline__ bool mbar_try_wait(std::uint64_t* bar, std::uint32_t parity) {
+  return mbar_phase_done<MbarPoll::try_wait>(bar, parity);
+}
 __device__ __forceinline__ bool mbar_test_wait(std::uint64_t* bar, std::uint32_t parity) {
-  std::uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
+  return mbar_phase_done<MbarPoll::test_wait>(bar, parity);
 }
 // Waits for the phase. No time limit: a trap after ~10 s in this loop (so that a phase
 // that never completes fails the launch instead of hanging) made ptxas spill 424 bytes and

@@ -279,7 +279,7 @@ def test_large_logits_float32(d):
     (lambda q: fattn.triton.attention(q.double(), q.double(), q.double()),
      "must be float32, float16 or bfloat16"),
     (lambda q: fattn.triton.attention(q, q, q, window_size=(-2, 0)),
-     r"window_size\[0\] \(left\) must be >= -1"),
+     "window_left must be >= -1"),
     (lambda q: fattn.triton.attention(q, q, q, softcap=-1.0), "softcap must be"),
     (lambda q: fattn.triton.attention(q, q, q, sinks=torch.zeros(3)),
      r"sinks must have shape \(query heads,\) = \(4,\)"),

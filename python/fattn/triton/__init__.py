@@ -29,11 +29,13 @@ Runs on CUDA tensors with a GPU, and on CPU tensors under Triton's interpreter
 (TRITON_INTERPRET=1, set before triton is imported; triton 3.6 needs numpy < 2.4): the
 tests run there. The kernel is in forward.py, the band of visible keys in visibility.py,
 scheduling (tile sizes, GQA packing, key splits) in problem.py, its float64 definition in
-reference.py. Imported on use: triton is optional.
+reference.py. kvcache_attention is attention_with_kvcache with the operator's arguments
+((B, H, S, D) views, window_left/right): what torch.ops.fattn.attention_kvcache runs on
+CUDA. Imported on use: triton is optional.
 """
 from .api import (attention, attention_backward, attention_varlen,  # noqa: F401
-                  attention_varlen_backward, attention_with_kvcache)
+                  attention_varlen_backward, attention_with_kvcache, kvcache_attention)
 from .problem import ArgumentError  # noqa: F401
 
 __all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward",
-           "attention_with_kvcache", "ArgumentError"]
+           "attention_with_kvcache", "kvcache_attention", "ArgumentError"]

@@ -11,7 +11,7 @@ import torch
 from . import problem
 from .._layouts import PAGE_MULTIPLE
 from .problem import (DTYPES, HEAD_DIMS, ArgumentError, Problem, check, check_lengths,
-                      check_variants, run_backward, run_forward)
+                      check_variants, run_backward, run_forward, window_pair)
 
 
 def _check_operands(fn, named, rank, layout):
@@ -82,8 +82,8 @@ def _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_s
     check(causal or not causal_bottom_right, fn,
           "causal_bottom_right=True needs causal=True (it picks the causal mask's alignment)")
     check_lengths(fn, **{"q.size(2)": sq, "k.size(2)": sk})
-    left, right, softcap, sinks, alibi = check_variants(fn, q, window_size, softcap, sinks,
-                                                        alibi_slopes, b)
+    left, right, softcap, sinks, alibi = check_variants(fn, q, *window_pair(fn, window_size),
+                                                        softcap, sinks, alibi_slopes, b)
     mask = None if attn_mask is None else _mask_view(fn, attn_mask, q, sk)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -193,7 +193,7 @@ def _varlen_problem(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         check(given is None or given >= longest, fn,
               f"{name} = {given} is less than the longest sequence, {longest}")
     check_lengths(fn, total_q=total_q, total_k=total_k)
-    left, right, softcap, sinks, alibi = check_variants(fn, q, window_size,
+    left, right, softcap, sinks, alibi = check_variants(fn, q, *window_pair(fn, window_size),
                                                         softcap, sinks, alibi_slopes, batch)
     if out is None:
         out = torch.empty((total_q, hq, d), dtype=q.dtype, device=q.device)
@@ -263,24 +263,48 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     are aligned bottom-right to each sequence's length after the append. num_splits: key
     splits (0: chosen from the problem and the GPU; 1: none). Returns out (B, Sq, Hq, D)
     and with return_lse the (B, Hq, Sq) float32 logsumexp. Every argument is checked before
-    the append: a call that raises leaves the caches as they were."""
+    the append: a call that raises leaves the caches as they were. The tensors go to
+    kvcache_attention as the operator's (B, H, S, D) views, and its messages count sizes
+    there, as the CPU kernels' do; k and v are named k_new and v_new."""
+    def view(t):  # (B, S, H, D) -> (B, H, S, D); anything else to the checks as it is
+        return t.transpose(1, 2) if isinstance(t, torch.Tensor) and t.dim() == 4 else t
+
+    left, right = window_pair("attention_with_kvcache", window_size)
+    out, lse = kvcache_attention(view(q), view(k_cache), view(v_cache), view(k), view(v),
+                                 cache_seqlens, block_table, causal, left, right, softcap, sinks,
+                                 alibi_slopes, scale, num_splits, block_m, block_n)
+    out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None,
+                      block_table=None, causal=False, window_left=-1, window_right=-1,
+                      softcap=0.0, sinks=None, alibi_slopes=None, scale=None, num_splits=0,
+                      block_m=None, block_n=None):
+    """The operator attention_kvcache on the GPU, its arguments as its schema has them
+    (python/csrc/kv_ops.cpp): q (B, Hq, Sq, D); k_cache, v_cache (B, Hkv, S_cache, D), or
+    pages (num_blocks, Hkv, block_size, D) with block_table; k_new, v_new (B, Hkv, S_new,
+    D); any strides. Returns (out, lse): out (B, Hq, Sq, D) over (B, Sq, Hq, D) memory (the
+    layout FlashAttention's callers read), lse (B, Hq, Sq) float32."""
     fn = "attention_with_kvcache"
     paged = block_table is not None
-    cache_layout = "(num_blocks, block_size, Hkv, D)" if paged else "(B, S_cache, Hkv, D)"
+    cache_layout = "(num_blocks, Hkv, block_size, D)" if paged else "(B, Hkv, S_cache, D)"
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
-    check((k is None) == (v is None), fn, "k and v must be given together (or neither)")
-    if k is not None:
-        named += [("k", k), ("v", v)]
-    _check_operands(fn, named, 4, {"q": "(B, Sq, Hq, D)", "k_cache": cache_layout,
-                                   "v_cache": cache_layout, "k": "(B, S_new, Hkv, D)",
-                                   "v": "(B, S_new, Hkv, D)"})
-    b, sq, hq, d = q.shape
-    hkv = k_cache.size(2)
+    check((k_new is None) == (v_new is None), fn,
+          "k_new and v_new must be given together (or neither)")
+    if k_new is not None:
+        named += [("k_new", k_new), ("v_new", v_new)]
+    _check_operands(fn, named, 4, {"q": "(B, Hq, Sq, D)", "k_cache": cache_layout,
+                                   "v_cache": cache_layout, "k_new": "(B, Hkv, S_new, D)",
+                                   "v_new": "(B, Hkv, S_new, D)"})
+    b, hq, sq, d = q.shape
+    hkv = k_cache.size(1)
     check(v_cache.shape == k_cache.shape, fn, f"v_cache must have k_cache's shape "
                                               f"{tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     _check_heads_and_dim(fn, hq, hkv, d, k_cache.size(3), v_cache.size(3))
     check(isinstance(num_splits, int) and num_splits >= 0, fn,
           f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
+    page = k_cache.size(2)
     if paged:
         check(isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int32
               and block_table.dim() == 2, fn,
@@ -291,54 +315,57 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
               f"block_table.size(0) must be the batch {b}, got {block_table.size(0)}")
         check(block_table.device == q.device, fn,
               f"block_table is on {block_table.device} but q is on {q.device}")
-        page = k_cache.size(1)
         check(page > 0 and page % PAGE_MULTIPLE == 0, fn,
-              f"k_cache.size(1) (block_size, keys per page) must be a multiple of "
+              f"k_cache.size(2) (block_size, keys per page) must be a multiple of "
               f"{PAGE_MULTIPLE} with a paged cache, got {page}")
         capacity = block_table.size(1) * page
     else:
         check(k_cache.size(0) == b, fn,
               f"k_cache.size(0) must be the batch {b}, got {k_cache.size(0)}")
-        capacity = k_cache.size(1)
+        capacity = page
     new = 0
-    if k is not None:
-        expected = (b, k.size(1), hkv, d)
-        for name, t in (("k", k), ("v", v)):
-            check(tuple(t.shape) == expected, fn, f"{name} must have shape (B, S_new, Hkv, D) = "
-                                                  f"{expected}, got {tuple(t.shape)}")
-        new = k.size(1)
-        check(cache_seqlens is not None, fn, "appending k and v needs cache_seqlens")
-    if cache_seqlens is None:
-        lengths = None
-    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        lengths = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
-    else:
-        check(isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dtype == torch.int32
-              and tuple(cache_seqlens.shape) == (b,), fn,
-              f"cache_seqlens must be an int or an int32 tensor of shape ({b},), got "
-              f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)} "
-              f"{tuple(getattr(cache_seqlens, 'shape', ()))}")
-        check(cache_seqlens.device == q.device, fn,
-              f"cache_seqlens is on {cache_seqlens.device} but q is on {q.device}")
-        lengths = cache_seqlens
-    check_lengths(fn, capacity=capacity, **{"q.size(1)": sq})
-    left, right, softcap, sinks, alibi = check_variants(fn, q.transpose(1, 2), window_size,
+    if k_new is not None:
+        expected = (b, hkv, k_new.size(2), d)
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            check(tuple(t.shape) == expected, fn, f"{name} must have shape (B, Hkv, S_new, D) "
+                                                  f"= {expected}, got {tuple(t.shape)}")
+        new = k_new.size(2)
+        check(cache_seqlens is not None, fn, "appending k_new and v_new needs cache_seqlens")
+    lengths = _cache_lengths(fn, cache_seqlens, b, q.device)
+    check_lengths(fn, capacity=capacity, **{"q.size(2)": sq})
+    left, right, softcap, sinks, alibi = check_variants(fn, q, window_left, window_right,
                                                         softcap, sinks, alibi_slopes, b)
     _check_cache_indices(fn, lengths, new, capacity, block_table,
-                         k_cache.size(0) if paged else 0, k_cache.size(1))
-    if k is not None and new > 0:
-        _append(k_cache, v_cache, k, v, lengths, block_table, new)
-    out = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
+                         k_cache.size(0) if paged else 0, page)
+    if new > 0:
+        _append(k_cache, v_cache, k_new, v_new, lengths, block_table, new)
+    out = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     seq_k = None if lengths is None else (lengths + new).to(torch.int32)
-    run_forward(Problem(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-                        out.transpose(1, 2), lse, batch=b, q_len=sq, kv_len=capacity,
+    run_forward(Problem(q, k_cache, v_cache, out, lse, batch=b, q_len=sq, kv_len=capacity,
                         scale=_scale(scale, d), causal=2 if causal else 0, window_left=left,
                         window_right=right, softcap=softcap, alibi=alibi, sinks=sinks,
                         lengths=0 if seq_k is None else 1, seq_k=seq_k,
                         block_table=block_table, num_splits=num_splits, block_m=block_m,
                         block_n=block_n))
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+def _cache_lengths(fn, cache_seqlens, b, device):
+    """cache_seqlens (an int, or a (B,) int32 tensor on q's device) as a (B,) int32 tensor;
+    None stays None (the whole cache)."""
+    if cache_seqlens is None:
+        return None
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        return torch.full((b,), cache_seqlens, dtype=torch.int32, device=device)
+    check(isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dtype == torch.int32
+          and tuple(cache_seqlens.shape) == (b,), fn,
+          f"cache_seqlens must be an int or an int32 tensor of shape ({b},), got "
+          f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)} "
+          f"{tuple(getattr(cache_seqlens, 'shape', ()))}")
+    check(cache_seqlens.device == device, fn,
+          f"cache_seqlens is on {cache_seqlens.device} but q is on {device}")
+    return cache_seqlens
 
 
 def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page):
@@ -370,16 +397,18 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page):
                      f"k_cache's {pages} pages")
 
 
-def _append(k_cache, v_cache, k, v, lengths, block_table, new):
-    """Writes k, v (B, S_new, Hkv, D) at positions lengths[b] + t of each sequence."""
-    b = k.size(0)
-    positions = lengths.to(torch.int64).view(b, 1) + torch.arange(new, device=k.device)
+def _append(k_cache, v_cache, k_new, v_new, lengths, block_table, new):
+    """Writes k_new, v_new (B, Hkv, S_new, D) at positions lengths[b] + t of each sequence
+    of the (B, Hkv, S_cache, D) caches, or of their pages (num_blocks, Hkv, block_size, D)."""
+    b = k_new.size(0)
+    positions = lengths.to(torch.int64).view(b, 1) + torch.arange(new, device=k_new.device)
+    rows_k, rows_v = k_new.transpose(1, 2), v_new.transpose(1, 2)  # (B, S_new, Hkv, D)
     if block_table is None:
-        batch = torch.arange(b, device=k.device).view(b, 1).expand(b, new)
-        k_cache[batch, positions] = k
-        v_cache[batch, positions] = v
+        batch = torch.arange(b, device=k_new.device).view(b, 1).expand(b, new)
+        k_cache.transpose(1, 2)[batch, positions] = rows_k
+        v_cache.transpose(1, 2)[batch, positions] = rows_v
     else:
-        page = k_cache.size(1)
+        page = k_cache.size(2)
         pages = torch.gather(block_table.to(torch.int64), 1, positions // page)
-        k_cache[pages, positions % page] = k
-        v_cache[pages, positions % page] = v
+        k_cache.transpose(1, 2)[pages, positions % page] = rows_k
+        v_cache.transpose(1, 2)[pages, positions % page] = rows_v

@@ -119,17 +119,25 @@ def check_lengths(fn: str, **lengths) -> None:
         check(value < UNBOUNDED, fn, f"{name} must be below {UNBOUNDED}, got {value}")
 
 
-def check_variants(fn: str, q, window_size, softcap, sinks, alibi_slopes, batch: int):
-    """window_size, softcap, sinks and alibi_slopes against q's heads (q.size(1): (B, Hq, S,
-    D) and packed (total, Hq, D) alike); returns (window_left, window_right, softcap,
-    sinks (Hq,) float32, alibi (B, Hq) with batch stride 0 for (Hq,) slopes)."""
+def window_pair(fn: str, window_size) -> tuple[int, int]:
+    """FlashAttention's window_size = (left, right) as the operator's window_left and
+    window_right (checked by check_variants)."""
     try:
         left, right = (int(x) for x in window_size)
     except (TypeError, ValueError):
         raise ArgumentError(f"fattn.triton.{fn}: window_size must be a pair of ints (left, "
                             f"right), got {window_size!r}") from None
-    for name, value in (("window_size[0] (left)", left), ("window_size[1] (right)", right)):
+    return left, right
+
+
+def check_variants(fn: str, q, window_left: int, window_right: int, softcap, sinks,
+                   alibi_slopes, batch: int):
+    """The window, softcap, sinks and alibi_slopes against q's heads (q.size(1): (B, Hq, S,
+    D) and packed (total, Hq, D) alike); returns (window_left, window_right, softcap,
+    sinks (Hq,) float32, alibi (B, Hq) with batch stride 0 for (Hq,) slopes)."""
+    for name, value in (("window_left", window_left), ("window_right", window_right)):
         check(value >= -1, fn, f"{name} must be >= -1 (-1: unbounded), got {value}")
+    left, right = int(window_left), int(window_right)
     softcap = float(softcap)
     check(math.isfinite(softcap) and softcap >= 0.0, fn,
           f"softcap must be a finite number >= 0 (0: off), got {softcap}")

@@ -66,6 +66,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
+from ..functional import sliding_window as sliding_window_of
 from . import NAME
 
 _MIN_HEAD, _MAX_HEAD = 16, 256
@@ -202,8 +203,7 @@ class FattnAttentionImpl(AttentionImpl[FattnMetadata]):
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sliding_window = sliding_window
-        # vLLM's sliding_window W: a query sees itself and the W - 1 keys before it.
-        self.window_left = -1 if sliding_window is None else int(sliding_window) - 1
+        self.window = sliding_window_of(sliding_window)  # (window_left, window_right)
         self.logits_soft_cap = float(logits_soft_cap or 0.0)
         self.alibi_slopes = (None if alibi_slopes is None
                              else torch.tensor(alibi_slopes, dtype=torch.float32))
@@ -267,8 +267,7 @@ class FattnAttentionImpl(AttentionImpl[FattnMetadata]):
         # The operator's fixed arguments: no append (k_new, v_new: None), causal bottom-right
         # to each request's length, fattn's automatic key splits and kernel choice, then
         # the variants.
-        variants = (self.window_left, 0 if self.window_left >= 0 else -1,
-                    self.logits_soft_cap, self.alibi_slopes, self.sinks)
+        variants = (*self.window, self.logits_soft_cap, self.alibi_slopes, self.sinks)
         nd = m.num_decodes
         if nd:
             q = query[:nd].unsqueeze(2)  # (nd, Hq, 1, D)

@@ -247,6 +247,25 @@ struct AmxOps {
     const bf16* base;
     std::int64_t part_stride, row_bytes, second;
   };
+  // The two layouts the products read. Split rows (K, Vᵀ, the backward's A): each row holds
+  // its kParts parts of `part` elements one after the other; tile rows are its rows, from
+  // `first`, the second tile 16 rows further.
+  [[gnu::always_inline]] static Operand split_rows_operand(const bf16* first,
+                                                           std::int64_t part) {
+    const std::int64_t row = kParts * part;
+    return {first, part, row * 2, kTileRows * row};
+  }
+  // VNNI row pairs (queries, P, the backward's X: pair_row elements a pair and part, kParts
+  // parts a pair): tile rows are the pairs of reduction chunk `chunk` (a multiple of 32),
+  // from column col; the second tile 16 columns further.
+  // Chunk and Column are the callers' own index types: the index arithmetic stays theirs.
+  template <class Chunk, class Column>
+  [[gnu::always_inline]] static Operand row_pairs_operand(const bf16* pairs,
+                                                          std::int64_t pair_row, Chunk chunk,
+                                                          Column col) {
+    const std::int64_t pair_rows = kParts * pair_row;
+    return {pairs + chunk / 2 * pair_rows + 2 * col, pair_row, pair_rows * 2, 2 * kTileRows};
+  }
   // (GCC's tile intrinsics are macros that paste the register number: literals only.)
   // GCC 12's tile loads are asm statements without a memory clobber: nothing stops the
   // compiler from moving the vector stores that wrote a tile's data (the split parts,
@@ -328,6 +347,12 @@ struct AmxOps {
     _tile_loadd(2, c + 16 * row_floats, bytes);
     _tile_loadd(3, c + 16 * row_floats + 16, bytes);
   }
+  // Runs what mma_split left of `task` (it runs a slice after each group of products).
+  template <class Task>
+  [[gnu::always_inline]] static void finish_task(Task* task) {
+    while (task && task->step()) {
+    }
+  }
 
   // Lanes of query vector v (queries 16v … 16v+15 of the tile) that see a key whose
   // first seeing query is `first` (Band::first_seeing).
@@ -358,16 +383,12 @@ struct AmxOps {
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        for (std::int64_t c = 0; c < Dp; c += kChunk) {
-          const Operand keys{k_parts + (j0 + kb) * k_row + c, Dp, k_row * 2, kTileRows * k_row};
-          const Operand queries{q_parts + c / 2 * kPairRows + 2 * qb, kPairRow, kPairRows * 2,
-                                2 * kTileRows};
-          mma_split(keys, queries, task);
-        }
+        for (std::int64_t c = 0; c < Dp; c += kChunk)
+          mma_split(split_rows_operand(k_parts + (j0 + kb) * k_row + c, Dp),
+                    row_pairs_operand(q_parts, kPairRow, c, qb), task);
         store_2x2(st + kb * Br + qb, Br);
       }
-    while (task && task->step()) {
-    }
+    finish_task(task);
   }
 
   // ot[d][i] += Σ_j V[j0+j][d]·P[j][i] for the 32-key chunks that cover nj keys (P's
@@ -384,15 +405,12 @@ struct AmxOps {
         load_2x2(ot + db * Br + qb, Br);
         for (std::int64_t kc = 0; kc < nj; kc += kChunk) {
           if (hidden_block(diag, kc, qb)) continue;  // P is zero there
-          const Operand dims{v_tile + db * v_row + kc, Bc, v_row * 2, kTileRows * v_row};
-          const Operand probs{p_parts + kc / 2 * kPairRows + 2 * qb, kPairRow, kPairRows * 2,
-                              2 * kTileRows};
-          mma_split(dims, probs, task);
+          mma_split(split_rows_operand(v_tile + db * v_row + kc, Bc),
+                    row_pairs_operand(p_parts, kPairRow, kc, qb), task);
         }
         store_2x2(ot + db * Br + qb, Br);
       }
-    while (task && task->step()) {
-    }
+    finish_task(task);
   }
 
   // acc[j][d] += Σ_i A[j][i]·X[i][d] for the 32-key blocks that cover nj keys: the
@@ -405,21 +423,17 @@ struct AmxOps {
                         float* acc, const typename Fma::Band* diag = nullptr,
                         Task* task = nullptr) {
     constexpr std::int64_t a_row = kParts * Br;
-    const std::int64_t x_row = kParts * 2 * Dp;
     for (std::int64_t kb = 0; kb < nj; kb += kBlock)
       for (std::int64_t db = 0; db < Dp; db += kBlock) {
         load_2x2(acc + kb * Dp + db, Dp);
         for (int qc = 0; qc < Br; qc += kChunk) {
           if (hidden_block(diag, kb, qc)) continue;
-          const Operand keys{a_rows + kb * a_row + qc, Br, a_row * 2, kTileRows * a_row};
-          const Operand dims{x_pairs + qc / 2 * x_row + 2 * db, 2 * Dp, x_row * 2,
-                             2 * kTileRows};
-          mma_split(keys, dims, task);
+          mma_split(split_rows_operand(a_rows + kb * a_row + qc, Br),
+                    row_pairs_operand(x_pairs, 2 * Dp, qc, db), task);
         }
         store_2x2(acc + kb * Dp + db, Dp);
       }
-    while (task && task->step()) {
-    }
+    finish_task(task);
   }
 };
 

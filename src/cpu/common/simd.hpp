@@ -76,30 +76,27 @@ struct Simd {
   // max(x, lo) and min(x, hi) that return x when x is NaN: one vmaxps/vminps
   // (their NaN rule returns the second operand); GCC 12 emits compare + blend for
   // the conditional form with a constant bound.
-  static vec at_least(vec x, float lo) {
+  enum class Bound { lower, upper };
+  template <Bound kBound>
+  static vec bounded(vec x, float bound) {
+    constexpr bool kLower = kBound == Bound::lower;
+    const vec b = splat(bound);
 #if defined(FATTN_AVX512)
-    if constexpr (Bytes == 64) return _mm512_max_ps(splat(lo), x);
+    if constexpr (Bytes == 64) return kLower ? _mm512_max_ps(b, x) : _mm512_min_ps(b, x);
 #endif
 #if defined(FATTN_AVX)
-    if constexpr (Bytes == 32) return _mm256_max_ps(splat(lo), x);
+    if constexpr (Bytes == 32) return kLower ? _mm256_max_ps(b, x) : _mm256_min_ps(b, x);
 #endif
 #if defined(__SSE__)
-    if constexpr (Bytes == 16) return _mm_max_ps(splat(lo), x);
+    if constexpr (Bytes == 16) return kLower ? _mm_max_ps(b, x) : _mm_min_ps(b, x);
 #endif
-    return x < lo ? splat(lo) : x;
+    if constexpr (kLower) return x < bound ? b : x;
+    return x > bound ? b : x;
   }
-  static vec at_most(vec x, float hi) {
-#if defined(FATTN_AVX512)
-    if constexpr (Bytes == 64) return _mm512_min_ps(splat(hi), x);
-#endif
-#if defined(FATTN_AVX)
-    if constexpr (Bytes == 32) return _mm256_min_ps(splat(hi), x);
-#endif
-#if defined(__SSE__)
-    if constexpr (Bytes == 16) return _mm_min_ps(splat(hi), x);
-#endif
-    return x > hi ? splat(hi) : x;
-  }
+  // Named instances, not wrappers: a wrapper's extra call level changed GCC 12's inlining
+  // across the kernel units (objdump).
+  static constexpr vec (*at_least)(vec, float) = bounded<Bound::lower>;
+  static constexpr vec (*at_most)(vec, float) = bounded<Bound::upper>;
   static vec iota() {
     vec v;
     for (int i = 0; i < lanes; ++i) v[i] = static_cast<float>(i);

@@ -4,7 +4,7 @@
 // shuffles per 16×16 block) costs more than the products it feeds (R FMAs per 16
 // elements). Here each key row is multiplied where it lies, dims along the lanes:
 //   acc[r][k] += qs[r][d..d+15] · k[j + k][d..d+15]     R rows × 16/R keys, over d
-//   st[r][j + k] = Σ lanes acc[r][k]                    16 sums at once (sum_lanes16)
+//   st[r][j + k] = Σ lanes acc[r][k]                    16 sums at once (sum_lanes.hpp)
 // With AVX512-BF16 and a bfloat16 cache the products are vdpbf16ps on the query rows' own
 // bits (DotBf16Products), 32 dims per instruction.
 // (decode, Sq = 1, GQA 4:1, D = 128: compute alone 37.7 → 48.9 GB/s per core, keys in L2;
@@ -21,6 +21,7 @@
 
 #include "cpu/common/elements.hpp"
 #include "cpu/common/simd.hpp"
+#include "cpu/decode/sum_lanes.hpp"
 
 #if defined(FATTN_AVX512)
 #include <immintrin.h>
@@ -29,27 +30,6 @@
 namespace fattn::cpu {
 
 #if defined(FATTN_AVX512)
-
-// Lane i of the result is the sum of the 16 lanes of a[i]: four rounds that each halve
-// the vectors (pairs of floats, of float pairs, then 128-bit lanes twice), 45 operations
-// for 16 horizontal sums.
-[[gnu::always_inline]] inline __m512 sum_lanes16(const __m512 a[16]) {
-  __m512 b[8], c[4], d[2];
-  for (int i = 0; i < 8; ++i)
-    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
-  for (int i = 0; i < 2; ++i)
-    d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], kEven),
-                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], kOdd));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], kEven),
-                       _mm512_shuffle_f32x4(d[0], d[1], kOdd));
-}
 
 // The products of the direct scores, one policy per kind of key row:
 //   FmaProducts: float32 query rows (pre-scaled by scale·log2(e)) against key rows of
@@ -85,7 +65,7 @@ template <class Rows, class Products>
 struct DirectScores {
   using Query = typename Products::Query;
   static constexpr int kStep = Products::kDims;
-  static constexpr int kSums = 16;  // dot products per sum_lanes16
+  static constexpr int kSums = 16;  // dot products per sum_lanes
 
   // st[r][j + k] for R rows and 16/R keys starting at j.
   template <int R>
@@ -115,7 +95,7 @@ struct DirectScores {
     step(0, std::true_type{});
     for (std::int64_t d = kStep; d < Dp; d += kStep) step(d, std::false_type{});
     alignas(64) float sums[kSums];
-    _mm512_store_ps(sums, _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(factor)));
+    _mm512_store_ps(sums, _mm512_mul_ps(sum_lanes<16>(acc), _mm512_set1_ps(factor)));
     for (int r = 0; r < R; ++r) std::memcpy(st + r * st_stride + j, sums + r * KB, KB * sizeof(float));
   }
 

@@ -5,7 +5,7 @@
 // per 8 elements against 3 shuffles per element-vector). Here each key row is multiplied
 // where it lies, dims along the lanes:
 //   acc[r][k] += qs[r][d..d+7] · k[j + k][d..d+7]     R rows × 8/R keys, over d
-//   st[r][j + k] = Σ lanes acc[r][k]                  8 sums at once (sum_lanes8)
+//   st[r][j + k] = Σ lanes acc[r][k]                  8 sums at once (sum_lanes.hpp)
 // 8 accumulators, 8/R key vectors and a query operand (taken from memory by the FMA) stay
 // within the 16 registers; a 16-bit key row is widened as it is loaded (load_vec: F16C
 // vcvtph2ps, or a zero-extend and shift for bfloat16), once for all R rows.
@@ -21,6 +21,7 @@
 
 #include "cpu/common/elements.hpp"
 #include "cpu/common/simd.hpp"
+#include "cpu/decode/sum_lanes.hpp"
 
 #if defined(FATTN_AVX)
 #include <immintrin.h>
@@ -28,32 +29,13 @@
 namespace fattn::cpu {
 namespace {  // each unit's own copy, built with its own instructions
 
-// Lane i of the result is the sum of the 8 lanes of a[i]: three rounds that each halve the
-// vectors (pairs of floats, of float pairs, then the 128-bit halves), 21 operations for 8
-// horizontal sums.
-[[gnu::always_inline]] inline __m256 sum_lanes8(const __m256 a[8]) {
-  __m256 b[4], c[2];
-  for (int i = 0; i < 4; ++i)
-    b[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 2; ++i) {
-    const __m256d x = _mm256_castps_pd(b[2 * i]), y = _mm256_castps_pd(b[2 * i + 1]);
-    c[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
-                         _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-  }
-  // c[0] lane 4h + k: half h of rows 0..3, column k; c[1] the same for rows 4..7.
-  constexpr int kLowHalves = 0x20, kHighHalves = 0x31;
-  return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], kLowHalves),
-                       _mm256_permute2f128_ps(c[0], c[1], kHighHalves));
-}
-
 // Rows: the decode kernel's key rows (row(j): Dp contiguous elements of type E, Dp a
 // multiple of 8); q: the query rows, float32, pre-scaled by scale·log2(e).
 template <class Rows>
 struct DirectScoresAvx2 {
   using S = Simd<32>;
   static constexpr int kStep = S::lanes;  // dims per FMA
-  static constexpr int kSums = 8;         // dot products per sum_lanes8
+  static constexpr int kSums = 8;         // dot products per sum_lanes
 
   // st[r][j + k] for R rows and 8/R keys starting at j. Inlined into rows_block: GCC's
   // own budget stops inlining it once exp2 is written through horner() (objdump).
@@ -82,7 +64,7 @@ struct DirectScoresAvx2 {
     step(0, std::true_type{});
     for (std::int64_t d = kStep; d < Dp; d += kStep) step(d, std::false_type{});
     alignas(32) float sums[kSums];
-    _mm256_store_ps(sums, sum_lanes8(acc));
+    _mm256_store_ps(sums, sum_lanes<8>(acc));
     for (int r = 0; r < R; ++r) std::memcpy(st + r * st_stride + j, sums + r * KB, KB * sizeof(float));
   }
 
@@ -95,7 +77,7 @@ struct DirectScoresAvx2 {
         for (int i = 0; i < kSums; ++i) acc[i] = _mm256_setzero_ps();
         for (std::int64_t d = 0; d < Dp; d += kStep)
           acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * Dp + d), load_vec<S>(k.row(j) + d), acc[0]);
-        st[r * st_stride + j] = _mm256_cvtss_f32(sum_lanes8(acc));
+        st[r * st_stride + j] = _mm256_cvtss_f32(sum_lanes<8>(acc));
       }
   }
 

@@ -306,39 +306,38 @@ struct DecodeOps {
   static constexpr std::int64_t kDirectRows = 4;
 
   // Across the lanes: with AVX-512 / AVX2 in a tree of shuffles (4 / 3 steps, not 15 / 7
-  // scalar ones).
+  // scalar ones), the same tree for the max and the sum.
   // A NaN lane may or may not win the max; either way its row's probabilities become
   // NaN in softmax_update, through exp2 of the NaN score.
-  static float max_of(vec x) {
+  enum class LaneReduction { max, sum };
+  template <LaneReduction kOp>
+  static float across_lanes(vec x) {
+    constexpr bool kMax = kOp == LaneReduction::max;
 #if defined(FATTN_AVX512)
-    if constexpr (L == 16) return _mm512_reduce_max_ps(x);
+    if constexpr (L == 16) return kMax ? _mm512_reduce_max_ps(x) : _mm512_reduce_add_ps(x);
 #endif
 #if defined(FATTN_AVX)
     if constexpr (L == 8) {
-      __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-      return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+      __m128 h = kMax ? _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1))
+                      : _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+      h = kMax ? _mm_max_ps(h, _mm_movehl_ps(h, h)) : _mm_add_ps(h, _mm_movehl_ps(h, h));
+      return _mm_cvtss_f32(kMax ? _mm_max_ss(h, _mm_movehdup_ps(h))
+                                : _mm_add_ss(h, _mm_movehdup_ps(h)));
     }
 #endif
-    float m = x[0];
-    for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
-    return m;
-  }
-  static float sum_of(vec x) {
-#if defined(FATTN_AVX512)
-    if constexpr (L == 16) return _mm512_reduce_add_ps(x);
-#endif
-#if defined(FATTN_AVX)
-    if constexpr (L == 8) {
-      __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    if constexpr (kMax) {
+      float m = x[0];
+      for (int i = 1; i < L; ++i) m = x[i] > m ? x[i] : m;
+      return m;
     }
-#endif
     float s = 0.0f;
     for (int i = 0; i < L; ++i) s += x[i];
     return s;
   }
+  // Named instances, not wrappers: a wrapper's extra call level changed GCC 12's inlining
+  // across the kernel units (objdump).
+  static constexpr float (*max_of)(vec) = across_lanes<LaneReduction::max>;
+  static constexpr float (*sum_of)(vec) = across_lanes<LaneReduction::sum>;
 
   // Online softmax of each row over its visible keys: keys [visible[r], Bk) of row r get
   // probability 0; new running max m, alpha = 2^(m_old − m_new), st ← 2^(st − m_new),

@@ -1,0 +1,78 @@
+// fattn — horizontal sums of 8 (AVX2) or 16 (AVX-512) float vectors at once, for the decode
+// kernel's direct scores (cpu/decode/direct_avx2.hpp, cpu/decode/direct.hpp).
+#pragma once
+
+#include "cpu/common/isa_target.hpp"
+
+#if defined(FATTN_AVX)
+#include <immintrin.h>
+
+namespace fattn::cpu {
+namespace {  // each unit's own copy, built with its own instructions
+
+// Two vectors interleaved per 128-bit lane: lo takes the lane's first halves of a and b,
+// alternately, hi its second halves; by float (interleave_floats) or by float pair
+// (interleave_pairs). One struct per width: a vector type as a template argument loses its
+// attributes (GCC's -Wignored-attributes). Members hi first, as they are evaluated: the
+// order GCC gives the two shuffles as the arguments of one add (right to left), so the
+// kernels keep the instruction order they were measured with.
+struct Interleaved256 {
+  __m256 hi, lo;
+};
+#if defined(FATTN_AVX512)
+struct Interleaved512 {
+  __m512 hi, lo;
+};
+#endif
+
+[[gnu::always_inline]] inline Interleaved256 interleave_floats(__m256 a, __m256 b) {
+  return {_mm256_unpackhi_ps(a, b), _mm256_unpacklo_ps(a, b)};
+}
+[[gnu::always_inline]] inline Interleaved256 interleave_pairs(__m256 a, __m256 b) {
+  const __m256d x = _mm256_castps_pd(a), y = _mm256_castps_pd(b);
+  return {_mm256_castpd_ps(_mm256_unpackhi_pd(x, y)), _mm256_castpd_ps(_mm256_unpacklo_pd(x, y))};
+}
+#if defined(FATTN_AVX512)
+[[gnu::always_inline]] inline Interleaved512 interleave_floats(__m512 a, __m512 b) {
+  return {_mm512_unpackhi_ps(a, b), _mm512_unpacklo_ps(a, b)};
+}
+[[gnu::always_inline]] inline Interleaved512 interleave_pairs(__m512 a, __m512 b) {
+  const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
+  return {_mm512_castpd_ps(_mm512_unpackhi_pd(x, y)), _mm512_castpd_ps(_mm512_unpacklo_pd(x, y))};
+}
+#endif
+
+// Lane i of the result is the sum of the kRows lanes of a[i] (kRows = 8: __m256, 16: __m512):
+// rounds that each halve the vectors, adding them interleaved by float, then by float pair,
+// then across the 128-bit lanes (the two halves with AVX2: 21 operations for 8 sums; the
+// four lanes in two rounds with AVX-512: 45 operations for 16 sums).
+template <int kRows, class Vec>
+[[gnu::always_inline]] inline Vec sum_lanes(const Vec a[kRows]) {
+  Vec b[kRows / 2], c[kRows / 4];
+  for (int i = 0; i < kRows / 2; ++i) {
+    const auto floats = interleave_floats(a[2 * i], a[2 * i + 1]);
+    b[i] = floats.lo + floats.hi;
+  }
+  for (int i = 0; i < kRows / 4; ++i) {
+    const auto pairs = interleave_pairs(b[2 * i], b[2 * i + 1]);
+    c[i] = pairs.lo + pairs.hi;
+  }
+  if constexpr (kRows == 8) {
+    // c[0] lane 4h + k: half h of rows 0..3, column k; c[1] the same for rows 4..7.
+    constexpr int kLowHalves = 0x20, kHighHalves = 0x31;
+    return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], kLowHalves),
+                         _mm256_permute2f128_ps(c[0], c[1], kHighHalves));
+  } else {
+    constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+    Vec d[2];
+    for (int i = 0; i < 2; ++i)
+      d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], kEven),
+                           _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], kOdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], kEven),
+                         _mm512_shuffle_f32x4(d[0], d[1], kOdd));
+  }
+}
+
+}  // namespace
+}  // namespace fattn::cpu
+#endif
