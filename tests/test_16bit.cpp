@@ -490,7 +490,12 @@ TEST(Bf16Products, EachPathForcedRunsItWithinHalfAnUlp) {
   const Case16 cases[] = {{2, 4, 2, 65, 113, 64, Causal::none, Layout::bhsd},
                           {1, 4, 2, 113, 65, 96, Causal::top_left, Layout::bshd},
                           {1, 8, 2, 1, 300, 128, Causal::bottom_right, Layout::bshd},
-                          {1, 8, 2, 16, 300, 128, Causal::bottom_right, Layout::bshd}};
+                          {1, 8, 2, 16, 300, 128, Causal::bottom_right, Layout::bshd},
+                          // decode's direct scores on bfloat16 pairs split into even and odd
+                          // dims (FMA) or on vdpbf16ps: 3 rows (2 + 1), D = 48 ending in half
+                          // a 32-dim step; 4 rows, D = 80 (two steps and a half), a tail
+                          {2, 6, 2, 1, 250, 48, Causal::none, Layout::bhsd},
+                          {1, 8, 2, 1, 301, 80, Causal::bottom_right, Layout::bshd}};
   for (Bf16Products forced : {Bf16Products::fma, Bf16Products::bf16_dot}) {
     if (forced == Bf16Products::bf16_dot && !fattn::cpu_has_bf16_dot_products()) continue;
     const Products expected = forced == Bf16Products::bf16_dot ? Products::bf16_dot : Products::fma;

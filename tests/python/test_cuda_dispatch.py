@@ -134,6 +134,40 @@ def test_flash_attn_with_kvcache_paged_append(gpu_path):
     assert torch.equal(v_cache[5, 4].cpu(), v_new[1, 0].cpu())
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_decode_step_in_a_cuda_graph_replayed_with_new_lengths():
+    """A paged decode step with an append, captured once and replayed after the lengths
+    and the new token change in place: what serving engines do every step. It captures
+    only if nothing in the call synchronises with the host."""
+    pages, page = 8, 16
+    k_cache, v_cache = inputs(pages, page, 2, 32, seed=1), inputs(pages, page, 2, 32, seed=2)
+    table = torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([5, 20], dtype=torch.int32, device=DEVICE)
+    q, k_new, v_new = inputs(2, 1, 8, 32, seed=3), inputs(2, 1, 2, 32, seed=4), \
+        inputs(2, 1, 2, 32, seed=5)
+
+    def step():
+        return fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
+                                             cache_seqlens=lens, block_table=table, causal=True,
+                                             return_softmax_lse=True)
+    with torch.no_grad():
+        step()  # compiles outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = step()
+        for lens_now, seed in (([9, 30], 6), ([31, 2], 7)):
+            lens.copy_(torch.tensor(lens_now, dtype=torch.int32))
+            q.copy_(inputs(2, 1, 8, 32, seed=seed))
+            k_new.copy_(inputs(2, 1, 2, 32, seed=seed + 1))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref, ref_lse = reference.attention_with_kvcache(
+                q.cpu(), k_cache.cpu(), v_cache.cpu(), [n + 1 for n in lens_now], table.cpu(),
+                causal=True)
+            assert_matches(out, lse, ref, ref_lse)
+
+
 def test_flash_attn_varlen_func(gpu_path):
     lengths = [3, 0, 11]
     cu = torch.tensor([0, 3, 3, 14], dtype=torch.int32, device=DEVICE)
@@ -308,8 +342,12 @@ def take_path(path, request):
 
 @pytest.mark.parametrize("case", BAD_KVCACHE_INPUTS, ids=lambda c: c[0].replace(" ", "_"))
 @pytest.mark.parametrize("path", PATHS)
-def test_bad_kvcache_input_same_error_on_both_paths(case, path, request):
+def test_bad_kvcache_input_same_error_on_both_paths(case, path, request, monkeypatch):
     take_path(path, request)
+    # The host's verdict on CUDA too (a device-side assert would end the CUDA context; the
+    # device-side checks are test_triton_cache.py's).
+    from fattn.triton import api
+    monkeypatch.setattr(api, "DEVICE_SIDE_CHECKS", ())
     _, changes, names = case
     with pytest.raises(RuntimeError, match=names) as e:
         bad_kvcache_call(**changes)

@@ -138,9 +138,11 @@ def bad_kvcache_calls():
     bad_table[1, 0] = 99
     return (k_cache, v_cache), [
         (dict(q=q, k=new, v=new, cache_seqlens=full, block_table=table),
-         r"cache_seqlens\[1\] = 32 with 1 new keys must fit the cache's 32 positions"),
+         r"cache_seqlens\[1\] = 32: every cache_seqlens entry with the 1 new keys must fit "
+         r"the cache's 32 positions"),
         (dict(q=q, k=new, v=new, cache_seqlens=lens, block_table=bad_table),
-         r"block_table\[1, 0\] = 99 is outside k_cache's 7 pages"),
+         r"block_table\[1, 0\] = 99: every block_table entry a sequence uses must be a page "
+         r"of k_cache \(0 to 6\)"),
         (dict(q=q, k=new, v=new, block_table=table),
          "appending k_new and v_new needs cache_seqlens"),
         (dict(q=q, k=new, v=None, cache_seqlens=lens, block_table=table),
@@ -161,13 +163,51 @@ def bad_kvcache_calls():
 
 
 @pytest.mark.parametrize("index", range(len(bad_kvcache_calls()[1])))
-def test_kvcache_bad_input_raises_before_writing(index):
+def test_kvcache_bad_input_raises_before_writing(index, monkeypatch):
+    from fattn.triton import api
+    monkeypatch.setattr(api, "DEVICE_SIDE_CHECKS", ())  # the host's verdict, on every device
     (k_cache, v_cache), calls = bad_kvcache_calls()
     kw, match = calls[index]
     k0, v0 = k_cache.clone(), v_cache.clone()
     with pytest.raises(fattn.triton.ArgumentError, match=match):
         fattn.triton.attention_with_kvcache(k_cache=k_cache, v_cache=v_cache, **kw)
     assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0)
+
+
+# The checks of a CUDA decode step, run here on CPU tensors: the verdict through
+# torch._assert_async (on a CUDA device, a device-side assert at the next synchronisation;
+# on the CPU it raises at once), no host read of a device tensor, nothing written.
+@pytest.mark.skipif(DEVICE != "cpu", reason="a device-side assert ends the CUDA context")
+@pytest.mark.parametrize("index, names", [(0, "cache_seqlens"), (1, "block_table")])
+def test_kvcache_device_side_checks(index, names, monkeypatch):
+    from fattn.triton import api
+    monkeypatch.setattr(api, "DEVICE_SIDE_CHECKS", ("cpu",))
+    (k_cache, v_cache), calls = bad_kvcache_calls()
+    kw, _ = calls[index]
+    k0 = k_cache.clone()
+    with pytest.raises(RuntimeError, match=f"every {names} entry"):
+        fattn.triton.attention_with_kvcache(k_cache=k_cache, v_cache=v_cache, **kw)
+    assert torch.equal(k_cache, k0)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="checked on CPU tensors")
+def test_kvcache_device_side_checks_read_nothing_on_the_host(monkeypatch):
+    from fattn.triton import api
+    monkeypatch.setattr(api, "DEVICE_SIDE_CHECKS", ("cpu",))
+    _, _, table = make_cache(True, 2, 32, 16, seed=0)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a host read of a device tensor")
+    for name in ("tolist", "item", "__bool__", "nonzero", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    api._check_cache_indices("attention_with_kvcache", lens, 1, 32, table, 7, 16)
+    monkeypatch.undo()
+    monkeypatch.setattr(api, "DEVICE_SIDE_CHECKS", ())
+    with pytest.raises(AssertionError):  # the host path does read: the patch would see it
+        for name in ("tolist", "__bool__"):
+            monkeypatch.setattr(torch.Tensor, name, host_read)
+        api._check_cache_indices("attention_with_kvcache", lens, 1, 32, table, 7, 16)
 
 
 # --- varlen -----------------------------------------------------------------------------

@@ -368,33 +368,48 @@ def _cache_lengths(fn, cache_seqlens, b, device):
     return cache_seqlens
 
 
+# Device types on which the cache indices are checked without a host synchronisation.
+DEVICE_SIDE_CHECKS = ("cuda",)
+
+
 def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page):
     """Every length within the cache and every page a sequence uses within k_cache, before
-    anything is written. The checks run on the tensors' device and come to the host in one
-    read (a decode step pays one synchronisation); the entry named in an error is found
-    only then."""
+    anything is written. The checks run on the tensors' device. On CUDA their verdict stays
+    there: torch._assert_async stops the stream with a device-side assert whose message
+    names the argument, raised at the next synchronisation, and nothing queued after it
+    (the append, the attention) runs; a decode step never waits for the GPU and can be
+    captured in a CUDA graph. Elsewhere the verdict comes to the host in one read and the
+    error names the entry too."""
     b = block_table.size(0) if block_table is not None else (
         lengths.numel() if lengths is not None else 0)
-    checks = []
+    length_bad = table_bad = None
     if lengths is not None:
         length_bad = (lengths < 0) | (lengths + new > capacity)
-        checks.append(length_bad.any())
     if block_table is not None:
         used = (torch.full((b,), capacity, dtype=torch.int64, device=block_table.device)
                 if lengths is None else lengths.to(torch.int64) + new)
         slots = torch.arange(block_table.size(1), device=block_table.device)
         in_use = slots.view(1, -1) * page < used.view(-1, 1)
         table_bad = ((block_table < 0) | (block_table >= pages)) & in_use
-        checks.append(table_bad.any())
-    if not checks or not any(torch.stack(checks).tolist()):
+    length_rule = (f"every cache_seqlens entry with the {new} new keys must fit the cache's "
+                   f"{capacity} positions (and be >= 0)")
+    table_rule = (f"every block_table entry a sequence uses must be a page of k_cache (0 to "
+                  f"{pages - 1})")
+    rules = [(bad, rule) for bad, rule in ((length_bad, length_rule), (table_bad, table_rule))
+             if bad is not None]
+    if not rules:
         return
-    if lengths is not None and bool(length_bad.any()):
+    if rules[0][0].device.type in DEVICE_SIDE_CHECKS:
+        for bad, rule in rules:
+            torch._assert_async(~bad.any(), f"fattn.triton.{fn}: {rule}")
+        return
+    if not any(torch.stack([bad.any() for bad, _ in rules]).tolist()):
+        return
+    if length_bad is not None and bool(length_bad.any()):
         n = int(length_bad.nonzero()[0, 0])
-        check(False, fn, f"cache_seqlens[{n}] = {int(lengths[n])} with {new} new keys must fit "
-                         f"the cache's {capacity} positions (and be >= 0)")
+        check(False, fn, f"cache_seqlens[{n}] = {int(lengths[n])}: {length_rule}")
     n, slot = (int(x) for x in table_bad.nonzero()[0])
-    check(False, fn, f"block_table[{n}, {slot}] = {int(block_table[n, slot])} is outside "
-                     f"k_cache's {pages} pages")
+    check(False, fn, f"block_table[{n}, {slot}] = {int(block_table[n, slot])}: {table_rule}")
 
 
 def _append(k_cache, v_cache, k_new, v_new, lengths, block_table, new):

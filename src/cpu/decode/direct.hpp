@@ -48,6 +48,58 @@ struct FmaProducts {
   static __m512 add_products(__m512 acc, Operand q, Operand k) { return _mm512_fmadd_ps(q, k, acc); }
 };
 
+// FmaProducts for bfloat16 key rows without widening shuffles: 32 dims a step, loaded as
+// 16 pairs of bits; a pair's even dim is the 32-bit lane shifted left by 16, its odd dim
+// the lane with the low half cleared: both exact float32, by a shift and an AND (integer
+// ops that run beside the FMAs) where the widening of FmaProducts (vpmovzxwd, then a
+// shift) costs a shuffle per 16 dims: on Intel cores port 5, one of the two 512-bit FMA
+// ports. The query rows come arranged to match (split_pairs): each 32 dims as their 16
+// even dims then their 16 odd ones (the last 16 of a head dim that is an odd number of
+// 16s as 8 and 8).
+struct SplitBf16Products {
+  using Query = float;
+  struct Operand {
+    __m512 even, odd;
+  };
+  static constexpr int kDims = 32;
+  static Operand load(const float* q, bool half) {
+    if (!half) return {_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16)};
+    // even: 8 dims and the 8 odd ones after them, which meet zero keys (the key's half
+    // load below leaves lanes 8-15 zero); odd: 8 dims
+    return {_mm512_loadu_ps(q), _mm512_maskz_loadu_ps(0x00ff, q + 8)};
+  }
+  static Operand load(const BFloat16* k, bool half) {
+    const __m512i pairs =
+        half ? _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k)))
+             : _mm512_loadu_si512(k);
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)),
+            _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536)))};
+  }
+  static __m512 add_products(__m512 acc, Operand q, Operand k) {
+    return _mm512_fmadd_ps(q.odd, k.odd, _mm512_fmadd_ps(q.even, k.even, acc));
+  }
+  // out: the rows qs (Dp floats each, Dp a multiple of 16) arranged as load takes them.
+  static void split_pairs(const float* qs, std::int64_t rows, std::int64_t Dp, float* out) {
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* q = qs + r * Dp;
+      float* o = out + r * Dp;
+      std::int64_t d = 0;
+      for (; d + 32 <= Dp; d += 32) {
+        const __m512 a = _mm512_loadu_ps(q + d), b = _mm512_loadu_ps(q + d + 16);
+        _mm512_storeu_ps(o + d, _mm512_permutex2var_ps(a, even, b));
+        _mm512_storeu_ps(o + d + 16, _mm512_permutex2var_ps(a, odd, b));
+      }
+      if (d < Dp) {  // 16 left: 8 even, then 8 odd
+        const __m512 a = _mm512_loadu_ps(q + d);
+        const __m512i last = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+        _mm512_storeu_ps(o + d, _mm512_permutexvar_ps(last, a));
+      }
+    }
+  }
+};
+
 #if defined(FATTN_AVX512_BF16)
 struct DotBf16Products {
   using Query = std::uint16_t;  // bfloat16 bits
@@ -66,6 +118,11 @@ struct DirectScores {
   using Query = typename Products::Query;
   static constexpr int kStep = Products::kDims;
   static constexpr int kSums = 16;  // dot products per sum_lanes
+  // Keys in the outer loop of a step when an operand takes two registers
+  // (SplitBf16Products): the 16 sums, the rows' operands and one key's fit the 32 vector
+  // registers, where holding a block's 16/R keys first spilled the sums at R = 1 and 2.
+  // One register an operand: the keys first, as they always ran.
+  static constexpr bool kKeysOuter = sizeof(typename Products::Operand) > sizeof(__m512);
 
   // st[r][j + k] for R rows and 16/R keys starting at j.
   template <int R>
@@ -79,16 +136,28 @@ struct DirectScores {
     // became a `rep stos` to the stack).
     auto step = [&](std::int64_t d, auto first) {
       const bool half = d + kStep > Dp;
-      typename Products::Operand kv[KB];
-#pragma GCC unroll 16
-      for (int kk = 0; kk < KB; ++kk) kv[kk] = Products::load(krow[kk] + d, half);
+      auto add = [&](__m512& a, const auto& qv, const auto& kv) {
+        a = Products::add_products(decltype(first)::value ? _mm512_setzero_ps() : a, qv, kv);
+      };
+      if constexpr (kKeysOuter) {
+        typename Products::Operand qv[R];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const auto qv = Products::load(q + r * Dp + d, half);
+        for (int r = 0; r < R; ++r) qv[r] = Products::load(q + r * Dp + d, half);
 #pragma GCC unroll 16
         for (int kk = 0; kk < KB; ++kk) {
-          __m512& a = acc[r * KB + kk];
-          a = Products::add_products(decltype(first)::value ? _mm512_setzero_ps() : a, qv, kv[kk]);
+          const auto kv = Products::load(krow[kk] + d, half);
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) add(acc[r * KB + kk], qv[r], kv);
+        }
+      } else {
+        typename Products::Operand kv[KB];
+#pragma GCC unroll 16
+        for (int kk = 0; kk < KB; ++kk) kv[kk] = Products::load(krow[kk] + d, half);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const auto qv = Products::load(q + r * Dp + d, half);
+#pragma GCC unroll 16
+          for (int kk = 0; kk < KB; ++kk) add(acc[r * KB + kk], qv, kv[kk]);
         }
       }
     };

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "model/problem.hpp"
 #include "cpu/common/blocks.hpp"
@@ -283,8 +284,16 @@ struct DecodeOps {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       if (rows <= kDirectRows && k.dim_stride == 1) {
-        DirectScores<Rows<E>, FmaProducts<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, 1.0f,
-                                                      st, next);
+        if constexpr (std::is_same_v<E, BFloat16>) {
+          // the rows arranged for SplitBf16Products in kt, which the direct scores leave
+          // unused (kt holds Dp·Bk floats, rows ≤ kDirectRows < Bk)
+          SplitBf16Products::split_pairs(qs, rows, padded_dim(D), kt);
+          DirectScores<Rows<E>, SplitBf16Products>::scores(kt, rows, padded_dim(D), k, nj, Bk,
+                                                           1.0f, st, next);
+        } else {
+          DirectScores<Rows<E>, FmaProducts<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk,
+                                                        1.0f, st, next);
+        }
         next.issue_rest();
         return;
       }
