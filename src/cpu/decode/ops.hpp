@@ -284,7 +284,14 @@ struct DecodeOps {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       if (rows <= kDirectRows && k.dim_stride == 1) {
-        if constexpr (std::is_same_v<E, BFloat16>) {
+#if defined(FATTN_AVX512_BF16)
+        // The AVX512-BF16 table runs a bfloat16 cache's scores on vdpbf16ps (bf16.hpp);
+        // the split pairs serve the AVX-512 table, where the FMA choice sends bfloat16.
+        constexpr bool kSplitPairs = false;
+#else
+        constexpr bool kSplitPairs = std::is_same_v<E, BFloat16>;
+#endif
+        if constexpr (kSplitPairs) {
           // the rows arranged for SplitBf16Products in kt, which the direct scores leave
           // unused (kt holds Dp·Bk floats, rows ≤ kDirectRows < Bk)
           SplitBf16Products::split_pairs(qs, rows, padded_dim(D), kt);
