@@ -12,6 +12,7 @@
 #include "api/dispatch.hpp"
 #include "model/parallel.hpp"
 #include "model/problem.hpp"
+#include "model/ragged_schedule.hpp"
 #include "api/workspace_cache.hpp"
 #include "cpu/kernels.hpp"
 #include "fattn/attention.hpp"
@@ -291,31 +292,6 @@ const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
   return cpu_kernels(options, p, Direction::forward);
 }
 
-// How the sequences b of a ragged problem with takes(b) run: one with at least 1/workers of
-// their work (query rows × keys) alone on every worker (`alone`), the others side by side,
-// one worker each, heaviest first (`shared`). Which sequence runs which way depends only
-// on the problem and the worker count, so the bits are the same on every run.
-struct SequenceSchedule {
-  std::vector<std::int64_t> alone, shared;
-};
-template <class Takes>
-SequenceSchedule schedule_sequences(const Problem& p, int workers, Takes&& takes) {
-  auto work = [&](std::int64_t b) {
-    return static_cast<double>(p.queries_of(b)) * static_cast<double>(p.keys_of(b));
-  };
-  double total = 0.0;
-  for (std::int64_t b = 0; b < p.batch; ++b)
-    if (takes(b)) total += work(b);
-  SequenceSchedule schedule;
-  for (std::int64_t b = 0; b < p.batch; ++b)
-    if (takes(b))
-      (workers > 1 && work(b) > 0.0 && work(b) * workers >= total ? schedule.alone : schedule.shared)
-          .push_back(b);
-  std::stable_sort(schedule.shared.begin(), schedule.shared.end(),
-                   [&](std::int64_t x, std::int64_t y) { return work(x) > work(y); });
-  return schedule;
-}
-
 // run(b, one, memory) for each sequence b of `shared` in one parallel section, one worker
 // each (Exec one), in that worker's slice of `slice` floats of one working-memory lease (a
 // fresh allocation per sequence would be page-faulted in on every call). The first
@@ -386,7 +362,7 @@ void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsew
 // A ragged problem (attention_varlen) under impl auto or fused runs its sequences as
 // schedule_sequences puts them. Those with at least 1/workers of the work need every
 // worker: on the fused kernel all at once, their items in one parallel section
-// (cpu/common/ragged_items.hpp), in waves (run_fused_in_waves); on the decode kernel one
+// (model/ragged_schedule.hpp), in waves (run_fused_in_waves); on the decode kernel one
 // after another, their keys split as in a call of their own (two sequences of one query
 // and 32k keys on 16 threads must not take two threads). The others run side by side, one
 // worker each, heaviest first, in one parallel section, each in its worker's caches. Under

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "cpu/backward/backward.hpp"
-#include "cpu/common/ragged_items.hpp"
+#include "model/ragged_schedule.hpp"
 
 namespace fattn::cpu {
 
@@ -46,7 +46,7 @@ class RaggedBackward {
     for (std::int64_t b = 0; b < p.batch; ++b) {
       if (p.runs_elsewhere(b) || p.queries_of(b) == 0 || p.keys_of(b) == 0) continue;
       order.push_back(b);
-      work[static_cast<std::size_t>(b)] = sequence_work(p, b);
+      work[static_cast<std::size_t>(b)] = detail::sequence_work(p, b);
       total_work += static_cast<double>(work[static_cast<std::size_t>(b)]);
     }
     std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) {

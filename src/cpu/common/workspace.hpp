@@ -15,7 +15,7 @@
 #include "model/parallel.hpp"
 #include "model/problem.hpp"
 #include "cpu/common/elements.hpp"
-#include "cpu/common/ragged_items.hpp"
+#include "model/ragged_schedule.hpp"
 #include "cpu/common/tile_ops.hpp"
 
 namespace fattn::cpu {
@@ -154,14 +154,14 @@ struct QueryTiling {
   }
   QueryTile first_tile_of(std::int64_t item, int group) const {
     if (!self().p.is_ragged()) return first_tile_of_item(self().p, Br, self().q_tiles, item, group);
-    const RaggedItems::Item x = ragged_items.item(item, group);
+    const detail::RaggedItems::Item x = ragged_items.item(item, group);
     return query_tile(detail::SequenceOf(self().p, x.b).get(), x.b, x.h, x.first_tile);
   }
   // The items of a ragged problem, for work items of TilesPerItem tiles (the fused loop's).
   void plan_ragged_items() {
-    if (self().p.is_ragged()) ragged_items = RaggedItems(self().p, Br, TilesPerItem);
+    if (self().p.is_ragged()) ragged_items = detail::RaggedItems(self().p, Br, TilesPerItem);
   }
-  RaggedItems ragged_items;
+  detail::RaggedItems ragged_items;
   // Query-tile slots the workers hold: one per query tile of a fused work item (fused_loop's
   // worker·TilesPerItem + n), one per worker for the naive kernel.
   std::int64_t slots(int workers) const {

@@ -174,7 +174,7 @@ void fused_group(const detail::Problem& p, const Mainloop& mainloop, const Query
 
 // Every work item of the problem through fused_group, in one parallel section. A ragged
 // problem's items span all its sequences but those marked elsewhere
-// (cpu/common/ragged_items.hpp); an item reads its sequence's own problem
+// (model/ragged_schedule.hpp); an item reads its sequence's own problem
 // (detail::SequenceOf).
 template <class S, class Mainloop>
 void fused_loop(const detail::Problem& whole, const detail::Exec& exec, const Mainloop& mainloop) {
