@@ -27,9 +27,11 @@ import tempfile
 from dataclasses import asdict, dataclass
 
 PRODUCTS = re.compile(r"^(vfn?m(add|sub)\d+[ps][sd]|vdpbf16ps|vdpphps|vfmadd\w+)\b")
+# Port-5 work on Intel besides the FMAs: shuffles and permutes, widening moves (vpmovzx /
+# vpmovsx), and broadcasts from a register (from memory they are loads).
 SHUFFLES = re.compile(r"^(vperm\w*|vshuf\w*|vunpck\w*|valign\w*|vinsert\w*|vextract\w*|"
-                      r"vpunpck\w*|vpshufb|vpalignr|vpbroadcast\w+\s+\w+,\s*[xyz]mm|"
-                      r"vbroadcastss\s+\w+,\s*[xyz]mm)")
+                      r"vpunpck\w*|vpshufb|vpalignr|vpmov[sz]x\w*|"
+                      r"vp?broadcast\w*\s+\w+,\s*(?!\w+ PTR))")
 INSTRUCTION = re.compile(r"^\s+([0-9a-f]+):\s+(.*)$")
 FUNCTION = re.compile(r"^([0-9a-f]+) <(.*)>:$")
 
