@@ -76,7 +76,7 @@ else()
   message(FATAL_ERROR "FATTN_CUDA_WGMMA must be AUTO, ON or OFF, got '${FATTN_CUDA_WGMMA}'")
 endif()
 # The fused kernel families, one instance per element type: name, header, launcher
-# (params.hpp declares every launcher with one signature, instantiate.cu.in writes it).
+# (launchers.hpp declares every launcher with one signature, instantiate.cu.in writes it).
 # One translation unit per instance and head dim, so the build runs them in parallel.
 set(_fattn_fused_instances
   "mma_f16|fused_mma.cuh|launch_fused_mma<__half, @D@>"

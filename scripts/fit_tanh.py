@@ -1,4 +1,4 @@
-"""Fits the rational tanh of the CPU kernels' softcap (src/cpu/common/score_mods.hpp):
+"""Fits the rational tanh of the softcap (src/model/tanh_fit.hpp, read by the CPU and CUDA kernels):
 tanh(u) ≈ u·P(u²)/Q(u²), P and Q of degree 4 in u², Q(0) = 1, on u in [0, 9] (tanh(9) rounds
 to 1 in float32), by least squares on the linearised relative error, reweighted by 1/|Q|
 until it settles (Loeb's iteration). Prints the coefficients and the relative error of a

@@ -298,27 +298,28 @@ TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) {
 // The operators' CUDA kernels are registered from Python (fattn/cuda_dispatch.py, the one
 // dispatch table: the Triton kernels, or these C++ ones). The library's CUDA kernels are
 // reached through their own operator, cuda_attention (attention's schema without the
-// variants: the plain forward they run), which the table calls where they run the call.
+// attn_mask, which they do not take), which the table calls where they run the call.
 // fattn::attention_forward dispatches on TensorView::device (Device::cuda) and runs on
 // torch's current stream (set in attention above). Defined only when the library is built
 // with its CUDA backend (FATTN_WITH_CUDA, python/CMakeLists.txt).
 #ifdef FATTN_WITH_CUDA
 namespace {
-std::tuple<at::Tensor, at::Tensor> cuda_attention(const at::Tensor& q, const at::Tensor& k,
-                                                  const at::Tensor& v, bool is_causal,
-                                                  bool causal_bottom_right,
-                                                  std::optional<double> scale,
-                                                  c10::string_view impl) {
-  return attention(q, k, v, is_causal, causal_bottom_right, scale, impl, std::nullopt, -1, -1,
-                   0.0, std::nullopt, std::nullopt);
+std::tuple<at::Tensor, at::Tensor> cuda_attention(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+    bool causal_bottom_right, std::optional<double> scale, c10::string_view impl,
+    std::int64_t window_left, std::int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+  return attention(q, k, v, is_causal, causal_bottom_right, scale, impl, std::nullopt,
+                   window_left, window_right, softcap, alibi_slopes, sinks);
 }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(FATTN_OP_NAMESPACE, m) {
   m.def(
       "cuda_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, "
-      "bool causal_bottom_right=False, float? scale=None, str impl=\"auto\") -> "
-      "(Tensor out, Tensor lse)");
+      "bool causal_bottom_right=False, float? scale=None, str impl=\"auto\", "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+      "Tensor? sinks=None) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) { m.impl("cuda_attention", &cuda_attention); }

@@ -5,11 +5,14 @@ cache, packed sequences) and the CUDA C++ kernels of the library (src/cuda: the 
 forward, causal or not, when the extension is built with its CUDA backend). Per call:
 
   impl       call                                   runs            evidence
-  auto       plain forward (causal or not), float16 cuda_cpp        H200, 2026-11-28
-             or bfloat16, D = 128, compute          (fused_tma)     (results/h200/gpu/2026-11-28):
-             capability 9.0, C++ CUDA backend built                 fused_tma 406-520 TFLOP/s
-                                                                    against Triton's 326-406 at
-                                                                    S 4096-16384 (1.0-1.5x)
+  auto       forward (causal or not; a window,      cuda_cpp        H200, 2026-11-28
+             softcap, ALiBi or sinks; no           (fused_tma)     (results/h200/gpu/2026-11-28):
+             attn_mask), float16 or bfloat16,                       fused_tma 406-520 TFLOP/s
+             D = 128, compute capability 9.0,                       against Triton's 326-406 at
+             C++ CUDA backend built                                 S 4096-16384 (1.0-1.5x),
+                                                                    plain and causal; the
+                                                                    variants' instantiation
+                                                                    is the same kernel
   auto       any other forward                      triton          H100, 2026-11-26
                                                                     (results/h100/2026-11-26):
                                                                     Triton 345-418 TFLOP/s,
@@ -18,9 +21,12 @@ forward, causal or not, when the extension is built with its CUDA backend). Per 
                                                                     S 4096-16384, causal both);
                                                                     H200: at D = 64 Triton
                                                                     331-345, fused_tma 296-308
-  auto       plain forward, no triton installed     cuda_cpp        (the only one there)
+  auto       forward without attn_mask, no triton   cuda_cpp        (the only one there; its
+             installed                                              kernel must take the call)
   triton     any forward                            triton
-  fused, naive, reference   plain forward           cuda_cpp        (the C++ kernel by name)
+  fused, naive, reference   forward without         cuda_cpp        (the C++ kernel by name;
+                            attn_mask                               the variants on fused_tma
+                                                                    and reference only)
   any        backward                               triton          (the only GPU backward)
 
 `plan(...)` answers which one a call runs (and why) without running it; every CUDA kernel
@@ -65,19 +71,21 @@ SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
          head_dim: int | None = None, dtype: torch.dtype | None = None,
-         capability: tuple[int, int] | None = None) -> Plan:
+         capability: tuple[int, int] | None = None, attn_mask: bool = False) -> Plan:
     """The GPU implementation of a call: entry "attention", "attention_kvcache" or
-    "attention_varlen"; impl as the operator's; variants: the call has an attn_mask, a
-    window, softcap, ALiBi or sinks (the C++ kernels take none of them); head_dim, dtype and
-    the device's compute capability (major, minor), where known, choose between the kernels
-    that can run a plain forward. Answers without a GPU (CI asks it for capability (9, 0))."""
-    plain = entry == "attention" and not variants
+    "attention_varlen"; impl as the operator's; variants: the call has a window, softcap,
+    ALiBi or sinks (the C++ TMA kernel and the float64 reference take them, the other C++
+    kernels a right window only); attn_mask: it has an attn_mask (no C++ kernel takes one);
+    head_dim, dtype and the device's compute capability (major, minor), where known, choose
+    between the kernels that can run a forward. Answers without a GPU (CI asks it for
+    capability (9, 0))."""
+    dense = entry == "attention" and not attn_mask
     if impl in CPP_IMPLS:
-        if not plain:
+        if not dense:
             raise NotImplementedError(
-                f"fattn: impl={impl!r} names a CUDA C++ kernel, which runs the plain forward "
-                f"only (no KV cache, packed sequences, masks or variants); this call is "
-                f"{entry}{' with variants' if variants else ''}: use impl='auto'")
+                f"fattn: impl={impl!r} names a CUDA C++ kernel, which runs the forward without "
+                f"attn_mask only (no KV cache or packed sequences); this call is "
+                f"{entry}{' with attn_mask' if attn_mask else ''}: use impl='auto'")
         if not cpp_available():
             raise NotImplementedError(
                 f"fattn: impl={impl!r} names a CUDA C++ kernel, but this build of fattn has no "
@@ -86,25 +94,27 @@ def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
     if impl not in ("auto", TRITON, "decode"):
         raise NotImplementedError(f"fattn: impl={impl!r} is not a CUDA implementation (auto, "
                                   f"triton, {', '.join(CPP_IMPLS)})")
-    if (plain and impl == "auto" and head_dim in TMA_HEAD_DIMS and dtype in SIXTEEN_BIT
+    if (dense and impl == "auto" and head_dim in TMA_HEAD_DIMS and dtype in SIXTEEN_BIT
             and capability is not None and tuple(capability) == TMA_CAPABILITY
             and cpp_available()):
         return Plan(CUDA_CPP, "the C++ Hopper kernel on TMA loads (fused_tma): 1.0-1.5x the "
-                              "Triton kernel at D = 128 on an H200 (2026-11-28)")
+                              "Triton kernel at D = 128 on an H200 (2026-11-28)"
+                              + ("; its variants' instantiation" if variants else ""))
     if triton_available():
         return Plan(TRITON, "the Triton kernel: every variant, and faster than the C++ kernels "
                             "at every other shape measured (H100 2026-11-26, H200 2026-11-28)")
-    if plain and impl == "auto" and cpp_available():
-        return Plan(CUDA_CPP, "triton is not installed; the CUDA C++ kernel covers the plain "
-                              "forward")
+    if dense and impl == "auto" and cpp_available():
+        return Plan(CUDA_CPP, "triton is not installed; the CUDA C++ kernels run the forward "
+                              "without attn_mask")
+    what = " with attn_mask" if attn_mask else " with variants" if variants else ""
     raise NotImplementedError(
-        f"fattn: on CUDA, {entry}{' with masks or variants' if variants else ''} runs on "
-        "fattn's Triton kernels, and triton is not installed (pip install triton)")
+        f"fattn: on CUDA, {entry}{what} runs on fattn's Triton kernels, and triton is not "
+        "installed (pip install triton)")
 
 
 # --- the operators' CUDA kernels -----------------------------------------------------------
-def _has_variants(attn_mask, window_left, window_right, softcap, alibi_slopes, sinks) -> bool:
-    return (attn_mask is not None or window_left >= 0 or window_right >= 0 or softcap != 0.0
+def _has_variants(window_left, window_right, softcap, alibi_slopes, sinks) -> bool:
+    return (window_left >= 0 or window_right >= 0 or softcap != 0.0
             or alibi_slopes is not None or sinks is not None)
 
 
@@ -117,13 +127,15 @@ def attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None, i
               attn_mask=None, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
               sinks=None, ns="fattn"):
     """The CUDA kernel of <ns>::attention (the operator's schema; (B, H, S, D) views)."""
-    chosen = plan("attention", impl, _has_variants(attn_mask, window_left, window_right,
-                                                   softcap, alibi_slopes, sinks),
+    chosen = plan("attention", impl, _has_variants(window_left, window_right, softcap,
+                                                   alibi_slopes, sinks),
                   head_dim=q.size(-1), dtype=q.dtype,
-                  capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None)
+                  capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
+                  attn_mask=attn_mask is not None)
     if chosen.kernel == CUDA_CPP:
         return getattr(torch.ops, ns).cuda_attention(q, k, v, is_causal, causal_bottom_right,
-                                                     scale, "auto" if impl == "auto" else impl)
+                                                     scale, impl, window_left, window_right,
+                                                     softcap, alibi_slopes, sinks)
     out = empty_like_output(q)
     _, lse = _triton().attention(q, k, v, attn_mask=attn_mask, causal=is_causal,
                                  causal_bottom_right=causal_bottom_right,

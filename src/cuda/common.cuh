@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "cuda/async_copy.cuh"
-#include "cuda/params.hpp"
+#include "cuda/launchers.hpp"
 #include "cuda/visibility.cuh"
 
 namespace fattn::cuda {
@@ -127,7 +127,7 @@ __device__ __forceinline__ BlockCoord block_coord(const Params& p, int rows_per_
   const int bh_count = p.batch * p.q_heads;
   const int bh = static_cast<int>(blockIdx.x % static_cast<unsigned>(bh_count));
   int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(bh_count));
-  if (p.causal) {
+  if (p.has_band_hi) {
     const int tiles = (p.q_len + rows_per_tile - 1) / rows_per_tile;
     tile = tiles - 1 - tile;
   }
@@ -150,8 +150,10 @@ __device__ __forceinline__ T* head_ptr(void* base, const Strides3& s, int b, int
 
 // What a fused block reads: its (batch, head, query tile), the tile's first query row,
 // the kv head's keys and values, how many rows of the tile lie inside the sequence, and
-// how many key tiles of keys_per_tile keys it reads (none past the causal limit of its
-// last row).
+// which key tiles of keys_per_tile keys it reads: [first_tile, tiles), none past the band's
+// upper edge for its last row (the causal limit) or below its lower edge for its first row
+// (a left window; first_tile is 0 without one, and only the kernels that take a lower edge
+// read it).
 template <class T>
 struct FusedBlock {
   BlockCoord c;
@@ -159,6 +161,7 @@ struct FusedBlock {
   const T* k;
   const T* v;
   int q_rows;
+  int first_tile;
   int tiles;
 };
 
@@ -171,6 +174,7 @@ __device__ __forceinline__ FusedBlock<T> fused_block(const Params& p, int rows_p
   f.k = head_ptr<T>(p.k, p.k_stride, f.c.b, f.c.kv_head);
   f.v = head_ptr<T>(p.v, p.v_stride, f.c.b, f.c.kv_head);
   f.q_rows = min(rows_per_tile, p.q_len - f.c.q0);
+  f.first_tile = visibility(p).kv_begin(f.c.q0) / keys_per_tile;
   f.tiles = (visibility(p).kv_end(f.c.q0 + f.q_rows) + keys_per_tile - 1) / keys_per_tile;
   return f;
 }

@@ -1,5 +1,5 @@
 // fattn — device queries of the CUDA backend (device.hpp) and its error checks
-// (params.hpp: check_cuda, check_launch).
+// (launchers.hpp: check_cuda, check_launch).
 #include "cuda/device.hpp"
 
 #include <cuda_runtime_api.h>
@@ -8,7 +8,7 @@
 
 #include "cuda/host_checks.hpp"
 #include "cuda/kernels.hpp"
-#include "cuda/params.hpp"
+#include "cuda/launchers.hpp"
 
 namespace fattn::cuda {
 

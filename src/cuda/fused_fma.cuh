@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
     // Scale to log2 units, mask, online softmax; P to shared memory.
     const int k0 = j * S::kBc;
     const bool mask =
-        k0 + S::kBc > p.kv_len || (p.causal && k0 + S::kBc - 1 > c.q0 + p.causal_offset);
+        k0 + S::kBc > p.kv_len || (p.has_band_hi && k0 + S::kBc - 1 > c.q0 + p.band_hi);
 #pragma unroll
     for (int i = 0; i < S::kRows; ++i) {
       float mx = m[i];
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
       for (int jj = 0; jj < S::kCols; ++jj) {
         float x = s[i][jj] * p.scale_log2;
         const int col = k0 + tc + 16 * jj;
-        if (mask && (col >= p.kv_len || (p.causal && col > row0 + i + p.causal_offset)))
+        if (mask && (col >= p.kv_len || (p.has_band_hi && col > row0 + i + p.band_hi)))
           x = neg_inf();
         s[i][jj] = x;
         mx = fmaxf(mx, x);
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
     __syncthreads();     // ... and P is visible to all threads
     // A tile crossing the causal diagonal whose V holds a NaN or an infinity: each row
     // sums only the keys it sees (0·NaN would reach rows that do not see that key).
-    if (mask && p.causal &&
+    if (mask && p.has_band_hi &&
         tile_has_nonfinite<float, S::kBc, kD, S::kPitch, S::kThreads>(
             sv, min(S::kBc, p.kv_len - k0), tid)) {
       for (int key = 0; key < S::kBc; ++key) {
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(256) fused_fma_kernel(const Params p) {
 #pragma unroll
         for (int i = 0; i < S::kRows; ++i) {
           const int col = k0 + key;
-          if (col >= p.kv_len || col > row0 + i + p.causal_offset) continue;
+          if (col >= p.kv_len || col > row0 + i + p.band_hi) continue;
           const float pij = sp[(tr * S::kRows + i) * S::kPPitch + key];
 #pragma unroll
           for (int d = 0; d < S::kOut; ++d) o[i][d] = fmaf(pij, vrow[16 * d], o[i][d]);

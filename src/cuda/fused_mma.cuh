@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(MmaShape<T, kD, kM>::kThreads, 1)
     // A tile crossing the causal diagonal: some rows must not see some keys' values.
     // Block-uniform test, so the block-wide scan below is entered by all threads.
     bool v_nonfinite = false;
-    if (p.causal && k0 + S::kBc - 1 > c.q0 + p.causal_offset)
+    if (p.has_band_hi && k0 + S::kBc - 1 > c.q0 + p.band_hi)
       v_nonfinite = tile_has_nonfinite<T, S::kBc, kD, S::kPitch, S::kThreads>(
           svj, min(S::kBc, p.kv_len - k0), tid);
     bool any_mask = false;
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(MmaShape<T, kD, kM>::kThreads, 1)
     for (int m = 0; m < kM; ++m) {
       const int slice_row0 = warp_row0 + m * 16;
       const bool mask = k0 + S::kBc > p.kv_len ||
-                        (p.causal && k0 + S::kBc - 1 > slice_row0 + p.causal_offset);
+                        (p.has_band_hi && k0 + S::kBc - 1 > slice_row0 + p.band_hi);
       any_mask |= mask;
       scale_and_mask(s[m], p, mask, row0 + m * 16, k0 + 2 * (lane % 4));
       softmax_update(s[m], o[m], rows[m]);

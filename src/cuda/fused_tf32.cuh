@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(Tf32Shape<kD, kM>::kThreads, 1) fused_tf32_ker
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
       const bool mask = k0 + S::kBc > p.kv_len ||
-                        (p.causal && k0 + S::kBc - 1 > warp_row0 + m * 16 + p.causal_offset);
+                        (p.has_band_hi && k0 + S::kBc - 1 > warp_row0 + m * 16 + p.band_hi);
       scale_and_mask(s[m], p, mask, row0 + m * 16, k0 + 2 * t);
       softmax_update(s[m], o[m], rows[m]);
     }

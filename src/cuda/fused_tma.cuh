@@ -13,8 +13,10 @@
 //     q_full), then K_0, and for j = 0, 1, ...: K_{j+1}, V_j, each into stage j % kStages of
 //     its ring after waiting for that stage's `empty` barrier (phase parity (j/kStages+1)%2:
 //     the first round passes at once), announcing the tile's bytes on its `full` barrier
-//     (arrive.expect_tx) before the copies. Loads stop at the causal limit of the tile's
-//     last row, as in the other kernels.
+//     (arrive.expect_tx) before the copies. Loads stop at the band's upper edge (the causal
+//     limit) of the tile's last row, as in the other kernels, and (the variant
+//     instantiation) start at the lower edge (a left window) of its first row: tiles outside
+//     the band are never loaded.
 //   warpgroups 1, 2 (consumers, 64 query rows each): setmaxnreg up to 240; the
 //     fused_wgmma_pipelined schedule: iteration j waits for K_j and V_{j-1} (full barriers,
 //     parity (j/kStages)%2), issues S_j = Q·K_jᵀ (SS wgmma, both operands swizzled K-major)
@@ -24,6 +26,8 @@
 // Softmax, masking, causal tile skipping, the NaN/Inf rule for hidden keys' values and the
 // epilogue are fused_wgmma's (warp_softmax.cuh; the slow path below reads the swizzled V and
 // synchronizes the 256 consumer threads with a named barrier instead of __syncthreads).
+// The variants (a lower band edge, softcap, ALiBi, sinks: score_mods.cuh) run in a second
+// instantiation, so the plain forward's machine code is what was measured.
 #pragma once
 
 #include <cuda.h>
@@ -108,8 +112,8 @@ struct Sw128Values {
 // Every consumer thread calls it; named barrier 1 instead of __syncthreads, which would wait
 // for the producer too. Ends with the scratch's generic writes fenced for the copy engine's
 // next write into it.
-template <int kWarps, int kScratchElems, class T, int kD, int kBc>
-__device__ __forceinline__ void pv_visible_keys_sw128(WgmmaWarp<T, kD, kBc>& consumer_warp,
+template <int kWarps, int kScratchElems, class T, int kD, int kBc, bool kVariants>
+__device__ __forceinline__ void pv_visible_keys_sw128(WgmmaWarp<T, kD, kBc, kVariants>& consumer_warp,
                                                       const Params& p, int consumer_warp_index,
                                                       const T* v_tile, T* scratch, int k0) {
   consumer_warp.template pv_visible_keys_only<Sw128Values<kBc>, kWarps, kScratchElems>(
@@ -120,7 +124,9 @@ __device__ __forceinline__ void pv_visible_keys_sw128(WgmmaWarp<T, kD, kBc>& con
 
 // ---- the kernel ------------------------------------------------------------------------------
 
-template <class T, int kD>
+// kVariants: the instantiation that takes a lower band edge, softcap, ALiBi and sinks
+// (score_mods.cuh); the launcher runs it where Params::variants says so.
+template <class T, int kD, bool kVariants>
 __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
     fused_tma_kernel(const Params p, const __grid_constant__ TmaMaps maps) {
   using S = TmaShape<T, kD>;
@@ -143,7 +149,9 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
   const int lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
   const FusedBlock<T> block = fused_block<T>(p, S::kBr, S::kBc);
   const BlockCoord c = block.c;
-  const int tiles = block.tiles;
+  // Key tiles [first, first + tiles) of the sequence; ring slot j holds tile first + j.
+  const int first = kVariants ? block.first_tile : 0;
+  const int tiles = kVariants ? max(block.tiles - first, 0) : block.tiles;
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -180,7 +188,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
 #pragma unroll
         for (int panel = 0; panel < S::kPanels; ++panel)
           tma_load_4d(dst + panel * sw128_panel_bytes<S::kBc>(), map, full + s, panel * kPanelCols,
-                      j * S::kBc, c.kv_head, c.b);
+                      (first + j) * S::kBc, c.kv_head, c.b);
       };
       load(&maps.k, smem + S::kKOffset, k_full, k_empty, 0);
 #pragma unroll 1
@@ -210,7 +218,8 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
       if (signals) mbar_arrive(v_empty + j % S::kStages);
     };
 
-    WgmmaWarp<T, kD, S::kBc> this_warp(c, cwarp, lane);
+    WgmmaWarp<T, kD, S::kBc, kVariants> this_warp(c, cwarp, lane);
+    this_warp.read_mods(p);
 
     if (tiles > 0) {
       const auto ring = Hooks{
@@ -231,18 +240,18 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
           [&](ValueDesc, int j) { return v_desc(j % S::kStages); },
           // Whether V_j must skip the tensor cores (fused_wgmma.cuh): uniform over the consumers.
           [&](NeedsVisibleKeysOnly, int j) {
-            return this_warp.crosses_diagonal(p, j) &&
+            return this_warp.template crosses_diagonal<S::kBr>(p, first + j) &&
                    consumers_see_nonfinite<T, S::kTileBytes, S::kConsumerThreads>(
                        v_stage(j % S::kStages), ctid);
           },
           [&](PvVisibleKeysOnly, int jv, int j_scratch) {
             pv_visible_keys_sw128<S::kConsumerWarps, S::kTileElems>(
                 this_warp, p, cwarp, v_stage(jv % S::kStages), k_stage(j_scratch % S::kStages),
-                jv * S::kBc);
+                (first + jv) * S::kBc);
           }};
-      pipelined_key_tiles<Sw128Slices, S::kBr>(ring, tiles, q_desc, p, this_warp);
+      pipelined_key_tiles<Sw128Slices, S::kBr>(ring, first, tiles, q_desc, p, this_warp);
     }
-    // tiles == 0: no key visible to any row of the tile: 0 and lse = -inf
+    // tiles == 0: no key visible to any row of the tile: 0 and lse = -inf (or the sink)
     this_warp.store_output(p);
   }
 }
@@ -289,7 +298,7 @@ void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t s
   encode_or_fail(&maps.q, type, geometry(p.q, p.q_stride, p.q_heads, p.q_len), S::kBr, "q");
   encode_or_fail(&maps.k, type, geometry(p.k, p.k_stride, p.kv_heads, p.kv_len), S::kBc, "k");
   encode_or_fail(&maps.v, type, geometry(p.v, p.v_stride, p.kv_heads, p.kv_len), S::kBc, "v");
-  auto kernel = fused_tma_kernel<T, D>;
+  auto kernel = p.variants ? fused_tma_kernel<T, D, true> : fused_tma_kernel<T, D, false>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "fused_tma_kernel");
   kernel<<<blocks, S::kThreads, S::kSmemBytes, stream>>>(p, maps);

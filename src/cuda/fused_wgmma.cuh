@@ -36,6 +36,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/core_tile.cuh"
+#include "cuda/score_mods.cuh"
 #include "cuda/tile_config.hpp"
 #include "cuda/warp_softmax.cuh"
 #include "cuda/wgmma.cuh"
@@ -104,9 +105,10 @@ struct CoreMatrixValues {
 // version, inlined or called (and spilled the pipelined one at D = 128). Each warp's 16
 // rows × Bc take 16·Bc values; the warps that fit take their turn together (all 8 at
 // D = 128, 4 at D = 64). ValueLayout says where a key's values lie in v_tile
-// (CoreMatrixValues; fused_tma.cuh's Sw128Values).
-template <class ValueLayout, class T, int kD, int kKS, int kWarps, int kScratchElems,
-          class SyncMmaThreads>
+// (CoreMatrixValues; fused_tma.cuh's Sw128Values). kLowerEdge: the band may have a lower edge
+// (the kernels' variant instantiations).
+template <class ValueLayout, bool kLowerEdge, class T, int kD, int kKS, int kWarps,
+          int kScratchElems, class SyncMmaThreads>
 __device__ __forceinline__ void pv_visible_keys(const std::uint32_t (&a)[kKS][4],
                                                 float (&o)[kD / 8][4], const T* v_tile,
                                                 T* scratch, const Params& p, int warp, int lane,
@@ -137,7 +139,7 @@ __device__ __forceinline__ void pv_visible_keys(const std::uint32_t (&a)[kKS][4]
 #pragma unroll 1
       for (int key = 0; key < kBc; ++key) {
         const int col = k0 + key;
-        if (visibility(p).hidden(row, col)) continue;
+        if (visibility(p).template hidden<kLowerEdge>(row, col)) continue;
         const float pe = to_float(prow[key]);
         const T* const vrow = v_tile + ValueLayout::key_offset(key, t);
 #pragma unroll
@@ -154,9 +156,14 @@ __device__ __forceinline__ void pv_visible_keys(const std::uint32_t (&a)[kKS][4]
 // ---- one warp of the warpgroups that issue the MMAs -------------------------------------------
 // Every warp of fused_wgmma, the consumer warps of fused_tma.cuh: its 16 query rows of the
 // block's tile, its registers for key tiles of kBc keys, and the steps both kernels take on
-// them alike. How the tiles come in and where they lie stays with each kernel.
-template <class T, int kD, int kBc>
-struct WgmmaWarp {
+// them alike. How the tiles come in and where they lie stays with each kernel. Key tiles are
+// named by their index in the sequence (kt: keys kt·kBc ..).
+// kVariants: the problem may have a lower band edge, softcap, ALiBi or sinks (score_mods.cuh;
+// fused_tma's variant instantiation); without it the warp asks the upper edge and the sequence
+// end only, as it did before the variants (the same machine code).
+template <class T, int kD, int kBc, bool kVariants = false>
+struct WgmmaWarp : std::conditional_t<kVariants, HeadMods, NoHeadMods> {  // the head's variant values
+  using Mods = std::conditional_t<kVariants, HeadMods, NoHeadMods>;
   static constexpr int kNS = kBc / 8;   // 8-column score blocks
   static constexpr int kDB = kD / 8;    // 8-column output blocks
   static constexpr int kKS = kBc / 16;  // 16-key slices: P's A fragments
@@ -183,26 +190,51 @@ struct WgmmaWarp {
     rows.start();
   }
 
-  // Whether key tile j crosses the causal limit of a row of the block, and whether it hides
-  // any key (that, or the sequence end) from such a row. Params by reference, not kept: a
-  // reference member made NVVM branch on p.causal for every masked score instead of selecting.
-  __device__ __forceinline__ bool crosses_diagonal(const Params& p, int j) const {
-    return visibility(p).crosses_limit(j * kBc, kBc, c.q0);
-  }
-  __device__ __forceinline__ bool hides_block_keys(const Params& p, int j) const {
-    return visibility(p).tile_hides_keys(j * kBc, kBc, c.q0);
+  // The head's variant values (kVariants only).
+  __device__ __forceinline__ void read_mods(const Params& p) {
+    if constexpr (kVariants) static_cast<Mods&>(*this) = HeadMods::of(p, c.b, c.h);
   }
 
-  // The softmax step of key tile j's scores in s. may_mask = false: scale only (the caller
+  // Whether key tile kt hides a key from some of rows [first_row, first_row + kRows): the
+  // sequence end, the band's upper edge, or (kVariants) its lower edge.
+  template <int kRows>
+  __device__ __forceinline__ static bool tile_hides_keys(const Params& p, int kt, int first_row) {
+    const bool hides = visibility(p).tile_hides_keys(kt * kBc, kBc, first_row);
+    if constexpr (kVariants) return hides || visibility(p).below_band(kt * kBc, first_row + kRows - 1);
+    return hides;
+  }
+
+  // Whether an edge of the band crosses key tile kt for some row of the block's kBlockRows
+  // (the tiles whose hidden keys' values must stay out of P·V), and whether the tile hides
+  // any key (that, or the sequence end) from such a row. Params by reference, not kept: a
+  // reference member made NVVM branch on p.has_band_hi for every masked score instead of
+  // selecting.
+  template <int kBlockRows>
+  __device__ __forceinline__ bool crosses_diagonal(const Params& p, int kt) const {
+    const bool crosses = visibility(p).crosses_limit(kt * kBc, kBc, c.q0);
+    if constexpr (kVariants) return crosses || visibility(p).below_band(kt * kBc, c.q0 + kBlockRows - 1);
+    return crosses;
+  }
+  template <int kBlockRows>
+  __device__ __forceinline__ bool hides_block_keys(const Params& p, int kt) const {
+    return tile_hides_keys<kBlockRows>(p, kt, c.q0);
+  }
+
+  // The softmax step of key tile kt's scores in s. may_mask = false: scale only (the caller
   // knows the tile hides no key from any row of the block: hides_block_keys is false).
-  __device__ __forceinline__ void scale_mask_softmax(const Params& p, int j, bool may_mask) {
-    const bool mask = may_mask && visibility(p).tile_hides_keys(j * kBc, kBc, warp_row0);
-    scale_and_mask(s, p, mask, row0, j * kBc + 2 * (lane % 4));
+  __device__ __forceinline__ void scale_mask_softmax(const Params& p, int kt, bool may_mask) {
+    const bool mask = may_mask && tile_hides_keys<16>(p, kt, warp_row0);
+    if constexpr (kVariants)
+      scale_modify_mask(s, p, static_cast<const Mods&>(*this), mask, row0, kt * kBc + 2 * (lane % 4));
+    else
+      scale_and_mask(s, p, mask, row0, kt * kBc + 2 * (lane % 4));
     softmax_scores(s, rows, alphas);
   }
 
-  // out = o / l and lse for the thread's rows (store_rows).
+  // out = o / l and lse for the thread's rows (store_rows), the sink's term folded in first.
   __device__ __forceinline__ void store_output(const Params& p) {
+    if constexpr (kVariants)
+      if (p.sinks) fold_sink(o, rows, this->sink2, lane);
     store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h), lse_head(p, c.b, c.h),
                   row0, lane);
   }
@@ -214,7 +246,7 @@ struct WgmmaWarp {
   __device__ __forceinline__ void pv_visible_keys_only(const Params& p, int mma_warp,
                                                        const T* v_tile, T* scratch, int k0,
                                                        const SyncMmaThreads& sync_mma_threads) {
-    pv_visible_keys<ValueLayout, T, kD, kKS, kWarps, kScratchElems>(
+    pv_visible_keys<ValueLayout, kVariants, T, kD, kKS, kWarps, kScratchElems>(
         a, o, v_tile, scratch, p, mma_warp, lane, row0, k0, sync_mma_threads);
   }
 };
@@ -243,24 +275,25 @@ struct Hooks : Hook... {
 template <class... Hook>
 Hooks(Hook...) -> Hooks<Hook...>;
 
-// Tiles 0 .. tiles-1 (tiles > 0) in the pipelined schedule: iteration j issues S_j = Q·K_jᵀ and
+// Tiles 0 .. count-1 (count > 0) in the pipelined schedule, tile j being the sequence's key tile
+// first + j (the hooks take j, the band's questions first + j): iteration j issues S_j = Q·K_jᵀ and
 // O += P_{j-1}·V_{j-1}, waits for S_j and computes P_j under the P·V; tile 0 is peeled off and
 // the last P·V follows the loop, so that every branch issues and waits for its own wgmma groups
 // (ptxas serializes wgmma whose waits it finds in divergent paths, C7518). The slow path
 // (a NaN/Inf value at a key some rows do not see) and the masking tiles wait for both groups
 // first: the masking's per-warp branch between the waits made ptxas serialize every wgmma of
 // the kernel (C7514).
-template <class Slices, int kQRows, class T, int kD, int kBc, class Tiles>
-__device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int count,
+template <class Slices, int kQRows, class T, int kD, int kBc, bool kVariants, class Tiles>
+__device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int first, int count,
                                                     std::uint64_t q_desc, const Params& p,
-                                                    WgmmaWarp<T, kD, kBc>& warp) {
+                                                    WgmmaWarp<T, kD, kBc, kVariants>& warp) {
   constexpr int kKS = kBc / 16;
   tiles(FirstTilesLanded{});
   issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, 0));
   wgmma_wait_group<0>();
   wgmma_fence_operands(warp.s);
   tiles(KeysDone{}, 0);
-  warp.scale_mask_softmax(p, 0, true);
+  warp.scale_mask_softmax(p, first, true);
   pack_probs<T>(warp.s, warp.a);
   tiles(TileDone{});
 #pragma unroll 1
@@ -270,11 +303,11 @@ __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int coun
       issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
       wgmma_wait_group<0>();
       wgmma_fence_operands(warp.s);
-      warp.scale_mask_softmax(p, j, true);
+      warp.scale_mask_softmax(p, first + j, true);
       tiles(PvVisibleKeysOnly{}, j - 1, j);  // scratch: K_j's stage, whose Q·Kᵀ is done
       tiles(KeysDone{}, j);
       tiles(ValuesDone{}, j - 1);
-    } else if (warp.hides_block_keys(p, j)) {
+    } else if (warp.template hides_block_keys<kQRows>(p, first + j)) {
       issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
       issue_pv<Slices, T, kD, kKS>(warp.a, warp.o, tiles(ValueDesc{}, j - 1));
       wgmma_wait_group<0>();
@@ -282,14 +315,14 @@ __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int coun
       pv_done<kD, kKS>(warp.a, warp.o);
       tiles(KeysDone{}, j);
       tiles(ValuesDone{}, j - 1);
-      warp.scale_mask_softmax(p, j, true);
+      warp.scale_mask_softmax(p, first + j, true);
     } else {
       issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
       issue_pv<Slices, T, kD, kKS>(warp.a, warp.o, tiles(ValueDesc{}, j - 1));
       wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
       wgmma_fence_operands(warp.s);
       tiles(KeysDone{}, j);
-      warp.scale_mask_softmax(p, j, false);  // overlaps P_{j-1}·V_{j-1}
+      warp.scale_mask_softmax(p, first + j, false);  // overlaps P_{j-1}·V_{j-1}
       wgmma_wait_group<0>();
       pv_done<kD, kKS>(warp.a, warp.o);
       tiles(ValuesDone{}, j - 1);
@@ -348,7 +381,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
   // Whether tile j's V must skip the tensor cores (header comment). Block-uniform: every
   // thread enters the block-wide scan or none; the zero-filled rows past kv_len are finite.
   auto needs_visible_keys_only = [&](int j) {
-    return this_warp.crosses_diagonal(p, j) &&
+    return this_warp.template crosses_diagonal<S::kBr>(p, j) &&
            tile_has_nonfinite<T, S::kBc, kD, kD, S::kThreads>(v_tile(j), S::kBc, tid);
   };
   // The slow path for tile jv's P·V, with the K stage of tile j_scratch as scratch; every
@@ -425,7 +458,7 @@ __global__ void __launch_bounds__(WgmmaShape<T, kD>::kThreads, 1)
         [&](ValueDesc, int j) { return n_major_desc<kD>(v_tile(j)); },
         [&](NeedsVisibleKeysOnly, int j) { return needs_visible_keys_only(j); },
         [&](PvVisibleKeysOnly, int jv, int j_scratch) { pv_visible_keys_only(jv, j_scratch); }};
-    pipelined_key_tiles<CoreMatrixSlices, S::kBr>(stages, tiles, q_desc, p, this_warp);
+    pipelined_key_tiles<CoreMatrixSlices, S::kBr>(stages, 0, tiles, q_desc, p, this_warp);
   }
 
   this_warp.store_output(p);

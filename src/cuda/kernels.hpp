@@ -26,24 +26,31 @@ enum class Method : std::uint8_t {
 
 enum class Inputs : std::uint8_t { any, sixteen_bit, float32 };
 
+// Which problems a family takes beyond the plain forward. Every kernel takes the band's
+// upper edge (the causal limit, a right window); Params::variants (a left window, softcap,
+// ALiBi, sinks) only the kernels that read score_mods.cuh or compute them in float64.
+enum class Takes : std::uint8_t { upper_edge, variants };
+
 struct KernelFamily {
   Kernel kernel;
   const char* name;
   Method method;
   Inputs inputs;
+  Takes takes;
 };
 
 inline constexpr KernelFamily kKernelFamilies[] = {
-    {Kernel::automatic, "automatic", Method::chosen_per_call, Inputs::any},
-    {Kernel::reference, "reference", Method::reference, Inputs::any},
-    {Kernel::naive, "naive", Method::naive, Inputs::any},
-    {Kernel::fused_mma, "fused_mma", Method::mma_slices, Inputs::sixteen_bit},
-    {Kernel::fused_wgmma, "fused_wgmma", Method::wgmma, Inputs::sixteen_bit},
-    {Kernel::fused_wgmma_pipelined, "fused_wgmma_pipelined", Method::wgmma, Inputs::sixteen_bit},
-    {Kernel::fused_tma, "fused_tma", Method::wgmma_tma, Inputs::sixteen_bit},
-    {Kernel::fused_tf32x3, "fused_tf32x3", Method::tf32_slices, Inputs::float32},
-    {Kernel::fused_tf32, "fused_tf32", Method::tf32_slices, Inputs::float32},
-    {Kernel::fused_fma, "fused_fma", Method::fma, Inputs::float32},
+    {Kernel::automatic, "automatic", Method::chosen_per_call, Inputs::any, Takes::upper_edge},
+    {Kernel::reference, "reference", Method::reference, Inputs::any, Takes::variants},
+    {Kernel::naive, "naive", Method::naive, Inputs::any, Takes::upper_edge},
+    {Kernel::fused_mma, "fused_mma", Method::mma_slices, Inputs::sixteen_bit, Takes::upper_edge},
+    {Kernel::fused_wgmma, "fused_wgmma", Method::wgmma, Inputs::sixteen_bit, Takes::upper_edge},
+    {Kernel::fused_wgmma_pipelined, "fused_wgmma_pipelined", Method::wgmma, Inputs::sixteen_bit,
+     Takes::upper_edge},
+    {Kernel::fused_tma, "fused_tma", Method::wgmma_tma, Inputs::sixteen_bit, Takes::variants},
+    {Kernel::fused_tf32x3, "fused_tf32x3", Method::tf32_slices, Inputs::float32, Takes::upper_edge},
+    {Kernel::fused_tf32, "fused_tf32", Method::tf32_slices, Inputs::float32, Takes::upper_edge},
+    {Kernel::fused_fma, "fused_fma", Method::fma, Inputs::float32, Takes::upper_edge},
 };
 
 constexpr bool every_kernel_has_one_row() {
@@ -64,6 +71,7 @@ constexpr bool is_wgmma(Kernel kernel) {
   return family(kernel).method == Method::wgmma || family(kernel).method == Method::wgmma_tma;
 }
 constexpr bool is_tma(Kernel kernel) { return family(kernel).method == Method::wgmma_tma; }
+constexpr bool takes_variants(Kernel kernel) { return family(kernel).takes == Takes::variants; }
 constexpr bool is_tf32(Kernel kernel) { return family(kernel).method == Method::tf32_slices; }
 // The warp-slice kernels: 64- or 128-row tiles (one or two slices per warp).
 constexpr bool is_slice_kernel(Kernel kernel) {

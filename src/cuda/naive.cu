@@ -14,7 +14,7 @@
 // on the diagonal blocks instead of multiplying them by 0).
 #include "cuda/backend.hpp"
 #include "cuda/common.cuh"
-#include "cuda/params.hpp"
+#include "cuda/launchers.hpp"
 
 namespace fattn::cuda {
 namespace {
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) naive_pv_kernel(const Params p, cons
       }
     }
     __syncthreads();
-    if (p.causal && j0 + kStep - 1 > i0 + p.causal_offset) {
+    if (p.has_band_hi && j0 + kStep - 1 > i0 + p.band_hi) {
       // Keys some rows of the tile do not see: skip them rather than add 0·v, so a
       // NaN or an infinity in such a key's value stays out of those rows.
       for (int jj = 0; jj < kStep; ++jj)

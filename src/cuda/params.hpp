@@ -6,11 +6,7 @@
 // only the batch, head and sequence strides are kept.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
-
-#include "cuda/backend.hpp"
 
 namespace fattn::cuda {
 
@@ -31,60 +27,31 @@ struct Params {
   int q_len = 0, kv_len = 0;
   int head_dim = 0;  // the real head dim; kernels compiled for a larger one zero-pad
 
-  bool causal = false;
-  // Key j is visible to query i iff j <= i + causal_offset (causal problems only;
-  // visibility.cuh asks every question about it).
-  int causal_offset = 0;
+  // The band's upper edge (the lower one and the variants are below: the fields before them
+  // keep their places, so the kernels that do not read them keep their machine code).
+  bool has_band_hi = false;
+  int band_hi = 0;
 
   double scale = 0.0;       // softmax scale (natural units; the float64 reference uses it)
   float scale_log2 = 0.0f;  // scale · log2(e): scores are kept in log2 units
   bool out_pairs = false;   // out allows 2-element vector stores (alignment, even strides)
+
+  // The band of visible diagonals (model/problem.hpp's band_lo/band_hi; cuda/band.hpp sets
+  // it): key j < kv_len is visible to query i iff band_lo <= j - i (where has_band_lo) and
+  // j - i <= band_hi (where has_band_hi). The upper edge is the causal limit (either
+  // alignment) or a right window, the lower one a left window. visibility.cuh asks every
+  // question about it.
+  bool has_band_lo = false;
+  int band_lo = 0;
+
+  // What changes the scores beyond Q·Kᵀ·scale (score_mods.cuh; the CPU's detail::ScoreMods):
+  float softcap = 0.0f;           // 0: off; else s ← softcap·tanh(s / softcap)
+  const float* alibi = nullptr;   // slope of (b, h) at alibi[b·alibi_batch + h]; s ← s − slope·|i + kv_len − q_len − j|
+  std::int64_t alibi_batch = 0;   // 0 for (q_heads) slopes
+  const float* sinks = nullptr;   // [q_heads] logits (natural units) in every row's denominator
+  // A lower band edge or any score change: the kernels that take them run their variant
+  // instantiation (kernels.hpp's takes_variants), the others are never planned for it.
+  bool variants = false;
 };
-
-// What a fused launcher takes besides Params: the kernel it runs (the 3xTF32 or TF32
-// mode, the serial or pipelined wgmma schedule) and the query rows per block of the
-// warp-slice kernels (64, or 128 where the head dim allows it; plan.hpp chooses).
-struct FusedLaunch {
-  Kernel kernel = Kernel::automatic;
-  int tile_rows = 0;
-};
-
-// Launchers. Each is explicitly instantiated in exactly one translation unit: the
-// fused ones per head dim in the files cmake/cuda.cmake generates from
-// FATTN_CUDA_HEAD_DIMS (src/cuda/instantiate.cu.in writes this one signature), the
-// others in their own .cu file. They launch on `stream` and check the launch
-// (cudaGetLastError), throwing fattn::Error.
-// T = __half or __nv_bfloat16.
-template <class T, int D>
-void launch_fused_mma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
-// wgmma (sm_90a; compiled in their own library for that target, cmake/cuda.cmake): T as
-// above, D = 64 or 128 (wgmma_head_dim); run only on compute capability 9.0.
-template <class T, int D>
-void launch_fused_wgmma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
-// The TMA kernel (fused_tma.cuh; same library, target and device as the wgmma kernels).
-template <class T, int D>
-void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
-template <int D>
-void launch_fused_tf32(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
-template <int D>
-void launch_fused_fma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
-
-// `scores` holds batch·q_heads·q_len·kv_len floats.
-template <class T>
-void launch_naive(const Params& p, float* scores, cudaStream_t stream);
-long long naive_max_blocks(const Params& p);  // the largest of its 3 grids
-template <class T>
-void launch_reference(const Params& p, cudaStream_t stream);
-
-// Copies a strided (B, H, S, D) view into contiguous [B][H][S][row] memory, row >= D,
-// zero-filling columns [D, row).
-template <class T>
-void launch_repack(const void* src, Strides3 src_stride, int batch, int heads, int seq,
-                   int head_dim, void* dst, int row, cudaStream_t stream);
-
-// Throw fattn::Error naming `what`: if status is not cudaSuccess, or if the last
-// launch failed (cudaGetLastError).
-void check_cuda(cudaError_t status, const char* what);
-void check_launch(const char* what);
 
 }  // namespace fattn::cuda

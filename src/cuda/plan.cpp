@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/band.hpp"
 #include "cuda/device.hpp"
 #include "cuda/host_checks.hpp"
 #include "cuda/kernels.hpp"
@@ -59,6 +60,24 @@ bool tall_tiles_pay(const Params& p, int tall_rows, int device) {
   return blocks >= static_cast<long long>(multiprocessors(device)) * kBlocksPerSm;
 }
 
+// Params::variants of a problem (make_params): what only some kernels take.
+bool needs_variants(const detail::Problem& p) {
+  return has_lower_edge(p) || p.mods.any();
+}
+
+std::string variant_names(const detail::Problem& p) {
+  std::string names;
+  auto add = [&](bool on, const char* name) {
+    if (on) names += (names.empty() ? "" : ", ") + std::string(name);
+  };
+  add(has_lower_edge(p), "left window (window_left)");
+  add(p.mods.softcap != 0.0, "softcap");
+  add(p.mods.alibi != nullptr, "alibi_slopes");
+  add(p.mods.sinks != nullptr, "sinks");
+  add(p.mods.mask != nullptr, "attn_mask");
+  return names;
+}
+
 }  // namespace
 
 int tile_rows_for(const Plan& plan, const Params& p, int dim, int device) {
@@ -83,6 +102,10 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
     fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes float32, got " +
          to_string(dtype));
 
+  if (needs_variants(p) && !takes_variants(plan.kernel))
+    fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes no " + variant_names(p) +
+         " (the fused_tma kernel, float16/bfloat16 at head dims up to 128 on compute capability "
+         "9.0, and the float64 reference do; fattn's Triton kernels take them on every GPU)");
   expect_int("q.size(0) (batch)", p.batch);
   expect_int("q.size(1) (query heads)", p.q_heads);
   expect_int("q.size(2) (query sequence)", p.q_len);
@@ -182,8 +205,12 @@ Params make_params(const detail::Problem& pr, const TensorView& q, const TensorV
   p.q_len = static_cast<int>(pr.q_len);
   p.kv_len = static_cast<int>(pr.kv_len);
   p.head_dim = static_cast<int>(pr.head_dim);
-  p.causal = pr.causal != Causal::none;
-  p.causal_offset = p.causal ? static_cast<int>(pr.band_hi) : 0;  // no window on CUDA yet
+  set_band(p, pr);
+  p.softcap = static_cast<float>(pr.mods.softcap);
+  p.alibi = pr.mods.alibi;
+  p.alibi_batch = pr.mods.alibi_batch;
+  p.sinks = pr.mods.sinks;
+  p.variants = needs_variants(pr);
   p.scale = pr.scale;
   p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
   p.out_pairs = pair_stores_ok(out);

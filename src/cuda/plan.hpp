@@ -7,7 +7,7 @@
 
 #include "model/problem.hpp"
 #include "cuda/backend.hpp"
-#include "cuda/params.hpp"
+#include "cuda/launchers.hpp"
 #include "cuda/work_memory.hpp"
 
 namespace fattn::cuda {

@@ -1,16 +1,18 @@
 // fattn — the float64 CUDA reference (Impl::reference on the GPU): the definition
 // every CUDA kernel can be checked against on the same device, as cpu/reference.cpp
 // does on the CPU, and with the same semantics:
-//   s_j = scale · Σ_d q_d k_jd over visible keys, m = max s_j (NaN never becomes m),
-//   out = Σ_j e^(s_j − m) v_j / Σ_j e^(s_j − m), lse = m + ln Σ_j e^(s_j − m);
-//   a row that sees no key gives out = 0 and lse = −inf.
+//   s_j = scale · Σ_d q_d k_jd, then softcap (c·tanh(s/c)) and ALiBi (− slope·|i + Sk − Sq − j|),
+//   over the keys the band shows row i (visibility.cuh); with a sink, its logit joins them
+//   in the denominator: m = max(s_j, sink) (NaN never becomes m; a NaN sink makes the row
+//   NaN), out = Σ_j e^(s_j − m) v_j / (e^(sink − m) + Σ_j e^(s_j − m)), lse = m + ln(...);
+//   a row that sees no key (and has no sink) gives out = 0 and lse = −inf.
 // One warp per query row; lane l holds dims l, l+32, ... (head dim <= 256: 8 each).
 // Two passes over the keys (max, then sums), recomputing the dot products: slow and
 // simple, for tests.
 #include <math_constants.h>
 
 #include "cuda/common.cuh"
-#include "cuda/params.hpp"
+#include "cuda/launchers.hpp"
 
 namespace fattn::cuda {
 namespace {
@@ -50,18 +52,23 @@ __global__ void __launch_bounds__(32 * kWarps) reference_kernel(const Params p) 
       const int d = lane + 32 * c;
       if (d < p.head_dim) dot += qd[c] * static_cast<double>(to_float(krow[d]));
     }
-    return warp_sum(dot) * p.scale;
+    double s = warp_sum(dot) * p.scale;
+    if (p.softcap != 0.0f) s = p.softcap * tanh(s / p.softcap);
+    if (p.alibi) s -= static_cast<double>(p.alibi[b * p.alibi_batch + h]) * fabs(static_cast<double>(i) + p.kv_len - p.q_len - j);
+    return s;
   };
 
-  const int visible = visibility(p).kv_end(i + 1);
-  double m = -CUDART_INF;
-  for (int j = 0; j < visible; ++j) {
+  const int begin = visibility(p).kv_begin(i), end = visibility(p).kv_end(i + 1);
+  const double sink = p.sinks ? static_cast<double>(p.sinks[h]) : -CUDART_INF;
+  double m = sink;
+  for (int j = begin; j < end; ++j) {
     const double s = score(j);
     if (s > m) m = s;
   }
+  if (isnan(sink)) m = sink;
   const double m_ref = m == -CUDART_INF ? 0.0 : m;
-  double sum = 0.0, acc[kPerLane] = {};
-  for (int j = 0; j < visible; ++j) {
+  double sum = exp(sink - m_ref), acc[kPerLane] = {};
+  for (int j = begin; j < end; ++j) {
     const double e = exp(score(j) - m_ref);
     sum += e;
     const T* const vrow = v + j * p.v_stride.seq;
@@ -75,11 +82,11 @@ __global__ void __launch_bounds__(32 * kWarps) reference_kernel(const Params p) 
 #pragma unroll
   for (int c = 0; c < kPerLane; ++c) {
     const int d = lane + 32 * c;
-    if (d < p.head_dim) out[d] = from_float<T>(visible > 0 ? static_cast<float>(acc[c] / sum) : 0.0f);
+    if (d < p.head_dim) out[d] = from_float<T>(sum != 0.0 ? static_cast<float>(acc[c] / sum) : 0.0f);
   }
   if (p.lse && lane == 0)
     lse_head(p, b, h)[i * p.lse_stride.seq] =
-        visible > 0 ? static_cast<float>(m_ref + log(sum)) : -CUDART_INF_F;
+        sum != 0.0 ? static_cast<float>(m_ref + log(sum)) : -CUDART_INF_F;
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // 16-byte chunks) into contiguous [B][H][S][row] memory, zero-padded from head_dim to
 // row. One thread per destination element, grid-stride; a plain copy kernel.
 #include "cuda/common.cuh"
-#include "cuda/params.hpp"
+#include "cuda/launchers.hpp"
 
 namespace fattn::cuda {
 namespace {

@@ -55,7 +55,7 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kN][4], const Params& 
     for (int e = 0; e < 4; ++e) {
       const int row = row0 + (e >> 1) * 8;
       const int col = col0 + n * 8 + (e & 1);
-      if (col >= p.kv_len || (p.causal && col > row + p.causal_offset)) s[n][e] = neg_inf();
+      if (col >= p.kv_len || (p.has_band_hi && col > row + p.band_hi)) s[n][e] = neg_inf();
     }
 }
 
@@ -142,7 +142,7 @@ __device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = n * 8 + 2 * src + e, col = k0 + key;
-          if (col >= p.kv_len || (p.causal && col > row + p.causal_offset)) continue;
+          if (col >= p.kv_len || (p.has_band_hi && col > row + p.band_hi)) continue;
           const float pe = e ? p1 : p0;
           const TV* const vrow = v_tile + key * pitch + 2 * t;
 #pragma unroll

@@ -304,6 +304,38 @@ TEST(CudaBehaviour, KernelMustMatchDtype) {
               HasSubstr("the fused_tma CUDA kernel takes float16 or bfloat16, got float32"));
 }
 
+// The variants (a left window, softcap, ALiBi, sinks) run on the kernels that take them; the
+// others refuse them by name before any launch, saying which do. A right window alone (the
+// band's upper edge, as the causal limit) every kernel takes.
+TEST(CudaBehaviour, KernelsWithoutVariantsRefuseThem) {
+  constexpr std::uintptr_t base = std::uintptr_t{1} << 32;
+  const auto h = fake(DType::float16, 1, 2, 16, 64, base);
+  const auto f = fake(DType::float32, 1, 2, 16, 64, base);
+  Options left;
+  left.window_left = 3;
+  Options capped;
+  capped.softcap = 30.0;
+  for (Kernel kernel : {Kernel::fused_mma, Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined, Kernel::naive})
+    EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h, h, h, left, kernel); }),
+                HasSubstr(std::string("the ") + fattn::cuda::to_string(kernel) +
+                          " CUDA kernel takes no left window (window_left) (the fused_tma kernel"));
+  EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(f, f, f, capped, Kernel::fused_tf32x3); }),
+              HasSubstr("the fused_tf32x3 CUDA kernel takes no softcap"));
+  Options right;
+  right.window_right = 3;
+  EXPECT_EQ(error_of([&] { fattn::cuda::extra_bytes_with(h, h, h, right, Kernel::fused_mma); }),
+            "(no fattn::Error thrown)");
+  Options whole;  // a left window wider than every diagonal hides nothing: no variant
+  whole.window_left = 15;
+  EXPECT_EQ(error_of([&] { fattn::cuda::extra_bytes_with(h, h, h, whole, Kernel::fused_mma); }),
+            "(no fattn::Error thrown)");
+  Options masked;  // no C++ kernel takes an attn_mask: said before anything is checked
+  const auto mask = fake(DType::float16, 1, 2, 16, 16, base + (1u << 28));
+  masked.attn_mask = &mask;
+  EXPECT_THAT(error_of([&] { fattn::extra_bytes(h, h, h, masked); }),
+              HasSubstr("the CUDA C++ kernels take no attn_mask yet"));
+}
+
 // fused_wgmma: head dims up to its largest compiled one (64 and 128; smaller ones padded),
 // 128-row tiles only, compute capability 9.0 only. Checked before any launch.
 TEST(CudaBehaviour, WgmmaLimitsAreChecked) {

@@ -1,6 +1,7 @@
 // fattn CUDA tests — the grid: every CUDA kernel against the float64 host reference
 // over sequence lengths (odd, around tile edges), Sq != Sk, head dims (compiled and
 // padded), causal alignments, GQA, memory layouts and scales.
+#include "cuda/kernels.hpp"
 #include "util/cuda_case.hpp"
 
 namespace fattn_cuda_test {
@@ -158,12 +159,85 @@ std::vector<Case> long_cases() {
   return cases;
 }
 
+// The variants, on the kernels that take them (kernels.hpp's takes_variants: the TMA kernel's
+// variant instantiation and the float64 reference): windows (left, right, both; narrower
+// than a key tile and wider than several, so blocks skip whole tiles below the band),
+// softcap, ALiBi, sinks, alone and together, over causal alignments, Sq != Sk, GQA, padded
+// head dims and layouts.
+// (The float64 reference in float32 only: its 16-bit loads are the plain grid's.)
+std::vector<KernelCase> variant_kernels() {
+  std::vector<KernelCase> kernels;
+  for (const KernelCase& k : all_kernels())
+    if (fattn::cuda::takes_variants(k.kernel) &&
+        (k.kernel != Kernel::reference || k.dtype == DType::float32))
+      kernels.push_back(k);
+  return kernels;
+}
+
+std::vector<Case> variant_cases() {
+  struct Variant {
+    int left, right;
+    double softcap;
+    bool alibi, sinks;
+  };
+  const Variant variants[] = {
+      {0, 0, 0.0, false, false},    {7, -1, 0.0, false, false},    {-1, 9, 0.0, false, false},
+      {130, 3, 0.0, false, false},  {300, -1, 0.0, false, false},  {-1, -1, 5.0, false, false},
+      {-1, -1, 0.0, true, false},   {-1, -1, 0.0, false, true},    {64, 0, 30.0, true, true},
+      {200, 200, 0.0, false, true},
+  };
+  std::vector<Case> cases;
+  for (const Variant& v : variants)
+    for (auto [sq, sk] : {std::pair{257, 700}, {700, 257}, {1, 513}, {129, 129}})
+      for (Causal causal : kCausals)
+        for (auto [dtype, kernel, tile_rows] : variant_kernels()) {
+          Case c;
+          c.dtype = dtype;
+          c.kernel = kernel;
+          c.tile_rows = tile_rows;
+          c.Sq = sq;
+          c.Sk = sk;
+          c.D = sq == 129 ? 80 : 128;  // 80: padded to the 128 kernel
+          c.Hq = 4;
+          c.Hkv = 2;
+          c.causal = causal;
+          c.window_left = v.left;
+          c.window_right = v.right;
+          c.softcap = v.softcap;
+          c.alibi = v.alibi;
+          c.sinks = v.sinks;
+          if (sq == 1) c.layout = Layout::bshd;
+          cases.push_back(c);
+        }
+  // Long rows under a narrow window: most key tiles outside the band, a few masked.
+  for (int d : {64, 128})
+    for (auto [dtype, kernel, tile_rows] : variant_kernels()) {
+      if (kernel == Kernel::reference) continue;
+      Case c;
+      c.dtype = dtype;
+      c.kernel = kernel;
+      c.D = d;
+      c.Hq = c.Hkv = 1;
+      c.Sq = 2049;
+      c.Sk = 2100;
+      c.causal = Causal::bottom_right;
+      c.window_left = 333;
+      c.softcap = 20.0;
+      c.sinks = true;
+      c.with_lse = d == 128;
+      c.row_step = 37;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(SeqLen, CudaGrid, ::testing::ValuesIn(seq_len_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Cross, CudaGrid, ::testing::ValuesIn(cross_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(HeadDim, CudaGrid, ::testing::ValuesIn(head_dim_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Gqa, CudaGrid, ::testing::ValuesIn(gqa_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Layout, CudaGrid, ::testing::ValuesIn(layout_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Long, CudaGrid, ::testing::ValuesIn(long_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Variants, CudaGrid, ::testing::ValuesIn(variant_cases()), case_name);
 
 // A small subset for compute-sanitizer (memcheck, racecheck): every kernel once, with
 // a partial key tile, a causal diagonal, GQA, a padded head dim and the repack path.
@@ -194,6 +268,19 @@ std::vector<Case> sanitize_cases() {
     c.layout = Layout::padded;
     c.Sq = 20;
     c.Sk = 33;
+    cases.push_back(c);
+  }
+  for (auto [dtype, kernel, tile_rows] : variant_kernels()) {  // tiles skipped below the band
+    Case c;
+    c.dtype = dtype;
+    c.kernel = kernel;
+    c.Sq = 300;
+    c.Sk = 400;
+    c.D = 128;
+    c.causal = Causal::bottom_right;
+    c.window_left = 70;
+    c.softcap = 10.0;
+    c.alibi = c.sinks = true;
     cases.push_back(c);
   }
   return cases;

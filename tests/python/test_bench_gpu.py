@@ -33,8 +33,10 @@ def test_gpu_bench_smoke_on_cpu(tmp_path):
         rows[section] = doc["rows"]
     # every implementation at every problem has its row
     assert {r["impl"] for r in rows["masked"]} == {"fattn_triton", "fattn_op", "flex"} | GPU_ONLY
-    assert {r["mask"] for r in rows["masked"]} == {"causal", "window16", "padding"}
-    assert len(rows["masked"]) == 2 * 3 * 6            # dtypes x masks x impls
+    assert {r["mask"] for r in rows["masked"]} == {"causal", "window16", "padding", "softcap30",
+                                                   "alibi_sinks_causal"}
+    # dtypes x masks x impls, and the score variants x (fattn_triton, fattn_op) in one dtype
+    assert len(rows["masked"]) == 2 * 3 * 6 + 2 * 2
     assert len(rows["forward"]) == 4 * 2 * 2 * 4       # shapes x dtypes x causal x impls
     # the copy; Sk x B x (impls + the CUDA-graph row + block_size 16); block_size 256 at 256
     assert len(rows["decode"]) == 1 + 3 * 2 * 6 + 2

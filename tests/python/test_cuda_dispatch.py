@@ -49,8 +49,10 @@ def test_the_table():
     assert cuda_dispatch.plan("attention").kernel == "triton"
     assert cuda_dispatch.plan("attention_kvcache", "auto", True).kernel == "triton"
     assert cuda_dispatch.plan("attention", "triton", True).kernel == "triton"
-    with pytest.raises(NotImplementedError, match="runs the plain forward only"):
-        cuda_dispatch.plan("attention", "fused", variants=True)
+    with pytest.raises(NotImplementedError, match="runs the forward without attn_mask only"):
+        cuda_dispatch.plan("attention", "fused", attn_mask=True)
+    with pytest.raises(NotImplementedError, match="no KV cache or packed sequences"):
+        cuda_dispatch.plan("attention_varlen", "reference")
     with pytest.raises(NotImplementedError, match="is not a CUDA implementation"):
         cuda_dispatch.plan("attention", "tiled")
     if not cuda_dispatch.cpp_available():
@@ -60,8 +62,9 @@ def test_the_table():
 
 @pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
 def test_the_table_on_hopper(built, monkeypatch):
-    """plan(capability=(9, 0)): the plain forward at D = 128 in 16 bits runs the C++ TMA
-    kernel where the C++ CUDA backend is built; every other forward runs Triton."""
+    """plan(capability=(9, 0)): the forward at D = 128 in 16 bits, plain or with a window,
+    softcap, ALiBi or sinks, runs the C++ TMA kernel where the C++ CUDA backend is built;
+    a forward with an attn_mask and every other forward run Triton."""
     monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
     hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
     tma = "cuda_cpp" if built else "triton"
@@ -72,15 +75,28 @@ def test_the_table_on_hopper(built, monkeypatch):
     for other in (dict(head_dim=64), dict(dtype=torch.float32), dict(capability=(8, 0)),
                   dict(capability=(10, 0)), dict(capability=None)):
         assert cuda_dispatch.plan("attention", **dict(hopper, **other)).kernel == "triton", other
-    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == "triton"
+    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == tma
+    if built:
+        assert "variants' instantiation" in cuda_dispatch.plan("attention", variants=True,
+                                                                **hopper).reason
+    assert cuda_dispatch.plan("attention", attn_mask=True, **hopper).kernel == "triton"
+    assert cuda_dispatch.plan("attention", variants=True, attn_mask=True,
+                              **hopper).kernel == "triton"
     assert cuda_dispatch.plan("attention_kvcache", "auto", True, **hopper).kernel == "triton"
     assert cuda_dispatch.plan("attention", "triton", **hopper).kernel == "triton"
 
 
-def test_without_triton_only_the_plain_forward_has_a_kernel(monkeypatch):
+def test_without_triton_only_the_forward_without_a_mask_has_a_kernel(monkeypatch):
+    monkeypatch.setattr(cuda_dispatch, "triton_available", lambda: False)
+    monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: False)
+    with pytest.raises(NotImplementedError, match="with variants runs on fattn's Triton"):
+        cuda_dispatch.plan("attention", "auto", variants=True)
+    with pytest.raises(NotImplementedError, match="with attn_mask runs on fattn's Triton"):
+        cuda_dispatch.plan("attention", "auto", attn_mask=True)
+    monkeypatch.undo()
     monkeypatch.setattr(cuda_dispatch, "triton_available", lambda: False)
     with pytest.raises(NotImplementedError, match="triton is not installed"):
-        cuda_dispatch.plan("attention", "auto", variants=True)
+        cuda_dispatch.plan("attention", "auto", attn_mask=True)
     with pytest.raises(NotImplementedError, match="triton is not installed"):
         cuda_dispatch.plan("attention_kvcache", "auto", True)
     if cuda_dispatch.cpp_available():
@@ -113,6 +129,76 @@ def test_flash_attention_variants(gpu_path):
                                        v.cpu().transpose(1, 2), causal="bottom_right",
                                        window_size=(8, 0), softcap=4.0, sinks=sinks)
     assert_matches(out.transpose(1, 2), lse, ref, ref_lse)
+
+
+def in_dtype(q, k, v, causal, window_size, softcap, alibi_slopes, sinks):
+    """torch's own attention in q's dtype (products and softmax as torch's eager math path
+    rounds them), the variants as the definition: the error the accuracy rule compares to."""
+    hq, sq, sk, d = q.size(1), q.size(2), k.size(2), q.size(3)
+    k = k.repeat_interleave(hq // k.size(1), dim=1)
+    v = v.repeat_interleave(hq // v.size(1), dim=1)
+    s = torch.matmul(q, k.transpose(-2, -1)) * (d ** -0.5)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq, device=q.device).view(-1, 1)
+    j = torch.arange(sk, device=q.device).view(1, -1)
+    if alibi_slopes is not None:
+        s = s - (alibi_slopes.view(1, hq, 1, 1) * (i + sk - sq - j).abs()).to(s.dtype)
+    align = sk - sq
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= j <= i + align
+    if window_size[0] >= 0:
+        visible &= j >= i + align - window_size[0]
+    if window_size[1] >= 0:
+        visible &= j <= i + align + window_size[1]
+    s = s.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        sink = sinks.view(1, hq, 1, 1).expand(*s.shape[:3], 1).to(s.dtype)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1)
+    return torch.matmul(p.nan_to_num(0.0), v)
+
+
+HOPPER_VARIANTS = {  # name: (causal, window_size, softcap, alibi, sinks)
+    "window_causal": (True, (33, 0), 0.0, False, False),
+    "window_both": (False, (20, 7), 0.0, False, False),
+    "softcap": (False, (-1, -1), 5.0, False, False),
+    "alibi_causal": (True, (-1, -1), 0.0, True, False),
+    "sinks": (False, (-1, -1), 0.0, False, True),
+    "all": (True, (40, 0), 30.0, True, True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("name", list(HOPPER_VARIANTS))
+def test_16bit_head_dim_128_forward_with_variants(gpu_path, dtype, name):
+    """A 16-bit D = 128 forward with each variant: on an H100/H200 built with the C++ backend
+    it runs the TMA kernel's variant instantiation (the plan says so), elsewhere Triton;
+    within twice torch's own error in the dtype, against float64."""
+    causal, window, softcap, alibi, sinks = HOPPER_VARIANTS[name]
+    sq, sk = (300, 517) if ON_GPU else (67, 131)
+    q = inputs(1, sq, 4, 128, seed=11, dtype=dtype)
+    k, v = inputs(1, sk, 2, 128, seed=12, dtype=dtype), inputs(1, sk, 2, 128, seed=13, dtype=dtype)
+    slopes = torch.exp2(-8.0 * torch.arange(1, 5) / 4).to(DEVICE) if alibi else None
+    sink = torch.randn(4, generator=torch.Generator().manual_seed(14)).to(DEVICE) if sinks \
+        else None
+    if ON_GPU:
+        chosen = cuda_dispatch.plan("attention", variants=True, head_dim=128, dtype=dtype,
+                                    capability=torch.cuda.get_device_capability())
+        print(f"{name}: {chosen.kernel} ({chosen.reason})")
+    out = fattn.flash_attention(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                alibi_slopes=slopes, sinks=sink)
+    bhsd = [t.transpose(1, 2) for t in (q, k, v)]
+    ref, _ = reference.attention(*[t.cpu() for t in bhsd], causal="bottom_right" if causal
+                                 else None, window_size=window, softcap=softcap,
+                                 alibi_slopes=None if slopes is None else slopes.cpu(),
+                                 sinks=None if sink is None else sink.cpu())
+    torch_out = in_dtype(*bhsd, causal, window, softcap, slopes, sink)
+    err = (out.transpose(1, 2).cpu().double() - ref).abs().max().item()
+    torch_err = (torch_out.cpu().double() - ref).abs().max().item()
+    assert err <= 2 * torch_err, (err, torch_err)
 
 
 def test_flash_attn_with_kvcache_paged_append(gpu_path):

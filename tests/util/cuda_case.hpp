@@ -85,6 +85,11 @@ struct Case {
   double scale = std::numeric_limits<double>::quiet_NaN();  // NaN: the default
   int row_step = 1;  // compare rows i % row_step == 0 and the last 3 (long cases)
   double extra_tol = 0.0;  // added to the out tolerance (huge-logit cases)
+  // The variants (the kernels that take them: kernels.hpp's takes_variants).
+  int window_left = -1, window_right = -1;
+  double softcap = 0.0;
+  bool alibi = false;  // (Hq) slopes, ALiBi's geometric series
+  bool sinks = false;  // (Hq) random logits
 
   std::string name() const {
     std::ostringstream s;
@@ -98,7 +103,16 @@ struct Case {
       const long long milli = std::llround(scale * 1000.0);
       s << "_scale" << (milli < 0 ? "m" : "") << std::llabs(milli) << "milli";
     }
+    if (window_left != -1 || window_right != -1)
+      s << "_window" << (window_left < 0 ? "n" : std::to_string(window_left)) << "x"
+        << (window_right < 0 ? "n" : std::to_string(window_right));
+    if (softcap != 0.0) s << "_softcap" << std::llround(softcap);
+    if (alibi) s << "_alibi";
+    if (sinks) s << "_sinks";
     return s.str();
+  }
+  bool has_variants() const {
+    return window_left != -1 || window_right != -1 || softcap != 0.0 || alibi || sinks;
   }
   double effective_scale() const { return std::isnan(scale) ? fattn_test::default_scale(D) : scale; }
   std::int64_t rows() const { return static_cast<std::int64_t>(B) * Hq * Sq; }
@@ -106,11 +120,61 @@ struct Case {
 // What gtest prints for a case: its name (its padding bytes otherwise).
 inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
-// The options a case runs with (the kernel is chosen apart from them).
-inline Options options_for(const Case& c) {
+// A case's per-head values (ALiBi slopes, sinks) on the host and the device.
+struct CaseMods {
+  std::vector<float> slopes, sinks;  // empty where the case has none
+  DeviceBuffer device_slopes, device_sinks;
+  TensorView host_slopes_view, host_sinks_view, device_slopes_view, device_sinks_view;
+};
+
+inline TensorView float_vector(void* data, std::int64_t n, fattn::Device device) {
+  TensorView t;
+  t.data = data;
+  t.rank = 1;
+  t.sizes = {n, 0, 0, 0};
+  t.strides = {1, 0, 0, 0};
+  t.dtype = DType::float32;
+  t.device = device;
+  return t;
+}
+
+// Slopes 2^(-8(h+1)/Hq) (ALiBi's), sinks N(0, 2) seeded from the case name.
+inline CaseMods make_case_mods(const Case& c) {
+  CaseMods m;
+  std::mt19937_64 engine(fattn_test::seed_for(c.name() + "/sinks"));
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int h = 0; h < c.Hq; ++h) {
+    if (c.alibi) m.slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(c.Hq)));
+    if (c.sinks) m.sinks.push_back(normal(engine));
+  }
+  auto place = [&](std::vector<float>& host, DeviceBuffer& buffer, TensorView& host_view,
+                   TensorView& device_view) {
+    if (host.empty()) return;
+    const std::size_t bytes = host.size() * sizeof(float);
+    buffer = DeviceBuffer(bytes);
+    EXPECT_TRUE(buffer.get() != nullptr) << "cudaMalloc failed";
+    if (!buffer.get()) return;
+    EXPECT_TRUE(cuda_succeeded(cudaMemcpy(buffer.get(), host.data(), bytes, cudaMemcpyHostToDevice),
+                               "cudaMemcpy to the device"));
+    host_view = float_vector(host.data(), static_cast<std::int64_t>(host.size()), fattn::Device::cpu);
+    device_view = float_vector(buffer.get(), static_cast<std::int64_t>(host.size()), fattn::Device::cuda);
+  };
+  place(m.slopes, m.device_slopes, m.host_slopes_view, m.device_slopes_view);
+  place(m.sinks, m.device_sinks, m.host_sinks_view, m.device_sinks_view);
+  return m;
+}
+
+// The options a case runs with (the kernel is chosen apart from them); the per-head values'
+// device views (on_device) or host views (the host reference).
+inline Options options_for(const Case& c, const CaseMods* mods = nullptr, bool on_device = true) {
   Options options;
   options.causal = c.causal;
   if (!std::isnan(c.scale)) options.scale = c.scale;
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  options.softcap = c.softcap;
+  if (mods && c.alibi) options.alibi_slopes = on_device ? &mods->device_slopes_view : &mods->host_slopes_view;
+  if (mods && c.sinks) options.sinks = on_device ? &mods->device_sinks_view : &mods->host_sinks_view;
   return options;
 }
 
@@ -211,34 +275,53 @@ inline float round_tf32(float x) {
   return x;
 }
 
+// The keys [begin, end) row i sees: the case's band, as model/problem.hpp's (the causal
+// limit and the window aligned top-left or bottom-right, the window alone bottom-right).
+inline std::pair<int, int> visible_range(const Case& c, int i) {
+  const std::int64_t align = c.causal == Causal::top_left ? 0 : c.Sk - c.Sq;
+  std::int64_t hi = c.causal == Causal::none ? c.Sk : align;
+  if (c.window_right >= 0) hi = std::min<std::int64_t>(hi, align + c.window_right);
+  const std::int64_t lo = c.window_left >= 0 ? align - c.window_left : -static_cast<std::int64_t>(c.Sq);
+  auto clamp = [&](std::int64_t j) { return static_cast<int>(std::clamp<std::int64_t>(j, 0, c.Sk)); };
+  const int begin = clamp(i + lo), end = clamp(i + hi + 1);
+  return {begin, std::max(begin, end)};
+}
+
 // The plain same-precision pipeline for one row (see the header comment), on contiguous
-// float32 copies of the inputs. Writes the row to out and returns its logsumexp (-inf
-// for a row that sees no key).
-inline double baseline_row(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
-                           int b, int h, int i, std::vector<double>& out) {
+// float32 copies of the inputs, the variants in float32 as the kernels apply them. Writes
+// the row to out and returns its logsumexp (-inf for a row that sees no key and no sink).
+inline double baseline_row(const Case& c, const CaseMods& mods, const Tensor& q, const Tensor& k,
+                           const Tensor& v, int b, int h, int i, std::vector<double>& out) {
   const int hk = h / (c.Hq / c.Hkv);
-  const int visible = static_cast<int>(fattn_test::visible_keys(c.causal, i, c.Sq, c.Sk));
+  const auto [begin, end] = visible_range(c, i);
+  const float sink = c.sinks ? mods.sinks[static_cast<std::size_t>(h)]
+                             : -std::numeric_limits<float>::infinity();
   out.assign(static_cast<std::size_t>(c.D), 0.0);
-  if (visible == 0) return -std::numeric_limits<double>::infinity();
+  if (begin == end && !c.sinks) return -std::numeric_limits<double>::infinity();
   const float* qr = q.storage().data() + q.offset_of(b, h, i);
   const float* kb = k.storage().data() + k.offset_of(b, hk, 0);
   const float* vb = v.storage().data() + v.offset_of(b, hk, 0);
   const bool tf32 = c.kernel == Kernel::fused_tf32;
   auto operand = [tf32](float x) { return tf32 ? round_tf32(x) : x; };
   const auto scale = static_cast<float>(c.effective_scale());
-  std::vector<float> s(static_cast<std::size_t>(visible));
-  float m = -std::numeric_limits<float>::infinity();
-  for (int j = 0; j < visible; ++j) {
+  const auto cap = static_cast<float>(c.softcap);
+  std::vector<float> s(static_cast<std::size_t>(end - begin));
+  float m = sink;
+  for (int j = begin; j < end; ++j) {
     float dot = 0.0f;
     for (int d = 0; d < c.D; ++d) dot += operand(qr[d]) * operand(kb[j * c.D + d]);
-    s[static_cast<std::size_t>(j)] = dot * scale;
-    m = std::max(m, s[static_cast<std::size_t>(j)]);
+    float x = dot * scale;
+    if (c.softcap != 0.0) x = cap * std::tanh(x / cap);
+    if (c.alibi)
+      x -= mods.slopes[static_cast<std::size_t>(h)] * static_cast<float>(std::abs(i + c.Sk - c.Sq - j));
+    s[static_cast<std::size_t>(j - begin)] = x;
+    m = std::max(m, x);
   }
-  float l = 0.0f;
+  float l = std::exp(sink - m);
   for (float& x : s) l += (x = std::exp(x - m));
   std::vector<float> o(static_cast<std::size_t>(c.D), 0.0f);
-  for (int j = 0; j < visible; ++j) {
-    const float pj = operand(fattn_test::round_to(c.dtype, s[static_cast<std::size_t>(j)] / l));
+  for (int j = begin; j < end; ++j) {
+    const float pj = operand(fattn_test::round_to(c.dtype, s[static_cast<std::size_t>(j - begin)] / l));
     for (int d = 0; d < c.D; ++d) o[static_cast<std::size_t>(d)] += pj * vb[j * c.D + d];
   }
   for (int d = 0; d < c.D; ++d)
@@ -263,7 +346,7 @@ inline double baseline_lse_error(const ReferenceRows& ref) {
   return err;
 }
 
-inline ReferenceRows reference_rows(const Case& c, const CaseTensors& t) {
+inline ReferenceRows reference_rows(const Case& c, const CaseMods& mods, const CaseTensors& t) {
   const Tensor hq = fattn_test::float32_bhsd_copy(t.q), hk = fattn_test::float32_bhsd_copy(t.k),
                hv = fattn_test::float32_bhsd_copy(t.v);
   const std::int64_t rows = c.rows();
@@ -273,8 +356,7 @@ inline ReferenceRows reference_rows(const Case& c, const CaseTensors& t) {
   ref.lse.resize(static_cast<std::size_t>(rows));
   ref.baseline_lse.resize(ref.lse.size());
   ref.checked.resize(ref.lse.size());
-  Options ref_options;
-  ref_options.causal = c.causal;
+  Options ref_options = options_for(c, &mods, false);
   ref_options.scale = c.effective_scale();
 #pragma omp parallel for schedule(dynamic, 16)
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -285,7 +367,7 @@ inline ReferenceRows reference_rows(const Case& c, const CaseTensors& t) {
     ref.lse[row] = fattn::reference_row(hq.view(), hk.view(), hv.view(), ref_options, b, h, i,
                                         ref.out.data() + r * c.D);
     std::vector<double> baseline;
-    ref.baseline_lse[row] = baseline_row(c, hq, hk, hv, b, h, i, baseline);
+    ref.baseline_lse[row] = baseline_row(c, mods, hq, hk, hv, b, h, i, baseline);
     std::copy(baseline.begin(), baseline.end(), ref.baseline_out.begin() + r * c.D);
   }
   // The lse tolerance grows by twice the pipeline's own lse error, as the output's does
@@ -408,10 +490,10 @@ inline void check_lse(const Case& c, const Tensor& lse, const ReferenceRows& ref
 
 // Runs the case's kernel on its device tensors; false (with the failure recorded) when
 // it threw or the kernel failed.
-inline bool run_on_device(const Case& c, const DeviceCase& d) {
+inline bool run_on_device(const Case& c, const CaseMods& mods, const DeviceCase& d) {
   try {
     fattn::cuda::forward_with(d.q.view, d.k.view, d.v.view, d.out.view, c.with_lse ? &d.lse.view : nullptr,
-                              options_for(c), c.kernel, c.tile_rows);
+                              options_for(c, &mods, true), c.kernel, c.tile_rows);
   } catch (const fattn::Error& e) {
     ADD_FAILURE() << "forward_with threw: " << e.what();
     return false;
@@ -428,10 +510,11 @@ Outcome run_case(const Case& c, Prepare&& prepare) {
   CaseTensors inputs = make_case_tensors(c);
   prepare(inputs.q, inputs.k, inputs.v);
   DeviceCase device = to_device(std::move(inputs));
-  if (!device.ok() || !run_on_device(c, device)) return {};
+  const CaseMods mods = make_case_mods(c);
+  if (!device.ok() || !run_on_device(c, mods, device)) return {};
   device.download();
   if (!check_poison(c, device.host)) return {};
-  const ReferenceRows ref = reference_rows(c, device.host);
+  const ReferenceRows ref = reference_rows(c, mods, device.host);
   const std::optional<Outcome> outcome = check_out(c, device.host.out, ref);
   if (!outcome) return {};
   check_lse(c, device.host.lse, ref);

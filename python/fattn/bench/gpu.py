@@ -3,7 +3,9 @@
 Every row is one implementation at one problem, timed and checked in the same run as the
 torch rows it is compared with. Sections (--sections; each its own JSON file):
 
-  masked   B=4 H=16 S=4096 D=128, float16 and bfloat16, three masks:
+  masked   B=4 H=16 S=4096 D=128, float16 and bfloat16, three masks (and, in the first
+           dtype, two score variants: softcap30, not causal; alibi_sinks_causal: ALiBi slopes
+           2^(-8h/H) and random sinks, causal; fattn_triton and fattn_op only):
              causal      query i sees keys j <= i
              window1024  causal and j >= i - 1023 (FlashAttention's window_size=(1023, 0))
              padding     a boolean (B, 1, 1, S) key mask, random lengths in [S/4, S]
@@ -168,7 +170,48 @@ def bench_masked(run: Run):
                     lambda kind=kind: flex["make"](q, k, v, kind, w, lengths), check, work)
             del ref
             run.free()
+        if dname == run.args.dtypes[0]:
+            bench_score_variants(run, q, k, v, rows)
         del q, k, v
+        run.free()
+
+
+def bench_score_variants(run: Run, q, k, v, rows):
+    """The variants that change scores, on the masked section's inputs: fattn_triton and
+    fattn_op (fattn.flash_attention, the dispatched operator) side by side; torch's SDPA
+    takes none of them."""
+    import fattn
+    b, h, s, d = q.shape
+    dev = q.device
+    slopes = torch.exp2(-8.0 * torch.arange(1, h + 1, device=dev) / h).float()
+    sinks = torch.randn(h, generator=torch.Generator().manual_seed(11)).to(dev)
+    causal_pairs = b * s * (s + 1) // 2
+    j = torch.arange(s, device=dev).view(1, -1)
+    variants = {  # name: (call kwargs, visible pairs, visible at the sampled rows, reference kwargs)
+        "softcap30": ({"softcap": 30.0}, b * s * s, None, {"softcap": 30.0}),
+        "alibi_sinks_causal": ({"causal": True, "alibi_slopes": slopes, "sinks": sinks},
+                               causal_pairs, (j <= rows.view(-1, 1)).view(1, 1, -1, s),
+                               {"alibi_slopes": slopes, "sinks": sinks}),
+    }
+    dname = next(n for n, t in DTYPES.items() if t == q.dtype)
+    for name, (kwargs, pairs, visible, ref_kwargs) in variants.items():
+        base = {"section": "masked", "mask": name, "dtype": dname, "B": b, "Hq": h, "Hkv": h,
+                "Sq": s, "Sk": s, "D": d, "visible_pairs": pairs}
+        ref = reference_rows(q, k, v, rows, visible, **ref_kwargs)
+
+        def check(out, ref=ref):
+            return max_err(out[:, :, rows], ref)
+
+        def work(ms, flops=4 * h * d * pairs):
+            return {"tflops": flops / (ms * 1e9)}
+        said = ", ".join(f"{key}=" + ("(H,)" if torch.is_tensor(x) else str(x))
+                         for key, x in kwargs.items())
+        run.row("masked", base, "fattn_triton", f"fattn.triton.attention({said})",
+                lambda kw=kwargs: triton_call("attention", q, k, v, **kw), check, work)
+        run.row("masked", base, "fattn_op", f"fattn.flash_attention({said})",
+                lambda kw=kwargs: (lambda: fattn.flash_attention(q, k, v, layout="bhsd", **kw)),
+                check, work)
+        del ref
         run.free()
 
 

@@ -157,21 +157,35 @@ def sample_rows(s: int, device) -> torch.Tensor:
     return torch.unique(torch.linspace(0, s - 1, min(s, ERROR_ROWS)).round().long()).to(device)
 
 
-def reference_rows(q, k, v, rows, visible=None) -> torch.Tensor:
+def reference_rows(q, k, v, rows, visible=None, softcap=0.0, alibi_slopes=None,
+                   sinks=None) -> torch.Tensor:
     """float64 softmax(q kᵀ/sqrt(D), hidden pairs -inf) v at query rows `rows` of every
     (batch, head): (B, Hq, R, D). visible: a bool tensor broadcastable to (B, Hq, R, Sk), or
-    None. A row that sees no key gives 0."""
+    None. The variants as fattn.triton.reference.attention applies them: softcap, ALiBi
+    slopes (Hq,) at distance |i + Sk - Sq - j|, sinks (Hq,) in the denominator. A row that
+    sees no key (and no sink) gives 0."""
     hq, hkv, d = q.size(1), k.size(1), q.size(-1)
+    sq, sk = q.size(2), k.size(2)
     qd = q[:, :, rows].double()
     kd, vd = k.double(), v.double()
     if hq != hkv:
         kd = kd.repeat_interleave(hq // hkv, dim=1)
         vd = vd.repeat_interleave(hq // hkv, dim=1)
     s = torch.matmul(qd, kd.transpose(-2, -1)) / math.sqrt(d)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        keys = torch.arange(sk, device=s.device).view(1, -1)
+        distance = (rows.view(-1, 1) + sk - sq - keys).abs().double()
+        s = s - alibi_slopes.double().view(1, hq, 1, 1) * distance
     if visible is not None:
         s = s.masked_fill(~visible, float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return torch.matmul(p, vd)
+    if sinks is not None:
+        sink = sinks.double().view(1, hq, 1, 1).expand(*s.shape[:3], 1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1)
+    return torch.matmul(p.nan_to_num(0.0), vd)
 
 
 def max_err(got, ref) -> float:

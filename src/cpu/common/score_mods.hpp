@@ -21,6 +21,7 @@
 
 #include "cpu/common/online_softmax.hpp"
 #include "cpu/common/tile_ops.hpp"
+#include "model/tanh_fit.hpp"
 
 namespace fattn::cpu {
 
@@ -106,17 +107,15 @@ struct ScoreModOps {
   }
 
   // cap2·tanh(u), u = x / cap2, for scores x in log2 units (cap2 = softcap·log2(e));
-  // grad ← 1 − tanh². tanh(u) = sign(u)·|u|·P(u²)/Q(u²) with |u| clamped to 9 (tanh(9)
-  // rounds to 1): a rational fit of relative error 3.1e-7 in float32 (scripts/fit_tanh.py).
+  // grad ← 1 − tanh². tanh is model/tanh_fit.hpp's rational fit (relative error 3.1e-7).
   // One division and nine FMAs: the first form, (1 − e)/(1 + e) with e = e^(−2|u|) and a
   // series where 1 − e cancels, cost +17 % over the plain kernel at D = 64 (perf-log).
   static vec softcap(vec x, float cap2, vec* grad) {
-    const vec u = S::at_most(x < 0.0f ? -x : x, 9.0f * cap2) * S::splat(1.0f / cap2);
+    using namespace detail;  // the fit's coefficients
+    const vec u = S::at_most(x < 0.0f ? -x : x, kTanhClamp * cap2) * S::splat(1.0f / cap2);
     const vec z = u * u;
-    const vec num = horner<S>(z, 1.3663212839e-08f, 2.0831808719e-05f, 3.5091259584e-03f,
-                              1.3392425730e-01f, 9.9999998322e-01f);
-    const vec den = horner<S>(z, 7.9028569118e-07f, 3.3077721829e-04f, 2.5928489217e-02f,
-                              4.6725744378e-01f, 1.0f);
+    const vec num = horner<S>(z, kTanhP4, kTanhP3, kTanhP2, kTanhP1, kTanhP0);
+    const vec den = horner<S>(z, kTanhQ4, kTanhQ3, kTanhQ2, kTanhQ1, kTanhQ0);
     vec t = u * num / den;
     t = x < 0.0f ? -t : t;
     if (grad) *grad = S::splat(1.0f) - t * t;
