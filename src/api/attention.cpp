@@ -118,20 +118,49 @@ Impl resolve_backward(Impl impl, DType dtype) {
   return impl == Impl::automatic ? Impl::fused : impl;
 }
 
-// The CPU kernels of one direction (forward or backward) of an ISA: its naive and fused
-// kernels and their working memory.
+// The CPU kernels of one direction (forward or backward) of a table: its naive and fused
+// kernels and their working memory, and its fallback table's (cpu::Kernels::fallback: the
+// AMX table's kernels return false on inputs that do not split into bfloat16 parts, and the
+// AVX-512 ones run them in the same working memory, decided here, not inside the kernels).
 struct DirectionKernels {
+  struct Table {
+    std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers) = nullptr;
+    cpu::KernelFn naive = nullptr, fused = nullptr;
+  };
   const char* name;
-  std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
-  void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
-  void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  Table own, fallback;  // fallback: nulls where the table has none
   bool records_stages;  // the naive kernel's stage times go to fattn::last_naive_stage_seconds()
+
+  // Floats of working memory for the table's kernel and its fallback's (-1: a size
+  // overflowed).
+  std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) const {
+    const std::int64_t floats = own.workspace_floats(p, naive, workers);
+    if (!fallback.workspace_floats || floats < 0) return floats;
+    const std::int64_t other = fallback.workspace_floats(p, naive, workers);
+    return other < 0 ? -1 : std::max(floats, other);
+  }
+  // Runs the naive or fused kernel, and the fallback's where it returns false.
+  void run(bool naive, const detail::Problem& p, const detail::Exec& exec, float* memory) const {
+    if ((naive ? own.naive : own.fused)(p, exec, memory)) return;
+    if (!fallback.fused)
+      throw Error(std::string("fattn: internal error: a CPU ") + name +
+                  " kernel declined its inputs and its table has no fallback");
+    (naive ? fallback.naive : fallback.fused)(p, exec, memory);
+  }
 };
+DirectionKernels::Table forward_table(const cpu::Kernels* k) {
+  if (!k) return {};
+  return {k->workspace_floats, k->naive, k->fused};
+}
+DirectionKernels::Table backward_table(const cpu::Kernels* k) {
+  if (!k) return {};
+  return {k->backward_workspace_floats, k->naive_backward, k->fused_backward};
+}
 DirectionKernels forward_kernels_of(const cpu::Kernels& k) {
-  return {"forward", k.workspace_floats, k.naive, k.fused, true};
+  return {"forward", forward_table(&k), forward_table(k.fallback), true};
 }
 DirectionKernels backward_kernels_of(const cpu::Kernels& k) {
-  return {"backward", k.backward_workspace_floats, k.naive_backward, k.fused_backward, false};
+  return {"backward", backward_table(&k), backward_table(k.fallback), false};
 }
 
 // Floats of working memory; every size product is checked for overflow.
@@ -159,12 +188,12 @@ void run(const detail::Problem& p, const detail::Exec& exec, const DirectionKern
          Impl impl) {
   const detail::WorkspaceLease workspace(workspace_floats(p, direction, impl, exec.workers),
                                          to_string(impl));
-  if (impl != Impl::naive) return direction.fused(p, exec, workspace.get());
+  if (impl != Impl::naive) return direction.run(false, p, exec, workspace.get());
   // The naive kernels time their stages (fattn::last_naive_stage_seconds()).
   NaiveStageSeconds stages;
   detail::Problem timed = p;
   timed.naive_stages = &stages;
-  direction.naive(timed, exec, workspace.get());
+  direction.run(true, timed, exec, workspace.get());
   if (direction.records_stages) detail::record_naive_stage_seconds(stages);
 }
 
@@ -414,7 +443,7 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
                               if (decoded(b))
                                 kernels.decode(p.sequence(b), on_one, memory, options.kv_splits);
                               else
-                                kernels.fused(p.sequence(b), on_one, memory);
+                                direction.run(false, p.sequence(b), on_one, memory);
                             });
   }
   for (std::int64_t b = 0; b < p.batch; ++b) {
@@ -479,7 +508,7 @@ void ragged_backward(const Problem& p, const Exec& exec, const Options& options)
     slice = std::max(slice, workspace_floats(p.sequence(b), direction, impl, 1));
   run_side_by_side(exec, schedule.shared, slice, "backward", to_string(impl),
                    [&](std::int64_t b, const Exec& one, float* memory) {
-                     (impl == Impl::naive ? direction.naive : direction.fused)(p.sequence(b), one, memory);
+                     direction.run(impl == Impl::naive, p.sequence(b), one, memory);
                    });
   if (p.mods.sinks) cpu::sink_gradients(p, exec);
 }

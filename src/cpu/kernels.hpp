@@ -9,19 +9,26 @@
 
 namespace fattn::cpu {
 
+// A forward or backward kernel: true when it ran; false when the inputs are not what its
+// table takes (the AMX kernels: a value that does not split into bfloat16 parts, a NaN, an
+// infinity or |x| > 3e38), having maybe written part of the outputs: the caller runs the
+// table's fallback kernel, which rewrites every output, in the same working memory.
+using KernelFn = bool (*)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+
 struct Kernels {
   Isa isa;
   int query_tile;  // Br: query rows per work item
-  // Floats of working memory for this problem (naive or fused) with `workers` threads.
+  // Floats of working memory for this problem (naive or fused) with `workers` threads
+  // (this table's own; the caller leases room for the fallback's too).
   std::int64_t (*workspace_floats)(const detail::Problem& p, bool naive, int workers);
-  void (*fused)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
-  void (*naive)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  KernelFn fused;
+  KernelFn naive;
   // The backward (cpu/backward/backward.hpp): working memory, fused and naive. The fused
   // kernels (forward and backward) of every table take a ragged problem whole (its
   // sequences' items in one parallel section); the naive ones one sequence at a time.
   std::int64_t (*backward_workspace_floats)(const detail::Problem& p, bool naive, int workers);
-  void (*fused_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
-  void (*naive_backward)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
+  KernelFn fused_backward;
+  KernelFn naive_backward;
   // The decode kernel (cpu/decode/decode.hpp) with `splits` key chunks per sequence (0: its rule).
   std::int64_t (*decode_workspace_floats)(const detail::Problem& p, int workers,
                                           std::int64_t splits);
@@ -29,6 +36,9 @@ struct Kernels {
                  std::int64_t splits);
   // What the forward's products run on in kernel `impl` (naive, fused or decode).
   Products (*products)(const detail::Problem& p, Impl impl);
+  // The table whose forward and backward kernels run where this one's return false (null:
+  // they always run; the AMX table's is the AVX-512 one).
+  const Kernels* fallback;
 };
 
 // Built from kernels_isa.cpp, once per instruction set. avx512 and avx2 exist only on x86-64;

@@ -32,11 +32,21 @@ std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers)
   return Workspace<S>(p, naive, workers).total;
 }
 
-void fused(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+// The kernels take every input (no fallback): each returns true.
+bool fused(const detail::Problem& p, const detail::Exec& exec, float* memory) {
 #if defined(FATTN_AVX512_BF16)
-  if (on_bf16_dot_products<S>(p.dtype)) return dot_bf16_forward<S>(p, exec, memory);
+  if (on_bf16_dot_products<S>(p.dtype)) {
+    dot_bf16_forward<S>(p, exec, memory);
+    return true;
+  }
 #endif
   fused_forward<S>(p, exec, memory);
+  return true;
+}
+
+bool naive(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  naive_forward<S>(p, exec, memory);
+  return true;
 }
 
 // A ragged batch (attention_varlen_backward) runs the fused backward over all its sequences
@@ -46,9 +56,17 @@ std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int
   return BackwardWorkspace<S>(p, naive, workers).total;
 }
 
-void backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
-  if (p.is_ragged()) return ragged_fused_backward<S>(p, exec, memory);
-  fused_backward<S>(p, exec, memory);
+bool backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  if (p.is_ragged())
+    ragged_fused_backward<S>(p, exec, memory);
+  else
+    fused_backward<S>(p, exec, memory);
+  return true;
+}
+
+bool backward_naive(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  naive_backward<S>(p, exec, memory);
+  return true;
 }
 
 std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std::int64_t splits) {
@@ -64,9 +82,9 @@ Products products(const detail::Problem& p, Impl impl) {
 
 }  // namespace
 
-const Kernels FATTN_KERNELS = {Isa::FATTN_ISA,        TileOps<S>::Br,     workspace_floats,
-                               fused,                 naive_forward<S>,   backward_workspace_floats,
-                               backward,              naive_backward<S>,  decode_workspace_floats,
-                               decode_forward<S>,     products};
+const Kernels FATTN_KERNELS = {Isa::FATTN_ISA,     TileOps<S>::Br, workspace_floats,
+                               fused,              naive,          backward_workspace_floats,
+                               backward,           backward_naive, decode_workspace_floats,
+                               decode_forward<S>,  products,       nullptr};
 
 }  // namespace fattn::cpu

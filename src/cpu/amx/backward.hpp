@@ -318,20 +318,17 @@ struct AmxBackwardMainloop {
   }
 };
 
+// False where an operand does not split into bfloat16 parts (kernels.hpp's KernelFn): the
+// caller runs the AVX-512 FMA backward, which rewrites every gradient, in the same memory.
 template <class S>
-void amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
-  // An operand that does not split: the AVX-512 FMA backward rewrites every gradient (its
-  // working memory is in the room, kernels_amx.cpp).
-  if (p.is_ragged()) {
-    if (!RaggedBackward<S, AmxBackwardMainloop<S>>(p, exec.workers).run(exec, memory))
-      avx512_kernels.fused_backward(p, exec, memory);
-    return;
-  }
+bool amx_fused_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+  if (p.is_ragged()) return RaggedBackward<S, AmxBackwardMainloop<S>>(p, exec.workers).run(exec, memory);
   AmxBackwardWorkspace<S> ws(p, exec.workers);
   ws.place(memory);
   const AmxBackwardMainloop<S> mainloop{ws};
-  if (!fused_backward_loop<S>(p, exec, mainloop)) return avx512_kernels.fused_backward(p, exec, memory);
+  if (!fused_backward_loop<S>(p, exec, mainloop)) return false;
   backward_detail::sum_partials<S>(p, exec, ws, mainloop.dq_in_parts());
+  return true;
 }
 
 }  // namespace fattn::cpu

@@ -199,13 +199,15 @@ struct AmxMainloop {
   }
 };
 
+// False where an input does not split into bfloat16 parts (kernels.hpp's KernelFn): the
+// caller runs the AVX-512 kernel, which rewrites every output.
 template <class S>
-void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+bool amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = AmxOps<S>;
   constexpr int kGroup = Ops::Fma::T::query_tiles_per_item;
   AmxWorkspace<S> ws(p, /*is_naive=*/false, exec.workers);
   ws.base = memory;
-  if (!ws.local && !ws.prepare(exec)) return avx512_kernels.fused(p, exec, memory);
+  if (!ws.local && !ws.prepare(exec)) return false;
   const AmxMainloop<S> mainloop{ws, static_cast<float>(p.scale) * Ops::Fma::kLog2e};
 
   if (!ws.local) {
@@ -215,7 +217,7 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
       const detail::SequenceOf seq(p, first.b);  // a ragged problem's sequence
       fused_group<S>(seq.get(), mainloop, first, worker, mainloop.head(first.b, first.hk));
     });
-    return;
+    return true;
   }
   // Head-local: an item is a kv head and its query heads; a value that does not split
   // stops its item, and the whole call is then computed again by the FMA kernel (every
@@ -237,20 +239,20 @@ void amx_fused_forward(const detail::Problem& p, const detail::Exec& exec, float
         fused_group<S>(p, mainloop, ws.first_tile_of((b * p.q_heads + h) * groups + g, kGroup),
                        worker, parts);
   });
-  if (!splittable.load()) avx512_kernels.fused(p, exec, memory);
+  return splittable.load();
 }
 
 // The naive baseline on the same AMX products: scores to an Sq×Sk buffer, softmax,
 // P·V, as three parallel stages (cpu/forward/naive.hpp is the FMA version).
 template <class S>
-void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+bool amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = AmxOps<S>;
   using Fma = typename Ops::Fma;
   AmxWorkspace<S> ws(p, /*is_naive=*/true, exec.workers);
   ws.base = memory;
   detail::StageClock clock;  // reported through p.naive_stages
   NaiveStageSeconds seconds;
-  if (!ws.prepare(exec)) return avx512_kernels.naive(p, exec, memory);
+  if (!ws.prepare(exec)) return false;  // the caller runs the AVX-512 kernel
   seconds.prepare = clock.lap();
   const float q_factor = static_cast<float>(p.scale) * Fma::kLog2e;
   const std::int64_t Dp = ws.dim_pad;
@@ -289,6 +291,7 @@ void amx_naive_forward(const detail::Problem& p, const detail::Exec& exec, float
   });
   seconds.output = clock.lap();
   if (p.naive_stages) *p.naive_stages = seconds;
+  return true;
 }
 
 }  // namespace fattn::cpu

@@ -17,24 +17,18 @@ namespace {
 struct AmxSimd : Simd<64> {};
 using S = AmxSimd;
 
-// The AMX kernels fall back to the AVX-512 ones on inputs that do not split into
-// bfloat16 parts, in the same working memory: room for either (-1: a size overflowed).
-std::int64_t room_for_both(std::int64_t own, std::int64_t fma) {
-  return own < 0 || fma < 0 ? -1 : std::max(own, fma);
-}
-
+// The AMX kernels' own working memory. On inputs that do not split into bfloat16 parts
+// they return false and the caller runs the AVX-512 kernels (the table's fallback) in the
+// same memory, which it leases for either.
 std::int64_t workspace_floats(const detail::Problem& p, bool naive, int workers) {
-  return room_for_both(AmxWorkspace<S>(p, naive, workers).total,
-                       avx512_kernels.workspace_floats(p, naive, workers));
+  return AmxWorkspace<S>(p, naive, workers).total;
 }
 
 std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int workers) {
   if (p.is_ragged() && !naive)  // the naive backward takes one sequence at a time
-    return room_for_both(RaggedBackward<S, AmxBackwardMainloop<S>>(p, workers).total(),
-                         avx512_kernels.backward_workspace_floats(p, naive, workers));
-  return room_for_both(naive ? AmxNaiveBackwardWorkspace<S>(p, workers).total
-                             : AmxBackwardWorkspace<S>(p, workers).total,
-                       avx512_kernels.backward_workspace_floats(p, naive, workers));
+    return RaggedBackward<S, AmxBackwardMainloop<S>>(p, workers).total();
+  return naive ? AmxNaiveBackwardWorkspace<S>(p, workers).total
+               : AmxBackwardWorkspace<S>(p, workers).total;
 }
 
 // The decode kernel is memory-bound at the shapes it is chosen for (a few query rows per
@@ -50,9 +44,9 @@ Products products(const detail::Problem&, Impl impl) {
 
 }  // namespace
 
-const Kernels amx_kernels = {Isa::amx,          AmxOps<S>::Br,       workspace_floats,
-                             amx_fused_forward<S>, amx_naive_forward<S>, backward_workspace_floats,
+const Kernels amx_kernels = {Isa::amx,             AmxOps<S>::Br,         workspace_floats,
+                             amx_fused_forward<S>, amx_naive_forward<S>,  backward_workspace_floats,
                              amx_fused_backward<S>, amx_naive_backward<S>, decode_workspace_floats,
-                             decode_forward<S>, products};
+                             decode_forward<S>,    products,              &avx512_kernels};
 
 }  // namespace fattn::cpu

@@ -108,15 +108,17 @@ struct AmxNaiveBackwardWorkspace : BackwardTiles<S> {
   }
 };
 
+// False where a value does not split into bfloat16 parts (kernels.hpp's KernelFn): the caller
+// runs the AVX-512 naive backward, which rewrites every gradient.
 template <class S>
-void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
+bool amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, float* memory) {
   using Ops = AmxOps<S>;
   using Fma = typename Ops::Fma;
   using Bwd = AmxBackwardOps<S>;
   using W = AmxNaiveBackwardWorkspace<S>;
   W ws(p, exec.workers);
   ws.base = memory;
-  if (!ws.prepare(exec)) return avx512_kernels.naive_backward(p, exec, memory);
+  if (!ws.prepare(exec)) return false;
   const std::int64_t Dp = ws.Dp;
   const bool capped = p.mods.softcap != 0.0;
   // Stages 1 and 2: a parallel loop over the query tiles, each with its covered keys n and
@@ -183,7 +185,7 @@ void amx_naive_backward(const detail::Problem& p, const detail::Exec& exec, floa
     if (!ok) splittable.store(false, std::memory_order_relaxed);
     backward_detail::store_query_grads<S, W::Br>(p, x, 1, [&](std::int64_t) { return w.dqt; });
   });
-  if (!splittable.load()) avx512_kernels.naive_backward(p, exec, memory);
+  return splittable.load();
 }
 
 }  // namespace fattn::cpu
