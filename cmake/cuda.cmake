@@ -85,7 +85,8 @@ set(_fattn_fused_instances
   "fma|fused_fma.cuh|launch_fused_fma<@D@>")
 set(_fattn_wgmma_instances
   "wgmma_f16|fused_wgmma.cuh|launch_fused_wgmma<__half, @D@>"
-  "wgmma_bf16|fused_wgmma.cuh|launch_fused_wgmma<__nv_bfloat16, @D@>"
+  "wgmma_bf16|fused_wgmma.cuh|launch_fused_wgmma<__nv_bfloat16, @D@>")
+set(_fattn_tma_instances
   "tma_f16|fused_tma.cuh|launch_fused_tma<__half, @D@>"
   "tma_bf16|fused_tma.cuh|launch_fused_tma<__nv_bfloat16, @D@>")
 # Writes the translation unit of `instance` at head dim `dim`; its path into out_var.
@@ -98,6 +99,25 @@ function(_fattn_instance_file instance dim out_var)
   set(file ${_fattn_gen}/fused_${name}_d${dim}.cu)
   configure_file(${PROJECT_SOURCE_DIR}/src/cuda/instantiate.cu.in ${file} @ONLY)
   set(${out_var} ${file} PARENT_SCOPE)
+endfunction()
+
+# The Hopper kernels exist for the dims of their tiles (tile_config.hpp: wgmma_head_dim,
+# tma_head_dim). At head dim `dim`, if it is one of the list `dims_var` names: the
+# translation units of the instances `instances_var` names (into the sm_90a sources) and
+# X(dim) appended to `items_var` (head_dims.hpp's X-macro).
+set(_fattn_wgmma_dims 64 128)
+set(_fattn_tma_dims 64 128 256)
+function(_fattn_hopper_instances dim dims_var instances_var items_var)
+  if(NOT dim IN_LIST ${dims_var})
+    return()
+  endif()
+  set(sources ${_fattn_wgmma_sources})
+  foreach(instance IN LISTS ${instances_var})
+    _fattn_instance_file(${instance} ${dim} _file)
+    list(APPEND sources ${_file})
+  endforeach()
+  set(_fattn_wgmma_sources ${sources} PARENT_SCOPE)
+  set(${items_var} "${${items_var}} X(${dim})" PARENT_SCOPE)
 endfunction()
 
 foreach(d IN LISTS _fattn_dims)
@@ -113,14 +133,11 @@ foreach(d IN LISTS _fattn_dims)
     _fattn_instance_file(${instance} ${d} _file)
     list(APPEND _fattn_gen_sources ${_file})
   endforeach()
-  # The wgmma kernel exists for the dims of its instructions (tile_config.hpp,
-  # wgmma_head_dim): 64 and 128.
-  if(_fattn_with_wgmma AND (d EQUAL 64 OR d EQUAL 128))
-    string(APPEND FATTN_GEN_WGMMA_HEAD_DIM_ITEMS " X(${d})")
-    foreach(instance IN LISTS _fattn_wgmma_instances)
-      _fattn_instance_file(${instance} ${d} _file)
-      list(APPEND _fattn_wgmma_sources ${_file})
-    endforeach()
+  if(_fattn_with_wgmma)
+    _fattn_hopper_instances(${d} _fattn_wgmma_dims _fattn_wgmma_instances
+                            FATTN_GEN_WGMMA_HEAD_DIM_ITEMS)
+    _fattn_hopper_instances(${d} _fattn_tma_dims _fattn_tma_instances
+                            FATTN_GEN_TMA_HEAD_DIM_ITEMS)
   endif()
 endforeach()
 configure_file(${PROJECT_SOURCE_DIR}/src/cuda/head_dims.hpp.in ${_fattn_gen}/cuda/head_dims.hpp

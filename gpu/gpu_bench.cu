@@ -7,7 +7,8 @@
 // Suites (Sq = Sk = S, Hq = Hkv = H, contiguous (B, H, S, D) tensors):
 //   b2h8   B=2, H=8, D=64, S in {128, 512, 1024, 4096}, causal and not
 //   flash  FlashAttention's sweep at hidden 2048: D=64 × 32 heads and D=128 × 16
-//          heads, S in {512, ..., 16384}, B = 16384 / S, causal and not
+//          heads, S in {512, ..., 16384}, B = 16384 / S, causal and not; D=256 × 8 heads
+//          at S = 4096 and 16384 (fused_tma against fused_mma there)
 // Variants: naive and fused for float32 (fused = 3xTF32), float16 and bfloat16; the
 // TF32 mode ("fused_tf32", what Options::allow_tf32 runs); for 16-bit types at D <= 128 the
 // fused kernel forced to 64- and to 128-row query tiles ("fused_br64", "fused_br128"),
@@ -207,11 +208,12 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
         out.push_back(kernel_config(Kernel::fused_fma, t, B, H, S, D, causal, suite));
     }
     if (t != DType::float32 && fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) {
-      // the Hopper wgmma kernel beside fused_mma (docs/cuda.md): it becomes the default on
-      // compute capability 9.0 once these numbers say it should
-      const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
-      if (!dims.empty() && D <= dims.back()) {
-        for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined, Kernel::fused_tma})
+      // the Hopper kernels beside fused_mma (docs/cuda.md), each at the head dims it is
+      // built for: a head dim becomes theirs by default on compute capability 9.0 once
+      // these numbers say it should
+      for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined, Kernel::fused_tma}) {
+        const std::vector<int> dims = fattn::cuda::hopper_head_dims(k);
+        if (!dims.empty() && D <= dims.back())
           out.push_back(kernel_config(k, t, B, H, S, D, causal, suite));
       }
     }
@@ -247,11 +249,13 @@ std::vector<Config> make_configs(const std::string& suite, bool profile) {
         for (Config c : variants(2, 8, S, 64, causal, suite_name::b2h8, true))
           configs.push_back(c);
   if (suite == suite_name::flash || suite == suite_name::all)
-    for (int D : {64, 128})
-      for (int S : {512, 1024, 2048, 4096, 8192, 16384})
+    for (int D : {64, 128, 256})
+      for (int S : {512, 1024, 2048, 4096, 8192, 16384}) {
+        if (D == 256 && S != 4096 && S != 16384) continue;  // fused_tma's D = 256 against fused_mma
         for (bool causal : {false, true})
           for (Config c : variants(16384 / S, 2048 / D, S, D, causal, suite_name::flash, S <= 4096))
             configs.push_back(c);
+      }
   return configs;
 }
 

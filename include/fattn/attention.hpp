@@ -5,6 +5,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "fattn/tensor.hpp"
 
@@ -218,6 +219,11 @@ double reference_row(const TensorView& q, const TensorView& k, const TensorView&
 // CPU without the wider units; an unknown name makes them throw Error.
 Isa best_cpu_isa();
 Isa automatic_cpu_isa(std::int64_t kv_len);
+// The head dims this build's Hopper TMA kernel (fused_tma, compute capability 9.0) is
+// compiled for, ascending; empty without the CUDA backend or its sm_90a kernels. A forward
+// at a head dim up to the largest runs on it zero-padded (the torch operators' dispatch
+// asks before it sends a call there).
+std::vector<int> cuda_tma_head_dims();
 bool cpu_supports(Isa isa);
 // The environment variable that caps them (read once per process).
 inline constexpr const char* kCpuIsaCapVariable = "FATTN_CPU_ISA";

@@ -336,6 +336,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = false;
 #endif
   m.def("version", [] { return std::string(fattn::version()); }, "fattn's C++ library version");
+  m.def(
+      "cuda_tma_head_dims",
+      [] {
+        pybind11::list dims;
+        for (int d : fattn::cuda_tma_head_dims()) dims.append(d);
+        return dims;
+      },
+      "the head dims this build's Hopper TMA kernel (fused_tma) is compiled for (empty without "
+      "the CUDA backend or its sm_90a kernels)");
   m.def("best_cpu_isa", [] { return std::string(fattn::to_string(fattn::best_cpu_isa())); },
         "the widest instruction set of this CPU that fattn has kernels for");
   m.def(

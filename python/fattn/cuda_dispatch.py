@@ -9,7 +9,7 @@ forward, causal or not, when the extension is built with its CUDA backend). Per 
              softcap, ALiBi or sinks; no           (fused_tma)     (results/h200/gpu/2026-11-28):
              attn_mask), float16 or bfloat16,                       fused_tma 406-520 TFLOP/s
              D = 128, compute capability 9.0,                       against Triton's 326-406 at
-             C++ CUDA backend built                                 S 4096-16384 (1.0-1.5x),
+             the C++ TMA kernel built at D = 128                    S 4096-16384 (1.0-1.5x),
                                                                     plain and causal; the
                                                                     variants' instantiation
                                                                     is the same kernel
@@ -62,6 +62,13 @@ def cpp_available() -> bool:
     return bool(_C.with_cuda)
 
 
+def tma_head_dims() -> tuple[int, ...]:
+    """The head dims the C++ Hopper TMA kernel of this build is compiled for (empty without
+    the CUDA backend or its sm_90a kernels)."""
+    from . import _C
+    return tuple(_C.cuda_tma_head_dims())
+
+
 # Where the C++ kernel beats Triton (the table above): the Hopper TMA kernel's measured head
 # dim, 16-bit inputs, compute capability 9.0.
 TMA_HEAD_DIMS = (128,)
@@ -96,7 +103,7 @@ def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
                                   f"triton, {', '.join(CPP_IMPLS)})")
     if (dense and impl == "auto" and head_dim in TMA_HEAD_DIMS and dtype in SIXTEEN_BIT
             and capability is not None and tuple(capability) == TMA_CAPABILITY
-            and cpp_available()):
+            and head_dim in tma_head_dims()):
         return Plan(CUDA_CPP, "the C++ Hopper kernel on TMA loads (fused_tma): 1.0-1.5x the "
                               "Triton kernel at D = 128 on an H200 (2026-11-28)"
                               + ("; its variants' instantiation" if variants else ""))

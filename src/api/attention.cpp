@@ -234,6 +234,14 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   run(p, exec, forward_kernels_of(cpu_kernels(options, p, Direction::forward)), impl);
 }
 
+std::vector<int> cuda_tma_head_dims() {
+#ifdef FATTN_WITH_CUDA
+  return cuda::tma_head_dims();
+#else
+  return {};
+#endif
+}
+
 ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options) {
   if (q.device == Device::cuda)

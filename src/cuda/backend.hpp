@@ -93,10 +93,12 @@ int naive_launch_count();
 std::vector<int> supported_head_dims();
 std::string supported_head_dims_text();  // e.g. "32, 64, 96, 128, 256"
 
-// Head dims the Hopper kernels (fused_wgmma, fused_wgmma_pipelined, fused_tma) are compiled
-// for (64 and 128 where they are in FATTN_CUDA_HEAD_DIMS; empty when they are not built).
-// Smaller dims run on the next one.
+// Head dims the Hopper kernels are compiled for, where they are in FATTN_CUDA_HEAD_DIMS
+// (empty when they are not built): fused_wgmma and fused_wgmma_pipelined 64 and 128, fused_tma
+// also 256 (hopper_head_dims: a kernel's own). Smaller dims run on the next one.
 std::vector<int> wgmma_head_dims();
+std::vector<int> tma_head_dims();
+std::vector<int> hopper_head_dims(Kernel kernel);
 
 // Whether `kernel` can run on the current CUDA device: compute capability 8.0 or newer,
 // and for the Hopper kernels (fused_wgmma*, fused_tma) exactly 9.0 and a build that has them. False without a device.

@@ -97,7 +97,7 @@ bool runs_on_current_device(Kernel kernel) {
   }
   const ComputeCapability cc = compute_capability(device);
   if (is_wgmma(kernel))
-    return !wgmma_head_dims().empty() && cc.major == kWgmmaCapability.major &&
+    return !hopper_head_dims(kernel).empty() && cc.major == kWgmmaCapability.major &&
            cc.minor == kWgmmaCapability.minor;
   return cc.major >= 8;
 }

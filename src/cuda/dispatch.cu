@@ -48,6 +48,7 @@ void with_type(DType dtype, F&& f) {
 #define FATTN_NEXT_DIM(d) , d
 using FusedHeadDims = std::integer_sequence<int FATTN_CUDA_HEAD_DIMS(FATTN_NEXT_DIM)>;
 using WgmmaHeadDims = std::integer_sequence<int FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_NEXT_DIM)>;
+using TmaHeadDims = std::integer_sequence<int FATTN_CUDA_TMA_HEAD_DIMS(FATTN_NEXT_DIM)>;
 #undef FATTN_NEXT_DIM
 
 // f(std::integral_constant<int, dim>) for the dim of `Dims` equal to `dim`; the plan only
@@ -90,13 +91,17 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
       const std::int64_t seq = plan.row, head = seq * t.size(2), batch = head * t.size(1);
       *strides[i] = {batch, head, seq};
     }
+    if (is_tma(plan.kernel)) {
+      if constexpr (!std::is_same_v<T, float>)
+        with_head_dim(TmaHeadDims{}, "fused_tma", plan.kernel_dim, [&](auto dim) {
+          launch_fused_tma<T, decltype(dim)::value>(params, {plan.kernel, 0}, stream);
+        });
+      return;
+    }
     if (is_wgmma(plan.kernel)) {
       if constexpr (!std::is_same_v<T, float>)
         with_head_dim(WgmmaHeadDims{}, "wgmma", plan.kernel_dim, [&](auto dim) {
-          if (is_tma(plan.kernel))
-            launch_fused_tma<T, decltype(dim)::value>(params, {plan.kernel, 0}, stream);
-          else
-            launch_fused_wgmma<T, decltype(dim)::value>(params, {plan.kernel, 0}, stream);
+          launch_fused_wgmma<T, decltype(dim)::value>(params, {plan.kernel, 0}, stream);
         });
       return;
     }

@@ -48,7 +48,7 @@ namespace fattn::cuda {
 
 template <class T, int kD>
 struct TmaShape {
-  static_assert(wgmma_head_dim(kD), "the TMA kernel is built for head dims 64 and 128");
+  static_assert(tma_head_dim(kD), "the TMA kernel is built for head dims 64, 128 and 256");
   static constexpr int kConsumers = tma_tiles(kD).consumers;  // warpgroups of 64 query rows
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = 128 + kConsumerThreads;  // + the producer warpgroup
@@ -219,7 +219,6 @@ __global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
     };
 
     WgmmaWarp<T, kD, S::kBc, kVariants> this_warp(c, cwarp, lane);
-    this_warp.read_mods(p);
 
     if (tiles > 0) {
       const auto ring = Hooks{

@@ -162,8 +162,7 @@ __device__ __forceinline__ void pv_visible_keys(const std::uint32_t (&a)[kKS][4]
 // fused_tma's variant instantiation); without it the warp asks the upper edge and the sequence
 // end only, as it did before the variants (the same machine code).
 template <class T, int kD, int kBc, bool kVariants = false>
-struct WgmmaWarp : std::conditional_t<kVariants, HeadMods, NoHeadMods> {  // the head's variant values
-  using Mods = std::conditional_t<kVariants, HeadMods, NoHeadMods>;
+struct WgmmaWarp {
   static constexpr int kNS = kBc / 8;   // 8-column score blocks
   static constexpr int kDB = kD / 8;    // 8-column output blocks
   static constexpr int kKS = kBc / 16;  // 16-key slices: P's A fragments
@@ -188,11 +187,6 @@ struct WgmmaWarp : std::conditional_t<kVariants, HeadMods, NoHeadMods> {  // the
 #pragma unroll
     for (int d = 0; d < kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     rows.start();
-  }
-
-  // The head's variant values (kVariants only).
-  __device__ __forceinline__ void read_mods(const Params& p) {
-    if constexpr (kVariants) static_cast<Mods&>(*this) = HeadMods::of(p, c.b, c.h);
   }
 
   // Whether key tile kt hides a key from some of rows [first_row, first_row + kRows): the
@@ -224,8 +218,8 @@ struct WgmmaWarp : std::conditional_t<kVariants, HeadMods, NoHeadMods> {  // the
   // knows the tile hides no key from any row of the block: hides_block_keys is false).
   __device__ __forceinline__ void scale_mask_softmax(const Params& p, int kt, bool may_mask) {
     const bool mask = may_mask && tile_hides_keys<16>(p, kt, warp_row0);
-    if constexpr (kVariants)
-      scale_modify_mask(s, p, static_cast<const Mods&>(*this), mask, row0, kt * kBc + 2 * (lane % 4));
+    if constexpr (kVariants)  // the head's values read per tile: held across it they spilled at D = 256
+      scale_modify_mask(s, p, HeadMods::of(p, c.b, c.h), mask, row0, kt * kBc + 2 * (lane % 4));
     else
       scale_and_mask(s, p, mask, row0, kt * kBc + 2 * (lane % 4));
     softmax_scores(s, rows, alphas);
@@ -234,7 +228,7 @@ struct WgmmaWarp : std::conditional_t<kVariants, HeadMods, NoHeadMods> {  // the
   // out = o / l and lse for the thread's rows (store_rows), the sink's term folded in first.
   __device__ __forceinline__ void store_output(const Params& p) {
     if constexpr (kVariants)
-      if (p.sinks) fold_sink(o, rows, this->sink2, lane);
+      if (p.sinks) fold_sink(o, rows, HeadMods::of(p, c.b, c.h).sink2, lane);
     store_rows<T>(o, rows, p, head_ptr<T>(p.out, p.out_stride, c.b, c.h), lse_head(p, c.b, c.h),
                   row0, lane);
   }

@@ -26,7 +26,7 @@ Kernel kernel_for(Impl impl, DType dtype, bool allow_tf32) {
 }
 
 bool tma_measured_head_dim(std::int64_t head_dim) {
-  const std::vector<int> built = wgmma_head_dims();
+  const std::vector<int> built = tma_head_dims();
   return (head_dim == 64 || head_dim == 128) &&
          std::find(built.begin(), built.end(), static_cast<int>(head_dim)) != built.end();
 }
@@ -63,8 +63,13 @@ std::vector<int> supported_head_dims() { return ascending({FATTN_CUDA_HEAD_DIMS(
 std::vector<int> wgmma_head_dims() {
   return ascending({FATTN_CUDA_WGMMA_HEAD_DIMS(FATTN_ITEM)});
 }
+std::vector<int> tma_head_dims() { return ascending({FATTN_CUDA_TMA_HEAD_DIMS(FATTN_ITEM)}); }
 #undef FATTN_ITEM
 
 std::string supported_head_dims_text() { return join(supported_head_dims()); }
+
+std::vector<int> hopper_head_dims(Kernel kernel) {
+  return is_tma(kernel) ? tma_head_dims() : wgmma_head_dims();
+}
 
 }  // namespace fattn::cuda

@@ -74,7 +74,6 @@ std::string variant_names(const detail::Problem& p) {
   add(p.mods.softcap != 0.0, "softcap");
   add(p.mods.alibi != nullptr, "alibi_slopes");
   add(p.mods.sinks != nullptr, "sinks");
-  add(p.mods.mask != nullptr, "attn_mask");
   return names;
 }
 
@@ -102,6 +101,9 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
     fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes float32, got " +
          to_string(dtype));
 
+  if (p.mods.mask)  // the api layer says so first (reject_what_cuda_lacks); callers below it too
+    fail("the " + std::string(to_string(plan.kernel)) +
+         " CUDA kernel takes no attn_mask (no CUDA C++ kernel does yet; fattn's Triton kernels do)");
   if (needs_variants(p) && !takes_variants(plan.kernel))
     fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes no " + variant_names(p) +
          " (the fused_tma kernel, float16/bfloat16 at head dims up to 128 on compute capability "
@@ -120,7 +122,7 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
                checked_product({bh, p.q_len}, "the reference grid") / 8);
   } else {
     const bool wgmma = is_wgmma(plan.kernel);
-    const std::vector<int> dims = wgmma ? wgmma_head_dims() : supported_head_dims();
+    const std::vector<int> dims = wgmma ? hopper_head_dims(plan.kernel) : supported_head_dims();
     const auto it = std::lower_bound(dims.begin(), dims.end(), static_cast<int>(p.head_dim));
     const std::string name = to_string(plan.kernel);
     if (wgmma && dims.empty())

@@ -30,13 +30,15 @@ struct HeadMods {
   }
 };
 
-// What a kernel without the variants keeps of them: nothing.
-struct NoHeadMods {};
+
 
 // cap·tanh(x / cap), model/tanh_fit.hpp's fit (relative error 3.1e-7); inv_cap = 1 / cap.
 __device__ __forceinline__ float softcapped(float x, float cap, float inv_cap) {
   using namespace detail;  // the fit's coefficients
-  const float u = fminf(fabsf(x), kTanhClamp * cap) * inv_cap;
+  // The clamp by comparison, not fminf: fminf would turn a NaN score into the clamp (a NaN
+  // score keeps its row NaN, as on the CPU and in the Triton kernels).
+  const float a = fabsf(x), limit = kTanhClamp * cap;
+  const float u = (a > limit ? limit : a) * inv_cap;
   const float z = u * u;
   const float num = fmaf(fmaf(fmaf(fmaf(kTanhP4, z, kTanhP3), z, kTanhP2), z, kTanhP1), z, kTanhP0);
   const float den = fmaf(fmaf(fmaf(fmaf(kTanhQ4, z, kTanhQ3), z, kTanhQ2), z, kTanhQ1), z, kTanhQ0);

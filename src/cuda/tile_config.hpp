@@ -94,11 +94,22 @@ constexpr WgmmaTiles wgmma_tiles(int) { return WgmmaTiles{2, 128}; }
 //   Bc·D·2 B = 32 KB at D = 128 (16 KB at D = 64).
 //   stages: 2 at D = 128 (FlashAttention-3's choice; Q 32 KB + 4·32 KB = 160 KB; 3 stages
 //   would fit in 224 KB and are the first thing to try on the GPU), 3 at D = 64 (112 KB).
-// First choice, not yet measured on a GPU (docs/cuda.md, "The TMA kernel").
+//   Measured on an H200 at D = 64 and 128 (2026-11-28, results/h200/gpu/2026-11-28:
+//   tma_bench.json; docs/cuda.md, "The TMA kernel").
+//   D = 256: Bc = 64, 2 stages: o is D/2 = 128 registers per thread, s Bc/2 = 32 and P Bc/4
+//   = 16 beside it (Bc = 128 would need 224 for the three before any address: spills under
+//   the 240 of setmaxnreg); shared memory Q 64 KB + 4·32 KB = 192 KB. FlashAttention-3
+//   takes 128 × 80 tiles there; P·V runs as two m64n128k16 MMAs per key slice (the columns'
+//   halves, issue_pv). First choice, compiled, not yet run on a GPU: ptxas (nvcc 13.0) spills
+//   nothing in the plain instantiation, 36 bytes in the variants' one (D = 64 and 128:
+//   none in either).
 struct TmaTiles {
   int consumers, bc, stages;
 };
-constexpr TmaTiles tma_tiles(int d) { return d <= 64 ? TmaTiles{2, 128, 3} : TmaTiles{2, 128, 2}; }
+constexpr bool tma_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
+constexpr TmaTiles tma_tiles(int d) {
+  return d <= 64 ? TmaTiles{2, 128, 3} : d <= 128 ? TmaTiles{2, 128, 2} : TmaTiles{2, 64, 2};
+}
 
 // 3xTF32 / TF32 on mma.sync m16n8k8 (float32). Same warp layout as the 16-bit kernel
 // (kM = 1 or 2 slices of 16 rows per warp, 4 warps, Br = 64 or 128; the 128-row tiles

@@ -115,6 +115,12 @@ struct Sw128Slices {
   __host__ __device__ static constexpr std::uint64_t mn_major(int kk) {
     return sw128_mn_slice_bytes(kk) >> 4;
   }
+  // Where column c (a multiple of 64) of an MN-major operand with kRows rows starts: its
+  // panel of 64 columns.
+  template <int kRows>
+  __host__ __device__ static constexpr std::uint64_t mn_columns(int c) {
+    return ((c / kPanelCols) * sw128_panel_bytes<kRows>()) >> 4;
+  }
 };
 
 // ---- mbarrier ----------------------------------------------------------------------------

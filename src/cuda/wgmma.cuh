@@ -287,17 +287,31 @@ __device__ __forceinline__ void issue_qk(float (&s)[kBc / 8][4], std::uint64_t q
 }
 
 // O += P·V as one group: Bc/16 RS MMAs, P from registers, V MN-major from shared. Neither o
-// nor a may be touched until the group is waited for.
+// nor a may be touched until the group is waited for. Above 128 columns (the widest MMA
+// wgmma.cuh issues) each key slice is one MMA per 128 columns of V: o's blocks 16h..16h+15
+// against V's columns from 128h (Slices::mn_columns: where they start in the tile of kBc
+// keys).
 template <class Slices, class T, int kD, int kKS>
 __device__ __forceinline__ void issue_pv(std::uint32_t (&a)[kKS][4], float (&o)[kD / 8][4],
                                          std::uint64_t v_desc) {
+  constexpr int kN = kD <= 128 ? kD : 128;  // columns per MMA
+  static_assert(kD % kN == 0, "whole 128-column halves");
 #pragma unroll
   for (int kk = 0; kk < kKS; ++kk) wgmma_fence_operands(a[kk]);
   wgmma_fence_operands(o);
   wgmma_fence();  // o was rescaled and a written by ordinary instructions
 #pragma unroll
-  for (int kk = 0; kk < kKS; ++kk)
-    wgmma_rs<T, kD, 1>(o, a[kk], v_desc + Slices::template mn_major<kD>(kk), true);
+  for (int kk = 0; kk < kKS; ++kk) {
+    const std::uint64_t desc = v_desc + Slices::template mn_major<kD>(kk);
+    if constexpr (kN == kD) {
+      wgmma_rs<T, kD, 1>(o, a[kk], desc, true);
+    } else {
+#pragma unroll
+      for (int n0 = 0; n0 < kD; n0 += kN)
+        wgmma_rs<T, kN, 1>(*reinterpret_cast<float(*)[kN / 8][4]>(&o[n0 / 8]), a[kk],
+                           desc + Slices::template mn_columns<16 * kKS>(n0), true);
+    }
+  }
   wgmma_commit_group();
 }
 

@@ -5,6 +5,7 @@
 
 #include <functional>
 
+#include "cuda/kernels.hpp"
 #include "util/cuda_case.hpp"
 
 namespace fattn_cuda_test {
@@ -89,6 +90,21 @@ TEST(CudaBehaviour, NaNPropagates) {
     c.Sq = 70;
     c.Sk = 4;
     run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 0, 7, nan); });
+    if (!fattn::cuda::takes_variants(kernel)) continue;
+    // The variants: a NaN score stays NaN through the softcap; a value below the band's
+    // lower edge reaches only the rows whose window holds its key (rows 10-30 of key 10 with
+    // window_left = 20), also where a block loads its tile for other keys (rows 128-255
+    // start at key 108: tile 0 of 128 keys, key 10 hidden from every one of them).
+    c.causal = Causal::none;
+    c.Sq = c.Sk = 70;
+    c.softcap = 5.0;
+    run_case(c, [&](Tensor&, Tensor& k, Tensor&) { k.set(0, 0, 0, 5, nan); });
+    c.softcap = 0.0;
+    c.causal = Causal::bottom_right;
+    c.Sq = c.Sk = 300;
+    c.window_left = 20;
+    run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 10, 5, nan); });
+    run_case(c, [&](Tensor&, Tensor&, Tensor& v) { v.set(0, 0, 10, 9, inf); });
   }
 }
 
@@ -334,10 +350,15 @@ TEST(CudaBehaviour, KernelsWithoutVariantsRefuseThem) {
   masked.attn_mask = &mask;
   EXPECT_THAT(error_of([&] { fattn::extra_bytes(h, h, h, masked); }),
               HasSubstr("the CUDA C++ kernels take no attn_mask yet"));
+  for (Kernel kernel : {Kernel::fused_tma, Kernel::reference})  // below the api layer too
+    EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h, h, h, masked, kernel); }),
+                HasSubstr(std::string("the ") + fattn::cuda::to_string(kernel) +
+                          " CUDA kernel takes no attn_mask"));
 }
 
 // fused_wgmma: head dims up to its largest compiled one (64 and 128; smaller ones padded),
-// 128-row tiles only, compute capability 9.0 only. Checked before any launch.
+// fused_tma up to 256; 128-row tiles only, compute capability 9.0 only. Checked before any
+// launch.
 TEST(CudaBehaviour, WgmmaLimitsAreChecked) {
   constexpr std::uintptr_t base = std::uintptr_t{1} << 32;
   const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
@@ -364,10 +385,12 @@ TEST(CudaBehaviour, WgmmaLimitsAreChecked) {
   EXPECT_THAT(
       error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_wgmma_pipelined, 64); }),
       HasSubstr("tile_rows = 64 is not a tile height of the fused_wgmma_pipelined CUDA kernel"));
-  // The TMA kernel: the same head dims and device, 128-row tiles.
-  EXPECT_THAT(error_of([&] { fattn::cuda::extra_bytes_with(h256, h256, h256, {}, Kernel::fused_tma); }),
-              HasSubstr("head dim 256 is larger than every head dim the fused_tma CUDA kernel is "
-                        "built for (" + listed + "); use the fused_mma kernel"));
+  // The TMA kernel: the same device, 128-row tiles, and 256 beside those head dims (200
+  // padded to it); nothing above.
+  EXPECT_EQ(fattn::cuda::tma_head_dims().back(), 256);
+  EXPECT_EQ(fattn::cuda::extra_bytes_with(h256, h256, h256, {}, Kernel::fused_tma), 0);
+  const auto h200 = fake(DType::float16, 1, 1, 16, 200, base);
+  EXPECT_EQ(fattn::cuda::extra_bytes_with(h200, h200, h200, {}, Kernel::fused_tma), 0);
   EXPECT_EQ(fattn::cuda::extra_bytes_with(h40, h40, h40, {}, Kernel::fused_tma), 0);  // padded to 64
   EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_tma, 64); }),
               HasSubstr("tile_rows = 64 is not a tile height of the fused_tma CUDA kernel (0, or 128)"));

@@ -66,6 +66,7 @@ def test_the_table_on_hopper(built, monkeypatch):
     softcap, ALiBi or sinks, runs the C++ TMA kernel where the C++ CUDA backend is built;
     a forward with an attn_mask and every other forward run Triton."""
     monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
+    monkeypatch.setattr(cuda_dispatch, "tma_head_dims", lambda: (64, 128, 256) if built else ())
     hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
     tma = "cuda_cpp" if built else "triton"
     assert cuda_dispatch.plan("attention", **hopper).kernel == tma
@@ -84,6 +85,16 @@ def test_the_table_on_hopper(built, monkeypatch):
                               **hopper).kernel == "triton"
     assert cuda_dispatch.plan("attention_kvcache", "auto", True, **hopper).kernel == "triton"
     assert cuda_dispatch.plan("attention", "triton", **hopper).kernel == "triton"
+    # a C++ build without the TMA kernel (no sm_90a code): Triton, variants or not
+    monkeypatch.setattr(cuda_dispatch, "tma_head_dims", lambda: ())
+    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == "triton"
+
+
+def test_the_tma_head_dims_of_this_build():
+    dims = cuda_dispatch.tma_head_dims()
+    assert dims == tuple(sorted(dims)) and set(dims) <= {64, 128, 256}
+    if not cuda_dispatch.cpp_available():
+        assert dims == ()
 
 
 def test_without_triton_only_the_forward_without_a_mask_has_a_kernel(monkeypatch):

@@ -533,7 +533,7 @@ inline bool compiled_for(const Case& c) {
   if (c.kernel == Kernel::reference || c.kernel == Kernel::naive) return true;
   if (c.kernel == Kernel::fused_wgmma || c.kernel == Kernel::fused_wgmma_pipelined ||
       c.kernel == Kernel::fused_tma) {
-    const std::vector<int> dims = fattn::cuda::wgmma_head_dims();
+    const std::vector<int> dims = fattn::cuda::hopper_head_dims(c.kernel);
     return !dims.empty() && c.D <= dims.back();
   }
   const std::vector<int> dims = fattn::cuda::supported_head_dims();
