@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "cuda/backend.hpp"
+#include "cuda/tile_config.hpp"
 #include "fattn/fattn.hpp"
 
 namespace {
@@ -147,12 +148,16 @@ struct ForcedTile {
   int rows;
 };
 constexpr ForcedTile forced_tiles[] = {{"fused_br64", 64}, {"fused_br128", 128}};
+// fused_tma with its other K/V ring depth (tile_config.hpp, tma_alternative_stages): one stage
+// more than tma_tiles' where it fits.
+constexpr const char* tma_more_stages = "fused_tma_more_stages";
 }  // namespace variant
 
 std::vector<std::string> variant_names() {
   std::vector<std::string> names{variant::fused};
   for (Kernel k : variant::kernels) names.push_back(fattn::cuda::to_string(k));
   for (const variant::ForcedTile& f : variant::forced_tiles) names.push_back(f.name);
+  names.push_back(variant::tma_more_stages);
   return names;
 }
 
@@ -183,6 +188,7 @@ struct Config {
   bool causal;
   std::string suite;
   int tile_rows = 0;  // tensor-core kernels: 0 = chosen per problem, else forced
+  int stages = 0;     // fused_tma: 0 = its table's ring depth, else forced
 };
 
 const char* dtype_name(DType t) { return fattn::to_string(t); }
@@ -215,6 +221,14 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
         const std::vector<int> dims = fattn::cuda::hopper_head_dims(k);
         if (!dims.empty() && D <= dims.back())
           out.push_back(kernel_config(k, t, B, H, S, D, causal, suite));
+      }
+      const std::vector<int> tma = fattn::cuda::tma_head_dims();
+      const auto dim = std::lower_bound(tma.begin(), tma.end(), D);
+      if (dim != tma.end() && fattn::cuda::tma_alternative_stages(*dim) != 0) {
+        Config c = kernel_config(Kernel::fused_tma, t, B, H, S, D, causal, suite);
+        c.impl = variant::tma_more_stages;
+        c.stages = fattn::cuda::tma_alternative_stages(*dim);
+        out.push_back(c);
       }
     }
     if (D <= fattn::cuda::max_tall_head_dim()) {
@@ -348,7 +362,7 @@ Result run_config(const Config& c, int l2_bytes, bool profile, cudaStream_t stre
     const TensorView v = TensorView::bhsd(d.v, c.B, c.H, c.S, c.D, c.dtype, fattn::Device::cuda);
     const TensorView o = TensorView::bhsd(d.out, c.B, c.H, c.S, c.D, c.dtype, fattn::Device::cuda);
     const TensorView lse = TensorView::lse(d.lse, c.B, c.H, c.S, fattn::Device::cuda);
-    fattn::cuda::forward_with(q, k, v, o, &lse, options, c.kernel, c.tile_rows);
+    fattn::cuda::forward_with(q, k, v, o, &lse, options, c.kernel, c.tile_rows, c.stages);
   };
 
   try {

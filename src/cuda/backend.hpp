@@ -72,10 +72,12 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 // tile_rows: query rows per block of the fused tensor-core kernels (fused_mma,
 // fused_tf32x3, fused_tf32): 0 chooses per problem (plan.cpp, tall_tiles_pay);
 // 64 or 128 force one (128: head dims up to max_tall_head_dim()), for tests and
-// the benchmark that sets the choice.
+// the benchmark that sets the choice. stages: fused_tma's K/V ring depth, 0 its tile
+// table's (tile_config.hpp, tma_tiles), else tma_alternative_stages (the plain forward),
+// for the benchmark that measures the choice.
 void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView* lse, const Options& options,
-                  Kernel kernel, int tile_rows = 0);
+                  Kernel kernel, int tile_rows = 0, int stages = 0);
 
 // Device bytes the call allocates (stream-ordered, freed before it returns to the
 // stream): the naive Sq×Sk buffer, and for the fused kernels the repacked copies of

@@ -46,7 +46,9 @@
 
 namespace fattn::cuda {
 
-template <class T, int kD>
+// kRing: the K/V ring's stages (tma_tiles' by default; tma_alternative_stages for the
+// benchmark's other depth).
+template <class T, int kD, int kRing = tma_tiles(kD).stages>
 struct TmaShape {
   static_assert(tma_head_dim(kD), "the TMA kernel is built for head dims 64, 128 and 256");
   static constexpr int kConsumers = tma_tiles(kD).consumers;  // warpgroups of 64 query rows
@@ -55,7 +57,7 @@ struct TmaShape {
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
   static constexpr int kBr = 64 * kConsumers;
   static constexpr int kBc = tma_tiles(kD).bc;
-  static constexpr int kStages = tma_tiles(kD).stages;
+  static constexpr int kStages = kRing;
   static constexpr int kPanels = kD / kPanelCols;
   static constexpr int kTileElems = kBc * kD;
   static constexpr std::uint32_t kQBytes = kBr * kD * 2;
@@ -126,10 +128,10 @@ __device__ __forceinline__ void pv_visible_keys_sw128(WgmmaWarp<T, kD, kBc, kVar
 
 // kVariants: the instantiation that takes a lower band edge, softcap, ALiBi and sinks
 // (score_mods.cuh); the launcher runs it where Params::variants says so.
-template <class T, int kD, bool kVariants>
-__global__ void __launch_bounds__(TmaShape<T, kD>::kThreads, 1)
+template <class T, int kD, bool kVariants, int kRing>
+__global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
     fused_tma_kernel(const Params p, const __grid_constant__ TmaMaps maps) {
-  using S = TmaShape<T, kD>;
+  using S = TmaShape<T, kD, kRing>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The dynamic window's start is not promised to be 1024-aligned: round up (kSmemBytes
   // holds the slack).
@@ -273,10 +275,10 @@ inline void encode_or_fail(CUtensorMap* map, CUtensorMapDataType type,
          "; its data pointer must be 16-byte aligned and its strides multiples of 16 bytes)");
 }
 
-template <class T, int D>
-void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t stream) {
-  (void)launch;
-  using S = TmaShape<T, D>;
+// The launch of one instantiation: the grid, its shared memory, the tensor maps.
+template <class T, int D, bool kVariants, int kRing>
+void launch_tma_instance(const Params& p, cudaStream_t stream) {
+  using S = TmaShape<T, D, kRing>;
   const long long tiles = (p.q_len + S::kBr - 1) / S::kBr;
   const auto blocks = static_cast<unsigned>(tiles * p.batch * p.q_heads);
   if (blocks == 0) return;
@@ -297,11 +299,22 @@ void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t s
   encode_or_fail(&maps.q, type, geometry(p.q, p.q_stride, p.q_heads, p.q_len), S::kBr, "q");
   encode_or_fail(&maps.k, type, geometry(p.k, p.k_stride, p.kv_heads, p.kv_len), S::kBc, "k");
   encode_or_fail(&maps.v, type, geometry(p.v, p.v_stride, p.kv_heads, p.kv_len), S::kBc, "v");
-  auto kernel = p.variants ? fused_tma_kernel<T, D, true> : fused_tma_kernel<T, D, false>;
+  auto kernel = fused_tma_kernel<T, D, kVariants, kRing>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "fused_tma_kernel");
   kernel<<<blocks, S::kThreads, S::kSmemBytes, stream>>>(p, maps);
   check_launch("fused_tma_kernel");
+}
+
+// The variants' instantiation where Params::variants says so; the plain one at the ring
+// depth the plan chose (launch.stages: 0 the table's; plan.cpp's force_stages checked it).
+template <class T, int D>
+void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t stream) {
+  constexpr int kTable = tma_tiles(D).stages, kOther = tma_alternative_stages(D);
+  if (p.variants) return launch_tma_instance<T, D, true, kTable>(p, stream);
+  if constexpr (kOther != 0)
+    if (launch.stages == kOther) return launch_tma_instance<T, D, false, kOther>(p, stream);
+  launch_tma_instance<T, D, false, kTable>(p, stream);
 }
 
 }  // namespace fattn::cuda

@@ -15,6 +15,7 @@ namespace fattn::cuda {
 struct FusedLaunch {
   Kernel kernel = Kernel::automatic;
   int tile_rows = 0;
+  int stages = 0;  // fused_tma's K/V ring: 0 its tile table's, else tma_alternative_stages (plan.hpp)
 };
 
 // Launchers. Each is explicitly instantiated in exactly one translation unit: the

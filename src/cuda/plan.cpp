@@ -177,6 +177,24 @@ void force_tile_rows(Plan& plan, int tile_rows, std::int64_t head_dim) {
   plan.tile_rows = tile_rows;
 }
 
+void force_stages(Plan& plan, int stages, const detail::Problem& p) {
+  if (stages == 0) return;
+  const int table = tma_tiles(plan.kernel_dim).stages, other = tma_alternative_stages(plan.kernel_dim);
+  const std::string asked = "stages = " + std::to_string(stages);
+  if (!is_tma(plan.kernel))
+    fail(asked + ": only the fused_tma CUDA kernel takes a ring depth, this plan runs " +
+         to_string(plan.kernel));
+  if (stages == table) return;
+  if (stages != other)
+    fail(asked + " is not a ring depth the fused_tma CUDA kernel is built with at head dim " +
+         std::to_string(plan.kernel_dim) + " (0, " + std::to_string(table) +
+         (other ? " or " + std::to_string(other) : std::string()) + ")");
+  if (needs_variants(p))
+    fail(asked + ": the fused_tma CUDA kernel takes the variants (" + variant_names(p) +
+         ") at its table's depth only (0 or " + std::to_string(table) + ")");
+  plan.stages = stages;
+}
+
 detail::Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView* out, const TensorView* lse, const Options& options) {
   const detail::Problem p = detail::make_problem(q, k, v, out, lse, options);

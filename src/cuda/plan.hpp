@@ -16,6 +16,7 @@ struct Plan {
   Kernel kernel = Kernel::automatic;
   int kernel_dim = 0;             // fused: the compiled head dim (>= the problem's)
   int tile_rows = 0;              // warp-slice kernels: rows per block (0: chosen at launch)
+  int stages = 0;                 // fused_tma: K/V ring stages (0: tile_config.hpp's tma_tiles)
   bool repack[3] = {};            // q, k, v copied to contiguous padded memory first
   int row = 0;                    // elements per repacked row
   std::int64_t repack_bytes[3] = {};
@@ -38,6 +39,11 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
 // A tile height asked for by forward_with (0: chosen per problem); an Error when the
 // plan's kernel has no such tile at this head dim.
 void force_tile_rows(Plan& plan, int tile_rows, std::int64_t head_dim);
+
+// fused_tma's ring depth asked for by forward_with (0: tma_tiles'); an Error for another
+// kernel, a depth it is not built with at this head dim, or a problem with variants (their
+// instantiation has the table's depth only).
+void force_stages(Plan& plan, int stages, const detail::Problem& p);
 
 // Query rows per block of a warp-slice kernel at compiled head dim `dim`: the forced
 // height, else 128 when that grid still fills the device, else 64.

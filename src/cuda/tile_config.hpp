@@ -107,6 +107,11 @@ struct TmaTiles {
   int consumers, bc, stages;
 };
 constexpr bool tma_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
+// The other ring depth the benchmark measures beside tma_tiles' (fattn_gpu_bench's
+// fused_tma_more_stages; forward_with's `stages`): one stage more where it fits in shared
+// memory (D = 64: 4 stages, 144 KB; D = 128: 3, 224 KB; D = 256: none, 3 would need 256 KB).
+// 0: none. The plain instantiation only.
+constexpr int tma_alternative_stages(int d) { return d <= 64 ? 4 : d <= 128 ? 3 : 0; }
 constexpr TmaTiles tma_tiles(int d) {
   return d <= 64 ? TmaTiles{2, 128, 3} : d <= 128 ? TmaTiles{2, 128, 2} : TmaTiles{2, 64, 2};
 }

@@ -394,6 +394,16 @@ TEST(CudaBehaviour, WgmmaLimitsAreChecked) {
   EXPECT_EQ(fattn::cuda::extra_bytes_with(h40, h40, h40, {}, Kernel::fused_tma), 0);  // padded to 64
   EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_tma, 64); }),
               HasSubstr("tile_rows = 64 is not a tile height of the fused_tma CUDA kernel (0, or 128)"));
+  // Its ring depth: the table's or the alternative, the plain forward only, fused_tma only.
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_tma, 0, 7); }),
+              HasSubstr("stages = 7 is not a ring depth the fused_tma CUDA kernel is built with at "
+                        "head dim 64 (0, 3 or 4)"));
+  Options windowed;
+  windowed.window_left = 3;
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, windowed, Kernel::fused_tma, 0, 4); }),
+              HasSubstr("takes the variants (left window (window_left)) at its table's depth only"));
+  EXPECT_THAT(error_of([&] { fattn::cuda::forward_with(h, h, h, out, nullptr, {}, Kernel::fused_mma, 0, 3); }),
+              HasSubstr("stages = 3: only the fused_tma CUDA kernel takes a ring depth"));
   if (!why_no_gpu().empty() || fattn::cuda::runs_on_current_device(Kernel::fused_wgmma)) return;
   // A GPU other than compute capability 9.0: a clear error, no launch.
   Case c;

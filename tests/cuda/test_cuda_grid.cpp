@@ -2,6 +2,7 @@
 // over sequence lengths (odd, around tile edges), Sq != Sk, head dims (compiled and
 // padded), causal alignments, GQA, memory layouts and scales.
 #include "cuda/kernels.hpp"
+#include "cuda/tile_config.hpp"
 #include "util/cuda_case.hpp"
 
 namespace fattn_cuda_test {
@@ -231,6 +232,28 @@ std::vector<Case> variant_cases() {
   return cases;
 }
 
+// fused_tma at its other ring depth (tile_config.hpp, tma_alternative_stages): the phases of
+// a deeper ring over many key tiles, causal both alignments, Sq != Sk.
+std::vector<Case> ring_cases() {
+  std::vector<Case> cases;
+  for (int d : {64, 128})
+    for (auto [sq, sk] : {std::pair{129, 129}, {1023, 1100}, {65, 2049}})
+      for (Causal causal : kCausals)
+        for (DType dtype : {DType::float16, DType::bfloat16}) {
+          Case c;
+          c.dtype = dtype;
+          c.kernel = Kernel::fused_tma;
+          c.stages = fattn::cuda::tma_alternative_stages(d);
+          c.D = d;
+          c.Sq = sq;
+          c.Sk = sk;
+          c.causal = causal;
+          c.row_step = sq > 1000 ? 17 : 1;
+          cases.push_back(c);
+        }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(SeqLen, CudaGrid, ::testing::ValuesIn(seq_len_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Cross, CudaGrid, ::testing::ValuesIn(cross_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(HeadDim, CudaGrid, ::testing::ValuesIn(head_dim_cases()), case_name);
@@ -238,6 +261,7 @@ INSTANTIATE_TEST_SUITE_P(Gqa, CudaGrid, ::testing::ValuesIn(gqa_cases()), case_n
 INSTANTIATE_TEST_SUITE_P(Layout, CudaGrid, ::testing::ValuesIn(layout_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Long, CudaGrid, ::testing::ValuesIn(long_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Variants, CudaGrid, ::testing::ValuesIn(variant_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Ring, CudaGrid, ::testing::ValuesIn(ring_cases()), case_name);
 
 // A small subset for compute-sanitizer (memcheck, racecheck): every kernel once, with
 // a partial key tile, a causal diagonal, GQA, a padded head dim and the repack path.

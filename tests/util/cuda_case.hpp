@@ -78,6 +78,7 @@ struct Case {
   DType dtype = DType::float32;
   Kernel kernel = Kernel::automatic;
   int tile_rows = 0;  // fused tensor-core kernels: 0 (chosen per problem), 64 or 128
+  int stages = 0;     // fused_tma: 0 (its table's ring depth), else forced
   int B = 1, Hq = 2, Hkv = 1, Sq = 65, Sk = 65, D = 64;
   Causal causal = Causal::none;
   Layout layout = Layout::bhsd;
@@ -95,6 +96,7 @@ struct Case {
     std::ostringstream s;
     s << dtype_short_name(dtype) << "_" << fattn::cuda::to_string(kernel);
     if (tile_rows) s << "_r" << tile_rows;
+    if (stages) s << "_ring" << stages;
     s << "_S" << Sq << "x" << Sk
       << "_D" << D << "_H" << Hq << "x" << Hkv << "_B" << B << "_" << fattn::to_string(causal)
       << "_" << fattn_test::layout_name(layout);
@@ -493,7 +495,7 @@ inline void check_lse(const Case& c, const Tensor& lse, const ReferenceRows& ref
 inline bool run_on_device(const Case& c, const CaseMods& mods, const DeviceCase& d) {
   try {
     fattn::cuda::forward_with(d.q.view, d.k.view, d.v.view, d.out.view, c.with_lse ? &d.lse.view : nullptr,
-                              options_for(c, &mods, true), c.kernel, c.tile_rows);
+                              options_for(c, &mods, true), c.kernel, c.tile_rows, c.stages);
   } catch (const fattn::Error& e) {
     ADD_FAILURE() << "forward_with threw: " << e.what();
     return false;
