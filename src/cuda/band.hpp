@@ -16,8 +16,8 @@ namespace fattn::cuda {
 inline bool has_lower_edge(const detail::Problem& pr) { return pr.band_lo > -(pr.q_len - 1); }
 
 // The problem's band in int: an edge that hides nothing is no edge; one that hides everything
-// is clamped to just past the diagonals, so i ± edge stays far inside int. A causal problem
-// keeps its upper edge whatever it hides (the kernels order its blocks by it).
+// is clamped to just past the diagonals, so i ± edge stays inside int (|edge| <= max(Sq, Sk)).
+// A causal problem keeps its upper edge whatever it hides (the kernels order its blocks by it).
 inline void set_band(Params& p, const detail::Problem& pr) {
   const std::int64_t lowest = -(pr.q_len - 1), highest = pr.kv_len - 1;
   p.has_band_hi = pr.causal != Causal::none || pr.band_hi < highest;

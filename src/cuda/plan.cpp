@@ -101,12 +101,13 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
     fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes float32, got " +
          to_string(dtype));
 
-  if (p.mods.mask)  // the api layer says so first (reject_what_cuda_lacks); callers below it too
+  if (p.mods.mask)  // the one check of it on CUDA: api/attention.cpp and forward_with alike
     fail("the " + std::string(to_string(plan.kernel)) +
-         " CUDA kernel takes no attn_mask (no CUDA C++ kernel does yet; fattn's Triton kernels do)");
+         " CUDA kernel takes no attn_mask (the CUDA C++ kernels take no attn_mask yet; the CPU "
+         "kernels and fattn's Triton kernels do)");
   if (needs_variants(p) && !takes_variants(plan.kernel))
     fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes no " + variant_names(p) +
-         " (the fused_tma kernel, float16/bfloat16 at head dims up to 128 on compute capability "
+         " (the fused_tma kernel, float16/bfloat16 at head dims up to 256 on compute capability "
          "9.0, and the float64 reference do; fattn's Triton kernels take them on every GPU)");
   expect_int("q.size(0) (batch)", p.batch);
   expect_int("q.size(1) (query heads)", p.q_heads);

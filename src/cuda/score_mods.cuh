@@ -30,8 +30,6 @@ struct HeadMods {
   }
 };
 
-
-
 // cap·tanh(x / cap), model/tanh_fit.hpp's fit (relative error 3.1e-7); inv_cap = 1 / cap.
 __device__ __forceinline__ float softcapped(float x, float cap, float inv_cap) {
   using namespace detail;  // the fit's coefficients

@@ -171,12 +171,12 @@ def bench_masked(run: Run):
             del ref
             run.free()
         if dname == run.args.dtypes[0]:
-            bench_score_variants(run, q, k, v, rows)
+            bench_score_variants(run, q, k, v, rows, dname)
         del q, k, v
         run.free()
 
 
-def bench_score_variants(run: Run, q, k, v, rows):
+def bench_score_variants(run: Run, q, k, v, rows, dname: str):
     """The variants that change scores, on the masked section's inputs: fattn_triton and
     fattn_op (fattn.flash_attention, the dispatched operator) side by side; torch's SDPA
     takes none of them."""
@@ -193,7 +193,6 @@ def bench_score_variants(run: Run, q, k, v, rows):
                                causal_pairs, (j <= rows.view(-1, 1)).view(1, 1, -1, s),
                                {"alibi_slopes": slopes, "sinks": sinks}),
     }
-    dname = next(n for n, t in DTYPES.items() if t == q.dtype)
     for name, (kwargs, pairs, visible, ref_kwargs) in variants.items():
         base = {"section": "masked", "mask": name, "dtype": dname, "B": b, "Hq": h, "Hkv": h,
                 "Sq": s, "Sk": s, "D": d, "visible_pairs": pairs}
