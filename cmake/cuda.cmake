@@ -148,9 +148,11 @@ configure_file(${PROJECT_SOURCE_DIR}/src/cuda/head_dims.hpp.in ${_fattn_gen}/cud
 # fattn's cxx_std_20 to CUDA too, and it knows no C++20 flag for nvcc. The CUDA
 # sources are C++17.
 add_library(fattn_cuda STATIC
+  src/cuda/decode.cu
   src/cuda/device.cpp
   src/cuda/dispatch.cu
   src/cuda/kernels.cpp
+  src/cuda/kvcache.cpp
   src/cuda/plan.cpp
   src/cuda/naive.cu
   src/cuda/reference.cu

@@ -119,6 +119,9 @@ struct Options {
   // the thread count; n > 0 asks for n chunks per sequence (1: no split). Results are
   // the same bits on every run with the same threads and splits.
   int kv_splits = 0;
+  // The CUDA decode kernel's cp.async ring depth per warp: 0 chooses (the deepest of 3
+  // the device's shared memory takes); 2 to 4 for the benchmark that measures the choice.
+  int decode_stages = 0;
   // bfloat16 inputs on avx512: vdpbf16ps or float32 FMAs (Bf16Products; automatic: the
   // faster on this CPU, bf16_products_choice()).
   Bf16Products bf16_products = Bf16Products::automatic;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "fattn/attention.hpp"
 
@@ -35,9 +37,28 @@ struct KvCache {
 // Impl::automatic and Impl::decode run the decode kernel (cpu/decode/decode.hpp), Impl::reference
 // the float64 reference; options.kv_splits sets its key splits. Every argument is
 // checked before anything is written: a call that throws leaves the cache as it was.
+// CUDA views (Device::cuda) run the CUDA decode kernel (cuda/decode.hpp; what it takes:
+// cuda_kvcache_refusal), enqueued on options.cuda_stream without synchronising: seqlens
+// and block_table stay on the device and are checked there; a wrong entry stops the
+// stream with a device-side assertion naming the argument (cudaErrorAssert at the next
+// synchronisation), before the append writes anything.
 void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorView* k_new,
                        const TensorView* v_new, const TensorView& out, const TensorView* lse,
                        const Options& options = {});
+
+// Why the CUDA decode kernel does not take this call, or empty where it does (the views'
+// dtypes, head dim, alignment and options only; nothing on the device is read): float16
+// or bfloat16, a head dim that is a multiple of 8 up to 256, 16-byte aligned rows, impl
+// auto or decode, causal bottom-right. Without the CUDA backend: says so. For callers that
+// have another GPU implementation to fall back on (the torch operator: fattn's Triton
+// kernels).
+std::string cuda_kvcache_refusal(const TensorView& q, const KvCache& cache,
+                                 const TensorView* k_new, const TensorView* v_new,
+                                 const Options& options = {});
+
+// The head dims the CUDA decode kernel is compiled for, ascending (empty without the CUDA
+// backend); any multiple of 8 up to the largest runs on the next one.
+std::vector<int> cuda_decode_head_dims();
 
 // Bytes of working memory attention_kvcache allocates for these arguments.
 std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,

@@ -46,12 +46,15 @@
 #include <tuple>
 
 #include "fattn/kv_cache.hpp"
+#include "cuda_seam.hpp"
 #include "torch_views.hpp"
 #include "variants.hpp"
 
 #ifndef FATTN_OP_NAMESPACE
 #define FATTN_OP_NAMESPACE fattn
 #endif
+#define FATTN_STRINGIFY_(x) #x
+#define FATTN_STRINGIFY(x) FATTN_STRINGIFY_(x)
 
 namespace {
 
@@ -82,13 +85,28 @@ std::string with_op_names(std::string message) {
   return message;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_kvcache(
-    const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
-    const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
-    const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& block_table,
-    bool causal, std::optional<double> scale, std::int64_t kv_splits, c10::string_view impl,
-    std::int64_t window_left, std::int64_t window_right, double softcap,
-    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+// The views of one attention_kvcache call (they live as long as the call).
+struct KvCacheCall {
+  fattn::TensorView seqlens, table, k_new, v_new;
+  fattn::KvCache cache;
+  KvCacheCall(at::Tensor& k_cache, at::Tensor& v_cache, const std::optional<at::Tensor>& kn,
+              const std::optional<at::Tensor>& vn, const std::optional<at::Tensor>& cache_seqlens,
+              const std::optional<at::Tensor>& block_table)
+      : seqlens(cache_seqlens ? int32_view_of(*cache_seqlens, "cache_seqlens") : fattn::TensorView{}),
+        table(block_table ? int32_view_of(*block_table, "block_table") : fattn::TensorView{}),
+        k_new(kn ? view_of(*kn, "k_new") : fattn::TensorView{}),
+        v_new(vn ? view_of(*vn, "v_new") : fattn::TensorView{}),
+        cache{view_of(k_cache, "k_cache"), view_of(v_cache, "v_cache"),
+              cache_seqlens ? &seqlens : nullptr, block_table ? &table : nullptr} {}
+  KvCacheCall(const KvCacheCall&) = delete;
+  KvCacheCall& operator=(const KvCacheCall&) = delete;
+  const fattn::TensorView* kn() const { return k_new.data ? &k_new : nullptr; }
+  const fattn::TensorView* vn() const { return v_new.data ? &v_new : nullptr; }
+};
+
+void check_kvcache_ranks(const at::Tensor& q, const at::Tensor& k_cache,
+                         const at::Tensor& v_cache, const std::optional<at::Tensor>& k_new,
+                         const std::optional<at::Tensor>& v_new, std::int64_t kv_splits) {
   check_rank(q, "q", 4, "(batch, heads, seq, head_dim)");
   check_rank(k_cache, "k_cache", 4, "(batch or pages, kv heads, seq, head_dim)");
   check_rank(v_cache, "v_cache", 4, "(batch or pages, kv heads, seq, head_dim)");
@@ -96,33 +114,83 @@ std::tuple<at::Tensor, at::Tensor> attention_kvcache(
   if (v_new) check_rank(*v_new, "v_new", 4, "(batch, kv heads, new keys, head_dim)");
   TORCH_CHECK(kv_splits <= std::numeric_limits<int>::max(), "fattn: kv_splits must be at most ",
               std::numeric_limits<int>::max(), ", got ", kv_splits);
+}
 
+fattn::Options kvcache_options(const at::Tensor& q, bool causal, std::optional<double> scale,
+                               c10::string_view impl, std::int64_t kv_splits) {
   fattn::Options options =
       base_options(q, causal ? fattn::Causal::bottom_right : fattn::Causal::none, scale, impl);
   options.kv_splits = static_cast<int>(kv_splits);
+  options.decode_stages = cuda_decode_stages.load(std::memory_order_relaxed);
+  return options;
+}
+
+// The library's attention_kvcache on the call's views, after the operator's checks.
+std::tuple<at::Tensor, at::Tensor> run_kvcache(
+    const at::Tensor& q, const KvCacheCall& call, fattn::Options options,
+    std::int64_t window_left, std::int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
                           &options);
   at::Tensor out = empty_output(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-
-  const fattn::TensorView seqlens_view =
-      cache_seqlens ? int32_view_of(*cache_seqlens, "cache_seqlens") : fattn::TensorView{};
-  const fattn::TensorView table_view =
-      block_table ? int32_view_of(*block_table, "block_table") : fattn::TensorView{};
-  const fattn::KvCache cache{view_of(k_cache, "k_cache"), view_of(v_cache, "v_cache"),
-                             cache_seqlens ? &seqlens_view : nullptr,
-                             block_table ? &table_view : nullptr};
-  const fattn::TensorView kn = k_new ? view_of(*k_new, "k_new") : fattn::TensorView{};
-  const fattn::TensorView vn = v_new ? view_of(*v_new, "v_new") : fattn::TensorView{};
   const fattn::TensorView lse_view = view_of(lse, "lse");
+  const OnDevice on_device(q, options);
   try {
-    fattn::attention_kvcache(view_of(q, "q"), cache, k_new ? &kn : nullptr,
-                             v_new ? &vn : nullptr, view_of(out, "out"), &lse_view, options);
+    fattn::attention_kvcache(view_of(q, "q"), call.cache, call.kn(), call.vn(),
+                             view_of(out, "out"), &lse_view, on_device.options);
   } catch (const fattn::Error& e) {
     TORCH_CHECK(false, with_op_names(e.what()));
   }
   return {out, lse};
 }
+
+std::tuple<at::Tensor, at::Tensor> attention_kvcache(
+    const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+    const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+    const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& block_table,
+    bool causal, std::optional<double> scale, std::int64_t kv_splits, c10::string_view impl,
+    std::int64_t window_left, std::int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+  check_kvcache_ranks(q, k_cache, v_cache, k_new, v_new, kv_splits);
+  const KvCacheCall call(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table);
+  return run_kvcache(q, call, kvcache_options(q, causal, scale, impl, kv_splits), window_left,
+                     window_right, softcap, alibi_slopes, sinks);
+}
+
+#ifdef FATTN_WITH_CUDA
+// attention_kvcache on CUDA: fattn's C++ decode kernel (src/cuda/decode.cuh) where it takes
+// the call (fattn::cuda_kvcache_refusal: 16-bit, head dims up to 256 in multiples of 8,
+// 16-byte rows), launched from here, so that a decode step costs the host a few
+// microseconds and never waits for the GPU; impl="decode" asks for it (an error where it
+// does not take the call); the Triton kernels run the rest and impl="triton"
+// (triton_attention_kvcache, registered from Python).
+std::tuple<at::Tensor, at::Tensor> attention_kvcache_cuda(
+    const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+    const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+    const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& block_table,
+    bool causal, std::optional<double> scale, std::int64_t kv_splits, c10::string_view impl,
+    std::int64_t window_left, std::int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+  if (impl != "triton") {
+    check_kvcache_ranks(q, k_cache, v_cache, k_new, v_new, kv_splits);
+    const fattn::Options options = kvcache_options(q, causal, scale, impl, kv_splits);
+    const KvCacheCall call(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table);
+    if (impl != "auto" ||
+        fattn::cuda_kvcache_refusal(view_of(q, "q"), call.cache, call.kn(), call.vn(), options)
+            .empty())
+      return run_kvcache(q, call, options, window_left, window_right, softcap, alibi_slopes,
+                         sinks);
+  }
+  static const auto triton =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow(FATTN_STRINGIFY(FATTN_OP_NAMESPACE) "::triton_attention_kvcache", "")
+          .typed<decltype(attention_kvcache_cuda)>();
+  return triton.call(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, causal,
+                     scale, kv_splits, c10::string_view("auto"), window_left, window_right,
+                     softcap, alibi_slopes, sinks);
+}
+#endif
 
 // --- packed variable-length sequences -------------------------------------------------------
 
@@ -226,6 +294,12 @@ TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) {
   m.impl("attention_varlen", &attention_varlen);
   m.impl("attention_varlen_backward", &attention_varlen_backward);
 }
+
+#ifdef FATTN_WITH_CUDA
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) {
+  m.impl("attention_kvcache", &attention_kvcache_cuda);
+}
+#endif
 
 // attention_kvcache has no derivative: an output of a call whose inputs require grad
 // raises "derivative ... is not implemented" when differentiated; the in-place append bumps

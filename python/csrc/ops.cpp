@@ -22,15 +22,11 @@
 #include <tuple>
 
 #include "fattn/attention.hpp"
+#include "fattn/kv_cache.hpp"
 #include "torch_views.hpp"
 #include "variants.hpp"
 
-#ifdef FATTN_WITH_CUDA
-#include <ATen/Context.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
+#include "cuda_seam.hpp"
 
 #ifndef FATTN_OP_NAMESPACE
 #define FATTN_OP_NAMESPACE fattn
@@ -42,21 +38,6 @@ namespace {
 
 using namespace fattn_torch;
 
-#ifdef FATTN_WITH_CUDA
-// --- the device-memory seam ---------------------------------------------------------------
-// fattn's CUDA working memory (the naive path's Sq×Sk buffer, repacked inputs) comes from
-// torch's caching allocator on the call's stream: torch.cuda.max_memory_allocated counts
-// it, the blocks are reused across calls, and when memory runs short torch frees its
-// cached blocks and retries, or raises torch.OutOfMemoryError, as its own operators do.
-void* torch_allocate(void* /*context*/, std::int64_t bytes, void* stream) {
-  return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(static_cast<std::size_t>(bytes),
-                                                                static_cast<cudaStream_t>(stream));
-}
-void torch_deallocate(void* /*context*/, void* ptr, void* /*stream*/) {
-  c10::cuda::CUDACachingAllocator::raw_delete(ptr);
-}
-const fattn::DeviceAllocator kTorchAllocator{&torch_allocate, &torch_deallocate, nullptr};
-#endif
 
 fattn::Causal causal_of(bool is_causal, bool causal_bottom_right) {
   TORCH_CHECK(is_causal || !causal_bottom_right,
@@ -150,21 +131,8 @@ std::tuple<at::Tensor, at::Tensor> attention(
     return {out, lse};
   }
 
-#ifdef FATTN_WITH_CUDA
-  std::optional<c10::cuda::CUDAGuard> guard;
-  fattn::Options cuda_options = options;
-  if (q.is_cuda()) {
-    guard.emplace(q.device());
-    cuda_options.cuda_stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    cuda_options.device_allocator = &kTorchAllocator;
-    // float32: the TF32 mode exactly when torch would use TF32 for a float32 matmul
-    // (torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision("high")).
-    cuda_options.allow_tf32 = at::globalContext().allowTF32CuBLAS();
-  }
-  const fattn::Options& run_options = cuda_options;
-#else
-  const fattn::Options& run_options = options;
-#endif
+  const OnDevice on_device(q, options);
+  const fattn::Options& run_options = on_device.options;
 
   const fattn::TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v");
   const fattn::TensorView ov = view_of(out, "out"), lv = view_of(lse, "lse");
@@ -276,6 +244,14 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
       "bool causal=False, float? scale=None, int kv_splits=0, str impl=\"auto\", "
       SEQUENCE_VARIANT_ARGS ") -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
+  // The Triton kernels' attention_kvcache (registered for CUDA from Python,
+  // fattn/cuda_dispatch.py): the CUDA kernel of attention_kvcache calls it for what the C++
+  // decode kernel does not take, and for impl="triton".
+  m.def(
+      "triton_attention_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor? k_new=None, Tensor? v_new=None, Tensor? cache_seqlens=None, "
+      "Tensor? block_table=None, bool causal=False, float? scale=None, int kv_splits=0, "
+      "str impl=\"auto\", " SEQUENCE_VARIANT_ARGS ") -> (Tensor out, Tensor lse)");
   m.def(
       "attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "bool causal=False, float? scale=None, str impl=\"auto\", " SEQUENCE_VARIANT_ARGS
@@ -345,6 +321,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "the head dims this build's Hopper TMA kernel (fused_tma) is compiled for (empty without "
       "the CUDA backend or its sm_90a kernels)");
+  m.def(
+      "cuda_decode_head_dims",
+      [] {
+        pybind11::list dims;
+        for (int d : fattn::cuda_decode_head_dims()) dims.append(d);
+        return dims;
+      },
+      "the head dims this build's CUDA decode kernel is compiled for (empty without the CUDA "
+      "backend); multiples of 8 up to the largest run on it");
   m.def("best_cpu_isa", [] { return std::string(fattn::to_string(fattn::best_cpu_isa())); },
         "the widest instruction set of this CPU that fattn has kernels for");
   m.def(
@@ -386,6 +371,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "the instruction set of every later CPU call of this process (auto: the library's "
       "choice per problem, the default); returns the one before. For tests: the AVX2 "
       "kernels on an AVX-512 machine");
+  m.def(
+      "set_cuda_decode_stages",
+      [](int stages) {
+        TORCH_CHECK(stages >= 0, "fattn: the CUDA decode kernel's stages must be >= 0 (0: "
+                    "chosen per call), got ", stages);
+        return cuda_decode_stages.exchange(stages);
+      },
+      pybind11::arg("stages"),
+      "the CUDA decode kernel's cp.async ring depth for every later KV-cache call of this "
+      "process (0: chosen per call, the default; 2 to 4 where shared memory allows); returns "
+      "the one before. For the benchmark that measures the choice");
   m.def("num_threads", [] { return at::get_num_threads(); },
         "threads the CPU operator uses: torch.get_num_threads()");
   m.def("extra_bytes", &extra_bytes, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),

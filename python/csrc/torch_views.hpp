@@ -92,6 +92,11 @@ inline fattn::Impl impl_of(c10::string_view impl) {
 // this way, as the C++ suites do through Options::isa).
 inline std::atomic<fattn::Isa> cpu_isa{fattn::Isa::automatic};
 
+// The CUDA decode kernel's ring depth for every later KV-cache call of this process (0:
+// chosen per call, the default): _C.set_cuda_decode_stages, for the benchmark that measures
+// the choice (python -m fattn.bench --gpu, decode section).
+inline std::atomic<int> cuda_decode_stages{0};
+
 // The options every CPU call shares: torch.get_num_threads() threads, on torch's pool
 // (never more threads than torch uses), the process's cpu_isa.
 inline fattn::Options base_options(const at::Tensor& q, fattn::Causal causal,

@@ -173,6 +173,7 @@ def _register_kv_ops(ns: str) -> None:
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
     torch.library.register_fake(f"{ns}::attention_kvcache", fake_kvcache)
+    torch.library.register_fake(f"{ns}::triton_attention_kvcache", fake_kvcache)
     torch.library.register_fake(f"{ns}::attention_varlen", fake_varlen)
     torch.library.register_fake(f"{ns}::attention_varlen_backward", fake_varlen_backward)
 

@@ -23,6 +23,15 @@ forward, causal or not, when the extension is built with its CUDA backend). Per 
                                                                     331-345, fused_tma 296-308
   auto       forward without attn_mask, no triton   cuda_cpp        (the only one there; its
              installed                                              kernel must take the call)
+  auto,      KV cache, float16 or bfloat16, head    cuda_cpp        not yet measured against
+  decode     dim a multiple of 8 up to the          (decode,        Triton's decode; chosen
+             largest of decode_head_dims(),         launched by     because it is launched
+             16-byte rows                           the C++         from the C++ operator (a
+                                                    operator)       call costs the host a few
+                                                                    microseconds, Triton's
+                                                                    ~0.1 ms: H200 2026-11-28,
+                                                                    2 % of HBM at B = 1, 8k)
+  auto       any other KV cache                     triton
   triton     any forward                            triton
   fused, naive, reference   forward without         cuda_cpp        (the C++ kernel by name;
                             attn_mask                               the variants on fused_tma
@@ -60,6 +69,21 @@ def triton_available() -> bool:
 def cpp_available() -> bool:
     from . import _C
     return bool(_C.with_cuda)
+
+
+def decode_head_dims() -> tuple[int, ...]:
+    """The head dims the C++ CUDA decode kernel of this build is compiled for (empty without
+    the CUDA backend); multiples of 8 up to the largest run on it."""
+    from . import _C
+    return tuple(_C.cuda_decode_head_dims())
+
+
+def decode_takes(head_dim: int | None, dtype: torch.dtype | None) -> bool:
+    """Whether the C++ decode kernel takes a KV-cache call of this head dim and dtype (the
+    operator also asks it about the tensors' alignment: fattn::cuda_kvcache_refusal)."""
+    dims = decode_head_dims()
+    return (dtype in SIXTEEN_BIT and head_dim is not None and head_dim % 8 == 0
+            and bool(dims) and head_dim <= dims[-1])
 
 
 def tma_head_dims() -> tuple[int, ...]:
@@ -101,6 +125,10 @@ def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
     if impl not in ("auto", TRITON, "decode"):
         raise NotImplementedError(f"fattn: impl={impl!r} is not a CUDA implementation (auto, "
                                   f"triton, {', '.join(CPP_IMPLS)})")
+    if (entry == "attention_kvcache" and impl in ("auto", "decode") and cpp_available()
+            and decode_takes(head_dim, dtype)):
+        return Plan(CUDA_CPP, "the C++ decode kernel (src/cuda/decode.cuh), launched by the C++ "
+                              "operator without a host synchronisation")
     if (dense and impl == "auto" and head_dim in TMA_HEAD_DIMS and dtype in SIXTEEN_BIT
             and capability is not None and tuple(capability) == TMA_CAPABILITY
             and head_dim in tma_head_dims()):
@@ -156,9 +184,11 @@ def attention_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
                       block_table=None, causal=False, scale=None, kv_splits=0, impl="auto",
                       window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
                       sinks=None):
-    """<ns>::attention_kvcache on CUDA: its arguments as they are (fattn.triton's
-    kvcache_attention takes the operator's (B, H, S, D) views)."""
-    plan("attention_kvcache", impl, True)
+    """The Triton kernels of <ns>::attention_kvcache on CUDA: its arguments as they are
+    (fattn.triton's kvcache_attention takes the operator's (B, H, S, D) views). Registered
+    as <ns>::triton_attention_kvcache, which the C++ operator calls for what its decode
+    kernel does not take, and as attention_kvcache itself in a build without the C++ one."""
+    plan("attention_kvcache", TRITON if impl in ("auto", "decode") else impl, True)
     return _triton().kvcache_attention(q, k_cache, v_cache, k_new, v_new, cache_seqlens,
                                        block_table, causal, window_left, window_right, softcap,
                                        sinks, alibi_slopes, scale, int(kv_splits))
@@ -212,8 +242,14 @@ def register(ns: str) -> None:
     def dense(*args, **kwargs):
         return attention(*args, **kwargs, ns=ns)
 
-    for name, fn in (("attention", dense), ("attention_kvcache", attention_kvcache),
-                     ("attention_varlen", attention_varlen),
-                     ("attention_backward", attention_backward),
-                     ("attention_varlen_backward", attention_varlen_backward)):
+    kernels = [("attention", dense), ("triton_attention_kvcache", attention_kvcache),
+               ("attention_varlen", attention_varlen),
+               ("attention_backward", attention_backward),
+               ("attention_varlen_backward", attention_varlen_backward)]
+    # attention_kvcache's CUDA kernel is the C++ operator's where the extension is built with
+    # the CUDA backend (python/csrc/kv_ops.cpp: the decode kernel, or Triton through
+    # triton_attention_kvcache); elsewhere the Triton kernels directly.
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::attention_kvcache", "CUDA"):
+        kernels.append(("attention_kvcache", attention_kvcache))
+    for name, fn in kernels:
         torch.library.register_kernel(f"{ns}::{name}", "cuda", fn)

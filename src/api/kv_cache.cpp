@@ -7,6 +7,10 @@
 #include "api/workspace_cache.hpp"
 #include "fattn/kv_cache.hpp"
 
+#ifdef FATTN_WITH_CUDA
+#include "cuda/decode.hpp"
+#endif
+
 namespace fattn {
 namespace {
 
@@ -17,12 +21,28 @@ Impl kvcache_impl(Impl impl) {
               to_string(impl) + " (the prefill kernels do not read a KV cache)");
 }
 
+// Whether q is a CUDA view that the CUDA backend takes (an Error without one).
+bool on_cuda(const TensorView& q) {
+  if (q.device != Device::cuda) return false;
+#ifndef FATTN_WITH_CUDA
+  throw Error("fattn: q is on cuda, but this build of fattn has no CUDA backend "
+              "(rebuild with -DFATTN_CUDA=ON)");
+#else
+  return true;
+#endif
+}
+
 }  // namespace
 
 void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorView* k_new,
                        const TensorView* v_new, const TensorView& out, const TensorView* lse,
                        const Options& options) {
   const Impl impl = kvcache_impl(options.impl);
+#ifdef FATTN_WITH_CUDA
+  if (on_cuda(q)) return cuda::attention_kvcache(q, cache, k_new, v_new, out, lse, options);
+#else
+  on_cuda(q);
+#endif
   const detail::KvCacheProblem call(q, cache, k_new, v_new, &out, lse, options);
   const detail::Exec exec = detail::make_exec(options);
   if (impl == Impl::reference) {
@@ -37,9 +57,33 @@ void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorVi
   kernels.decode(call.p, exec, workspace.get(), options.kv_splits);
 }
 
+std::string cuda_kvcache_refusal(const TensorView& q, const KvCache& cache,
+                                 const TensorView* k_new, const TensorView* v_new,
+                                 const Options& options) {
+#ifdef FATTN_WITH_CUDA
+  return cuda::decode_refusal(q, cache, k_new, v_new, options);
+#else
+  (void)q, (void)cache, (void)k_new, (void)v_new, (void)options;
+  return "this build of fattn has no CUDA backend (rebuild with -DFATTN_CUDA=ON)";
+#endif
+}
+
+std::vector<int> cuda_decode_head_dims() {
+#ifdef FATTN_WITH_CUDA
+  return cuda::decode_head_dims();
+#else
+  return {};
+#endif
+}
+
 std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,
                                  const TensorView* k_new, const Options& options) {
   const Impl impl = kvcache_impl(options.impl);
+#ifdef FATTN_WITH_CUDA
+  if (on_cuda(q)) return cuda::kvcache_extra_bytes(q, cache, k_new, options);
+#else
+  on_cuda(q);
+#endif
   const detail::KvCacheProblem call(q, cache, k_new, k_new, nullptr, nullptr, options);
   const detail::Exec exec = detail::make_exec(options);
   if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64

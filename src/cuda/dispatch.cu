@@ -63,7 +63,7 @@ void with_head_dim(std::integer_sequence<int, Dims...>, const char* family, int 
 void run(const Plan& plan, Params params, const TensorView& q, const TensorView& k,
          const TensorView& v, cudaStream_t stream, const DeviceAllocator* allocator,
          int device) {
-  StreamBuffer work(plan.total_bytes(), stream, plan.kernel, allocator);
+  StreamBuffer work(plan.total_bytes(), stream, to_string(plan.kernel), allocator);
   auto rows = [&](int dim) { return tile_rows_for(plan, params, dim, device); };
   with_type(q.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

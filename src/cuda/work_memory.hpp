@@ -20,7 +20,8 @@ inline constexpr std::int64_t kWorkAlignment = 256;  // each working buffer star
 // allocator, through the binding), else from cudaMallocAsync.
 class StreamBuffer {
  public:
-  StreamBuffer(std::int64_t bytes, cudaStream_t stream, Kernel kernel,
+  // `kernel`: the kernel's name in error messages.
+  StreamBuffer(std::int64_t bytes, cudaStream_t stream, const char* kernel,
                const DeviceAllocator* allocator)
       : stream_(stream), allocator_(allocator) {
     if (bytes == 0) return;
@@ -28,7 +29,7 @@ class StreamBuffer {
       ptr_ = allocator_->allocate(allocator_->context, bytes, stream);
       if (!ptr_)
         fail("the device allocator returned no memory for " + std::to_string(bytes) +
-             " bytes of working memory for the " + to_string(kernel) + " CUDA kernel");
+             " bytes of working memory for the " + kernel + " CUDA kernel");
       return;
     }
     const cudaError_t e = cudaMallocAsync(&ptr_, static_cast<std::size_t>(bytes), stream);
@@ -36,7 +37,7 @@ class StreamBuffer {
       cudaGetLastError();
       ptr_ = nullptr;
       fail("could not allocate " + std::to_string(bytes) +
-           " bytes of device working memory for the " + to_string(kernel) +
+           " bytes of device working memory for the " + kernel +
            " CUDA kernel: " + error_text(e));
     }
   }

@@ -31,8 +31,8 @@ struct Geometry {
 
 Geometry check_cache(const TensorView& q, const KvCache& cache) {
   const std::int64_t batch = q.size(0), head_dim = q.size(3);
-  check_view("k_cache", cache.k, 4, q.dtype, Device::cpu);
-  check_view("v_cache", cache.v, 4, q.dtype, Device::cpu);
+  check_view("k_cache", cache.k, 4, q.dtype, q.device);
+  check_view("v_cache", cache.v, 4, q.dtype, q.device);
   for (int d = 0; d < 4; ++d)
     expect_size("v_cache", cache.v, d, "as k_cache", dim_name("k_cache", d), cache.k.size(d));
   expect_size("k_cache", cache.k, 3, "head dim", "q.size(3)", head_dim);
@@ -50,7 +50,7 @@ Geometry check_cache(const TensorView& q, const KvCache& cache) {
     return g;
   }
   const TensorView& table = *cache.block_table;
-  check_view("block_table", table, 2, DType::int32, Device::cpu);
+  check_view("block_table", table, 2, DType::int32, q.device);
   expect_size("block_table", table, 0, "batch", "q.size(0)", batch);
   if (g.block_size % 16 != 0) {
     std::ostringstream m;
@@ -69,17 +69,23 @@ Geometry check_cache(const TensorView& q, const KvCache& cache) {
   return g;
 }
 
-// Keys per sequence before and after the append: seqlens[b] >= 0 and
-// seqlens[b] + new_len <= capacity, both within int32.
-void check_lengths(const KvCache& cache, const Geometry& g, std::int64_t new_len,
-                   std::vector<std::int32_t>* old_lengths, std::vector<std::int32_t>* lengths) {
+// The seqlens view: (B) int32 on q's device; required with an append.
+void check_seqlens_view(const KvCache& cache, const Geometry& g, std::int64_t new_len,
+                        Device device) {
   if (!cache.seqlens) {
     if (new_len > 0) fail("k_new and v_new need seqlens: the position at which to append");
     return;
   }
+  check_view("seqlens", *cache.seqlens, 1, DType::int32, device);
+  expect_size("seqlens", *cache.seqlens, 0, "batch", "q.size(0)", g.batch);
+}
+
+// Keys per sequence before and after the append: seqlens[b] >= 0 and
+// seqlens[b] + new_len <= capacity, both within int32 (host memory: read here).
+void check_lengths(const KvCache& cache, const Geometry& g, std::int64_t new_len,
+                   std::vector<std::int32_t>* old_lengths, std::vector<std::int32_t>* lengths) {
+  if (!cache.seqlens) return;
   const TensorView& s = *cache.seqlens;
-  check_view("seqlens", s, 1, DType::int32, Device::cpu);
-  expect_size("seqlens", s, 0, "batch", "q.size(0)", g.batch);
   for (std::int64_t b = 0; b < g.batch; ++b) {
     const std::int64_t before = element(s, b), after = before + new_len;
     if (before < 0) {
@@ -158,6 +164,7 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
     fail("attention_kvcache takes no attn_mask (its keys are each sequence's cache length); "
          "window, softcap, alibi_slopes and sinks it takes");
   const DType dtype = q.dtype;
+  const Device device = q.device;
   if (dtype != DType::float32 && dtype != DType::bfloat16 && dtype != DType::float16) {
     std::ostringstream m;
     m << "attention_kvcache takes float32, bfloat16 or float16 q, k_cache and v_cache, got "
@@ -165,16 +172,16 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
       << to_string(dtype);
     fail(m.str());
   }
-  const Extent q_extent = check_view("q", q, 4, dtype, Device::cpu);
+  const Extent q_extent = check_view("q", q, 4, dtype, device);
   expect_head_dim(q.size(3));
   const Geometry g = check_cache(q, cache);
   if ((kn == nullptr) != (vn == nullptr)) fail("k_new and v_new must be given together");
   std::vector<Named> inputs{{"q", q_extent},
-                            {"k_cache", check_view("k_cache", cache.k, 4, dtype, Device::cpu)},
-                            {"v_cache", check_view("v_cache", cache.v, 4, dtype, Device::cpu)}};
+                            {"k_cache", check_view("k_cache", cache.k, 4, dtype, device)},
+                            {"v_cache", check_view("v_cache", cache.v, 4, dtype, device)}};
   if (kn) {
-    inputs.push_back({"k_new", check_view("k_new", *kn, 4, dtype, Device::cpu)});
-    inputs.push_back({"v_new", check_view("v_new", *vn, 4, dtype, Device::cpu)});
+    inputs.push_back({"k_new", check_view("k_new", *kn, 4, dtype, device)});
+    inputs.push_back({"v_new", check_view("v_new", *vn, 4, dtype, device)});
     const std::int64_t sizes[4] = {g.batch, g.kv_heads, kn->size(2), q.size(3)};
     const char* meanings[4] = {"batch", "kv heads", "new keys", "head dim"};
     const char* sources[4] = {"q.size(0)", "k_cache.size(1)", "k_new.size(2)", "q.size(3)"};
@@ -191,22 +198,28 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
       for (std::size_t n = 3; n < 5; ++n)  // k_new, v_new
         expect_disjoint(inputs[c].name, inputs[c].extent, inputs[n].name, inputs[n].extent);
   }
-  check_lengths(cache, g, new_len, &old_lengths, &lengths);
-  check_block_table(cache, g, lengths);
-  check_append_slots(cache, g, old_lengths, new_len);
+  check_seqlens_view(cache, g, new_len, device);
+  // On the CPU the lengths and the block table are read and checked here; on CUDA they
+  // stay on the device, where the kernels check them (cuda/decode.cuh) without the host
+  // waiting for the GPU.
+  if (device == Device::cpu) {
+    check_lengths(cache, g, new_len, &old_lengths, &lengths);
+    check_block_table(cache, g, lengths);
+    check_append_slots(cache, g, old_lengths, new_len);
+  }
   if (cache.seqlens)
-    inputs.push_back({"seqlens", check_view("seqlens", *cache.seqlens, 1, DType::int32, Device::cpu)});
+    inputs.push_back({"seqlens", check_view("seqlens", *cache.seqlens, 1, DType::int32, device)});
   if (cache.block_table)
     inputs.push_back(
-        {"block_table", check_view("block_table", *cache.block_table, 2, DType::int32, Device::cpu)});
+        {"block_table", check_view("block_table", *cache.block_table, 2, DType::int32, device)});
   Extent out_extent{0, 0};
   if (out) {
-    out_extent = check_view("out", *out, 4, dtype, Device::cpu);
+    out_extent = check_view("out", *out, 4, dtype, device);
     for (int d = 0; d < 4; ++d) expect_size("out", *out, d, "as q", dim_name("q", d), q.size(d));
     expect_no_self_overlap("out", *out);
     for (const Named& in : inputs) expect_disjoint("out", out_extent, in.name, in.extent);
     if (lse) {
-      const Extent lse_extent = check_view("lse", *lse, 3, DType::float32, Device::cpu);
+      const Extent lse_extent = check_view("lse", *lse, 3, DType::float32, device);
       const char* meanings[3] = {"batch", "query heads", "query sequence"};
       for (int d = 0; d < 3; ++d) expect_size("lse", *lse, d, meanings[d], dim_name("q", d), q.size(d));
       expect_no_self_overlap("lse", *lse);

@@ -38,15 +38,20 @@ def test_gpu_bench_smoke_on_cpu(tmp_path):
     # dtypes x masks x impls, and the score variants x (fattn_triton, fattn_op) in one dtype
     assert len(rows["masked"]) == 2 * 3 * 6 + 2 * 2
     assert len(rows["forward"]) == 4 * 2 * 2 * 4       # shapes x dtypes x causal x impls
-    # the copy; Sk x B x (impls + the CUDA-graph row + block_size 16); block_size 256 at 256
-    assert len(rows["decode"]) == 1 + 3 * 2 * 6 + 2
+    # the copy; Sk x B x (impls + the CUDA-graph row + block_size 16); block_size 256 at 256;
+    # the ring depths at one Sk x B
+    assert len(rows["decode"]) == 1 + 3 * 2 * 6 + 2 + 3 * 2
+    staged = [r for r in rows["decode"] if "decode_stages" in r]
+    assert sorted({r["decode_stages"] for r in staged}) == [2, 3, 4]
+    assert all(r["status"] == "ok" and r["impl"] == "fattn_op" for r in staged), staged
     graph = [r for r in rows["decode"] if r["variant"].startswith("CUDA graph replay")]
     assert len(graph) == 6 and all(r["status"] == "skipped: needs CUDA" for r in graph)
     paged = [r for r in rows["decode"] if "block_size" in r]
     assert sorted({r["block_size"] for r in paged}) == [16, 256]
     assert all(r["status"] == "ok" and r["max_err"] < 3e-2 for r in paged), paged
     assert all(r["host_ms"] > 0 for r in rows["decode"]
-               if r["impl"] == "fattn_op" and "block_size" not in r and r["status"] == "ok")
+               if r["impl"] == "fattn_op" and "block_size" not in r and "decode_stages" not in r
+               and r["status"] == "ok")
     assert len(rows["training"]) == 2 * 2 * 5          # dtypes x causal x (impls + sweep)
     swept = [r for r in rows["training"] if "tiles 16x32 w4 s2 / 32x16 w4 s2" in r["variant"]]
     assert len(swept) == 2 * 2 and all(r["impl"] == "fattn_triton" for r in swept)

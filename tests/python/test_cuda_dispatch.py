@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 import fattn  # noqa: E402
 from fattn import cuda_dispatch  # noqa: E402
 from fattn.triton import reference  # noqa: E402
-from test_triton import assert_matches  # noqa: E402
+from test_triton import TOL, assert_matches  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -67,6 +67,8 @@ def test_the_table_on_hopper(built, monkeypatch):
     a forward with an attn_mask and every other forward run Triton."""
     monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
     monkeypatch.setattr(cuda_dispatch, "tma_head_dims", lambda: (64, 128, 256) if built else ())
+    monkeypatch.setattr(cuda_dispatch, "decode_head_dims",
+                        lambda: (64, 128, 256) if built else ())
     hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
     tma = "cuda_cpp" if built else "triton"
     assert cuda_dispatch.plan("attention", **hopper).kernel == tma
@@ -83,11 +85,48 @@ def test_the_table_on_hopper(built, monkeypatch):
     assert cuda_dispatch.plan("attention", attn_mask=True, **hopper).kernel == "triton"
     assert cuda_dispatch.plan("attention", variants=True, attn_mask=True,
                               **hopper).kernel == "triton"
-    assert cuda_dispatch.plan("attention_kvcache", "auto", True, **hopper).kernel == "triton"
     assert cuda_dispatch.plan("attention", "triton", **hopper).kernel == "triton"
     # a C++ build without the TMA kernel (no sm_90a code): Triton, variants or not
     monkeypatch.setattr(cuda_dispatch, "tma_head_dims", lambda: ())
     assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == "triton"
+
+
+@pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
+def test_the_kvcache_table(built, monkeypatch):
+    """A KV-cache call runs the C++ decode kernel where the backend is built and it takes the
+    call (16-bit, head dim a multiple of 8 up to 256; any capability it runs on), else
+    Triton; impl="triton" asks for Triton."""
+    monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
+    monkeypatch.setattr(cuda_dispatch, "decode_head_dims",
+                        lambda: (64, 128, 256) if built else ())
+    decode = "cuda_cpp" if built else "triton"
+    for capability in ((8, 0), (9, 0), (12, 0)):
+        for d in (64, 96, 128, 200, 256):
+            for dtype in (torch.float16, torch.bfloat16):
+                chosen = cuda_dispatch.plan("attention_kvcache", "auto", True, head_dim=d,
+                                            dtype=dtype, capability=capability)
+                assert chosen.kernel == decode, (capability, d, dtype)
+        assert cuda_dispatch.plan("attention_kvcache", "decode", True, head_dim=128,
+                                  dtype=torch.bfloat16).kernel == decode
+    for other in (dict(head_dim=100), dict(head_dim=264), dict(dtype=torch.float32)):
+        call = dict(dict(head_dim=128, dtype=torch.bfloat16), **other)
+        assert cuda_dispatch.plan("attention_kvcache", "auto", True, **call).kernel == "triton"
+    assert cuda_dispatch.plan("attention_kvcache", "triton", True, head_dim=128,
+                              dtype=torch.bfloat16).kernel == "triton"
+    if built:
+        assert "decode" in cuda_dispatch.plan("attention_kvcache", "auto", True, head_dim=128,
+                                              dtype=torch.float16).reason
+
+
+def test_the_kernels_registered_for_cuda():
+    """attention_kvcache's CUDA kernel is the C++ operator's in a build with the CUDA
+    backend, Python's (the Triton kernels) otherwise; triton_attention_kvcache is always
+    Python's."""
+    from fattn import _C
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has("fattn::triton_attention_kvcache", "CUDA")
+    assert has("fattn::attention_kvcache", "CUDA")
+    assert bool(_C.with_cuda) == bool(cuda_dispatch.decode_head_dims())
 
 
 def test_the_tma_head_dims_of_this_build():
@@ -232,16 +271,20 @@ def test_flash_attn_with_kvcache_paged_append(gpu_path):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-def test_decode_step_in_a_cuda_graph_replayed_with_new_lengths():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16],
+                         ids=["float32_triton", "bfloat16_cpp_decode"])
+def test_decode_step_in_a_cuda_graph_replayed_with_new_lengths(dtype):
     """A paged decode step with an append, captured once and replayed after the lengths
     and the new token change in place: what serving engines do every step. It captures
-    only if nothing in the call synchronises with the host."""
+    only if nothing in the call synchronises with the host. float32 runs the Triton
+    kernels, bfloat16 the C++ decode kernel (in a build with the CUDA backend)."""
     pages, page = 8, 16
-    k_cache, v_cache = inputs(pages, page, 2, 32, seed=1), inputs(pages, page, 2, 32, seed=2)
+    k_cache, v_cache = (inputs(pages, page, 2, 32, seed=s, dtype=dtype) for s in (1, 2))
     table = torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32, device=DEVICE)
     lens = torch.tensor([5, 20], dtype=torch.int32, device=DEVICE)
-    q, k_new, v_new = inputs(2, 1, 8, 32, seed=3), inputs(2, 1, 2, 32, seed=4), \
-        inputs(2, 1, 2, 32, seed=5)
+    q, k_new, v_new = inputs(2, 1, 8, 32, seed=3, dtype=dtype), \
+        inputs(2, 1, 2, 32, seed=4, dtype=dtype), inputs(2, 1, 2, 32, seed=5, dtype=dtype)
+    tol = TOL if dtype == torch.float32 else 2e-2
 
     def step():
         return fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
@@ -255,14 +298,48 @@ def test_decode_step_in_a_cuda_graph_replayed_with_new_lengths():
             out, lse = step()
         for lens_now, seed in (([9, 30], 6), ([31, 2], 7)):
             lens.copy_(torch.tensor(lens_now, dtype=torch.int32))
-            q.copy_(inputs(2, 1, 8, 32, seed=seed))
-            k_new.copy_(inputs(2, 1, 2, 32, seed=seed + 1))
+            q.copy_(inputs(2, 1, 8, 32, seed=seed, dtype=dtype))
+            k_new.copy_(inputs(2, 1, 2, 32, seed=seed + 1, dtype=dtype))
             graph.replay()
             torch.cuda.synchronize()
             ref, ref_lse = reference.attention_with_kvcache(
-                q.cpu(), k_cache.cpu(), v_cache.cpu(), [n + 1 for n in lens_now], table.cpu(),
-                causal=True)
-            assert_matches(out, lse, ref, ref_lse)
+                q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(),
+                [n + 1 for n in lens_now], table.cpu(), causal=True)
+            assert_matches(out.float(), lse, ref, ref_lse, tol=tol)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the C++ decode kernel runs on a GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d,hq,hkv,page,window", [(128, 32, 8, None, (-1, -1)),
+                                                   (64, 8, 1, 16, (-1, -1)),
+                                                   (96, 6, 2, 256, (40, 0)),
+                                                   (256, 4, 4, 32, (-1, -1))])
+def test_flash_attn_with_kvcache_on_the_cpp_decode_kernel(dtype, d, hq, hkv, page, window):
+    """16-bit KV-cache calls through the operator's C++ CUDA kernel (the decode kernel where
+    the build has it), appending one token, against the float64 definition."""
+    g = torch.Generator().manual_seed(d + hq)
+    lengths, capacity = [300, 0, 767], 768
+    if page is None:
+        k_cache, v_cache = (inputs(3, capacity, hkv, d, seed=s, dtype=dtype) for s in (1, 2))
+        table = None
+    else:
+        pages = 3 * capacity // page
+        k_cache, v_cache = (inputs(pages, page, hkv, d, seed=s, dtype=dtype) for s in (1, 2))
+        table = torch.randperm(pages, generator=g).to(torch.int32).view(3, -1).to(DEVICE)
+    q = inputs(3, 1, hq, d, seed=3, dtype=dtype)
+    k_new, v_new = (inputs(3, 1, hkv, d, seed=s, dtype=dtype) for s in (4, 5))
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        out, lse = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                                 cache_seqlens=lens, block_table=table,
+                                                 causal=True, window_size=window,
+                                                 return_softmax_lse=True)
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.attention_with_kvcache(
+        q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(),
+        [n + 1 for n in lengths], None if table is None else table.cpu(), causal=True,
+        window_size=window)
+    assert_matches(out.float(), lse, ref, ref_lse, tol=2e-2)
 
 
 def test_flash_attn_varlen_func(gpu_path):

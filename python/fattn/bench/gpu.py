@@ -27,7 +27,8 @@ torch rows it is compared with. Sections (--sections; each its own JSON file):
            (B, S, H, D) cache), fattn_op (fattn.flash_attn_with_kvcache; host_ms: the CPU
            time of one call without synchronising; a CUDA-graph replay row; paged rows,
            block_size 256 and 16, the same memory with each sequence's pages scattered
-           by a random block table), sdpa_cudnn and
+           by a random block table; at Sk = 32k, rows with the C++ decode kernel's ring
+           depth forced to 2, 3 and 4 stages, decode_stages), sdpa_cudnn and
            sdpa_flash with enable_gqa (on their own contiguous (B, H, S, D) copy of the
            cache). GB/s = bytes of K and V read / time, and as a percentage of the
            device-to-device copy bandwidth measured first in the same run (torch_copy:
@@ -371,6 +372,11 @@ def bench_decode(run: Run):
             run.row("decode", base, "fattn_op",
                     "CUDA graph replay of flash_attn_with_kvcache(cache_seqlens=Sk)",
                     lambda: graph_replay(run, op_call()), check_bshd, work)
+            if sk == dc["stages_at"]:  # the C++ decode kernel's ring depth, each forced
+                for stages in dc["stages"]:
+                    run.row("decode", dict(base, decode_stages=stages), "fattn_op",
+                            f"flash_attn_with_kvcache, decode_stages={stages}",
+                            lambda s=stages: with_decode_stages(op_call(), s), check_bshd, work)
             for page in dc["pages"]:
                 if sk % page:
                     continue
@@ -400,6 +406,20 @@ def bench_decode(run: Run):
                         lambda be=backend: make_sdpa(be), check_bhsd, work)
             del q, k_cache, v_cache, seqlens, ref, torch_kv
             run.free()
+
+
+def with_decode_stages(call, stages: int):
+    """The call with the C++ decode kernel's ring depth forced to `stages` (fattn._C's
+    process-wide setting, restored after each call)."""
+    from fattn import _C
+
+    def staged():
+        before = _C.set_cuda_decode_stages(stages)
+        try:
+            return call()
+        finally:
+            _C.set_cuda_decode_stages(before)
+    return staged
 
 
 def host_ms(call, calls: int = 5) -> float:

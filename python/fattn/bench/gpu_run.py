@@ -36,14 +36,16 @@ def sizes(smoke: bool) -> dict:
         return {"masked": {"B": 2, "H": 2, "S": 64, "D": 32, "window": 16},
                 "forward": [(1, 2, s, d) for d in (64, 128) for s in (32, 64)],
                 "decode": {"Bs": (1, 2), "Hq": 4, "Hkv": 1, "D": 32, "Sks": (64, 128, 256),
-                           "pages": (16, 256)},
+                           "pages": (16, 256), "stages_at": 128, "stages": (2, 3, 4)},
                 "training": [(1, 2, 48, 32)],
                 "copy_bytes": 1 << 22}
     return {"masked": {"B": 4, "H": 16, "S": 4096, "D": 128, "window": 1024},
             # FlashAttention's hidden-2048 sweep: H = 2048 / D, B = 16384 / S
             "forward": [(16384 // s, 2048 // d, s, d) for d in (64, 128) for s in (4096, 16384)],
+            # stages: the C++ decode kernel's ring depths measured at Sk = stages_at
             "decode": {"Bs": (1, 8, 32), "Hq": 32, "Hkv": 8, "D": 128,
-                       "Sks": (8192, 32768, 131072), "pages": (256, 16)},
+                       "Sks": (8192, 32768, 131072), "pages": (256, 16),
+                       "stages_at": 32768, "stages": (2, 3, 4)},
             # forward + backward: B = 4, S = 4096, H = 2048 / D (the anchors' shapes)
             "training": [(4, 2048 // d, 4096, d) for d in (64, 128)],
             "copy_bytes": COPY_BYTES}
