@@ -8,7 +8,7 @@
 #
 #   scripts/gpu-check.sh --out DIR --deadline-s 450
 #
-#   scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma] [--arch SM]
+#   scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma|decode] [--arch SM]
 #                        [--gtest-source DIR] [--no-python] [--dry-run]
 #
 #   --out DIR         where the results go (default: gpu-check-out in the repository root;
@@ -27,6 +27,11 @@
 #                     benchmark of fused (fused_mma) / fused_wgmma / fused_wgmma_pipelined /
 #                     fused_tma, ncu on those kernels only (L2 and tensor-pipe throughput, shared
 #                     bank conflicts; a table of them in summary.txt); no Python steps
+#   --focus decode    the decode kernel (KV cache, docs/cuda.md): tests CudaDecode* and
+#                     CudaBehaviour.*, compute-sanitizer on CudaDecodeSanitize.*, the KV-cache
+#                     Python tests, the Python benchmark's decode section with all the time
+#                     left (fattn_op on the decode kernel beside fattn_triton, cuDNN, flash;
+#                     paged, graph-replay and ring-depth rows); no fattn_gpu_bench, no ncu
 #   --arch SM         CUDA architecture to build for, e.g. 90 (env CUDA_ARCH; default: the
 #                     compute capability of GPU 0 as nvidia-smi reports it, else 90)
 #   --gtest-source DIR  GoogleTest source tree to build when the system has no GoogleTest
@@ -45,7 +50,7 @@
 # summary.txt (also printed last) holds the machine, step results, spills and the bench
 # table. Copy DIR/results/<machine>/gpu/ into the repository's results/ to keep them.
 set -u
-usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma] [--arch SM] [--gtest-source DIR] [--no-python] [--dry-run]"
+usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma|decode] [--arch SM] [--gtest-source DIR] [--no-python] [--dry-run]"
 OUT=${OUT:-}
 DEADLINE_S=${DEADLINE_S:-}
 FOCUS=${FOCUS:-}
@@ -89,15 +94,32 @@ if [ -z "$CUDA_ARCH" ]; then
   case "$CUDA_ARCH" in ""|*[!0-9]*) CUDA_ARCH=90 ;; esac
 fi
 # BENCH_SUITE: fattn_gpu_bench's --suite; NCU_KERNELS: the kernels ncu profiles.
+# PY_SECTIONS: the Python benchmark's sections, each "name share rest" (its share of the
+# time left: share / rest); PYTEST_SELECT: pytest arguments that narrow the Triton tests;
+# CPP_BENCH: 0 skips fattn_gpu_bench and ncu.
 BENCH_SUITE=all
+PY_SECTIONS=("masked 30 100" "forward 25 70" "decode 20 45" "training 25 25")
+PYTEST_SELECT=()
+CPP_BENCH=1
 NCU_KERNELS="regex:naive_|fused_"
 case "$FOCUS" in
   "")
     TEST_FILTER="*"
-    MEM_FILTER="Small/CudaSanitize.*"
-    RACE_FILTER="Small/CudaSanitize.*_D64_*"
-    SYNC_FILTER="Small/CudaSanitize.*fused*_D64_*"
+    MEM_FILTER="Small/CudaSanitize.*:CudaDecodeSanitize.*"
+    RACE_FILTER="Small/CudaSanitize.*_D64_*:CudaDecodeSanitize.*"
+    SYNC_FILTER="Small/CudaSanitize.*fused*_D64_*:CudaDecodeSanitize.*"
     BENCH_IMPLS=() ;;
+  decode)
+    # The decode kernel (src/cuda/decode.cuh): its tests and sanitizers, the KV-cache Python
+    # tests, and the Python benchmark's decode section with every minute left; no
+    # fattn_gpu_bench (dense kernels) and no ncu.
+    TEST_FILTER="CudaDecode*:CudaBehaviour.*"
+    MEM_FILTER="CudaDecodeSanitize.*"
+    RACE_FILTER="CudaDecodeSanitize.*"
+    SYNC_FILTER="CudaDecodeSanitize.*"
+    PYTEST_SELECT=(-k "kvcache or decode or cache")
+    PY_SECTIONS=("decode 1 1")
+    CPP_BENCH=0 ;;
   wgmma)
     TEST_FILTER="*wgmma*:CudaBehaviour.*"
     MEM_FILTER="Small/CudaSanitize.*wgmma*"
@@ -116,7 +138,7 @@ case "$FOCUS" in
     BENCH_SUITE=flash  # D = 64 and 128, S = 512..16384: where the 450 TFLOP/s bar is read
     NCU_KERNELS="regex:fused_(mma|wgmma|tma)"
     PYTHON_STEPS=0 ;;
-  *) echo "--focus (FOCUS) must be empty, wgmma or tma, got '$FOCUS'" >&2; exit 2 ;;
+  *) echo "--focus (FOCUS) must be empty, wgmma, tma or decode, got '$FOCUS'" >&2; exit 2 ;;
 esac
 JOBS=${JOBS:-$(nproc)}
 START=$(date +%s)
@@ -462,7 +484,8 @@ if [ "$PYTHON_STEPS" = 1 ] && [ "$HAVE_PYTEST" = 1 ] && ! short 30 "Triton tests
     say "Triton tests: ${TRITON_TESTS[*]#$ROOT/}${INTERPRET:+ (interpreter: dry run)}"
     (cd "$ROOT" && PYTHONPATH=$PYPATH FATTN_COMMIT=$COMMIT timeout "$(until_end 600)" \
       "${INTERPRET[@]}" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --durations=10 \
-      --junitxml="$OUT/triton-junit.xml" "${TRITON_TESTS[@]}") >"$OUT/triton.log" 2>&1
+      --junitxml="$OUT/triton-junit.xml" "${PYTEST_SELECT[@]}" "${TRITON_TESTS[@]}") \
+      >"$OUT/triton.log" 2>&1
     RC=$?
     say "Triton tests $(ended $RC): $(grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$OUT/triton.log" | tail -1)"
     grep -E '^(FAILED|ERROR) ' "$OUT/triton.log" | head -25 | tee -a "$SUMMARY"
@@ -482,7 +505,7 @@ if [ "$PYTHON_STEPS" = 1 ] && ! late 60 65 "Python benchmark"; then
   SMOKE=()
   [ "$DRY_RUN" = 1 ] && SMOKE=(--smoke)
   say "Python benchmark: python -m fattn.bench --gpu ${SMOKE[*]}, one process per section${DEADLINE_S:+, until +$((END4 - START)) s}"
-  for spec in "masked 30 100" "forward 25 70" "decode 20 45" "training 25 25"; do
+  for spec in "${PY_SECTIONS[@]}"; do
     read -r section share rest <<<"$spec"
     LOG=$OUT/pybench-$section.log
     ST=0
@@ -507,8 +530,9 @@ if [ "$PYTHON_STEPS" = 1 ] && ! late 60 65 "Python benchmark"; then
   done
 fi
 
-if [ "$DRY_RUN" = 1 ]; then
-  say "dry run: no benchmark of the kernel variants, no ncu"
+if [ "$DRY_RUN" = 1 ] || [ "$CPP_BENCH" = 0 ]; then
+  [ "$DRY_RUN" = 1 ] && say "dry run: no benchmark of the kernel variants, no ncu"
+  [ "$CPP_BENCH" = 0 ] && say "--focus $FOCUS: no benchmark of the dense kernel variants, no ncu"
   say "done"
   echo "===================== summary ====================="
   cat "$SUMMARY"

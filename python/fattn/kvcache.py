@@ -151,13 +151,24 @@ def _indexed_cache(fn, call, q, k_cache, v_cache, k, v, cache_seqlens, cache_bat
     """The call with sequence b on cache row cache_batch_idx[b] (default b), its keys starting
     at cache_leftpad[b] (default 0): the cache row is a page of block_size S_cache in one call
     where no sequence is left-padded and the page-size rule allows it, else sequence by
-    sequence on views of its row from its first key (both read the indices on the host
-    once, to check them)."""
+    sequence on views of its row from its first key. On CUDA the one call's rows are checked
+    on the device, as block-table entries; otherwise the indices are read on the host once,
+    to check them."""
     if block_table is not None:
         raise NotImplementedError(f"fattn.{fn}: cache_batch_idx and cache_leftpad take a "
                                   "(B_cache, S_cache, Hkv, D) cache, not a paged one (as in "
                                   "FlashAttention)")
     b, cache_rows, capacity = q.size(0), k_cache.size(0), k_cache.size(1)
+    if (q.is_cuda and cache_batch_idx is not None and cache_leftpad is None
+            and capacity % PAGE_MULTIPLE == 0):
+        # Each row one page, its index checked on the device with the block table's (a
+        # device-side assertion; no host synchronisation: a decode step stays capturable).
+        _check_int32(fn, "cache_batch_idx", cache_batch_idx, 1, "(B,)", q.device)
+        if cache_batch_idx.size(0) != b:
+            raise ValueError(f"fattn.{fn}: cache_batch_idx must hold {b} rows of k_cache, got "
+                             f"{cache_batch_idx.size(0)}")
+        return call(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx.reshape(b, 1),
+                    alibi_slopes)
     rows = list(range(b))
     if cache_batch_idx is not None:
         _check_int32(fn, "cache_batch_idx", cache_batch_idx, 1, "(B,)", q.device)

@@ -75,7 +75,8 @@ __device__ __forceinline__ std::int64_t cache_offset(const DecodeParams& p,
   const int page = p.block_table[b * p.table_stride + j / p.block_size];
   require(page >= 0 && page < p.num_blocks,
           "fattn: every block_table entry a sequence uses must be a page of k_cache "
-          "(0 <= entry < k_cache.size(0))");
+          "(0 <= entry < k_cache.size(0); flash_attn_with_kvcache's cache_batch_idx entries "
+          "are checked as these)");
   return page * stride[0] + h * stride[1] + static_cast<std::int64_t>(j % p.block_size) * stride[2];
 }
 

@@ -421,6 +421,46 @@ TEST(CudaDecode, MatchesTheFloat64ReferenceAndAppendsLikeTheCpu) {
   }
 }
 
+// A few small cases for compute-sanitizer (memcheck, racecheck, synccheck; scripts/
+// gpu-check.sh): every kernel (check, split, combine), each ring depth, the slow P·V path.
+std::vector<DecodeCase> sanitize_cases() {
+  DecodeCase paged;  // D = 64, GQA 4, pages of 16, an append, 3 splits, 2 stages
+  paged.head_dim = 64;
+  paged.capacity = 128;
+  paged.page = 16;
+  paged.new_len = 1;
+  paged.lengths = {40, 127};
+  paged.splits = 3;
+  paged.stages = 2;
+  DecodeCase chunk;  // D = 128, 5 causal queries, a NaN some rows see, one split, 3 stages
+  chunk.dtype = DType::float16;
+  chunk.q_heads = chunk.kv_heads = 2;
+  chunk.q_len = 5;
+  chunk.capacity = 96;
+  chunk.new_len = 5;
+  chunk.lengths = {0, 70};
+  chunk.causal = true;
+  chunk.nan_in_v = true;
+  chunk.splits = 1;
+  chunk.stages = 3;
+  DecodeCase variants;  // D = 256, the variants, chosen splits
+  variants.head_dim = 256;
+  variants.capacity = 200;
+  variants.lengths = {199, 3};
+  variants.window_left = 50;
+  variants.softcap = 20.0f;
+  variants.alibi = variants.sinks = true;
+  return {paged, chunk, variants};
+}
+
+TEST(CudaDecodeSanitize, SmallCases) {
+  FATTN_REQUIRE_GPU();
+  for (const DecodeCase& c : sanitize_cases()) {
+    SCOPED_TRACE(c.name());
+    check_case(c);
+  }
+}
+
 // A decode step issues its launches and returns: nothing on the device is read by the host,
 // so the same call replays from a CUDA graph with new lengths written between replays.
 TEST(CudaDecode, ReplaysFromACudaGraphWithNewLengths) {

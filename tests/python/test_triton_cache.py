@@ -142,7 +142,8 @@ def bad_kvcache_calls():
          r"the cache's 32 positions"),
         (dict(q=q, k=new, v=new, cache_seqlens=lens, block_table=bad_table),
          r"block_table\[1, 0\] = 99: every block_table entry a sequence uses must be a page "
-         r"of k_cache \(0 to 6\)"),
+         r"of k_cache \(0 to 6; flash_attn_with_kvcache's cache_batch_idx entries are "
+         r"checked as these\)"),
         (dict(q=q, k=new, v=new, block_table=table),
          "appending k_new and v_new needs cache_seqlens"),
         (dict(q=q, k=new, v=None, cache_seqlens=lens, block_table=table),

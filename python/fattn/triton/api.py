@@ -394,7 +394,8 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page):
     length_rule = (f"every cache_seqlens entry with the {new} new keys must fit the cache's "
                    f"{capacity} positions (and be >= 0)")
     table_rule = (f"every block_table entry a sequence uses must be a page of k_cache (0 to "
-                  f"{pages - 1})")
+                  f"{pages - 1}; flash_attn_with_kvcache's cache_batch_idx entries are "
+                  f"checked as these)")
     rules = [(bad, rule) for bad, rule in ((length_bad, length_rule), (table_bad, table_rule))
              if bad is not None]
     if not rules:
