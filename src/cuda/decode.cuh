@@ -230,6 +230,109 @@ __device__ __forceinline__ void append_new_keys(const DecodeParams& p, int b, in
   }
 }
 
+// The block's query rows into shared memory (row pitch kPitch), zero-filled past the rows
+// and the head dim, by cp.async (the caller commits the group).
+template <class T, int kD, int kPitch>
+__device__ __forceinline__ void load_query_rows(T* sq, const DecodeParams& p, const RowTile& tile,
+                                                int tid) {
+  constexpr int kChunksPerRow = kD / 8;
+  for (int c = tid; c < DecodeTiles::kRows * kChunksPerRow; c += DecodeTiles::kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const bool ok = tile.valid(r) && col < p.head_dim;
+    const T* src = static_cast<const T*>(p.q);
+    if (ok)
+      src += tile.b * p.q_stride[0] + tile.head(r) * p.q_stride[1] +
+             static_cast<std::int64_t>(tile.query(r)) * p.q_stride[2] + col;
+    cp_async_16(sq + r * kPitch + col, src, ok);
+  }
+}
+
+// The warps' rows merged in shared memory (over the block's rings, once every warp is done
+// with them): each warp's running max and sum and its 16 × kD partial output, then per row
+// each warp's weight 2^(m_w − M) / L and the row's logsumexp.
+template <int kD>
+struct WarpMerge {
+  static constexpr int kRows = DecodeTiles::kRows, kWarps = DecodeTiles::kWarps;
+  float* m_w;      // [kWarps][kRows]
+  float* l_w;      // [kWarps][kRows]
+  float* o_w;      // [kWarps][kRows][kD]
+  float* weight;   // [kWarps][kRows]
+  float* row_lse;  // [kRows], natural units
+
+  __device__ __forceinline__ explicit WarpMerge(float* area)
+      : m_w(area), l_w(area + kWarps * kRows), o_w(l_w + kWarps * kRows),
+        weight(o_w + kWarps * kRows * kD), row_lse(weight + kWarps * kRows) {}
+
+  // This warp's state (the C fragments of warp_softmax.cuh: rows g and g + 8).
+  __device__ __forceinline__ void store(WarpRows& stats, const float (&o)[kD / 8][4], int warp,
+                                        int lane) const {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = lane / 4 + 8 * half;
+      const float l = quad_sum(stats.l[half]);
+      if (lane % 4 == 0) {
+        m_w[warp * kRows + r] = stats.m[half];
+        l_w[warp * kRows + r] = l;
+      }
+#pragma unroll
+      for (int d = 0; d < kD / 8; ++d) {
+        float* dst = o_w + (warp * kRows + r) * kD + d * 8 + 2 * (lane % 4);
+        dst[0] = o[d][2 * half];
+        dst[1] = o[d][2 * half + 1];
+      }
+    }
+  }
+
+  // Row r's weights and logsumexp (−inf for a row that saw nothing).
+  __device__ __forceinline__ void weigh(int r) const {
+    float m = neg_inf();
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, m_w[w * kRows + r]);
+    const float m_ref = m == neg_inf() ? 0.0f : m;
+    float l = 0.0f;
+    for (int w = 0; w < kWarps; ++w) l = fmaf(l_w[w * kRows + r], exp2f(m_w[w * kRows + r] - m_ref), l);
+    const float inv = reciprocal_or_zero(l);
+    for (int w = 0; w < kWarps; ++w) weight[w * kRows + r] = exp2f(m_w[w * kRows + r] - m_ref) * inv;
+    row_lse[r] = logsumexp(m, l);
+  }
+
+  // Column col of row r: the warps' outputs, weighted.
+  __device__ __forceinline__ float value(int r, int col) const {
+    float x = 0.0f;
+    for (int w = 0; w < kWarps; ++w) x = fmaf(o_w[(w * kRows + r) * kD + col], weight[w * kRows + r], x);
+    return x;
+  }
+};
+
+// The block's rows out: with one split, out and lse with the sink folded in; with more, the
+// split's float32 partial rows (o normalised, lse) for combine_splits.
+template <class T, int kD>
+__device__ __forceinline__ void write_rows(const DecodeParams& p, const RowTile& tile,
+                                           const WarpMerge<kD>& merge, int split, int tid) {
+  const int b = tile.b;
+  for (int c = tid; c < DecodeTiles::kRows * kD; c += DecodeTiles::kThreads) {
+    const int r = c / kD, col = c % kD;
+    if (!tile.valid(r) || col >= p.head_dim) continue;
+    float x = merge.value(r, col);
+    const int i = tile.query(r), h = tile.head(r);
+    if (p.splits > 1) {
+      const std::int64_t row = ((static_cast<std::int64_t>(split) * p.batch + b) * p.q_heads + h) * p.q_len + i;
+      p.o_part[row * p.head_dim + col] = x;
+      if (col == 0) p.lse_part[row] = merge.row_lse[r];
+      continue;
+    }
+    float lse = merge.row_lse[r];
+    if (p.sinks) {  // the sink's term joins the denominator: rescale by exp(lse − lse')
+      const float joined = with_sink(lse, p.sinks[h]);
+      x = isnan(joined) ? joined : lse == neg_inf() ? 0.0f : x * expf(lse - joined);
+      lse = joined;  // a NaN sink makes the row NaN, out and lse (as fold_sink)
+    }
+    static_cast<T*>(p.out)[b * p.out_stride[0] + h * p.out_stride[1] +
+                           static_cast<std::int64_t>(i) * p.out_stride[2] + col] = from_float<T>(x);
+    if (col == 0 && p.lse)
+      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + static_cast<std::int64_t>(i) * p.lse_stride[2]] = lse;
+  }
+}
+
 // DecodeTiles::at as compile-time constants of the kernel.
 template <int kD>
 struct DecodeShape {
@@ -242,7 +345,7 @@ __global__ void __launch_bounds__(DecodeTiles::kThreads, 1)
     split_decode(const DecodeParams p, int stages) {
   constexpr int kBc = DecodeShape<kD>::kBc, kPitch = DecodeShape<kD>::kPitch;
   constexpr int kRows = DecodeTiles::kRows;
-  constexpr int kWarps = DecodeTiles::kWarps, kThreads = DecodeTiles::kThreads;
+  constexpr int kWarps = DecodeTiles::kWarps;
   constexpr int kN = kBc / 8, kDB = kD / 8, kChunksPerRow = kD / 8;
   static_assert(kBc <= 32 && kBc % 16 == 0, "one key per lane, whole 16-key MMA steps");
 
@@ -274,16 +377,7 @@ __global__ void __launch_bounds__(DecodeTiles::kThreads, 1)
 
   if (p.new_len > 0 && tile.first == 0) append_new_keys<T, kD>(p, b, hk, old, split, tid);
 
-  // The query rows (zero-filled past the rows and the head dim), one cp.async group.
-  for (int c = tid; c < kRows * kChunksPerRow; c += kThreads) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const bool ok = tile.valid(r) && col < p.head_dim;
-    const T* src = static_cast<const T*>(p.q);
-    if (ok)
-      src += b * p.q_stride[0] + tile.head(r) * p.q_stride[1] +
-             static_cast<std::int64_t>(tile.query(r)) * p.q_stride[2] + col;
-    cp_async_16(sq + r * kPitch + col, src, ok);
-  }
+  load_query_rows<T, kD, kPitch>(sq, p, tile, tid);
   cp_async_commit();
 
   // Issues warp tile n (keys range.begin + (warp + n·kWarps)·kBc ...) into its stage: each
@@ -375,66 +469,12 @@ __global__ void __launch_bounds__(DecodeTiles::kThreads, 1)
   cp_async_wait_at_most(0);
   __syncthreads();  // every warp is done with its ring: the merge reuses it
 
-  // --- the warps' rows merged: m, l and o of each warp to shared memory ------------------
-  float* const m_w = reinterpret_cast<float*>(rings);     // [kWarps][kRows]
-  float* const l_w = m_w + kWarps * kRows;                // [kWarps][kRows]
-  float* const o_w = l_w + kWarps * kRows;                // [kWarps][kRows][kD]
-  float* const weight = o_w + kWarps * kRows * kD;        // [kWarps][kRows]: 2^(m_w − M) / L
-  float* const row_lse = weight + kWarps * kRows;         // [kRows]
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = lane / 4 + 8 * half;
-    const float l = quad_sum(stats.l[half]);
-    if (lane % 4 == 0) {
-      m_w[warp * kRows + r] = stats.m[half];
-      l_w[warp * kRows + r] = l;
-    }
-#pragma unroll
-    for (int d = 0; d < kDB; ++d) {
-      float* dst = o_w + (warp * kRows + r) * kD + d * 8 + 2 * (lane % 4);
-      dst[0] = o[0][d][2 * half];
-      dst[1] = o[0][d][2 * half + 1];
-    }
-  }
+  const WarpMerge<kD> merge(reinterpret_cast<float*>(rings));
+  merge.store(stats, o[0], warp, lane);
   __syncthreads();
-  if (tid < kRows) {
-    float m = neg_inf();
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, m_w[w * kRows + tid]);
-    const float m_ref = m == neg_inf() ? 0.0f : m;
-    float l = 0.0f;
-    for (int w = 0; w < kWarps; ++w) l = fmaf(l_w[w * kRows + tid], exp2f(m_w[w * kRows + tid] - m_ref), l);
-    const float inv = reciprocal_or_zero(l);
-    for (int w = 0; w < kWarps; ++w)
-      weight[w * kRows + tid] = exp2f(m_w[w * kRows + tid] - m_ref) * inv;
-    row_lse[tid] = logsumexp(m, l);  // natural units; −inf for a row that saw nothing
-  }
+  if (tid < kRows) merge.weigh(tid);
   __syncthreads();
-
-  // --- out: one split writes the rows (the sink folded in), more write partial rows -------
-  const bool partial = p.splits > 1;
-  for (int c = tid; c < kRows * kD; c += kThreads) {
-    const int r = c / kD, col = c % kD;
-    if (!tile.valid(r) || col >= p.head_dim) continue;
-    float x = 0.0f;
-    for (int w = 0; w < kWarps; ++w) x = fmaf(o_w[(w * kRows + r) * kD + col], weight[w * kRows + r], x);
-    const int i = tile.query(r), h = tile.head(r);
-    if (partial) {
-      const std::int64_t row = ((static_cast<std::int64_t>(split) * p.batch + b) * p.q_heads + h) * p.q_len + i;
-      p.o_part[row * p.head_dim + col] = x;
-      if (col == 0) p.lse_part[row] = row_lse[r];
-      continue;
-    }
-    float lse = row_lse[r];
-    if (p.sinks) {  // the sink's term joins the denominator: rescale by exp(lse − lse')
-      const float joined = with_sink(lse, p.sinks[h]);
-      x = isnan(joined) ? joined : lse == neg_inf() ? 0.0f : x * expf(lse - joined);
-      lse = joined;  // a NaN sink makes the row NaN, out and lse (as fold_sink)
-    }
-    static_cast<T*>(p.out)[b * p.out_stride[0] + h * p.out_stride[1] +
-                           static_cast<std::int64_t>(i) * p.out_stride[2] + col] = from_float<T>(x);
-    if (col == 0 && p.lse)
-      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + static_cast<std::int64_t>(i) * p.lse_stride[2]] = lse;
-  }
+  write_rows<T, kD>(p, tile, merge, split, tid);
 }
 
 // One warp per (sequence, query head, query) row: out = Σ_s exp(lse_s − lse)·o_s with
