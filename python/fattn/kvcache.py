@@ -39,13 +39,16 @@ import torch
 
 from . import rotary
 from ._layouts import PAGE_MULTIPLE
-from .cuda_dispatch import triton_available
+from .cuda_dispatch import decode_head_dims, triton_available
 from .functional import (CPU_KERNEL_DTYPES, check_one_device_and_dtype, per_head, refuse_grad,
                          window_of)
 
 # The C++ KV-cache and varlen entry points run on the CPU (meta is the fake kernel's); on
-# CUDA the Triton kernels run them where triton is installed (fattn/cuda_dispatch.py).
-_DEVICE_TYPES = ("cpu", "meta", "cuda") if triton_available() else ("cpu", "meta")
+# CUDA the Triton kernels run them where triton is installed, and the C++ decode kernel runs
+# the 16-bit KV caches it takes where the extension has the CUDA backend
+# (fattn/cuda_dispatch.py; the rest then says that triton is missing).
+_DEVICE_TYPES = (("cpu", "meta", "cuda") if triton_available() or decode_head_dims()
+                 else ("cpu", "meta"))
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 
 
@@ -67,7 +70,8 @@ def _check_floats(fn: str, tensors, dtypes, rank: int, layouts) -> None:
     if first.device.type not in _DEVICE_TYPES:
         raise NotImplementedError(f"fattn.{fn}: {first_name} is on {first.device}, but fattn's "
                                   "KV-cache and varlen entry points run on the CPU, and on "
-                                  "CUDA with triton installed")
+                                  "CUDA with triton installed (16-bit KV caches also with "
+                                  "fattn's CUDA backend)")
     if first.dtype not in dtypes:
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise NotImplementedError(f"fattn.{fn}: {first_name}.dtype is {first.dtype}, but "

@@ -129,6 +129,22 @@ def test_the_kernels_registered_for_cuda():
     assert bool(_C.with_cuda) == bool(cuda_dispatch.decode_head_dims())
 
 
+def test_kvcache_on_cuda_without_triton_where_the_cpp_decode_kernel_runs(monkeypatch):
+    """flash_attn_with_kvcache takes CUDA tensors where triton is installed, or where the
+    extension has the C++ decode kernel (its 16-bit KV caches need no triton)."""
+    import importlib
+    from fattn import kvcache
+    monkeypatch.setattr(cuda_dispatch, "triton_available", lambda: False)
+    try:
+        for dims, takes_cuda in (((64, 128, 256), True), ((), False)):
+            monkeypatch.setattr(cuda_dispatch, "decode_head_dims", lambda dims=dims: dims)
+            assert ("cuda" in importlib.reload(kvcache)._DEVICE_TYPES) == takes_cuda, dims
+    finally:
+        monkeypatch.undo()
+        importlib.reload(kvcache)
+    assert "cuda" in kvcache._DEVICE_TYPES  # triton is installed here
+
+
 def test_the_tma_head_dims_of_this_build():
     dims = cuda_dispatch.tma_head_dims()
     assert dims == tuple(sorted(dims)) and set(dims) <= {64, 128, 256}
