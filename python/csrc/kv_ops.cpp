@@ -88,6 +88,7 @@ std::string with_op_names(std::string message) {
 // The views of one attention_kvcache call (they live as long as the call).
 struct KvCacheCall {
   fattn::TensorView seqlens, table, k_new, v_new;
+  bool has_k_new, has_v_new;  // given (an empty tensor's data pointer may be null)
   fattn::KvCache cache;
   KvCacheCall(at::Tensor& k_cache, at::Tensor& v_cache, const std::optional<at::Tensor>& kn,
               const std::optional<at::Tensor>& vn, const std::optional<at::Tensor>& cache_seqlens,
@@ -96,12 +97,14 @@ struct KvCacheCall {
         table(block_table ? int32_view_of(*block_table, "block_table") : fattn::TensorView{}),
         k_new(kn ? view_of(*kn, "k_new") : fattn::TensorView{}),
         v_new(vn ? view_of(*vn, "v_new") : fattn::TensorView{}),
+        has_k_new(kn.has_value()),
+        has_v_new(vn.has_value()),
         cache{view_of(k_cache, "k_cache"), view_of(v_cache, "v_cache"),
               cache_seqlens ? &seqlens : nullptr, block_table ? &table : nullptr} {}
   KvCacheCall(const KvCacheCall&) = delete;
   KvCacheCall& operator=(const KvCacheCall&) = delete;
-  const fattn::TensorView* kn() const { return k_new.data ? &k_new : nullptr; }
-  const fattn::TensorView* vn() const { return v_new.data ? &v_new : nullptr; }
+  const fattn::TensorView* kn() const { return has_k_new ? &k_new : nullptr; }
+  const fattn::TensorView* vn() const { return has_v_new ? &v_new : nullptr; }
 };
 
 void check_kvcache_ranks(const at::Tensor& q, const at::Tensor& k_cache,

@@ -163,11 +163,12 @@ def _indexed_cache(fn, call, q, k_cache, v_cache, k, v, cache_seqlens, cache_bat
                                   "(B_cache, S_cache, Hkv, D) cache, not a paged one (as in "
                                   "FlashAttention)")
     b, cache_rows, capacity = q.size(0), k_cache.size(0), k_cache.size(1)
+    if cache_batch_idx is not None:
+        _check_int32(fn, "cache_batch_idx", cache_batch_idx, 1, "(B,)", q.device)
     if (q.is_cuda and cache_batch_idx is not None and cache_leftpad is None
             and capacity % PAGE_MULTIPLE == 0):
         # Each row one page, its index checked on the device with the block table's (a
         # device-side assertion; no host synchronisation: a decode step stays capturable).
-        _check_int32(fn, "cache_batch_idx", cache_batch_idx, 1, "(B,)", q.device)
         if cache_batch_idx.size(0) != b:
             raise ValueError(f"fattn.{fn}: cache_batch_idx must hold {b} rows of k_cache, got "
                              f"{cache_batch_idx.size(0)}")
@@ -175,7 +176,6 @@ def _indexed_cache(fn, call, q, k_cache, v_cache, k, v, cache_seqlens, cache_bat
                     alibi_slopes)
     rows = list(range(b))
     if cache_batch_idx is not None:
-        _check_int32(fn, "cache_batch_idx", cache_batch_idx, 1, "(B,)", q.device)
         rows = cache_batch_idx.tolist()
         if len(rows) != b or any(not 0 <= r < cache_rows for r in rows):
             raise ValueError(f"fattn.{fn}: cache_batch_idx must hold {b} rows of k_cache "

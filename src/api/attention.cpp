@@ -69,11 +69,7 @@ std::string bf16_products_reason(const Options& options, const cpu::Kernels& ker
 }
 
 void require_cpu(const TensorView& q) {
-#ifndef FATTN_WITH_CUDA
-  if (q.device == Device::cuda)
-    throw Error("fattn: q is on cuda, but this build of fattn has no CUDA backend "
-                "(rebuild with -DFATTN_CUDA=ON)");
-#endif
+  detail::expect_cuda_backend(q);
   if (q.device != Device::cpu)
     throw Error(std::string("fattn: q is on ") + to_string(q.device) +
                 ", but this entry point takes cpu tensors");
@@ -527,6 +523,16 @@ std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem&
     throw Error(
         "fattn: the decode kernel's working memory for this problem would overflow 64 bits");
   return floats;
+}
+
+void expect_cuda_backend(const TensorView& q) {
+#ifndef FATTN_WITH_CUDA
+  if (q.device == Device::cuda)
+    throw Error("fattn: q is on cuda, but this build of fattn has no CUDA backend "
+                "(rebuild with -DFATTN_CUDA=ON)");
+#else
+  (void)q;
+#endif
 }
 
 }  // namespace detail

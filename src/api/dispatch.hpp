@@ -19,6 +19,9 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options);
 // Runs a validated ragged backward problem (attention_varlen_backward).
 void ragged_backward(const Problem& p, const Exec& exec, const Options& options);
 
+// A cuda q in a build without the CUDA backend is an Error saying so; nothing otherwise.
+void expect_cuda_backend(const TensorView& q);
+
 // Floats of the decode kernel's working memory (an overflow is an Error).
 std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem& p,
                                      const Exec& exec, const Options& options);

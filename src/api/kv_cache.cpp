@@ -21,27 +21,16 @@ Impl kvcache_impl(Impl impl) {
               to_string(impl) + " (the prefill kernels do not read a KV cache)");
 }
 
-// Whether q is a CUDA view that the CUDA backend takes (an Error without one).
-bool on_cuda(const TensorView& q) {
-  if (q.device != Device::cuda) return false;
-#ifndef FATTN_WITH_CUDA
-  throw Error("fattn: q is on cuda, but this build of fattn has no CUDA backend "
-              "(rebuild with -DFATTN_CUDA=ON)");
-#else
-  return true;
-#endif
-}
-
 }  // namespace
 
 void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorView* k_new,
                        const TensorView* v_new, const TensorView& out, const TensorView* lse,
                        const Options& options) {
   const Impl impl = kvcache_impl(options.impl);
+  detail::expect_cuda_backend(q);
 #ifdef FATTN_WITH_CUDA
-  if (on_cuda(q)) return cuda::attention_kvcache(q, cache, k_new, v_new, out, lse, options);
-#else
-  on_cuda(q);
+  if (q.device == Device::cuda)
+    return cuda::attention_kvcache(q, cache, k_new, v_new, out, lse, options);
 #endif
   const detail::KvCacheProblem call(q, cache, k_new, v_new, &out, lse, options);
   const detail::Exec exec = detail::make_exec(options);
@@ -79,10 +68,9 @@ std::vector<int> cuda_decode_head_dims() {
 std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,
                                  const TensorView* k_new, const Options& options) {
   const Impl impl = kvcache_impl(options.impl);
+  detail::expect_cuda_backend(q);
 #ifdef FATTN_WITH_CUDA
-  if (on_cuda(q)) return cuda::kvcache_extra_bytes(q, cache, k_new, options);
-#else
-  on_cuda(q);
+  if (q.device == Device::cuda) return cuda::kvcache_extra_bytes(q, cache, k_new, options);
 #endif
   const detail::KvCacheProblem call(q, cache, k_new, k_new, nullptr, nullptr, options);
   const detail::Exec exec = detail::make_exec(options);

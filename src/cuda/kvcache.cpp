@@ -53,6 +53,22 @@ int device_attribute(cudaDeviceAttr attribute, int device, const char* what) {
   return value;
 }
 
+// Why `stages` ring stages at compiled head dim `dim` do not fit a device with `limit` bytes
+// of shared memory per block ("" when they do).
+std::string smem_shortfall(int dim, int stages, std::int64_t limit, int device) {
+  const std::int64_t needs = decode_smem_bytes(dim, stages);
+  if (needs <= limit) return {};
+  return "the CUDA decode kernel with " + std::to_string(stages) + " stages at head dim " +
+         std::to_string(dim) + " needs " + std::to_string(needs) +
+         " bytes of shared memory per block; CUDA device " + std::to_string(device) + " has " +
+         std::to_string(limit);
+}
+
+std::int64_t smem_limit(int device) {
+  return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device,
+                          "cudaDeviceGetAttribute(maxSharedMemoryPerBlockOptin)");
+}
+
 struct DecodePlan {
   int kernel_dim = 0;
   int stages = 0;
@@ -72,26 +88,22 @@ DecodePlan plan_decode(const detail::Problem& p, int stages, int kv_splits, int 
   DecodePlan plan;
   plan.head_dim = p.head_dim;
   plan.kernel_dim = decode_kernel_dim(p.head_dim);
-  const std::int64_t smem_limit =
-      device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device,
-                       "cudaDeviceGetAttribute(maxSharedMemoryPerBlockOptin)");
+  const std::int64_t limit = smem_limit(device);
   if (stages != 0) {
     if (stages < kLeastStages || stages > DecodeTiles::kMaxStages)
-      fail("decode_stages (the CUDA decode kernel's ring depth) must be 0 (chosen) or " + std::to_string(kLeastStages) +
-           " to " + std::to_string(DecodeTiles::kMaxStages) + ", got " + std::to_string(stages));
-    if (decode_smem_bytes(plan.kernel_dim, stages) > smem_limit)
-      fail("the decode kernel with " + std::to_string(stages) + " stages at head dim " +
-           std::to_string(plan.kernel_dim) + " needs " +
-           std::to_string(decode_smem_bytes(plan.kernel_dim, stages)) +
-           " bytes of shared memory per block; this device has " + std::to_string(smem_limit));
+      fail("decode_stages (the CUDA decode kernel's ring depth) must be 0 (chosen) or " +
+           std::to_string(kLeastStages) + " to " + std::to_string(DecodeTiles::kMaxStages) +
+           ", got " + std::to_string(stages));
+    const std::string shortfall = smem_shortfall(plan.kernel_dim, stages, limit, device);
+    if (!shortfall.empty()) fail(shortfall);
     plan.stages = stages;
-  } else {
-    for (int s = kDefaultStages; s >= kLeastStages && plan.stages == 0; --s)
-      if (decode_smem_bytes(plan.kernel_dim, s) <= smem_limit) plan.stages = s;
-    if (plan.stages == 0)
-      fail("the decode kernel at head dim " + std::to_string(plan.kernel_dim) + " needs " +
-           std::to_string(decode_smem_bytes(plan.kernel_dim, kLeastStages)) +
-           " bytes of shared memory per block; this device has " + std::to_string(smem_limit));
+  } else {  // the deepest that fits (decode_refusal made sure the least does)
+    plan.stages = kLeastStages;
+    for (int s = kDefaultStages; s > kLeastStages; --s)
+      if (smem_shortfall(plan.kernel_dim, s, limit, device).empty()) {
+        plan.stages = s;
+        break;
+      }
   }
 
   const std::int64_t row_tiles =
@@ -223,16 +235,7 @@ std::string decode_refusal(const TensorView& q, const KvCache& cache, const Tens
     cudaGetLastError();  // no device: the call itself says so
     return {};
   }
-  const std::int64_t needs = decode_smem_bytes(decode_kernel_dim(head_dim), kLeastStages);
-  int limit = 0;
-  if (cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
-          cudaSuccess &&
-      needs > limit)
-    return "the CUDA decode kernel at head dim " + std::to_string(head_dim) + " needs " +
-           std::to_string(needs) + " bytes of shared memory per block; CUDA device " +
-           std::to_string(device) + " has " + std::to_string(limit);
-  cudaGetLastError();
-  return {};
+  return smem_shortfall(decode_kernel_dim(head_dim), kLeastStages, smem_limit(device), device);
 }
 
 void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorView* k_new,
