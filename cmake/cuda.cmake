@@ -140,6 +140,13 @@ foreach(d IN LISTS _fattn_dims)
                             FATTN_GEN_TMA_HEAD_DIM_ITEMS)
   endif()
 endforeach()
+# The Hopper backward (backward_tma.cu) instantiates its head dims itself (64 and 128,
+# tile_config.hpp's hopper_backward_head_dim), whatever FATTN_CUDA_HEAD_DIMS lists.
+set(FATTN_GEN_BACKWARD_HEAD_DIM_ITEMS "")
+if(_fattn_with_wgmma)
+  list(APPEND _fattn_wgmma_sources ${PROJECT_SOURCE_DIR}/src/cuda/backward_tma.cu)
+  set(FATTN_GEN_BACKWARD_HEAD_DIM_ITEMS " X(64) X(128)")
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/src/cuda/head_dims.hpp.in ${_fattn_gen}/cuda/head_dims.hpp
                @ONLY)
 
@@ -148,6 +155,7 @@ configure_file(${PROJECT_SOURCE_DIR}/src/cuda/head_dims.hpp.in ${_fattn_gen}/cud
 # fattn's cxx_std_20 to CUDA too, and it knows no C++20 flag for nvcc. The CUDA
 # sources are C++17.
 add_library(fattn_cuda STATIC
+  src/cuda/backward.cpp
   src/cuda/decode.cu
   src/cuda/device.cpp
   src/cuda/dispatch.cu

@@ -8,7 +8,7 @@
 #
 #   scripts/gpu-check.sh --out DIR --deadline-s 450
 #
-#   scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma|decode] [--arch SM]
+#   scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma|decode|backward] [--arch SM]
 #                        [--gtest-source DIR] [--no-python] [--dry-run]
 #
 #   --out DIR         where the results go (default: gpu-check-out in the repository root;
@@ -32,6 +32,11 @@
 #                     Python tests, the Python benchmark's decode section with all the time
 #                     left (fattn_op on the decode kernel beside fattn_triton, cuDNN, flash;
 #                     paged, graph-replay and ring-depth rows); no fattn_gpu_bench, no ncu
+#   --focus backward  the Hopper backward (docs/cuda.md): tests *CudaBackward* and
+#                     CudaBehaviour.*, compute-sanitizer on its small cases, the gradient
+#                     Python tests, the Python benchmark's training section with all the time
+#                     left (fattn_op on the Hopper backward beside fattn_triton, flash and
+#                     cuDNN); no fattn_gpu_bench, no ncu
 #   --arch SM         CUDA architecture to build for, e.g. 90 (env CUDA_ARCH; default: the
 #                     compute capability of GPU 0 as nvidia-smi reports it, else 90)
 #   --gtest-source DIR  GoogleTest source tree to build when the system has no GoogleTest
@@ -50,7 +55,7 @@
 # summary.txt (also printed last) holds the machine, step results, spills and the bench
 # table. Copy DIR/results/<machine>/gpu/ into the repository's results/ to keep them.
 set -u
-usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma|decode] [--arch SM] [--gtest-source DIR] [--no-python] [--dry-run]"
+usage="usage: scripts/gpu-check.sh [--out DIR] [--deadline-s S] [--focus wgmma|tma|decode|backward] [--arch SM] [--gtest-source DIR] [--no-python] [--dry-run]"
 OUT=${OUT:-}
 DEADLINE_S=${DEADLINE_S:-}
 FOCUS=${FOCUS:-}
@@ -102,13 +107,27 @@ PY_SECTIONS=("masked 30 100" "forward 25 70" "decode 20 45" "training 25 25")
 PYTEST_SELECT=()
 CPP_BENCH=1
 NCU_KERNELS="regex:naive_|fused_"
+# The Hopper backward's small cases (tests/cuda/test_cuda_backward.cpp names them), for the
+# sanitizers: both dtypes and head dims, every causal alignment, Sq 65 × Sk 113.
+BACKWARD_SMALL="Grid/CudaBackward.MatchesFloat64Reference/*_Sq65_Sk113_*"
+BACKWARD_SMALL_D64="Grid/CudaBackward.MatchesFloat64Reference/*_Sq65_Sk113_D64_*"
 case "$FOCUS" in
   "")
     TEST_FILTER="*"
-    MEM_FILTER="Small/CudaSanitize.*:CudaDecodeSanitize.*"
-    RACE_FILTER="Small/CudaSanitize.*_D64_*:CudaDecodeSanitize.*"
-    SYNC_FILTER="Small/CudaSanitize.*fused*_D64_*:CudaDecodeSanitize.*"
+    MEM_FILTER="Small/CudaSanitize.*:CudaDecodeSanitize.*:$BACKWARD_SMALL"
+    RACE_FILTER="Small/CudaSanitize.*_D64_*:CudaDecodeSanitize.*:$BACKWARD_SMALL_D64"
+    SYNC_FILTER="Small/CudaSanitize.*fused*_D64_*:CudaDecodeSanitize.*:$BACKWARD_SMALL_D64"
     BENCH_IMPLS=() ;;
+  backward)
+    # The Hopper backward (src/cuda/backward_tma.cuh): its tests and sanitizers, the gradient
+    # Python tests, and the Python benchmark's training section with every minute left.
+    TEST_FILTER="*CudaBackward*:CudaBehaviour.*"
+    MEM_FILTER="$BACKWARD_SMALL"
+    RACE_FILTER="$BACKWARD_SMALL"
+    SYNC_FILTER="$BACKWARD_SMALL"
+    PYTEST_SELECT=(-k "grad or backward or training")
+    PY_SECTIONS=("training 1 1")
+    CPP_BENCH=0 ;;
   decode)
     # The decode kernel (src/cuda/decode.cuh): its tests and sanitizers, the KV-cache Python
     # tests, and the Python benchmark's decode section with every minute left; no
@@ -138,7 +157,7 @@ case "$FOCUS" in
     BENCH_SUITE=flash  # D = 64 and 128, S = 512..16384: where the 450 TFLOP/s bar is read
     NCU_KERNELS="regex:fused_(mma|wgmma|tma)"
     PYTHON_STEPS=0 ;;
-  *) echo "--focus (FOCUS) must be empty, wgmma, tma or decode, got '$FOCUS'" >&2; exit 2 ;;
+  *) echo "--focus (FOCUS) must be empty, wgmma, tma, decode or backward, got '$FOCUS'" >&2; exit 2 ;;
 esac
 JOBS=${JOBS:-$(nproc)}
 START=$(date +%s)

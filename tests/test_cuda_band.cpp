@@ -92,6 +92,36 @@ void check(const Problem& pr, int rows, int keys) {
   }
 }
 
+// The backward's questions (backward_tma.cuh): the query rows a key block of `keys` keys
+// visits hold every row that sees one of its keys; a tile of `rows` rows × `keys` keys (past
+// the sequences too) is masked exactly when one of its pairs is hidden.
+void check_backward(const Problem& pr, int rows, int keys) {
+  const Params p = params_of(pr);
+  const auto band = visibility(p);
+  const int sq = static_cast<int>(pr.q_len), sk = static_cast<int>(pr.kv_len);
+  for (int k0 = 0; k0 < sk; k0 += keys) {
+    const int begin = band.q_begin(k0), end = band.q_end(std::min(k0 + keys, sk));
+    for (int j = k0; j < std::min(k0 + keys, sk); ++j)
+      for (int i = 0; i < sq; ++i)
+        if (model_sees(pr, i, j))
+          ASSERT_TRUE(i >= begin && i < end)
+              << describe(pr) << ": key block from " << k0 << " visits rows [" << begin << ", "
+              << end << "), row " << i << " sees key " << j;
+  }
+  for (int q0 = 0; q0 < sq; q0 += rows)
+    for (int k0 = 0; k0 < sk; k0 += keys) {
+      bool any = false;
+      for (int i = q0; i < q0 + rows; ++i)
+        for (int j = k0; j < k0 + keys; ++j) {
+          const bool hidden = i >= sq || j >= sk || !model_sees(pr, i, j);
+          ASSERT_EQ(band.pair_hidden(i, j), hidden) << describe(pr) << ": pair (" << i << ", " << j << ")";
+          any |= hidden;
+        }
+      ASSERT_EQ(band.tile_has_hidden_pair(q0, rows, k0, keys), any)
+          << describe(pr) << ": rows " << q0 << ".., keys " << k0 << "..";
+    }
+}
+
 TEST(CudaBand, MatchesTheModelOnRandomProblems) {
   std::mt19937 engine(20261128);
   std::uniform_int_distribution<int> length(1, 300), window(0, 320), pick(0, 3);
@@ -108,6 +138,8 @@ TEST(CudaBand, MatchesTheModelOnRandomProblems) {
     const Problem pr = problem(sq, sk, causals[trial % 3], side(), side());
     check(pr, 128, 128);  // the TMA kernel's block and key tile at D = 128
     check(pr, 128, 64);   // ... at D = 64
+    check_backward(pr, 64, 128);  // the Hopper backward's key blocks: 64-row query tiles, 128 keys
+    check_backward(pr, 128, 64);  // its query blocks: 128 rows, 64-key tiles
     if (HasFatalFailure()) return;
   }
 }
@@ -123,6 +155,8 @@ TEST(CudaBand, MatchesTheModelOnEverySmallProblem) {
             const Problem pr = problem(sq, sk, causal, left, right);
             check(pr, 4, 3);
             check(pr, 2, 5);
+            check_backward(pr, 4, 3);
+            check_backward(pr, 3, 2);
             if (HasFatalFailure()) return;
           }
 }

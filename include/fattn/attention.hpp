@@ -176,6 +176,15 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& dv, const Options& options = {},
                         const TensorView* dsinks = nullptr);
 
+// On CUDA views the Hopper backward runs (compute capability 9.0, float16/bfloat16, head dims
+// up to 128, causal either alignment, windows, GQA; no softcap, ALiBi, sinks or attn_mask:
+// cuda_backward_refusal), enqueued on options.cuda_stream without synchronising, and
+// deterministic (no atomics: the same bits on every run).
+std::string cuda_backward_refusal(const TensorView& q, const TensorView& k, const Options& options = {});
+// The head dims the Hopper backward is compiled for (empty without it); smaller ones run on
+// the next one.
+std::vector<int> cuda_backward_head_dims();
+
 // Bytes of working memory attention_backward allocates for this problem, for a dout
 // laid out like q (a dout with strided dims adds a copy of it).
 std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -172,11 +172,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   }
   const fattn::TensorView dlse_view = dlse ? view_of(*dlse, "dlse") : fattn::TensorView{};
   const fattn::TensorView dsinks_view = sinks ? view_of(dsinks, "dsinks") : fattn::TensorView{};
+  const OnDevice on_device(q, options);
   try {
     fattn::attention_backward(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
                               view_of(out, "out"), view_of(dout, "dout"), view_of(lse, "lse"),
                               dlse ? &dlse_view : nullptr, view_of(dq, "dq"), view_of(dk, "dk"),
-                              view_of(dv, "dv"), options, sinks ? &dsinks_view : nullptr);
+                              view_of(dv, "dv"), on_device.options, sinks ? &dsinks_view : nullptr);
   } catch (const fattn::Error& e) {
     TORCH_CHECK(false, e.what());
   }
@@ -288,9 +289,25 @@ std::tuple<at::Tensor, at::Tensor> cuda_attention(
   return attention(q, k, v, is_causal, causal_bottom_right, scale, impl, std::nullopt,
                    window_left, window_right, softcap, alibi_slopes, sinks);
 }
+// The Hopper backward (fattn::cuda_backward_refusal says what it takes; the table asks
+// cuda_dispatch.plan): attention_backward's schema without what it does not take.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_attention_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
+    bool is_causal, bool causal_bottom_right, std::optional<double> scale,
+    std::int64_t window_left, std::int64_t window_right) {
+  return attention_backward(dout, q, k, v, out, lse, dlse, is_causal, causal_bottom_right, scale,
+                            "auto", std::nullopt, window_left, window_right, 0.0, std::nullopt,
+                            std::nullopt);
+}
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(FATTN_OP_NAMESPACE, m) {
+  m.def(
+      "cuda_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+      "Tensor lse, Tensor? dlse=None, bool is_causal=False, bool causal_bottom_right=False, "
+      "float? scale=None, int window_left=-1, int window_right=-1) "
+      "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
   m.def(
       "cuda_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, "
       "bool causal_bottom_right=False, float? scale=None, str impl=\"auto\", "
@@ -298,7 +315,10 @@ TORCH_LIBRARY_FRAGMENT(FATTN_OP_NAMESPACE, m) {
       "Tensor? sinks=None) -> (Tensor out, Tensor lse)");
 }
 
-TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) { m.impl("cuda_attention", &cuda_attention); }
+TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) {
+  m.impl("cuda_attention", &cuda_attention);
+  m.impl("cuda_attention_backward", &cuda_attention_backward);
+}
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -330,6 +350,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "the head dims this build's CUDA decode kernel is compiled for (empty without the CUDA "
       "backend); multiples of 8 up to the largest run on it");
+  m.def(
+      "cuda_backward_head_dims",
+      [] {
+        pybind11::list dims;
+        for (int d : fattn::cuda_backward_head_dims()) dims.append(d);
+        return dims;
+      },
+      "the head dims this build's Hopper backward is compiled for (empty without the CUDA "
+      "backend or its sm_90a kernels); smaller ones run on the next one");
   m.def("best_cpu_isa", [] { return std::string(fattn::to_string(fattn::best_cpu_isa())); },
         "the widest instruction set of this CPU that fattn has kernels for");
   m.def(

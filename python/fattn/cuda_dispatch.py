@@ -36,7 +36,14 @@ forward, causal or not, when the extension is built with its CUDA backend). Per 
   fused, naive, reference   forward without         cuda_cpp        (the C++ kernel by name;
                             attn_mask                               the variants on fused_tma
                                                                     and reference only)
-  any        backward                               triton          (the only GPU backward)
+  auto       backward, float16 or bfloat16, head    cuda_cpp        not yet measured; chosen
+             dim up to 128, causal either           (the Hopper     for the cause of the
+             alignment, windows, GQA; no softcap,   backward,       Triton backward's wrong
+             ALiBi, sinks or attn_mask; compute     backward_tma)   D = 128 gradients on an
+             capability 9.0                                         H200 (2026-11-28) and its
+                                                                    0.45-0.55x cuDNN speed
+  auto,      any other backward                     triton
+  triton
 
 `plan(...)` answers which one a call runs (and why) without running it; every CUDA kernel
 registered below asks it. Nothing falls back to torch: a call no GPU implementation covers
@@ -93,6 +100,23 @@ def tma_head_dims() -> tuple[int, ...]:
     return tuple(_C.cuda_tma_head_dims())
 
 
+def backward_head_dims() -> tuple[int, ...]:
+    """The head dims the C++ Hopper backward of this build is compiled for (empty without the
+    CUDA backend or its sm_90a kernels); smaller ones run on the next one."""
+    from . import _C
+    return tuple(_C.cuda_backward_head_dims())
+
+
+def backward_takes(head_dim: int | None, dtype: torch.dtype | None,
+                   capability: tuple[int, int] | None, score_mods: bool, attn_mask: bool) -> bool:
+    """Whether the C++ Hopper backward takes a backward of this head dim, dtype and device
+    (fattn::cuda_backward_refusal's rule; windows and causal both alignments it takes)."""
+    dims = backward_head_dims()
+    return (dtype in SIXTEEN_BIT and head_dim is not None and bool(dims) and head_dim <= dims[-1]
+            and capability is not None and tuple(capability) == TMA_CAPABILITY
+            and not score_mods and not attn_mask)
+
+
 # Where the C++ kernel beats Triton (the table above): the Hopper TMA kernel's measured head
 # dim, 16-bit inputs, compute capability 9.0.
 TMA_HEAD_DIMS = (128,)
@@ -102,14 +126,18 @@ SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
          head_dim: int | None = None, dtype: torch.dtype | None = None,
-         capability: tuple[int, int] | None = None, attn_mask: bool = False) -> Plan:
-    """The GPU implementation of a call: entry "attention", "attention_kvcache" or
-    "attention_varlen"; impl as the operator's; variants: the call has a window, softcap,
-    ALiBi or sinks (the C++ TMA kernel and the float64 reference take them, the other C++
-    kernels a right window only); attn_mask: it has an attn_mask (no C++ kernel takes one);
-    head_dim, dtype and the device's compute capability (major, minor), where known, choose
-    between the kernels that can run a forward. Answers without a GPU (CI asks it for
-    capability (9, 0))."""
+         capability: tuple[int, int] | None = None, attn_mask: bool = False,
+         score_mods: bool | None = None) -> Plan:
+    """The GPU implementation of a call: entry "attention", "attention_kvcache",
+    "attention_varlen" or "attention_backward"; impl as the operator's; variants: the call has
+    a window, softcap, ALiBi or sinks (the C++ TMA kernel and the float64 reference take them,
+    the other C++ kernels a right window only); score_mods: of those, softcap, ALiBi or sinks
+    (the Hopper backward takes windows only; None: as variants); attn_mask: it has an
+    attn_mask (no C++ kernel takes one); head_dim, dtype and the device's compute capability
+    (major, minor), where known, choose between the kernels that can run a call. Answers
+    without a GPU (CI asks it for capability (9, 0))."""
+    if score_mods is None:
+        score_mods = variants
     dense = entry == "attention" and not attn_mask
     if impl in CPP_IMPLS:
         if not dense:
@@ -129,6 +157,10 @@ def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
             and decode_takes(head_dim, dtype)):
         return Plan(CUDA_CPP, "the C++ decode kernel (src/cuda/decode.cuh), launched by the C++ "
                               "operator without a host synchronisation")
+    if (entry == "attention_backward" and impl == "auto" and cpp_available()
+            and backward_takes(head_dim, dtype, capability, score_mods, attn_mask)):
+        return Plan(CUDA_CPP, "the C++ Hopper backward (src/cuda/backward_tma.cuh): wgmma on TMA "
+                              "tiles, deterministic (no atomics)")
     if (dense and impl == "auto" and head_dim in TMA_HEAD_DIMS and dtype in SIXTEEN_BIT
             and capability is not None and tuple(capability) == TMA_CAPABILITY
             and head_dim in tma_head_dims()):
@@ -208,10 +240,20 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=No
 def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
                        causal_bottom_right=False, scale=None, impl="auto", attn_mask=None,
                        window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-                       sinks=None):
-    """<ns>::attention_backward on CUDA: the Triton backward (deterministic); dq, dk, dv
-    laid out as the operator lays out outputs like q, k, v."""
-    plan("attention_backward", "auto" if impl in CPP_IMPLS else impl, True)
+                       sinks=None, ns="fattn"):
+    """<ns>::attention_backward on CUDA: the C++ Hopper backward where it takes the call, else
+    the Triton backward (both deterministic); dq, dk, dv laid out as the operator lays out
+    outputs like q, k, v."""
+    score_mods = softcap != 0.0 or alibi_slopes is not None or sinks is not None
+    chosen = plan("attention_backward", "auto" if impl in CPP_IMPLS else impl,
+                  score_mods or window_left >= 0 or window_right >= 0, head_dim=q.size(-1),
+                  dtype=q.dtype,
+                  capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
+                  attn_mask=attn_mask is not None, score_mods=score_mods)
+    if chosen.kernel == CUDA_CPP:
+        return getattr(torch.ops, ns).cuda_attention_backward(
+            dout, q, k, v, out, lse, dlse, is_causal, causal_bottom_right, scale, window_left,
+            window_right)
     dq, dk, dv = (empty_like_output(t) for t in (q, k, v))
     _, _, _, dsinks = _triton().attention_backward(
         dout, q, k, v, out, lse, dlse, attn_mask=attn_mask, causal=is_causal,
@@ -242,9 +284,12 @@ def register(ns: str) -> None:
     def dense(*args, **kwargs):
         return attention(*args, **kwargs, ns=ns)
 
+    def dense_backward(*args, **kwargs):
+        return attention_backward(*args, **kwargs, ns=ns)
+
     kernels = [("attention", dense), ("triton_attention_kvcache", attention_kvcache),
                ("attention_varlen", attention_varlen),
-               ("attention_backward", attention_backward),
+               ("attention_backward", dense_backward),
                ("attention_varlen_backward", attention_varlen_backward)]
     # attention_kvcache's CUDA kernel is the C++ operator's where the extension is built with
     # the CUDA backend (python/csrc/kv_ops.cpp: the decode kernel, or Triton through

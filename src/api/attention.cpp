@@ -193,14 +193,6 @@ void run(const detail::Problem& p, const detail::Exec& exec, const DirectionKern
   if (direction.records_stages) detail::record_naive_stage_seconds(stages);
 }
 
-// The backward has no CUDA kernels yet: a cuda tensor gets this error, not the generic one.
-void require_cpu_backward(const TensorView& q) {
-  if (q.device == Device::cuda)
-    throw Error("fattn: attention_backward runs on the CPU only (no CUDA backward yet); "
-                "q is on cuda");
-  require_cpu(q);
-}
-
 #ifdef FATTN_WITH_CUDA
 // What no CUDA kernel takes (an attn_mask is refused in the CUDA plan, naming the kernel).
 void reject_what_cuda_lacks(const TensorView& q) {
@@ -231,6 +223,23 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 std::vector<int> cuda_tma_head_dims() {
 #ifdef FATTN_WITH_CUDA
   return cuda::tma_head_dims();
+#else
+  return {};
+#endif
+}
+
+std::string cuda_backward_refusal(const TensorView& q, const TensorView& k, const Options& options) {
+#ifdef FATTN_WITH_CUDA
+  return cuda::backward_refusal(q, k, options);
+#else
+  (void)q, (void)k, (void)options;
+  return "this build of fattn has no CUDA backend (rebuild with -DFATTN_CUDA=ON)";
+#endif
+}
+
+std::vector<int> cuda_backward_head_dims() {
+#ifdef FATTN_WITH_CUDA
+  return cuda::backward_head_dims();
 #else
   return {};
 #endif
@@ -277,7 +286,13 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView* dlse, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const Options& options,
                         const TensorView* dsinks) {
-  require_cpu_backward(q);
+#ifdef FATTN_WITH_CUDA
+  if (q.device == Device::cuda) {
+    reject_what_cuda_lacks(q);
+    return cuda::attention_backward(q, k, v, out, dout, lse, dlse, dq, dk, dv, options, dsinks);
+  }
+#endif
+  require_cpu(q);
   const detail::Problem p =
       detail::make_backward_problem(q, k, v, out, dout, lse, dlse, dq, dk, dv, options, dsinks);
   const detail::Exec exec = detail::make_exec(options);
@@ -289,7 +304,9 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
 
 std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const Options& options) {
-  require_cpu_backward(q);
+  if (q.device == Device::cuda)
+    throw Error("fattn: backward_extra_bytes describes the CPU kernels; q is on cuda");
+  require_cpu(q);
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
   const Impl impl = resolve_backward(options.impl, q.dtype);
   const int workers = detail::make_exec(options).workers;

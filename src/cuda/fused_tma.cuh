@@ -263,14 +263,16 @@ constexpr CUtensorMapDataType tma_data_type() {
   return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
+// `kernel`: the kernel's name in the error.
 inline void encode_or_fail(CUtensorMap* map, CUtensorMapDataType type,
-                           const HeadTensorGeometry& g, std::uint32_t box_rows, const char* name) {
+                           const HeadTensorGeometry& g, std::uint32_t box_rows, const char* name,
+                           const char* kernel = "fused_tma") {
   const CUresult r = encode_head_tile_map(map, type, g, box_rows);
   if (r == CUDA_ERROR_NOT_FOUND)
-    fail("the fused_tma CUDA kernel needs the driver's cuTensorMapEncodeTiled, which this "
+    fail(std::string("the ") + kernel + " CUDA kernel needs the driver's cuTensorMapEncodeTiled, which this "
          "driver does not provide");
   if (r != CUDA_SUCCESS)
-    fail(std::string("the fused_tma CUDA kernel could not describe ") + name +
+    fail(std::string("the ") + kernel + " CUDA kernel could not describe " + name +
          " as a TMA tensor map (cuTensorMapEncodeTiled returned " + std::to_string(static_cast<int>(r)) +
          "; its data pointer must be 16-byte aligned and its strides multiples of 16 bytes)");
 }

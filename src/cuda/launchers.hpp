@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/backend.hpp"
+#include "cuda/backward_params.hpp"
 #include "cuda/params.hpp"
 
 namespace fattn::cuda {
@@ -33,6 +34,10 @@ void launch_fused_wgmma(const Params& p, const FusedLaunch& launch, cudaStream_t
 // The TMA kernel (fused_tma.cuh; same library, target and device as the wgmma kernels).
 template <class T, int D>
 void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
+// The Hopper backward (backward_tma.cuh; the sm_90a library, compute capability 9.0): the row
+// pass, the key blocks and the query blocks. T as above, D = 64 or 128.
+template <class T, int D>
+void launch_hopper_backward(const BackwardParams& bp, cudaStream_t stream);
 template <int D>
 void launch_fused_tf32(const Params& p, const FusedLaunch& launch, cudaStream_t stream);
 template <int D>

@@ -17,8 +17,6 @@ namespace fattn::cuda {
 
 Strides3 strides3(const TensorView& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-namespace {
-
 void expect_contiguous_rows(const char* name, const TensorView& t) {
   if (t.stride(3) != 1)
     fail(std::string(name) + ".stride(3) (head dim) must be 1 for CUDA tensors, got " +
@@ -44,6 +42,8 @@ bool pair_stores_ok(const TensorView& t) {
     if (t.size(d) > 1 && t.stride(d) % 2 != 0) return false;
   return true;
 }
+
+namespace {
 
 // 128-row query tiles (two 16-row slices per warp, tile_config.hpp) load each K/V
 // fragment once for twice the MMAs, but make half as many blocks. They are taken when

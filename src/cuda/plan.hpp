@@ -54,4 +54,12 @@ Params make_params(const detail::Problem& pr, const TensorView& q, const TensorV
 
 Strides3 strides3(const TensorView& t);
 
+// An Error unless t's rows of head_dim elements are contiguous (stride(3) == 1), naming it.
+void expect_contiguous_rows(const char* name, const TensorView& t);
+// Whether the kernels can read t in 16-byte chunks (cp.async, the copy engine) as it is:
+// 16-byte aligned data and rows, and strides of whole chunks.
+bool cp_async_ready(const TensorView& t);
+// Whether t takes 2-element vector stores (Params::out_pairs).
+bool pair_stores_ok(const TensorView& t);
+
 }  // namespace fattn::cuda

@@ -116,6 +116,28 @@ constexpr TmaTiles tma_tiles(int d) {
   return d <= 64 ? TmaTiles{2, 128, 3} : d <= 128 ? TmaTiles{2, 128, 2} : TmaTiles{2, 64, 2};
 }
 
+// The Hopper backward (backward_tma.cuh, sm_90a, float16 / bfloat16): two kernels, each a
+// producer warpgroup (TMA copies; setmaxnreg 24) and 2 consumer warpgroups (240), no atomics:
+//   key blocks (dK, dV): 128 keys per block (64 per consumer: the M of wgmma), K and V
+//     resident; query tiles of 64 rows stream through a 2-stage ring of (Q, dO). Registers
+//     per consumer thread at D = 128: dK and dV 64 each, Sᵀ and dPᵀ (64 keys × 64 queries)
+//     32 each, their 16-bit A fragments 16 each; shared memory 2·32 KB + 2·2·16 KB = 128 KB.
+//     FlashAttention-3's D = 128 backward tiles (64 × 128, 2 consumer warpgroups).
+//   query blocks (dQ): 128 query rows per block (64 per consumer), Q and dO resident; key
+//     tiles of 64 stream through a 2-stage ring of (K, V); dQ 64 + S, dP 32 each + dS 16.
+// First choice, compiled, not yet run on a GPU (ptxas: docs/cuda.md, "The Hopper
+// backward"). Head dims 64 and 128; smaller ones run on 64, up to 128 on 128 (zero-filled
+// columns), larger ones on Triton.
+struct HopperBackwardTiles {
+  int key_rows;    // key blocks: keys per block
+  int query_tile;  // key blocks: query rows per streamed tile (the N of Sᵀ = K·Qᵀ)
+  int dq_rows;     // query blocks: query rows per block
+  int key_tile;    // query blocks: keys per streamed tile (the N of S = Q·Kᵀ)
+  int stages;      // ring stages of either
+};
+constexpr bool hopper_backward_head_dim(int d) { return d == 64 || d == 128; }
+constexpr HopperBackwardTiles hopper_backward_tiles(int) { return {128, 64, 128, 64, 2}; }
+
 // 3xTF32 / TF32 on mma.sync m16n8k8 (float32). Same warp layout as the 16-bit kernel
 // (kM = 1 or 2 slices of 16 rows per warp, 4 warps, Br = 64 or 128; the 128-row tiles
 // share each K/V fragment load and split between two slices). K and V each have one shared stage, with the

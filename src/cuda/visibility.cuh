@@ -24,6 +24,9 @@
 //                                           edge ask it beside the two above)
 //   kv_begin(q_begin), kv_end(q_end)        the keys rows [q_begin, q_end) may see: which key
 //                                           tiles a block loads
+//   q_begin(k0), q_end(k_end)               the rows keys [k0, k_end) may be seen by: which
+//                                           query tiles the backward's key blocks visit
+//   tile_has_hidden_pair, pair_hidden       the backward's masking, over rows past q_len too
 // A view over the kernel's Params (a reference, not a copy).
 //
 // Who asks what today: every kernel takes kv_end from here (FusedBlock's tile count,
@@ -91,6 +94,30 @@ struct Visibility {
   // Whether keys from k0 on lie below the lower edge of a row up to last_row.
   FATTN_BAND_FN bool below_band(int k0, int last_row) const {
     return p.has_band_lo && k0 < last_row + p.band_lo;
+  }
+
+  // The backward's questions (backward_tma.cuh), whose tiles hold rows past q_len too:
+  // Whether query `row` (of any tile) does not see `key`.
+  FATTN_BAND_FN bool pair_hidden(int row, int key) const { return row >= p.q_len || hidden(row, key); }
+  // Whether some pair of rows [q0, q0 + rows) × keys [k0, k0 + keys) is hidden: by an edge of
+  // the band or past either sequence's end (exact: false means every pair is visible).
+  FATTN_BAND_FN bool tile_has_hidden_pair(int q0, int rows, int k0, int keys) const {
+    return q0 + rows > p.q_len || k0 + keys > p.kv_len ||
+           (p.has_band_hi && k0 + keys - 1 > q0 + p.band_hi) ||
+           (p.has_band_lo && k0 < q0 + rows - 1 + p.band_lo);
+  }
+  // The first query row that may see a key of [k0, ..), and one past the last that may see a
+  // key of [.., k_end) (k_end <= kv_len), clamped to [0, q_len]: which query tiles a key block
+  // visits.
+  FATTN_BAND_FN int q_begin(int k0) const {
+    if (!p.has_band_hi) return 0;
+    const long long first = static_cast<long long>(k0) - p.band_hi;  // j <= i + band_hi
+    return first < 0 ? 0 : first < p.q_len ? static_cast<int>(first) : p.q_len;
+  }
+  FATTN_BAND_FN int q_end(int k_end) const {
+    if (!p.has_band_lo) return p.q_len;
+    const long long end = static_cast<long long>(k_end) - p.band_lo;  // j >= i + band_lo
+    return end < 0 ? 0 : end < p.q_len ? static_cast<int>(end) : p.q_len;
   }
 };
 

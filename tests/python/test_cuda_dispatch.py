@@ -118,6 +118,32 @@ def test_the_kvcache_table(built, monkeypatch):
                                               dtype=torch.float16).reason
 
 
+@pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
+def test_the_backward_table(built, monkeypatch):
+    """A backward on compute capability 9.0 in 16 bits at head dims up to 128, causal or with a
+    window, GQA or not, runs the C++ Hopper backward where it is built; softcap, ALiBi, sinks,
+    an attn_mask, float32, larger head dims, other GPUs and impl="triton" run Triton."""
+    monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
+    monkeypatch.setattr(cuda_dispatch, "backward_head_dims", lambda: (64, 128) if built else ())
+    hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
+    cpp = "cuda_cpp" if built else "triton"
+    for d in (16, 64, 80, 96, 128):
+        for dtype in (torch.float16, torch.bfloat16):
+            call = dict(hopper, head_dim=d, dtype=dtype)
+            assert cuda_dispatch.plan("attention_backward", **call).kernel == cpp, call
+            # a window (variants without score changes)
+            assert cuda_dispatch.plan("attention_backward", "auto", True, score_mods=False,
+                                      **call).kernel == cpp, call
+    if built:
+        assert "Hopper backward" in cuda_dispatch.plan("attention_backward", **hopper).reason
+    for other in (dict(head_dim=136), dict(head_dim=256), dict(dtype=torch.float32),
+                  dict(capability=(8, 0)), dict(capability=(10, 0)), dict(capability=None)):
+        assert cuda_dispatch.plan("attention_backward", **dict(hopper, **other)).kernel == "triton"
+    assert cuda_dispatch.plan("attention_backward", "auto", True, **hopper).kernel == "triton"
+    assert cuda_dispatch.plan("attention_backward", attn_mask=True, **hopper).kernel == "triton"
+    assert cuda_dispatch.plan("attention_backward", "triton", **hopper).kernel == "triton"
+
+
 def test_the_kernels_registered_for_cuda():
     """attention_kvcache's CUDA kernel is the C++ operator's in a build with the CUDA
     backend, Python's (the Triton kernels) otherwise; triton_attention_kvcache is always
@@ -384,6 +410,61 @@ def test_sdpa_gradients_through_autograd(gpu_path):
     ref_grads = torch.autograd.grad(ref, leaves, dout.cpu().double())
     for got, want in zip(grads, ref_grads):
         assert (got.cpu().double() - want).abs().max().item() <= 5e-5 * max(1.0, want.abs().max().item())
+
+
+HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the Hopper backward runs on compute capability 9.0")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("d,hq,hkv,causal,window", [
+    (64, 4, 4, False, (-1, -1)), (128, 4, 4, False, (-1, -1)), (128, 8, 2, True, (-1, -1)),
+    (96, 4, 2, False, (-1, -1)), (128, 4, 4, False, (64, 0)), (64, 4, 1, True, (-1, -1))],
+    ids=["d64", "d128", "d128_gqa_causal", "d96_gqa", "d128_window", "d64_mqa_causal"])
+def test_hopper_backward_gradients(dtype, d, hq, hkv, causal, window):
+    """autograd through fattn.flash_attention on the C++ Hopper backward at the shape and
+    tiles training uses (S = 1024 > one tile of either kernel): each gradient's error
+    against float64 within 2x torch SDPA's own in the same dtype, and the same bits twice."""
+    assert cuda_dispatch.plan("attention_backward", head_dim=d, dtype=dtype,
+                              capability=(9, 0)).kernel == "cuda_cpp"
+    gen = torch.Generator(device="cuda").manual_seed(d * 100 + hq)
+    b, s = 2, 1024
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=gen)
+                     for h in (hq, hkv, hkv, hq))
+
+    def grads(fn, *t):
+        leaves = [x.detach().requires_grad_() for x in t]
+        out = fn(*leaves)
+        return torch.autograd.grad(out, leaves, dout.to(out.dtype))
+
+    def ours(q, k, v):
+        return fattn.flash_attention(q, k, v, causal=causal, window_size=window)
+
+    def definition(q, k, v):  # (B, S, H, D) in, out
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        kt, vt = (x.repeat_interleave(hq // hkv, dim=1) for x in (kt, vt))
+        scores = qt @ kt.transpose(-1, -2) / d ** 0.5
+        i = torch.arange(s, device="cuda")[:, None]
+        j = torch.arange(s, device="cuda")[None, :]
+        hidden = torch.zeros(s, s, dtype=torch.bool, device="cuda")
+        if causal:
+            hidden |= j > i
+        if window[0] >= 0:
+            hidden |= j < i - window[0]
+        if window[1] >= 0:
+            hidden |= j > i + window[1]
+        scores = scores.masked_fill(hidden, float("-inf"))
+        return (scores.softmax(-1) @ vt).transpose(1, 2)
+
+    want = grads(definition, *(x.double() for x in (q, k, v)))
+    got = grads(ours, q, k, v)
+    again = grads(ours, q, k, v)
+    torch_own = grads(definition, q, k, v)  # torch's own error in this dtype
+    for name, g, w, t, a in zip(("dq", "dk", "dv"), got, want, torch_own, again):
+        err = (g.double() - w).abs().max().item()
+        bound = 2 * (t.double() - w).abs().max().item()
+        assert err <= bound, f"{name}: {err:.3g} against float64, torch's own {bound / 2:.3g}"
+        assert torch.equal(g, a), f"{name}: two runs differ"
 
 
 def test_varlen_gradients_through_autograd(gpu_path):

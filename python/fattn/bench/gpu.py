@@ -458,9 +458,14 @@ def bench_training(run: Run):
     cuDNN; the peak memory one step allocates beyond its inputs; max_err of the three
     gradients against float32 autograd of the definition on the first (batch, 2 heads)."""
     import fattn
+    from fattn import cuda_dispatch
+    capability = torch.cuda.get_device_capability() if run.cuda else None
     for b, h, s, d in sizes(run.args.smoke)["training"]:
         for dname in run.args.dtypes:
             dtype = DTYPES[dname]
+            # which backward the dispatched operator runs (the C++ Hopper backward or Triton)
+            op_backward = cuda_dispatch.plan("attention_backward", head_dim=d, dtype=dtype,
+                                             capability=capability).kernel
             q, k, v, dout = (run.randn(b, h, s, d, dtype=dtype) for _ in range(4))
             for causal in (False, True):
                 pairs = b * (s * (s + 1) // 2 if causal else s * s)
@@ -509,7 +514,8 @@ def bench_training(run: Run):
                 for impl, variant, make, deterministic in [
                         ("fattn_triton", "fattn.triton.attention + attention_backward",
                          triton_step, True),
-                        ("fattn_op", "autograd through fattn.scaled_dot_product_attention",
+                        ("fattn_op", "autograd through fattn.scaled_dot_product_attention "
+                                     f"(backward: {op_backward})",
                          lambda c=causal: autograd_step(
                              lambda *t: fattn.scaled_dot_product_attention(*t, is_causal=c)),
                          True),

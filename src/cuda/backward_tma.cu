@@ -1,0 +1,86 @@
+// fattn — the Hopper backward's launches (backward_tma.cuh): the tensor maps, the three grids
+// and their shared memory. Compiled for sm_90a only (cmake/cuda.cmake's fattn_cuda_sm90a);
+// backward.cpp runs it on compute capability 9.0.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/backward_tma.cuh"
+#include "cuda/fused_tma.cuh"  // tma_data_type, encode_or_fail
+#include "cuda/launchers.hpp"
+
+namespace fattn::cuda {
+namespace {
+
+constexpr const char* kName = "hopper_backward";
+
+HeadTensorGeometry geometry(const void* data, const Strides3& st, int batch, int heads, int seq,
+                            int head_dim) {
+  HeadTensorGeometry g;
+  g.data = data;
+  g.batch_stride = st.batch;
+  g.head_stride = st.head;
+  g.seq_stride = st.seq;
+  g.batch = batch;
+  g.heads = heads;
+  g.seq = seq;
+  g.head_dim = head_dim;
+  return g;
+}
+
+// The maps of one gradient kernel: Q and dO in boxes of query_rows rows, K and V of key_rows.
+template <class T>
+BackwardMaps backward_maps(const BackwardParams& bp, std::uint32_t query_rows, std::uint32_t key_rows) {
+  const Params& p = bp.p;
+  constexpr CUtensorMapDataType type = tma_data_type<T>();
+  BackwardMaps maps;
+  encode_or_fail(&maps.q, type, geometry(p.q, p.q_stride, p.batch, p.q_heads, p.q_len, p.head_dim),
+                 query_rows, "q", kName);
+  encode_or_fail(&maps.dout, type,
+                 geometry(bp.dout, bp.dout_stride, p.batch, p.q_heads, p.q_len, p.head_dim),
+                 query_rows, "dout", kName);
+  encode_or_fail(&maps.k, type, geometry(p.k, p.k_stride, p.batch, p.kv_heads, p.kv_len, p.head_dim),
+                 key_rows, "k", kName);
+  encode_or_fail(&maps.v, type, geometry(p.v, p.v_stride, p.batch, p.kv_heads, p.kv_len, p.head_dim),
+                 key_rows, "v", kName);
+  return maps;
+}
+
+template <class Kernel>
+void launch_with_smem(Kernel kernel, dim3 grid, int smem_bytes, const BackwardParams& bp,
+                      const BackwardMaps& maps, cudaStream_t stream, const char* what) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), what);
+  kernel<<<grid, kBackwardThreads, smem_bytes, stream>>>(bp, maps);
+  check_launch(what);
+}
+
+}  // namespace
+
+template <class T, int D>
+void launch_hopper_backward(const BackwardParams& bp, cudaStream_t stream) {
+  const Params& p = bp.p;
+  const long long rows = static_cast<long long>(p.batch) * p.q_heads * bp.rows_pad;
+  const auto row_blocks = static_cast<unsigned>((rows + kRowPassWarps - 1) / kRowPassWarps);
+  if (row_blocks > 0) {
+    backward_rows_kernel<T><<<row_blocks, 32 * kRowPassWarps, 0, stream>>>(bp);
+    check_launch("backward_rows_kernel");
+  }
+  using Keys = KeyBlockShape<D>;
+  using Queries = QueryBlockShape<D>;
+  const dim3 key_grid(static_cast<unsigned>((p.kv_len + Keys::kKeys - 1) / Keys::kKeys),
+                      static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
+  launch_with_smem(backward_key_blocks_kernel<T, D>, key_grid, Keys::Ring::kSmemBytes, bp,
+                   backward_maps<T>(bp, Keys::kRows, Keys::kKeys), stream, "backward_key_blocks_kernel");
+  const dim3 query_grid(static_cast<unsigned>((p.q_len + Queries::kRows - 1) / Queries::kRows),
+                        static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
+  launch_with_smem(backward_query_blocks_kernel<T, D>, query_grid, Queries::Ring::kSmemBytes, bp,
+                   backward_maps<T>(bp, Queries::kRows, Queries::kKeys), stream,
+                   "backward_query_blocks_kernel");
+}
+
+template void launch_hopper_backward<__half, 64>(const BackwardParams&, cudaStream_t);
+template void launch_hopper_backward<__half, 128>(const BackwardParams&, cudaStream_t);
+template void launch_hopper_backward<__nv_bfloat16, 64>(const BackwardParams&, cudaStream_t);
+template void launch_hopper_backward<__nv_bfloat16, 128>(const BackwardParams&, cudaStream_t);
+
+}  // namespace fattn::cuda
