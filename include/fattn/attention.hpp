@@ -177,7 +177,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView* dsinks = nullptr);
 
 // On CUDA views the Hopper backward runs (compute capability 9.0, float16/bfloat16, head dims
-// up to 128, causal either alignment, windows, GQA; no softcap, ALiBi, sinks or attn_mask:
+// up to 128, causal either alignment, windows, softcap, ALiBi, sinks, GQA; no attn_mask:
 // cuda_backward_refusal), enqueued on options.cuda_stream without synchronising, and
 // deterministic (no atomics: the same bits on every run).
 std::string cuda_backward_refusal(const TensorView& q, const TensorView& k, const Options& options = {});

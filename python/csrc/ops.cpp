@@ -295,10 +295,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_attention_backwa
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
     bool is_causal, bool causal_bottom_right, std::optional<double> scale,
-    std::int64_t window_left, std::int64_t window_right) {
-  return attention_backward(dout, q, k, v, out, lse, dlse, is_causal, causal_bottom_right, scale,
-                            "auto", std::nullopt, window_left, window_right, 0.0, std::nullopt,
-                            std::nullopt);
+    std::int64_t window_left, std::int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+  // The kernels read rows of head_dim contiguous elements; autograd may hand over an expanded
+  // dout (the gradient of a sum: every stride 0), or saved inputs with other rows.
+  auto rows = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
+  return attention_backward(rows(dout), rows(q), rows(k), rows(v), rows(out), lse, dlse, is_causal,
+                            causal_bottom_right, scale, "auto", std::nullopt, window_left,
+                            window_right, softcap, alibi_slopes, sinks);
 }
 }  // namespace
 
@@ -306,7 +310,8 @@ TORCH_LIBRARY_FRAGMENT(FATTN_OP_NAMESPACE, m) {
   m.def(
       "cuda_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor? dlse=None, bool is_causal=False, bool causal_bottom_right=False, "
-      "float? scale=None, int window_left=-1, int window_right=-1) "
+      "float? scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
+      "Tensor? alibi_slopes=None, Tensor? sinks=None) "
       "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
   m.def(
       "cuda_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, "

@@ -38,8 +38,8 @@ forward, causal or not, when the extension is built with its CUDA backend). Per 
                                                                     and reference only)
   auto       backward, float16 or bfloat16, head    cuda_cpp        not yet measured; chosen
              dim up to 128, causal either           (the Hopper     for the cause of the
-             alignment, windows, GQA; no softcap,   backward,       Triton backward's wrong
-             ALiBi, sinks or attn_mask; compute     backward_tma)   D = 128 gradients on an
+             alignment, windows, softcap, ALiBi,    backward,       Triton backward's wrong
+             sinks, GQA; no attn_mask; compute      backward_tma)   D = 128 gradients on an
              capability 9.0                                         H200 (2026-11-28) and its
                                                                     0.45-0.55x cuDNN speed
   auto,      any other backward                     triton
@@ -108,13 +108,13 @@ def backward_head_dims() -> tuple[int, ...]:
 
 
 def backward_takes(head_dim: int | None, dtype: torch.dtype | None,
-                   capability: tuple[int, int] | None, score_mods: bool, attn_mask: bool) -> bool:
+                   capability: tuple[int, int] | None, attn_mask: bool) -> bool:
     """Whether the C++ Hopper backward takes a backward of this head dim, dtype and device
-    (fattn::cuda_backward_refusal's rule; windows and causal both alignments it takes)."""
+    (fattn::cuda_backward_refusal's rule; every variant but attn_mask it takes)."""
     dims = backward_head_dims()
     return (dtype in SIXTEEN_BIT and head_dim is not None and bool(dims) and head_dim <= dims[-1]
             and capability is not None and tuple(capability) == TMA_CAPABILITY
-            and not score_mods and not attn_mask)
+            and not attn_mask)
 
 
 # Where the C++ kernel beats Triton (the table above): the Hopper TMA kernel's measured head
@@ -126,18 +126,14 @@ SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
          head_dim: int | None = None, dtype: torch.dtype | None = None,
-         capability: tuple[int, int] | None = None, attn_mask: bool = False,
-         score_mods: bool | None = None) -> Plan:
+         capability: tuple[int, int] | None = None, attn_mask: bool = False) -> Plan:
     """The GPU implementation of a call: entry "attention", "attention_kvcache",
     "attention_varlen" or "attention_backward"; impl as the operator's; variants: the call has
-    a window, softcap, ALiBi or sinks (the C++ TMA kernel and the float64 reference take them,
-    the other C++ kernels a right window only); score_mods: of those, softcap, ALiBi or sinks
-    (the Hopper backward takes windows only; None: as variants); attn_mask: it has an
+    a window, softcap, ALiBi or sinks (the C++ TMA kernel, the Hopper backward and the float64
+    reference take them, the other C++ kernels a right window only); attn_mask: it has an
     attn_mask (no C++ kernel takes one); head_dim, dtype and the device's compute capability
     (major, minor), where known, choose between the kernels that can run a call. Answers
     without a GPU (CI asks it for capability (9, 0))."""
-    if score_mods is None:
-        score_mods = variants
     dense = entry == "attention" and not attn_mask
     if impl in CPP_IMPLS:
         if not dense:
@@ -158,7 +154,7 @@ def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
         return Plan(CUDA_CPP, "the C++ decode kernel (src/cuda/decode.cuh), launched by the C++ "
                               "operator without a host synchronisation")
     if (entry == "attention_backward" and impl == "auto" and cpp_available()
-            and backward_takes(head_dim, dtype, capability, score_mods, attn_mask)):
+            and backward_takes(head_dim, dtype, capability, attn_mask)):
         return Plan(CUDA_CPP, "the C++ Hopper backward (src/cuda/backward_tma.cuh): wgmma on TMA "
                               "tiles, deterministic (no atomics)")
     if (dense and impl == "auto" and head_dim in TMA_HEAD_DIMS and dtype in SIXTEEN_BIT
@@ -244,16 +240,15 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
     """<ns>::attention_backward on CUDA: the C++ Hopper backward where it takes the call, else
     the Triton backward (both deterministic); dq, dk, dv laid out as the operator lays out
     outputs like q, k, v."""
-    score_mods = softcap != 0.0 or alibi_slopes is not None or sinks is not None
     chosen = plan("attention_backward", "auto" if impl in CPP_IMPLS else impl,
-                  score_mods or window_left >= 0 or window_right >= 0, head_dim=q.size(-1),
-                  dtype=q.dtype,
+                  _has_variants(window_left, window_right, softcap, alibi_slopes, sinks),
+                  head_dim=q.size(-1), dtype=q.dtype,
                   capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
-                  attn_mask=attn_mask is not None, score_mods=score_mods)
+                  attn_mask=attn_mask is not None)
     if chosen.kernel == CUDA_CPP:
         return getattr(torch.ops, ns).cuda_attention_backward(
             dout, q, k, v, out, lse, dlse, is_causal, causal_bottom_right, scale, window_left,
-            window_right)
+            window_right, softcap, alibi_slopes, sinks)
     dq, dk, dv = (empty_like_output(t) for t in (q, k, v))
     _, _, _, dsinks = _triton().attention_backward(
         dout, q, k, v, out, lse, dlse, attn_mask=attn_mask, causal=is_causal,

@@ -103,16 +103,16 @@ std::vector<int> tma_head_dims();
 std::vector<int> hopper_head_dims(Kernel kernel);
 
 // Same contract as fattn::attention_backward for Device::cuda views: the Hopper backward
-// (backward_tma.cuh: float16/bfloat16, head dims up to 128, causal both alignments and
-// windows, GQA; compute capability 9.0), enqueued on options.cuda_stream without
-// synchronising; deterministic (no atomics). What it does not take is an Error saying so
-// (backward_refusal).
+// (backward_tma.cuh: float16/bfloat16, head dims up to 128, causal both alignments,
+// windows, softcap, ALiBi, sinks with dsinks, GQA, dlse; compute capability 9.0), enqueued on
+// options.cuda_stream without synchronising; deterministic (no atomics). What it does not
+// take is an Error saying so (backward_refusal).
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& dout, const TensorView& lse,
                         const TensorView* dlse, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const Options& options, const TensorView* dsinks);
 // Why the Hopper backward does not take a call of these views and options ("" where it does):
-// dtype, head dim, variants, grid limits, the device's compute capability, the build.
+// dtype, head dim, attn_mask, grid limits, the device's compute capability, the build.
 std::string backward_refusal(const TensorView& q, const TensorView& k, const Options& options);
 // The head dims the Hopper backward is compiled for (empty when it is not built).
 std::vector<int> backward_head_dims();

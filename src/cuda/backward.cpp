@@ -28,7 +28,6 @@ namespace fattn::cuda {
 namespace {
 
 constexpr const char* kName = "hopper_backward";
-constexpr int kMaxGridYZ = 65535;  // CUDA's limit on grid.y and grid.z
 
 // The compiled head dim a call runs on (0: none).
 int backward_kernel_dim(std::int64_t head_dim) {
@@ -53,6 +52,14 @@ template <class T, int... Dims>
 void launch_at(std::integer_sequence<int, Dims...>, int dim, const BackwardParams& bp, cudaStream_t stream) {
   const bool found = ((dim == Dims && (launch_hopper_backward<T, Dims>(bp, stream), true)) || ...);
   if (!found) fail("internal error: no hopper_backward CUDA kernel for head dim " + std::to_string(dim));
+}
+
+// Whether a dimension of t repeats one slice (stride 0 with size > 1: an expanded tensor, as
+// autograd hands over the gradient of a sum): the copy engine's maps take no zero stride.
+bool broadcast(const TensorView& t) {
+  for (int d = 0; d < 3; ++d)
+    if (t.size(d) > 1 && t.stride(d) == 0) return true;
+  return false;
 }
 
 template <class F>
@@ -83,15 +90,6 @@ std::string backward_refusal(const TensorView& q, const TensorView& k, const Opt
     return "the Hopper backward takes head dims up to " + std::to_string(dims.back()) + ", got " +
            std::to_string(q.size(3));
   if (options.attn_mask) return "the Hopper backward takes no attn_mask";
-  if (options.softcap != 0.0) return "the Hopper backward takes no softcap";
-  if (options.alibi_slopes) return "the Hopper backward takes no alibi_slopes";
-  if (options.sinks) return "the Hopper backward takes no sinks";
-  if (q.size(0) > kMaxGridYZ)
-    return "the Hopper backward takes a batch of at most " + std::to_string(kMaxGridYZ) + ", got " +
-           std::to_string(q.size(0));
-  if (q.size(1) > kMaxGridYZ)
-    return "the Hopper backward takes at most " + std::to_string(kMaxGridYZ) + " query heads, got " +
-           std::to_string(q.size(1));
   const int device = usable_device();
   const ComputeCapability cc = compute_capability(device);
   if (cc.major != kWgmmaCapability.major || cc.minor != kWgmmaCapability.minor)
@@ -113,10 +111,18 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
     fail(why + " (fattn's Triton backward runs it: torch.ops.fattn.attention_backward)");
   expect_int("q.size(2) (query sequence)", pr.q_len);
   expect_int("k.size(2) (kv sequence)", pr.kv_len);
+  const HopperBackwardTiles tiles = hopper_backward_tiles(0);
+  expect_int("the Hopper backward's key grid (batch · kv heads · key blocks)",
+             checked_product({pr.batch, pr.kv_heads, (pr.kv_len + tiles.key_rows - 1) / tiles.key_rows}, "the key grid"));
+  expect_int("the Hopper backward's query grid (batch · heads · query blocks)",
+             checked_product({pr.batch, pr.q_heads, (pr.q_len + tiles.dq_rows - 1) / tiles.dq_rows}, "the query grid"));
   const int device = usable_device();
   for (const auto& [name, t] : rows) expect_device_memory(name, t->data, device);
   expect_device_memory("lse", lse.data, device);
   if (dlse) expect_device_memory("dlse", dlse->data, device);
+  if (options.alibi_slopes) expect_device_memory("alibi_slopes", options.alibi_slopes->data, device);
+  if (options.sinks) expect_device_memory("sinks", options.sinks->data, device);
+  if (dsinks) expect_device_memory("dsinks", dsinks->data, device);
 
   BackwardParams bp;
   bp.p = make_params(pr, q, k, v, out, &lse);
@@ -140,6 +146,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   bp.dk_pairs = pair_stores_ok(dk);
   bp.dv_pairs = pair_stores_ok(dv);
   bp.rows_pad = padded_rows(pr.q_len);
+  if (dsinks) bp.dsinks = static_cast<float*>(dsinks->data);
 
   // Working memory: the row pass's two rows per (batch, head), then copies of the inputs the
   // copy engine cannot read as they are (16-byte aligned rows and strides).
@@ -148,10 +155,11 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const int packed_row = static_cast<int>(round_up(pr.head_dim, chunk));
   const TensorView* inputs[4] = {&q, &k, &v, &dout};
   std::int64_t repack_bytes[4] = {};
-  std::int64_t total = 2 * round_up(row_bytes, kWorkAlignment);
+  const int row_buffers = options.sinks ? 3 : 2;  // lse_log2, delta (and the sink terms)
+  std::int64_t total = row_buffers * round_up(row_bytes, kWorkAlignment);
   for (int i = 0; i < 4; ++i) {
     const TensorView& t = *inputs[i];
-    if (cp_async_ready(t)) continue;
+    if (cp_async_ready(t) && !broadcast(t)) continue;
     repack_bytes[i] = checked_product({t.size(0), t.size(1), t.size(2), packed_row, element_size(q.dtype)},
                                       "a repacked input's size");
     total += round_up(repack_bytes[i], kWorkAlignment);
@@ -160,6 +168,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   StreamBuffer work(total, stream, kName, options.device_allocator);
   bp.lse_log2 = static_cast<float*>(work.take(row_bytes));
   bp.delta = static_cast<float*>(work.take(row_bytes));
+  if (options.sinks) bp.sink_terms = static_cast<float*>(work.take(row_bytes));
   const void** data[4] = {&bp.p.q, &bp.p.k, &bp.p.v, &bp.dout};
   Strides3* strides[4] = {&bp.p.q_stride, &bp.p.k_stride, &bp.p.v_stride, &bp.dout_stride};
   const int dim = backward_kernel_dim(pr.head_dim);

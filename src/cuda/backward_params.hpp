@@ -29,6 +29,12 @@ struct BackwardParams {
   float* lse_log2 = nullptr;
   float* delta = nullptr;
   int rows_pad = 0;
+
+  // With sinks (p.sinks): the row pass writes each row's term of the sink's gradient,
+  // −exp(sink − lse)·delta (0 past q_len and where lse is −inf), into sink_terms (laid out as
+  // delta); a per-head sum in a fixed order writes dsinks (float32, q_heads).
+  float* sink_terms = nullptr;
+  float* dsinks = nullptr;
 };
 
 }  // namespace fattn::cuda

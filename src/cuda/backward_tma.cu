@@ -65,17 +65,23 @@ void launch_hopper_backward(const BackwardParams& bp, cudaStream_t stream) {
     backward_rows_kernel<T><<<row_blocks, 32 * kRowPassWarps, 0, stream>>>(bp);
     check_launch("backward_rows_kernel");
   }
+  if (p.sinks) {
+    backward_sinks_kernel<<<static_cast<unsigned>(p.q_heads), kSinkSumThreads, 0, stream>>>(bp);
+    check_launch("backward_sinks_kernel");
+  }
   using Keys = KeyBlockShape<D>;
   using Queries = QueryBlockShape<D>;
-  const dim3 key_grid(static_cast<unsigned>((p.kv_len + Keys::kKeys - 1) / Keys::kKeys),
-                      static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-  launch_with_smem(backward_key_blocks_kernel<T, D>, key_grid, Keys::Ring::kSmemBytes, bp,
-                   backward_maps<T>(bp, Keys::kRows, Keys::kKeys), stream, "backward_key_blocks_kernel");
-  const dim3 query_grid(static_cast<unsigned>((p.q_len + Queries::kRows - 1) / Queries::kRows),
-                        static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
-  launch_with_smem(backward_query_blocks_kernel<T, D>, query_grid, Queries::Ring::kSmemBytes, bp,
-                   backward_maps<T>(bp, Queries::kRows, Queries::kKeys), stream,
-                   "backward_query_blocks_kernel");
+  // One dimension each (backward.cpp checked they fit in int): (batch, head) fastest.
+  const dim3 key_grid(static_cast<unsigned>((p.kv_len + Keys::kKeys - 1) / Keys::kKeys * p.kv_heads * p.batch));
+  const dim3 query_grid(static_cast<unsigned>((p.q_len + Queries::kRows - 1) / Queries::kRows * p.q_heads * p.batch));
+  const BackwardMaps key_maps = backward_maps<T>(bp, Keys::kRows, Keys::kKeys);
+  const BackwardMaps query_maps = backward_maps<T>(bp, Queries::kRows, Queries::kKeys);
+  // Softcap or ALiBi: the instantiation that takes them (sinks change only the row pass).
+  const bool score_mods = p.softcap != 0.0f || p.alibi;
+  launch_with_smem(score_mods ? backward_key_blocks_kernel<T, D, true> : backward_key_blocks_kernel<T, D, false>,
+                   key_grid, Keys::Ring::kSmemBytes, bp, key_maps, stream, "backward_key_blocks_kernel");
+  launch_with_smem(score_mods ? backward_query_blocks_kernel<T, D, true> : backward_query_blocks_kernel<T, D, false>,
+                   query_grid, Queries::Ring::kSmemBytes, bp, query_maps, stream, "backward_query_blocks_kernel");
 }
 
 template void launch_hopper_backward<__half, 64>(const BackwardParams&, cudaStream_t);

@@ -37,6 +37,7 @@
 #include "cuda/backward_params.hpp"
 #include "cuda/common.cuh"
 #include "cuda/fused_wgmma.cuh"  // pack_probs, pv_done
+#include "cuda/score_mods.cuh"   // softcapped
 #include "cuda/tile_config.hpp"
 #include "cuda/tma.cuh"
 #include "cuda/visibility.cuh"
@@ -74,7 +75,34 @@ __global__ void __launch_bounds__(32 * kRowPassWarps)
   if (lane == 0) {
     bp.delta[row] = delta;
     bp.lse_log2[row] = lse_log2;
+    if (p.sinks) {  // d lse / d sink = P_sink, d out / d sink = −P_sink·out: −P_sink·delta
+      const bool sees = i < p.q_len && lse_log2 != neg_inf();
+      bp.sink_terms[row] = sees ? -exp2f(p.sinks[h] * kLog2e - lse_log2) * delta : 0.0f;
+    }
   }
+}
+
+// dsinks[h]: the sum of head h's sink terms over batches and rows, in a fixed order (one block
+// per head; each thread a strided share, then a tree in shared memory): the same bits on every
+// run.
+constexpr int kSinkSumThreads = 256;
+
+__global__ void __launch_bounds__(kSinkSumThreads) backward_sinks_kernel(const BackwardParams bp) {
+  const Params& p = bp.p;
+  const int h = static_cast<int>(blockIdx.x);
+  __shared__ float partial[kSinkSumThreads];
+  float sum = 0.0f;
+  for (int b = 0; b < p.batch; ++b) {
+    const float* terms = bp.sink_terms + (static_cast<long long>(b) * p.q_heads + h) * bp.rows_pad;
+    for (int i = static_cast<int>(threadIdx.x); i < p.q_len; i += kSinkSumThreads) sum += terms[i];
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int width = kSinkSumThreads / 2; width > 0; width /= 2) {
+    if (static_cast<int>(threadIdx.x) < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) bp.dsinks[h] = partial[0];
 }
 
 // ---- what both gradient kernels share -------------------------------------------------------
@@ -185,6 +213,34 @@ __device__ __forceinline__ void zero(float (&acc)[kBlocks][4]) {
     for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
 }
 
+// A pair's probability under softcap and ALiBi (score_mods.cuh's order: scale, softcap, log2
+// units, ALiBi's distance from the bottom-right diagonal) from its raw product s, and the
+// factor dP takes on its way to dS (softcap: 1 − tanh², else 1).
+struct ModdedScore {
+  float prob, dfactor;
+};
+struct ScoreModsOfHead {
+  float slope2, inv_softcap;  // ALiBi's slope in log2 units (0 without), 1 / softcap (0 without)
+  __device__ __forceinline__ static ScoreModsOfHead of(const Params& p, int b, int h) {
+    return {p.alibi ? p.alibi[b * p.alibi_batch + h] * kLog2e : 0.0f,
+            p.softcap != 0.0f ? 1.0f / p.softcap : 0.0f};
+  }
+  __device__ __forceinline__ ModdedScore at(const Params& p, float s, float lse_log2, int query,
+                                            int key) const {
+    float x, dfactor = 1.0f;
+    if (p.softcap != 0.0f) {
+      const float capped = softcapped(s * static_cast<float>(p.scale), p.softcap, inv_softcap);
+      const float t = capped * inv_softcap;
+      dfactor = 1.0f - t * t;
+      x = capped * kLog2e;
+    } else {
+      x = s * p.scale_log2;
+    }
+    if (p.alibi) x -= slope2 * static_cast<float>(abs(query + p.kv_len - p.q_len - key));
+    return {exp2f(x - lse_log2), dfactor};
+  }
+};
+
 constexpr int kBackwardConsumers = 2;  // warpgroups of 64 rows (keys or queries)
 constexpr int kBackwardThreads = 128 * (1 + kBackwardConsumers);
 // Registers per thread after setmaxnreg. The producer's warp 1 stages the row scalars: with
@@ -219,7 +275,9 @@ __device__ __forceinline__ QueryTiles query_tiles_of(const Visibility& vis, int 
   return t;
 }
 
-template <class T, int kD>
+// kScoreMods: the instantiation that takes softcap and ALiBi (P and dS from the raw products
+// through ScoreModsOfHead; P recomputed for dS, so the plain one keeps its registers).
+template <class T, int kD, bool kScoreMods>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_key_blocks_kernel(const BackwardParams bp, const __grid_constant__ BackwardMaps maps) {
   using S = KeyBlockShape<kD>;
@@ -230,8 +288,12 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   const Params& p = bp.p;
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32, lane = tid % 32, warpgroup = warp / 4;
-  const int k0 = static_cast<int>(blockIdx.x) * S::kKeys;
-  const int kv_head = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  // (batch, kv head) fastest, then the key block: every head's first blocks (the ones a causal
+  // band gives the most query tiles) start first.
+  const int bh_count = p.batch * p.kv_heads;
+  const int bh = static_cast<int>(blockIdx.x % static_cast<unsigned>(bh_count));
+  const int k0 = static_cast<int>(blockIdx.x / static_cast<unsigned>(bh_count)) * S::kKeys;
+  const int kv_head = bh % p.kv_heads, b = bh / p.kv_heads;
   const Visibility vis = visibility(p);
   const QueryTiles qt = query_tiles_of(vis, k0, S::kKeys, S::kRows);
   const int steps = p.group * qt.tiles;  // (query head, query tile) pairs, head-major
@@ -302,27 +364,46 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       const float* lse_log2 = ring.scalars(s);
       const float* delta = lse_log2 + S::kRows;
       const bool masks = vis.tile_has_hidden_pair(q0, S::kRows, k0, S::kKeys);
-      wgmma_wait_group<1>();
-      wgmma_fence_operands(st);
+      auto hidden = [&](int n, int e) {
+        return masks && vis.pair_hidden(q0 + at.col_of(n, e), key_base + at.row_of(e));
+      };
+      if constexpr (kScoreMods) {
+        // One pass once both products landed: P and dS from the raw products, in place.
+        const ScoreModsOfHead mods = ScoreModsOfHead::of(p, b, step_head(t));
+        wgmma_wait_group<0>();
+        wgmma_fence_operands(st);
+        wgmma_fence_operands(dpt);
 #pragma unroll
-      for (int n = 0; n < S::kRows / 8; ++n)
+        for (int n = 0; n < S::kRows / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = at.col_of(n, e);
-          const float prob = exp2f(fmaf(st[n][e], p.scale_log2, -lse_log2[col]));
-          st[n][e] = masks && vis.pair_hidden(q0 + col, key_base + at.row_of(e)) ? 0.0f : prob;
-        }
-      wgmma_wait_group<0>();
-      wgmma_fence_operands(dpt);
+          for (int e = 0; e < 4; ++e) {
+            const int col = at.col_of(n, e);
+            const ModdedScore m = mods.at(p, st[n][e], lse_log2[col], q0 + col, key_base + at.row_of(e));
+            const bool hide = hidden(n, e);
+            st[n][e] = hide ? 0.0f : m.prob;
+            dpt[n][e] = hide ? 0.0f : m.prob * (dpt[n][e] - delta[col]) * m.dfactor;
+          }
+      } else {
+        wgmma_wait_group<1>();
+        wgmma_fence_operands(st);
 #pragma unroll
-      for (int n = 0; n < S::kRows / 8; ++n)
+        for (int n = 0; n < S::kRows / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          // Selected, not multiplied: a non-finite dPᵀ of a hidden pair stays out of dK.
-          const int col = at.col_of(n, e);
-          const float ds = st[n][e] * (dpt[n][e] - delta[col]);
-          dpt[n][e] = masks && vis.pair_hidden(q0 + col, key_base + at.row_of(e)) ? 0.0f : ds;
-        }
+          for (int e = 0; e < 4; ++e) {
+            const float prob = exp2f(fmaf(st[n][e], p.scale_log2, -lse_log2[at.col_of(n, e)]));
+            st[n][e] = hidden(n, e) ? 0.0f : prob;
+          }
+        wgmma_wait_group<0>();
+        wgmma_fence_operands(dpt);
+#pragma unroll
+        for (int n = 0; n < S::kRows / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            // Selected, not multiplied: a non-finite dPᵀ of a hidden pair stays out of dK.
+            const float ds = st[n][e] * (dpt[n][e] - delta[at.col_of(n, e)]);
+            dpt[n][e] = hidden(n, e) ? 0.0f : ds;
+          }
+      }
       pack_probs<T>(st, pt16);
       pack_probs<T>(dpt, dst16);
       issue_pv<Sw128Slices, T, kD, S::kRows / 16>(pt16, dv, sw128_mn_major_desc<S::kRows>(do_tile));
@@ -352,7 +433,7 @@ struct QueryBlockShape {
   using Ring = PairRing<kD, kRows, kKeys, kTiles.stages, 0>;
 };
 
-template <class T, int kD>
+template <class T, int kD, bool kScoreMods>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_query_blocks_kernel(const BackwardParams bp, const __grid_constant__ BackwardMaps maps) {
   using S = QueryBlockShape<kD>;
@@ -365,9 +446,12 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   const int warp = tid / 32, lane = tid % 32, warpgroup = warp / 4;
   // With an upper band edge the last tiles see the most keys: they start first.
   const int tiles_q = (p.q_len + S::kRows - 1) / S::kRows;
-  const int tile = p.has_band_hi ? tiles_q - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int bh_count = p.batch * p.q_heads;  // (batch, head) fastest, as the key blocks
+  const int bh = static_cast<int>(blockIdx.x % static_cast<unsigned>(bh_count));
+  const int x_tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(bh_count));
+  const int tile = p.has_band_hi ? tiles_q - 1 - x_tile : x_tile;
   const int q0 = tile * S::kRows;
-  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const int h = bh % p.q_heads, b = bh / p.q_heads;
   const int kv_head = h / p.group;
   const Visibility vis = visibility(p);
   const int first = vis.kv_begin(q0) / S::kKeys;
@@ -409,6 +493,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     const long long row0 = (static_cast<long long>(b) * p.q_heads + h) * bp.rows_pad + row_base;
     const float lse_log2[2] = {bp.lse_log2[row0 + at.row_of(0)], bp.lse_log2[row0 + at.row_of(2)]};
     const float delta[2] = {bp.delta[row0 + at.row_of(0)], bp.delta[row0 + at.row_of(2)]};
+    [[maybe_unused]] const ScoreModsOfHead mods = kScoreMods ? ScoreModsOfHead::of(p, b, h) : ScoreModsOfHead{};
     mbar_wait(ring.resident_full(), 0);
     float s_acc[S::kKeys / 8][4], dp[S::kKeys / 8][4];
     std::uint32_t ds16[S::kKeys / 16][4];
@@ -422,23 +507,35 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       issue_qk<Sw128Slices, T, kD, S::kKeys, S::kRows>(s_acc, q_desc, sw128_k_major_desc<S::kKeys>(k_tile));
       issue_qk<Sw128Slices, T, kD, S::kKeys, S::kRows>(dp, do_desc, sw128_k_major_desc<S::kKeys>(v_tile));
       const bool masks = vis.tile_has_hidden_pair(q0, S::kRows, key0, S::kKeys);
+      auto hidden = [&](int n, int e) {
+        return masks && vis.pair_hidden(row_base + at.row_of(e), key0 + at.col_of(n, e));
+      };
       wgmma_wait_group<1>();
       wgmma_fence_operands(s_acc);
+      if constexpr (!kScoreMods) {
 #pragma unroll
-      for (int n = 0; n < S::kKeys / 8; ++n)
+        for (int n = 0; n < S::kKeys / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float prob = exp2f(fmaf(s_acc[n][e], p.scale_log2, -lse_log2[e / 2]));
-          s_acc[n][e] = masks && vis.pair_hidden(row_base + at.row_of(e), key0 + at.col_of(n, e)) ? 0.0f : prob;
-        }
+          for (int e = 0; e < 4; ++e) {
+            const float prob = exp2f(fmaf(s_acc[n][e], p.scale_log2, -lse_log2[e / 2]));
+            s_acc[n][e] = hidden(n, e) ? 0.0f : prob;
+          }
+      }
       wgmma_wait_group<0>();
       wgmma_fence_operands(dp);
 #pragma unroll
       for (int n = 0; n < S::kKeys / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float ds = s_acc[n][e] * (dp[n][e] - delta[e / 2]);
-          dp[n][e] = masks && vis.pair_hidden(row_base + at.row_of(e), key0 + at.col_of(n, e)) ? 0.0f : ds;
+          float ds;
+          if constexpr (kScoreMods) {
+            const ModdedScore m = mods.at(p, s_acc[n][e], lse_log2[e / 2], row_base + at.row_of(e),
+                                          key0 + at.col_of(n, e));
+            ds = m.prob * (dp[n][e] - delta[e / 2]) * m.dfactor;
+          } else {
+            ds = s_acc[n][e] * (dp[n][e] - delta[e / 2]);
+          }
+          dp[n][e] = hidden(n, e) ? 0.0f : ds;
         }
       pack_probs<T>(dp, ds16);
       issue_pv<Sw128Slices, T, kD, S::kKeys / 16>(ds16, dq, sw128_mn_major_desc<S::kKeys>(k_tile));

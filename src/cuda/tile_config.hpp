@@ -117,7 +117,7 @@ constexpr TmaTiles tma_tiles(int d) {
 }
 
 // The Hopper backward (backward_tma.cuh, sm_90a, float16 / bfloat16): two kernels, each a
-// producer warpgroup (TMA copies; setmaxnreg 24) and 2 consumer warpgroups (240), no atomics:
+// producer warpgroup (TMA copies; setmaxnreg 40) and 2 consumer warpgroups (232), no atomics:
 //   key blocks (dK, dV): 128 keys per block (64 per consumer: the M of wgmma), K and V
 //     resident; query tiles of 64 rows stream through a 2-stage ring of (Q, dO). Registers
 //     per consumer thread at D = 128: dK and dV 64 each, Sᵀ and dPᵀ (64 keys × 64 queries)

@@ -48,6 +48,9 @@ struct BackwardCase {
   bool bshd = false;       // (B, S, H, D) memory: the heads' rows interleaved
   bool with_dlse = false;  // a gradient flows through lse too
   float q_scale = 1.0f;    // > 1: large logits
+  double softcap = 0.0;
+  bool alibi = false;      // slopes 2^(-8(h+1)/Hq)
+  bool sinks = false;      // one N(0,1) logit per query head
 
   std::string name() const {
     std::ostringstream s;
@@ -59,6 +62,9 @@ struct BackwardCase {
     if (bshd) s << "_bshd";
     if (with_dlse) s << "_dlse";
     if (q_scale != 1.0f) s << "_qx" << q_scale;
+    if (softcap != 0.0) s << "_softcap" << softcap;
+    if (alibi) s << "_alibi";
+    if (sinks) s << "_sinks";
     return s.str();
   }
   Options options() const {
@@ -66,6 +72,7 @@ struct BackwardCase {
     o.causal = causal;
     o.window_left = window_left;
     o.window_right = window_right;
+    o.softcap = softcap;
     return o;
   }
 };
@@ -139,6 +146,21 @@ struct CaseData {
   Dense q, k, v, dout, out;  // out exact (float64)
   std::vector<double> lse, dlse;  // (B, Hq, Sq)
   Dense dq, dk, dv;               // the float64 reference
+  std::vector<double> slopes, sinks, dsinks;  // (Hq) each where the case has them (float32 values)
+  // The variants' views over slopes and sinks (float64, for the host's float64 problems).
+  fattn::TensorView slopes_view, sinks_view;
+  Options options_of(const BackwardCase& c) {
+    Options o = c.options();
+    if (c.alibi) {
+      slopes_view = fattn::TensorView{slopes.data(), 1, {c.Hq, 0, 0, 0}, {1, 0, 0, 0}, DType::float64};
+      o.alibi_slopes = &slopes_view;
+    }
+    if (c.sinks) {
+      sinks_view = fattn::TensorView{sinks.data(), 1, {c.Hq, 0, 0, 0}, {1, 0, 0, 0}, DType::float64};
+      o.sinks = &sinks_view;
+    }
+    return o;
+  }
 };
 
 CaseData make_case(const BackwardCase& c) {
@@ -155,7 +177,12 @@ CaseData make_case(const BackwardCase& c) {
              dense(c.B, c.Hkv, c.Sk, c.D)};
   std::normal_distribution<double> normal(0.0, 1.0);
   for (double& x : d.dlse) x = static_cast<float>(normal(engine));
-  Options o = c.options();
+  if (c.alibi)
+    for (int h = 0; h < c.Hq; ++h) d.slopes.push_back(std::exp2(-8.0 * (h + 1) / c.Hq));
+  if (c.sinks)
+    for (int h = 0; h < c.Hq; ++h) d.sinks.push_back(static_cast<float>(normal(engine)));
+  d.dsinks.assign(d.sinks.size(), 0.0);
+  Options o = d.options_of(c);
   o.impl = fattn::Impl::reference;
   const fattn::TensorView lse = fattn::TensorView::lse(d.lse.data(), DType::float64, c.B, c.Hq, c.Sq);
   fattn::attention_forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), &lse, o);
@@ -167,24 +194,28 @@ CaseData make_case(const BackwardCase& c) {
 
 // The float64 reference gradients of a case's data.
 void reference_gradients(const BackwardCase& c, CaseData& d) {
-  Options o = c.options();
+  Options o = d.options_of(c);
   o.impl = fattn::Impl::reference;
+  fattn::TensorView dsinks{d.dsinks.data(), 1, {c.Hq, 0, 0, 0}, {1, 0, 0, 0}, DType::float64};
   const fattn::TensorView lse = fattn::TensorView::lse(d.lse.data(), DType::float64, c.B, c.Hq, c.Sq);
   const fattn::TensorView dlse = fattn::TensorView::lse(d.dlse.data(), DType::float64, c.B, c.Hq, c.Sq);
   fattn::attention_backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), lse,
-                            c.with_dlse ? &dlse : nullptr, d.dq.view(), d.dk.view(), d.dv.view(), o);
+                            c.with_dlse ? &dlse : nullptr, d.dq.view(), d.dk.view(), d.dv.view(), o,
+                            c.sinks ? &dsinks : nullptr);
 }
 
 // The plain same-precision pipeline (header comment): out rounded, P and dS rounded to the
 // dtype, float64 otherwise; the gradients rounded once.
 struct Gradients {
   Dense dq, dk, dv;
+  std::vector<double> dsinks;
 };
 Gradients pipeline(const BackwardCase& c, const CaseData& d) {
   // The band and the scale of the problem, from the model the kernels' band comes from.
   Dense q = d.q, k = d.k;
   const fattn::detail::Problem pr = fattn::detail::make_problem(q.view(), k.view(), k.view(), nullptr, nullptr, c.options());
-  Gradients g{dense(c.B, c.Hq, c.Sq, c.D), dense(c.B, c.Hkv, c.Sk, c.D), dense(c.B, c.Hkv, c.Sk, c.D)};
+  Gradients g{dense(c.B, c.Hq, c.Sq, c.D), dense(c.B, c.Hkv, c.Sk, c.D), dense(c.B, c.Hkv, c.Sk, c.D),
+              std::vector<double>(d.sinks.size(), 0.0)};
   const int group = c.Hq / c.Hkv;
   std::vector<double> p(c.Sk), ds(c.Sk);
   for (int b = 0; b < c.B; ++b)
@@ -195,6 +226,7 @@ Gradients pipeline(const BackwardCase& c, const CaseData& d) {
         double delta = 0.0;
         for (int e = 0; e < c.D; ++e) delta += rounded(c.dtype, d.out.at(b, h, i, e)) * d.dout.at(b, h, i, e);
         if (c.with_dlse) delta -= static_cast<float>(d.dlse[row]);
+        if (c.sinks && std::isfinite(d.lse[row])) g.dsinks[h] -= std::exp(d.sinks[h] - d.lse[row]) * delta;
         for (int j = 0; j < c.Sk; ++j) {
           const std::int64_t diag = j - i;
           if (diag < pr.band_lo || diag > pr.band_hi) {
@@ -206,9 +238,16 @@ Gradients pipeline(const BackwardCase& c, const CaseData& d) {
             s += d.q.at(b, h, i, e) * d.k.at(b, kh, j, e);
             dp += d.dout.at(b, h, i, e) * d.v.at(b, kh, j, e);
           }
-          const double prob = std::exp(s * pr.scale - d.lse[row]);
+          double x = s * pr.scale, dfactor = 1.0;
+          if (c.softcap != 0.0) {
+            const double t = std::tanh(x / c.softcap);
+            x = c.softcap * t;
+            dfactor = 1.0 - t * t;
+          }
+          if (c.alibi) x -= d.slopes[h] * std::abs(i + c.Sk - c.Sq - j);
+          const double prob = std::exp(x - d.lse[row]);
           p[j] = rounded(c.dtype, prob);
-          ds[j] = rounded(c.dtype, prob * (dp - delta));
+          ds[j] = rounded(c.dtype, prob * (dp - delta) * dfactor);
         }
         for (int j = 0; j < c.Sk; ++j)
           for (int e = 0; e < c.D; ++e) {
@@ -265,10 +304,27 @@ Gradients run_on_gpu(const BackwardCase& c, const CaseData& d) {
   DeviceBuffer lse_buffer, dlse_buffer;
   const fattn::TensorView lse = upload_rows(d.lse, lse_buffer);
   const fattn::TensorView dlse = c.with_dlse ? upload_rows(d.dlse, dlse_buffer) : fattn::TensorView{};
+  // Slopes, sinks and dsinks: float32 (Hq) on the device.
+  auto head_vector = [&](const std::vector<double>& values, DeviceBuffer& buffer) {
+    std::vector<float> f(values.begin(), values.end());
+    buffer = DeviceBuffer(std::max<std::size_t>(f.size(), 1) * 4);
+    EXPECT_TRUE(cuda_succeeded(cudaMemcpy(buffer.get(), f.data(), f.size() * 4, cudaMemcpyHostToDevice), "heads"));
+    return fattn::TensorView{buffer.get(), 1, {c.Hq, 0, 0, 0}, {1, 0, 0, 0}, DType::float32, fattn::Device::cuda};
+  };
+  DeviceBuffer slopes_buffer, sinks_buffer, dsinks_buffer;
+  Options o = c.options();
+  const fattn::TensorView slopes = head_vector(d.slopes, slopes_buffer), sinks = head_vector(d.sinks, sinks_buffer);
+  const fattn::TensorView dsinks = head_vector(std::vector<double>(d.sinks.size(), NAN), dsinks_buffer);
+  if (c.alibi) o.alibi_slopes = &slopes;
+  if (c.sinks) o.sinks = &sinks;
   fattn::attention_backward(q.view, k.view, v.view, out.view, dout.view, lse, c.with_dlse ? &dlse : nullptr,
-                            dq.view, dk.view, dv.view, c.options());
+                            dq.view, dk.view, dv.view, o, c.sinks ? &dsinks : nullptr);
   EXPECT_TRUE(cuda_succeeded(cudaDeviceSynchronize(), "the backward"));
-  return {download16(c, dq), download16(c, dk), download16(c, dv)};
+  Gradients g{download16(c, dq), download16(c, dk), download16(c, dv), {}};
+  std::vector<float> ds(d.sinks.size());
+  EXPECT_TRUE(cuda_succeeded(cudaMemcpy(ds.data(), dsinks_buffer.get(), ds.size() * 4, cudaMemcpyDeviceToHost), "dsinks"));
+  g.dsinks.assign(ds.begin(), ds.end());
+  return g;
 }
 
 class CudaBackward : public ::testing::TestWithParam<BackwardCase> {
@@ -292,6 +348,13 @@ TEST_P(CudaBackward, MatchesFloat64Reference) {
   expect_within(c, "dq", got.dq, d.dq, baseline.dq);
   expect_within(c, "dk", got.dk, d.dk, baseline.dk);
   expect_within(c, "dv", got.dv, d.dv, baseline.dv);
+  for (std::size_t h = 0; h < d.dsinks.size(); ++h) {
+    // float32 sums of B·Sq terms: the pipeline's error twice, and float32's at their size
+    const double base = std::abs(baseline.dsinks[h] - d.dsinks[h]);
+    const double bound = kBaselineMultiple * base + 1e-5 * c.B * c.Sq * std::max(1.0, std::abs(d.dsinks[h]));
+    EXPECT_LE(std::abs(got.dsinks[h] - d.dsinks[h]), bound)
+        << "dsinks[" << h << "] of " << c.name() << ": " << got.dsinks[h] << " against " << d.dsinks[h];
+  }
 }
 
 // No atomics: two runs give the same bits (production-sized cases: many blocks, each ring
@@ -367,6 +430,21 @@ std::vector<BackwardCase> variant_cases() {
         c.causal = causal;
         cases.push_back(c);
       }
+    for (int mods = 1; mods < 8; ++mods) {  // softcap, ALiBi, sinks, alone and together
+      BackwardCase c;
+      c.dtype = dtype;
+      c.D = 128;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.Sq = 200;
+      c.Sk = 257;
+      c.causal = mods % 2 ? Causal::bottom_right : Causal::none;
+      c.softcap = mods & 1 ? 5.0 : 0.0;
+      c.alibi = (mods & 2) != 0;
+      c.sinks = (mods & 4) != 0;
+      c.q_scale = c.softcap != 0.0 ? 4.0f : 1.0f;  // softcap where it bends the scores
+      cases.push_back(c);
+    }
     BackwardCase strided;
     strided.dtype = dtype;
     strided.B = 2;
@@ -434,7 +512,11 @@ TEST(CudaBackwardHarness, HoldsTheCpuBackwardAndCatchesAWrongOne) {
   window.Sk = 129;
   window.causal = Causal::bottom_right;
   window.window_left = 32;
-  for (const BackwardCase& c : {gqa, window}) {
+  BackwardCase mods = gqa;  // softcap, ALiBi and sinks together
+  mods.softcap = 5.0;
+  mods.alibi = mods.sinks = true;
+  mods.q_scale = 4.0f;
+  for (const BackwardCase& c : {gqa, window, mods}) {
     CaseData d = make_case(c);
     reference_gradients(c, d);
     const Gradients baseline = pipeline(c, d);
@@ -447,9 +529,18 @@ TEST(CudaBackwardHarness, HoldsTheCpuBackwardAndCatchesAWrongOne) {
     Dense dq = dense(c.B, c.Hq, c.Sq, c.D), dk = dense(c.B, c.Hkv, c.Sk, c.D), dv = dk;
     std::vector<float> lse(d.lse.begin(), d.lse.end());
     const fattn::TensorView dqv = to16(dq, dq16), dkv = to16(dk, dk16), dvv = to16(dv, dv16);
+    std::vector<float> slopes(d.slopes.begin(), d.slopes.end()), sinks(d.sinks.begin(), d.sinks.end()),
+        dsinks(d.sinks.size());
+    auto heads = [&](std::vector<float>& v) {
+      return fattn::TensorView{v.data(), 1, {c.Hq, 0, 0, 0}, {1, 0, 0, 0}, DType::float32};
+    };
+    const fattn::TensorView slopes_view = heads(slopes), sinks_view = heads(sinks), dsinks_view = heads(dsinks);
+    Options o = c.options();
+    if (c.alibi) o.alibi_slopes = &slopes_view;
+    if (c.sinks) o.sinks = &sinks_view;
     fattn::attention_backward(to16(d.q, q16), to16(d.k, k16), to16(d.v, v16), to16(d.out, o16),
                               to16(d.dout, do16), fattn::TensorView::lse(lse.data(), c.B, c.Hq, c.Sq),
-                              nullptr, dqv, dkv, dvv, c.options());
+                              nullptr, dqv, dkv, dvv, o, c.sinks ? &dsinks_view : nullptr);
     for (std::size_t i = 0; i < dq.x.size(); ++i) dq.x[i] = fattn::from_16bit(dq16[i], c.dtype);
     for (std::size_t i = 0; i < dk.x.size(); ++i) dk.x[i] = fattn::from_16bit(dk16[i], c.dtype);
     for (std::size_t i = 0; i < dv.x.size(); ++i) dv.x[i] = fattn::from_16bit(dv16[i], c.dtype);
@@ -478,9 +569,10 @@ TEST(CudaBackwardRefusal, NamesWhatItDoesNotTake) {
             std::string::npos);
   EXPECT_NE(fattn::cuda_backward_refusal(view(DType::bfloat16, 256), view(DType::bfloat16, 256)).find("up to 128"),
             std::string::npos);
-  Options softcap;
-  softcap.softcap = 30.0;
-  EXPECT_NE(fattn::cuda_backward_refusal(view(DType::float16, 64), view(DType::float16, 64), softcap).find("softcap"),
+  Options masked;
+  const fattn::TensorView mask = fattn::TensorView::bhsd(nullptr, 1, 1, 64, 64, DType::boolean, fattn::Device::cuda);
+  masked.attn_mask = &mask;
+  EXPECT_NE(fattn::cuda_backward_refusal(view(DType::float16, 64), view(DType::float16, 64), masked).find("attn_mask"),
             std::string::npos);
 }
 

@@ -120,9 +120,9 @@ def test_the_kvcache_table(built, monkeypatch):
 
 @pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
 def test_the_backward_table(built, monkeypatch):
-    """A backward on compute capability 9.0 in 16 bits at head dims up to 128, causal or with a
-    window, GQA or not, runs the C++ Hopper backward where it is built; softcap, ALiBi, sinks,
-    an attn_mask, float32, larger head dims, other GPUs and impl="triton" run Triton."""
+    """A backward on compute capability 9.0 in 16 bits at head dims up to 128, with any variant
+    but an attn_mask, runs the C++ Hopper backward where it is built; an attn_mask, float32,
+    larger head dims, other GPUs and impl="triton" run Triton."""
     monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
     monkeypatch.setattr(cuda_dispatch, "backward_head_dims", lambda: (64, 128) if built else ())
     hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
@@ -131,15 +131,13 @@ def test_the_backward_table(built, monkeypatch):
         for dtype in (torch.float16, torch.bfloat16):
             call = dict(hopper, head_dim=d, dtype=dtype)
             assert cuda_dispatch.plan("attention_backward", **call).kernel == cpp, call
-            # a window (variants without score changes)
-            assert cuda_dispatch.plan("attention_backward", "auto", True, score_mods=False,
+            assert cuda_dispatch.plan("attention_backward", "auto", True,
                                       **call).kernel == cpp, call
     if built:
         assert "Hopper backward" in cuda_dispatch.plan("attention_backward", **hopper).reason
     for other in (dict(head_dim=136), dict(head_dim=256), dict(dtype=torch.float32),
                   dict(capability=(8, 0)), dict(capability=(10, 0)), dict(capability=None)):
         assert cuda_dispatch.plan("attention_backward", **dict(hopper, **other)).kernel == "triton"
-    assert cuda_dispatch.plan("attention_backward", "auto", True, **hopper).kernel == "triton"
     assert cuda_dispatch.plan("attention_backward", attn_mask=True, **hopper).kernel == "triton"
     assert cuda_dispatch.plan("attention_backward", "triton", **hopper).kernel == "triton"
 
@@ -417,11 +415,14 @@ HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 
 @pytest.mark.skipif(not HOPPER, reason="the Hopper backward runs on compute capability 9.0")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
-@pytest.mark.parametrize("d,hq,hkv,causal,window", [
-    (64, 4, 4, False, (-1, -1)), (128, 4, 4, False, (-1, -1)), (128, 8, 2, True, (-1, -1)),
-    (96, 4, 2, False, (-1, -1)), (128, 4, 4, False, (64, 0)), (64, 4, 1, True, (-1, -1))],
-    ids=["d64", "d128", "d128_gqa_causal", "d96_gqa", "d128_window", "d64_mqa_causal"])
-def test_hopper_backward_gradients(dtype, d, hq, hkv, causal, window):
+@pytest.mark.parametrize("d,hq,hkv,causal,window,softcap", [
+    (64, 4, 4, False, (-1, -1), 0.0), (128, 4, 4, False, (-1, -1), 0.0),
+    (128, 8, 2, True, (-1, -1), 0.0), (96, 4, 2, False, (-1, -1), 0.0),
+    (128, 4, 4, False, (64, 0), 0.0), (64, 4, 1, True, (-1, -1), 0.0),
+    (128, 4, 2, True, (-1, -1), 2.0)],
+    ids=["d64", "d128", "d128_gqa_causal", "d96_gqa", "d128_window", "d64_mqa_causal",
+         "d128_softcap"])
+def test_hopper_backward_gradients(dtype, d, hq, hkv, causal, window, softcap):
     """autograd through fattn.flash_attention on the C++ Hopper backward at the shape and
     tiles training uses (S = 1024 > one tile of either kernel): each gradient's error
     against float64 within 2x torch SDPA's own in the same dtype, and the same bits twice."""
@@ -438,12 +439,14 @@ def test_hopper_backward_gradients(dtype, d, hq, hkv, causal, window):
         return torch.autograd.grad(out, leaves, dout.to(out.dtype))
 
     def ours(q, k, v):
-        return fattn.flash_attention(q, k, v, causal=causal, window_size=window)
+        return fattn.flash_attention(q, k, v, causal=causal, window_size=window, softcap=softcap)
 
     def definition(q, k, v):  # (B, S, H, D) in, out
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         kt, vt = (x.repeat_interleave(hq // hkv, dim=1) for x in (kt, vt))
         scores = qt @ kt.transpose(-1, -2) / d ** 0.5
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         i = torch.arange(s, device="cuda")[:, None]
         j = torch.arange(s, device="cuda")[None, :]
         hidden = torch.zeros(s, s, dtype=torch.bool, device="cuda")
@@ -465,6 +468,14 @@ def test_hopper_backward_gradients(dtype, d, hq, hkv, causal, window):
         bound = 2 * (t.double() - w).abs().max().item()
         assert err <= bound, f"{name}: {err:.3g} against float64, torch's own {bound / 2:.3g}"
         assert torch.equal(g, a), f"{name}: two runs differ"
+    # the gradient of a sum: autograd hands over an expanded dout (every stride 0)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    summed = torch.autograd.grad(ours(*leaves).sum(), leaves)
+    ones = torch.ones_like(dout)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    explicit = torch.autograd.grad(ours(*leaves), leaves, ones)
+    for g, e in zip(summed, explicit):
+        assert torch.equal(g, e)
 
 
 def test_varlen_gradients_through_autograd(gpu_path):
