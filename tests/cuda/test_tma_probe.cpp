@@ -285,12 +285,12 @@ std::string check_dump(const std::vector<std::uint16_t>& smem, const std::vector
   return "as the copy engine's 128B model";
 }
 
-void probe_qk(int D) {
-  const std::string name = "qk_SS_D" + std::to_string(D);
+void probe_qk(int D, int keys = tp::kKeys) {
+  const std::string name = "qk_SS_D" + std::to_string(D) + (keys == tp::kKeys ? "" : "_N" + std::to_string(keys));
   SCOPED_TRACE(name);
-  const std::vector<__half> a = random_matrix(tp::kARows, D, 11 + D), b = random_matrix(tp::kKeys, D, 13 + D);
+  const std::vector<__half> a = random_matrix(tp::kARows, D, 11 + D), b = random_matrix(keys, D, 13 + D);
   Product p;
-  p.n = tp::kKeys;
+  p.n = keys;
   p.ref.assign(64 * p.n, 0.0);
   p.abs.assign(64 * p.n, 0.0);
   for (int m = 0; m < 64; ++m)
@@ -301,7 +301,7 @@ void probe_qk(int D) {
         p.abs[m * p.n + n] += std::fabs(x);
       }
   auto run = [&](const tp::DescFields& f, tp::WgmmaResult& r) {
-    const cudaError_t e = tp::run_qk(a, b, D, f, r);
+    const cudaError_t e = tp::run_qk(a, b, D, f, r, keys);
     EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
     EXPECT_EQ(r.encode_status, 0) << "cuTensorMapEncodeTiled returned CUresult " << r.encode_status;
     EXPECT_TRUE(r.loaded) << "the operands' mbarrier phase did not complete";
@@ -322,7 +322,7 @@ void probe_qk(int D) {
   if (ratio > kRelTol && !r.raw.empty()) {
     const std::vector<double> got = assemble(r.raw, p.n);
     line << "\n[tma probe]   " << first_mismatch(p, got) << "\n[tma probe]   shared memory: A "
-         << check_dump(r.smem_a, a, tp::kARows, D) << ", B " << check_dump(r.smem_b, b, tp::kKeys, D)
+         << check_dump(r.smem_a, a, tp::kARows, D) << ", B " << check_dump(r.smem_b, b, keys, D)
          << "\n[tma probe]   host readings of that shared memory, max err/Σ|ab|:";
     for (const Reading& rd : readings()) {
       const std::uint32_t lbo = rd.swapped ? 1024 : 16, sbo = rd.swapped ? 16 : 1024;
@@ -333,7 +333,7 @@ void probe_qk(int D) {
           for (int k = 0; k < D; ++k) {
             const int kk = k / 16, kin = k % 16;
             acc += at(r.smem_a, tp::wgmma_read_address(false, tp::k_slice_start(tp::kARows, kk), m, kin, rd.sw, lbo, sbo)) *
-                   at(r.smem_b, tp::wgmma_read_address(false, tp::k_slice_start(tp::kKeys, kk), n, kin, rd.sw, lbo, sbo));
+                   at(r.smem_b, tp::wgmma_read_address(false, tp::k_slice_start(keys, kk), n, kin, rd.sw, lbo, sbo));
           }
           sim[m * p.n + n] = acc;
         }
@@ -357,30 +357,30 @@ void probe_qk(int D) {
   EXPECT_LE(ratio, kRelTol) << "the kernel's Q·Kᵀ on swizzled tiles does not match (diagnostics above)";
 }
 
-void probe_pv(int D) {
-  const std::string name = "pv_RS_D" + std::to_string(D);
+void probe_pv(int D, int keys = tp::kKeys) {
+  const std::string name = "pv_RS_D" + std::to_string(D) + (keys == tp::kKeys ? "" : "_K" + std::to_string(keys));
   SCOPED_TRACE(name);
-  const std::vector<__half> pm = random_matrix(64, tp::kKeys, 17 + D), v = random_matrix(tp::kKeys, D, 19 + D);
+  const std::vector<__half> pm = random_matrix(64, keys, 17 + D), v = random_matrix(keys, D, 19 + D);
   Product p;
   p.n = D;
   p.ref.assign(64 * D, 0.0);
   p.abs.assign(64 * D, 0.0);
   for (int m = 0; m < 64; ++m)
     for (int n = 0; n < D; ++n)
-      for (int k = 0; k < tp::kKeys; ++k) {
-        const double x = h(pm[m * tp::kKeys + k]) * h(v[k * D + n]);
+      for (int k = 0; k < keys; ++k) {
+        const double x = h(pm[m * keys + k]) * h(v[k * D + n]);
         p.ref[m * D + n] += x;
         p.abs[m * D + n] += std::fabs(x);
       }
   auto run = [&](const tp::DescFields& f, tp::WgmmaResult& r) {
-    const cudaError_t e = tp::run_pv(pm, v, D, f, r);
+    const cudaError_t e = tp::run_pv(pm, v, D, f, r, keys);
     EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
     EXPECT_EQ(r.encode_status, 0) << "cuTensorMapEncodeTiled returned CUresult " << r.encode_status;
     EXPECT_TRUE(r.loaded) << "V's mbarrier phase did not complete";
     return e == cudaSuccess && r.encode_status == 0 && r.loaded ? worst(p, assemble(r.raw, p.n))
                                                                 : std::numeric_limits<double>::infinity();
   };
-  const std::uint32_t panel = tp::kKeys * 128;  // LBO: the next 64 columns of V
+  const std::uint32_t panel = keys * 128;  // LBO: the next 64 columns of V
   tp::WgmmaResult r;
   const double ratio = run({}, r);
   std::ostringstream line;
@@ -394,15 +394,15 @@ void probe_pv(int D) {
   if (ratio > kRelTol && !r.raw.empty()) {
     const std::vector<double> got = assemble(r.raw, p.n);
     line << "\n[tma probe]   " << first_mismatch(p, got) << "\n[tma probe]   shared memory: V "
-         << check_dump(r.smem_b, v, tp::kKeys, D) << "\n[tma probe]   host readings of that shared memory, max err/Σ|ab|:";
+         << check_dump(r.smem_b, v, keys, D) << "\n[tma probe]   host readings of that shared memory, max err/Σ|ab|:";
     for (const Reading& rd : readings()) {
       const std::uint32_t lbo = rd.swapped ? 1024 : panel, sbo = rd.swapped ? panel : 1024;
       double w = 0.0;
       for (int m = 0; m < 64; ++m)
         for (int n = 0; n < D; ++n) {
           double acc = 0.0;
-          for (int k = 0; k < tp::kKeys; ++k)
-            acc += h(pm[m * tp::kKeys + k]) *
+          for (int k = 0; k < keys; ++k)
+            acc += h(pm[m * keys + k]) *
                    at(r.smem_b, tp::wgmma_read_address(true, tp::mn_slice_start(k / 16), n, k % 16, rd.sw, lbo, sbo));
           const std::size_t i = static_cast<std::size_t>(m * D + n);
           w = std::max(w, std::isfinite(acc) && std::isfinite(got[i])
@@ -445,6 +445,8 @@ TEST(TmaProbe, QkSS) {
   if (!why.empty()) GTEST_SKIP() << why;
   probe_qk(64);
   probe_qk(128);
+  probe_qk(64, 64);  // the Hopper backward's 64-row B tiles (Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, S and dP)
+  probe_qk(128, 64);
 }
 
 TEST(TmaProbe, PvRS) {
@@ -452,6 +454,8 @@ TEST(TmaProbe, PvRS) {
   if (!why.empty()) GTEST_SKIP() << why;
   probe_pv(64);
   probe_pv(128);
+  probe_pv(64, 64);  // the Hopper backward's MN-major B of 64-row panels (dV, dK, dQ: LBO 8 KB)
+  probe_pv(128, 64);
 }
 
 }  // namespace

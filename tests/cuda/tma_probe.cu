@@ -119,7 +119,9 @@ __device__ std::uint64_t custom_desc(const void* tile, const DescFields& f) {
                                     static_cast<SmemLayout>(f.layout));
 }
 
-template <int kD>
+// kKeys: B's rows (the N of S): 128 as the forward's key tile, 64 as the backward's query
+// tiles (src/cuda/backward_tma.cuh).
+template <int kD, int kKeys>
 __global__ void __launch_bounds__(kThreads) qk_probe_kernel(const __grid_constant__ CUtensorMap amap,
                                                            const __grid_constant__ CUtensorMap bmap,
                                                            DescFields f, float* raw,
@@ -173,7 +175,9 @@ __global__ void __launch_bounds__(kThreads) qk_probe_kernel(const __grid_constan
   copy_out(sb, dump_b, kBBytes, tid);
 }
 
-template <int kD>
+// kKeys: V's rows (the K of O += P·V, P's columns): 128 as the forward's, 64 as the
+// backward's dO and Q tiles in dV += Pᵀ·dO, dK += dSᵀ·Q and K's in dQ += dS·K.
+template <int kD, int kKeys>
 __global__ void __launch_bounds__(kThreads) pv_probe_kernel(const __grid_constant__ CUtensorMap vmap,
                                                            const __half* p, DescFields f, float* raw,
                                                            std::uint16_t* dump_v, int* loaded) {
@@ -329,67 +333,63 @@ cudaError_t run_load(const LoadSetup& setup, const std::vector<std::uint16_t>& t
 }
 
 cudaError_t run_qk(const std::vector<__half>& a, const std::vector<__half>& b, int D,
-                   const DescFields& desc, WgmmaResult& result) {
-  if (D != 64 && D != 128) return cudaErrorInvalidValue;
+                   const DescFields& desc, WgmmaResult& result, int keys) {
+  if ((D != 64 && D != 128) || (keys != 64 && keys != 128)) return cudaErrorInvalidValue;
   DeviceBuffers buf;
   const __half* da = buf.make<__half>(a.size(), a.data());
   const __half* db = buf.make<__half>(b.size(), b.data());
-  float* raw = buf.make<float>(kThreads * kKeys / 2, nullptr, 0xFF);
+  float* raw = buf.make<float>(static_cast<std::size_t>(kThreads * keys / 2), nullptr, 0xFF);
   std::uint16_t* dump_a = buf.make<std::uint16_t>(kARows * D);
-  std::uint16_t* dump_b = buf.make<std::uint16_t>(kKeys * D);
+  std::uint16_t* dump_b = buf.make<std::uint16_t>(static_cast<std::size_t>(keys * D));
   int* loaded = buf.make<int>(1);
   if (buf.error != cudaSuccess) return buf.error;
   CUtensorMap amap, bmap;
   result.encode_status = matrix_map(&amap, da, kARows, D, kARows);
-  if (result.encode_status == CUDA_SUCCESS) result.encode_status = matrix_map(&bmap, db, kKeys, D, kKeys);
+  if (result.encode_status == CUDA_SUCCESS) result.encode_status = matrix_map(&bmap, db, keys, D, keys);
   if (result.encode_status != CUDA_SUCCESS) return cudaSuccess;
-  const int smem = (kARows + kKeys) * D * 2 + 64 + 1024;
-  if (D == 64) {
-    buf.error = allow_smem(qk_probe_kernel<64>, smem);
-    if (buf.error == cudaSuccess)
-      qk_probe_kernel<64><<<1, kThreads, smem>>>(amap, bmap, desc, raw, dump_a, dump_b, loaded);
-  } else {
-    buf.error = allow_smem(qk_probe_kernel<128>, smem);
-    if (buf.error == cudaSuccess)
-      qk_probe_kernel<128><<<1, kThreads, smem>>>(amap, bmap, desc, raw, dump_a, dump_b, loaded);
-  }
+  const int smem = (kARows + keys) * D * 2 + 64 + 1024;
+  auto launch = [&](auto kernel) {
+    buf.error = allow_smem(kernel, smem);
+    if (buf.error == cudaSuccess) kernel<<<1, kThreads, smem>>>(amap, bmap, desc, raw, dump_a, dump_b, loaded);
+  };
+  if (D == 64) keys == 64 ? launch(qk_probe_kernel<64, 64>) : launch(qk_probe_kernel<64, 128>);
+  else keys == 64 ? launch(qk_probe_kernel<128, 64>) : launch(qk_probe_kernel<128, 128>);
   if (buf.error == cudaSuccess) buf.error = cudaGetLastError();
   if (buf.error == cudaSuccess) buf.error = cudaDeviceSynchronize();
   std::vector<int> l;
-  buf.fetch(result.raw, raw, kThreads * kKeys / 2);
+  buf.fetch(result.raw, raw, static_cast<std::size_t>(kThreads * keys / 2));
   buf.fetch(result.smem_a, dump_a, static_cast<std::size_t>(kARows * D));
-  buf.fetch(result.smem_b, dump_b, static_cast<std::size_t>(kKeys * D));
+  buf.fetch(result.smem_b, dump_b, static_cast<std::size_t>(keys * D));
   buf.fetch(l, loaded, 1);
   result.loaded = !l.empty() && l[0] != 0;
   return buf.error;
 }
 
 cudaError_t run_pv(const std::vector<__half>& p, const std::vector<__half>& v, int D,
-                   const DescFields& desc, WgmmaResult& result) {
-  if (D != 64 && D != 128) return cudaErrorInvalidValue;
+                   const DescFields& desc, WgmmaResult& result, int keys) {
+  if ((D != 64 && D != 128) || (keys != 64 && keys != 128)) return cudaErrorInvalidValue;
   DeviceBuffers buf;
   const __half* dp = buf.make<__half>(p.size(), p.data());
   const __half* dv = buf.make<__half>(v.size(), v.data());
   float* raw = buf.make<float>(kThreads * D / 2, nullptr, 0xFF);
-  std::uint16_t* dump_v = buf.make<std::uint16_t>(kKeys * D);
+  std::uint16_t* dump_v = buf.make<std::uint16_t>(static_cast<std::size_t>(keys * D));
   int* loaded = buf.make<int>(1);
   if (buf.error != cudaSuccess) return buf.error;
   CUtensorMap vmap;
-  result.encode_status = matrix_map(&vmap, dv, kKeys, D, kKeys);
+  result.encode_status = matrix_map(&vmap, dv, keys, D, keys);
   if (result.encode_status != CUDA_SUCCESS) return cudaSuccess;
-  const int smem = kKeys * D * 2 + 64 + 1024;
-  if (D == 64) {
-    buf.error = allow_smem(pv_probe_kernel<64>, smem);
-    if (buf.error == cudaSuccess) pv_probe_kernel<64><<<1, kThreads, smem>>>(vmap, dp, desc, raw, dump_v, loaded);
-  } else {
-    buf.error = allow_smem(pv_probe_kernel<128>, smem);
-    if (buf.error == cudaSuccess) pv_probe_kernel<128><<<1, kThreads, smem>>>(vmap, dp, desc, raw, dump_v, loaded);
-  }
+  const int smem = keys * D * 2 + 64 + 1024;
+  auto launch = [&](auto kernel) {
+    buf.error = allow_smem(kernel, smem);
+    if (buf.error == cudaSuccess) kernel<<<1, kThreads, smem>>>(vmap, dp, desc, raw, dump_v, loaded);
+  };
+  if (D == 64) keys == 64 ? launch(pv_probe_kernel<64, 64>) : launch(pv_probe_kernel<64, 128>);
+  else keys == 64 ? launch(pv_probe_kernel<128, 64>) : launch(pv_probe_kernel<128, 128>);
   if (buf.error == cudaSuccess) buf.error = cudaGetLastError();
   if (buf.error == cudaSuccess) buf.error = cudaDeviceSynchronize();
   std::vector<int> l;
   buf.fetch(result.raw, raw, static_cast<std::size_t>(kThreads * D / 2));
-  buf.fetch(result.smem_b, dump_v, static_cast<std::size_t>(kKeys * D));
+  buf.fetch(result.smem_b, dump_v, static_cast<std::size_t>(keys * D));
   buf.fetch(l, loaded, 1);
   result.loaded = !l.empty() && l[0] != 0;
   return buf.error;

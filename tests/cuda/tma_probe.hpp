@@ -117,16 +117,18 @@ struct WgmmaResult {
   std::vector<float> raw;                  // thread·regs + i: every thread's accumulators
   std::vector<std::uint16_t> smem_a, smem_b;  // the operands' shared memory (A: QK only)
 };
-// S = A·Bᵀ as the kernel's Q·Kᵀ: a is 64×D (row-major), b is 128×D (row-major, keys), both
-// TMA-loaded into swizzled tiles (64- and 128-row panels), D/16 SS wgmma m64n128k16.
-// raw: 64 accumulators per thread. D is 64 or 128.
+// S = A·Bᵀ as the kernel's Q·Kᵀ: a is 64×D (row-major), b is keys×D (row-major), both
+// TMA-loaded into swizzled tiles (64- and keys-row panels), D/16 SS wgmma m64n<keys>k16.
+// raw: keys/2 accumulators per thread. D and keys are 64 or 128 (the forward's key tile:
+// 128; the backward's 64-row B tiles: 64).
 cudaError_t run_qk(const std::vector<__half>& a, const std::vector<__half>& b, int D,
-                   const DescFields& desc, WgmmaResult& result);
-// O = P·V as the kernel's: p is 64×128 (row-major), each thread's RS A fragments loaded from
-// it by the layout of src/cuda/wgmma.cuh; v is 128×D (row-major), TMA-loaded swizzled;
-// 8 RS wgmma m64nDk16 with V MN-major. raw: D/2 accumulators per thread.
+                   const DescFields& desc, WgmmaResult& result, int keys = kKeys);
+// O = P·V as the kernel's: p is 64×keys (row-major), each thread's RS A fragments loaded from
+// it by the layout of src/cuda/wgmma.cuh; v is keys×D (row-major), TMA-loaded swizzled;
+// keys/16 RS wgmma m64nDk16 with V MN-major (LBO: keys·128 bytes). raw: D/2 accumulators
+// per thread.
 cudaError_t run_pv(const std::vector<__half>& p, const std::vector<__half>& v, int D,
-                   const DescFields& desc, WgmmaResult& result);
+                   const DescFields& desc, WgmmaResult& result, int keys = kKeys);
 
 // The swizzled descriptor encoding (src/cuda/tma.cuh), callable without a GPU.
 std::uint64_t encode_descriptor(std::uint32_t smem_addr, std::uint32_t lbo, std::uint32_t sbo,
