@@ -136,12 +136,13 @@ float host_float(DType dtype, const std::uint8_t* p) {
 // The variants (the JSON's "impl", what --impls takes) and the suites (the JSON's "suite",
 // what --suite takes), defined here only.
 // A variant that runs one CUDA kernel as it is is named after it (fattn::cuda::to_string:
-// naive, fused_tf32, fused_fma, fused_wgmma, fused_wgmma_pipelined, fused_tma); the others are here.
+// naive, fused_tf32, fused_fma, fused_wgmma, fused_wgmma_pipelined, fused_tma,
+// fused_tma_persistent); the others are here.
 namespace variant {
 constexpr const char* fused = "fused";  // what Impl::fused dispatches to
 constexpr Kernel kernels[] = {Kernel::naive, Kernel::fused_tf32, Kernel::fused_fma,
                               Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined,
-                              Kernel::fused_tma};
+                              Kernel::fused_tma, Kernel::fused_tma_persistent};
 // The dispatched 16-bit kernel forced to one query-tile height (rows per block).
 struct ForcedTile {
   const char* name;
@@ -217,7 +218,8 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
       // the Hopper kernels beside fused_mma (docs/cuda.md), each at the head dims it is
       // built for: a head dim becomes theirs by default on compute capability 9.0 once
       // these numbers say it should
-      for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined, Kernel::fused_tma}) {
+      for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined, Kernel::fused_tma,
+                       Kernel::fused_tma_persistent}) {
         const std::vector<int> dims = fattn::cuda::hopper_head_dims(k);
         if (!dims.empty() && D <= dims.back())
           out.push_back(kernel_config(k, t, B, H, S, D, causal, suite));

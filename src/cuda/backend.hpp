@@ -44,6 +44,7 @@ enum class Kernel : std::uint8_t {
   fused_tf32x3,     // float32 only
   fused_tf32,       // float32 only, TF32 mode: Q·Kᵀ plain TF32, P·V with V split (fused_tf32.cuh)
   fused_fma,        // float32 only
+  fused_tma_persistent,  // fused_tma's schedule, one block per SM walking the tiles (sm_90a, plain forward)
 };
 
 const char* to_string(Kernel kernel);

@@ -158,12 +158,6 @@ struct PairRing {
   }
 };
 
-// The dynamic shared window rounded up to 1024 bytes (its start is not promised aligned).
-__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
-  const std::uint32_t at = smem_u32(raw);
-  return raw + (((at + kSwizzleAtomBytes - 1) & ~std::uint32_t(kSwizzleAtomBytes - 1)) - at);
-}
-
 // One tile of rows [row0, row0 + kRows) of (head, batch) of `map` into `dst`: one copy per
 // 64-column panel, completing on `bar`.
 template <int kRows, int kPanels>

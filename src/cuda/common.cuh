@@ -123,10 +123,12 @@ struct BlockCoord {
   int b, h, kv_head, q0;
 };
 
-__device__ __forceinline__ BlockCoord block_coord(const Params& p, int rows_per_tile) {
+// Work unit `index` of that numbering (a persistent kernel's blocks walk several).
+__device__ __forceinline__ BlockCoord block_coord_at(const Params& p, int rows_per_tile,
+                                                     unsigned index) {
   const int bh_count = p.batch * p.q_heads;
-  const int bh = static_cast<int>(blockIdx.x % static_cast<unsigned>(bh_count));
-  int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(bh_count));
+  const int bh = static_cast<int>(index % static_cast<unsigned>(bh_count));
+  int tile = static_cast<int>(index / static_cast<unsigned>(bh_count));
   if (p.has_band_hi) {
     const int tiles = (p.q_len + rows_per_tile - 1) / rows_per_tile;
     tile = tiles - 1 - tile;
@@ -137,6 +139,9 @@ __device__ __forceinline__ BlockCoord block_coord(const Params& p, int rows_per_
   c.kv_head = c.h / p.group;
   c.q0 = tile * rows_per_tile;
   return c;
+}
+__device__ __forceinline__ BlockCoord block_coord(const Params& p, int rows_per_tile) {
+  return block_coord_at(p, rows_per_tile, blockIdx.x);
 }
 
 template <class T>
@@ -166,10 +171,10 @@ struct FusedBlock {
 };
 
 template <class T>
-__device__ __forceinline__ FusedBlock<T> fused_block(const Params& p, int rows_per_tile,
-                                                     int keys_per_tile) {
+__device__ __forceinline__ FusedBlock<T> fused_block_at(const Params& p, int rows_per_tile,
+                                                        int keys_per_tile, unsigned index) {
   FusedBlock<T> f;
-  f.c = block_coord(p, rows_per_tile);
+  f.c = block_coord_at(p, rows_per_tile, index);
   f.q = head_ptr<T>(p.q, p.q_stride, f.c.b, f.c.h) + f.c.q0 * p.q_stride.seq;
   f.k = head_ptr<T>(p.k, p.k_stride, f.c.b, f.c.kv_head);
   f.v = head_ptr<T>(p.v, p.v_stride, f.c.b, f.c.kv_head);
@@ -177,6 +182,11 @@ __device__ __forceinline__ FusedBlock<T> fused_block(const Params& p, int rows_p
   f.first_tile = visibility(p).kv_begin(f.c.q0) / keys_per_tile;
   f.tiles = (visibility(p).kv_end(f.c.q0 + f.q_rows) + keys_per_tile - 1) / keys_per_tile;
   return f;
+}
+template <class T>
+__device__ __forceinline__ FusedBlock<T> fused_block(const Params& p, int rows_per_tile,
+                                                     int keys_per_tile) {
+  return fused_block_at<T>(p, rows_per_tile, keys_per_tile, blockIdx.x);
 }
 
 // The logsumexp row of (batch b, head h), or null when the caller asked for none.

@@ -81,6 +81,27 @@ struct TmaShape {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block on sm_90");
 };
 
+// The shared memory of a TmaShape S from a 1024-aligned base: Q, the K and V stages, the
+// barriers (q_full, then k_full, k_empty, v_full, v_empty: kStages each); the persistent
+// kernel's view of it.
+template <class T, class S>
+struct TmaSmem {
+  unsigned char* base;
+  __device__ __forceinline__ T* k_stage(int s) const {
+    return reinterpret_cast<T*>(base + S::kKOffset + s * S::kTileBytes);
+  }
+  __device__ __forceinline__ T* v_stage(int s) const {
+    return reinterpret_cast<T*>(base + S::kVOffset + s * S::kTileBytes);
+  }
+  __device__ __forceinline__ std::uint64_t* q_full() const {
+    return reinterpret_cast<std::uint64_t*>(base + S::kBarOffset);
+  }
+  __device__ __forceinline__ std::uint64_t* k_full() const { return q_full() + 1; }
+  __device__ __forceinline__ std::uint64_t* k_empty() const { return k_full() + S::kStages; }
+  __device__ __forceinline__ std::uint64_t* v_full() const { return k_empty() + S::kStages; }
+  __device__ __forceinline__ std::uint64_t* v_empty() const { return v_full() + S::kStages; }
+};
+
 // The three tensor maps (tensor_map.hpp), passed by value as a __grid_constant__ parameter.
 struct TmaMaps {
   CUtensorMap q, k, v;
@@ -134,7 +155,8 @@ __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
   using S = TmaShape<T, kD, kRing>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The dynamic window's start is not promised to be 1024-aligned: round up (kSmemBytes
-  // holds the slack).
+  // holds the slack). Written out, not through TmaSmem as the persistent kernel: sharing it
+  // moved this kernel's SASS (nvcc 13.0), which the H200 measured.
   const std::uint32_t raw = smem_u32(smem_raw);
   unsigned char* const smem =
       smem_raw + (((raw + kSwizzleAtomBytes - 1) & ~std::uint32_t(kSwizzleAtomBytes - 1)) - raw);
@@ -257,6 +279,153 @@ __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
   }
 }
 
+// ---- the persistent schedule (Kernel::fused_tma_persistent) ----------------------------------
+// One block per SM walks the work units blockIdx.x, blockIdx.x + gridDim.x, ... of
+// block_coord's numbering (with an upper band edge the longest first), FlashAttention 3's
+// static persistent scheduler: the K/V ring and its barrier phases run on from one unit to
+// the next (ring slot `base + j` holds the unit's key tile j, base counting the slots of the
+// block's earlier units), Q is reloaded per unit once both consumer warpgroups release it
+// (q_empty), and a unit's epilogue (store_output) runs while the producer already loads the
+// next unit's Q and K/V. Each unit's last K stage is released only after its P·V, since the
+// slow path may use it as scratch while the producer has the next unit's tiles to load. The
+// plain forward only (no variants); shared memory as fused_tma's plus the q_empty barrier.
+template <class T, int kD, int kRing>
+struct TmaPersistentShape : TmaShape<T, kD, kRing> {
+  static constexpr int kQEmptyOffset = TmaShape<T, kD, kRing>::kBarOffset +
+                                       8 * TmaShape<T, kD, kRing>::kBarriers;
+  static constexpr int kSmemBytes = TmaShape<T, kD, kRing>::kSmemBytes + 8;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block on sm_90");
+};
+
+template <class T, int kD, int kRing>
+__global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
+    fused_tma_persistent_kernel(const Params p, const __grid_constant__ TmaMaps maps, unsigned units) {
+  using S = TmaPersistentShape<T, kD, kRing>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const TmaSmem<T, S> shared{aligned_smem(smem_raw)};
+  unsigned char* const smem = shared.base;
+  auto k_stage = [&](int s) { return shared.k_stage(s); };
+  auto v_stage = [&](int s) { return shared.v_stage(s); };
+  std::uint64_t* const q_full = shared.q_full();
+  std::uint64_t* const k_full = shared.k_full();
+  std::uint64_t* const k_empty = shared.k_empty();
+  std::uint64_t* const v_full = shared.v_full();
+  std::uint64_t* const v_empty = shared.v_empty();
+  std::uint64_t* const q_empty = reinterpret_cast<std::uint64_t*>(smem + S::kQEmptyOffset);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, S::kConsumers);
+    for (int s = 0; s < S::kStages; ++s) {
+      mbar_init(k_full + s, 1);
+      mbar_init(v_full + s, 1);
+      mbar_init(k_empty + s, S::kConsumers);
+      mbar_init(v_empty + s, S::kConsumers);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<S::kProducerRegs>();
+    if (tid != 0) return;
+    tma_prefetch_map(&maps.q);
+    tma_prefetch_map(&maps.k);
+    tma_prefetch_map(&maps.v);
+    int base = 0, q_uses = 0;
+#pragma unroll 1
+    for (unsigned unit = blockIdx.x; unit < units; unit += gridDim.x) {
+      const FusedBlock<T> block = fused_block_at<T>(p, S::kBr, S::kBc, unit);
+      const BlockCoord c = block.c;
+      const int tiles = block.tiles;
+      if (tiles == 0) continue;  // the consumers skip it too
+      auto load = [&](const CUtensorMap* map, unsigned char* ring, std::uint64_t* full,
+                      std::uint64_t* empty, int j) {
+        const int slot = base + j, s = slot % S::kStages;
+        mbar_wait(empty + s, ((slot / S::kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(full + s, S::kTileBytes);
+        unsigned char* const dst = ring + s * S::kTileBytes;
+#pragma unroll
+        for (int panel = 0; panel < S::kPanels; ++panel)
+          tma_load_4d(dst + panel * sw128_panel_bytes<S::kBc>(), map, full + s, panel * kPanelCols,
+                      j * S::kBc, c.kv_head, c.b);
+      };
+      load(&maps.k, smem + S::kKOffset, k_full, k_empty, 0);  // needs no Q: before the wait
+      mbar_wait(q_empty, (q_uses & 1) ^ 1);  // the consumers are done with the last unit's Q
+      mbar_arrive_expect_tx(q_full, S::kQBytes);
+#pragma unroll
+      for (int panel = 0; panel < S::kPanels; ++panel)
+        tma_load_4d(smem + panel * sw128_panel_bytes<S::kBr>(), &maps.q, q_full,
+                    panel * kPanelCols, c.q0, c.h, c.b);
+#pragma unroll 1
+      for (int j = 0; j < tiles; ++j) {
+        if (j + 1 < tiles) load(&maps.k, smem + S::kKOffset, k_full, k_empty, j + 1);
+        load(&maps.v, smem + S::kVOffset, v_full, v_empty, j);
+      }
+      base += tiles;
+      ++q_uses;
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<S::kConsumerRegs>();
+  const int ctid = tid - 128;
+  const int cwarp = warp - 4;
+  const int consumer = warpgroup - 1;
+  const bool signals = ctid % 128 == 0;
+  const std::uint64_t q_desc = sw128_k_major_desc<S::kBr>(smem + consumer * 64 * kSwizzleRowBytes);
+  int base = 0, q_uses = 0;
+#pragma unroll 1
+  for (unsigned unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const FusedBlock<T> block = fused_block_at<T>(p, S::kBr, S::kBc, unit);
+    const int tiles = block.tiles;
+    WgmmaWarp<T, kD, S::kBc, false> this_warp(block.c, cwarp, lane);
+    if (tiles > 0) {
+      auto stage = [&](int j) { return (base + j) % S::kStages; };
+      auto parity = [&](int j) { return static_cast<std::uint32_t>(((base + j) / S::kStages) & 1); };
+      auto release = [&](std::uint64_t* empty, int j) {
+        if (signals) mbar_arrive(empty + stage(j));
+      };
+      const auto ring = Hooks{
+          [&](FirstTilesLanded) {
+            mbar_wait(q_full, q_uses & 1);
+            mbar_wait(k_full + stage(0), parity(0));
+          },
+          [&](TilesLanded, int j) {
+            mbar_wait(k_full + stage(j), parity(j));
+            mbar_wait(v_full + stage(j - 1), parity(j - 1));
+          },
+          [&](LastValuesLanded, int j) { mbar_wait(v_full + stage(j), parity(j)); },
+          // the unit's last K stage stays until its P·V is done (the slow path's scratch)
+          [&](KeysDone, int j) {
+            if (j + 1 < tiles) release(k_empty, j);
+          },
+          [&](ValuesDone, int j) { release(v_empty, j); }, [&](TileDone) {},
+          [&](KeyDesc, int j) { return sw128_k_major_desc<S::kBc>(k_stage(stage(j))); },
+          [&](ValueDesc, int j) { return sw128_mn_major_desc<S::kBc>(v_stage(stage(j))); },
+          [&](NeedsVisibleKeysOnly, int j) {
+            return this_warp.template crosses_diagonal<S::kBr>(p, j) &&
+                   consumers_see_nonfinite<T, S::kTileBytes, S::kConsumerThreads>(v_stage(stage(j)), ctid);
+          },
+          [&](PvVisibleKeysOnly, int jv, int j_scratch) {
+            pv_visible_keys_sw128<S::kConsumerWarps, S::kTileElems>(
+                this_warp, p, cwarp, v_stage(stage(jv)), k_stage(stage(j_scratch)), jv * S::kBc);
+          }};
+      pipelined_key_tiles<Sw128Slices, S::kBr>(ring, 0, tiles, q_desc, p, this_warp);
+      release(k_empty, tiles - 1);
+      release(v_empty, tiles - 1);
+      if (signals) mbar_arrive(q_empty);
+      base += tiles;
+      ++q_uses;
+    }
+    this_warp.store_output(p);
+  }
+}
+
 // The host side: the tensor maps of Q, K and V (tensor_map.hpp), then the launch.
 template <class T>
 constexpr CUtensorMapDataType tma_data_type() {
@@ -277,13 +446,10 @@ inline void encode_or_fail(CUtensorMap* map, CUtensorMapDataType type,
          "; its data pointer must be 16-byte aligned and its strides multiples of 16 bytes)");
 }
 
-// The launch of one instantiation: the grid, its shared memory, the tensor maps.
-template <class T, int D, bool kVariants, int kRing>
-void launch_tma_instance(const Params& p, cudaStream_t stream) {
+// The tensor maps of one instantiation's boxes: Q in tiles of Br rows, K and V of Bc.
+template <class T, int D, int kRing>
+TmaMaps tma_maps(const Params& p) {
   using S = TmaShape<T, D, kRing>;
-  const long long tiles = (p.q_len + S::kBr - 1) / S::kBr;
-  const auto blocks = static_cast<unsigned>(tiles * p.batch * p.q_heads);
-  if (blocks == 0) return;
   TmaMaps maps;
   auto geometry = [&](const void* data, const Strides3& st, int heads, int seq) {
     HeadTensorGeometry g;
@@ -301,6 +467,17 @@ void launch_tma_instance(const Params& p, cudaStream_t stream) {
   encode_or_fail(&maps.q, type, geometry(p.q, p.q_stride, p.q_heads, p.q_len), S::kBr, "q");
   encode_or_fail(&maps.k, type, geometry(p.k, p.k_stride, p.kv_heads, p.kv_len), S::kBc, "k");
   encode_or_fail(&maps.v, type, geometry(p.v, p.v_stride, p.kv_heads, p.kv_len), S::kBc, "v");
+  return maps;
+}
+
+// The launch of one instantiation: the grid, its shared memory, the tensor maps.
+template <class T, int D, bool kVariants, int kRing>
+void launch_tma_instance(const Params& p, cudaStream_t stream) {
+  using S = TmaShape<T, D, kRing>;
+  const long long tiles = (p.q_len + S::kBr - 1) / S::kBr;
+  const auto blocks = static_cast<unsigned>(tiles * p.batch * p.q_heads);
+  if (blocks == 0) return;
+  const TmaMaps maps = tma_maps<T, D, kRing>(p);
   auto kernel = fused_tma_kernel<T, D, kVariants, kRing>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "fused_tma_kernel");
@@ -308,11 +485,31 @@ void launch_tma_instance(const Params& p, cudaStream_t stream) {
   check_launch("fused_tma_kernel");
 }
 
+// The persistent schedule: one block per SM (shared memory allows one), at most one per unit.
+template <class T, int D, int kRing>
+void launch_tma_persistent(const Params& p, cudaStream_t stream) {
+  using S = TmaPersistentShape<T, D, kRing>;
+  const long long units = (p.q_len + S::kBr - 1) / S::kBr * static_cast<long long>(p.batch) * p.q_heads;
+  if (units == 0) return;
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), "fused_tma_persistent (cudaGetDevice)");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "fused_tma_persistent (the multiprocessor count)");
+  const auto blocks = static_cast<unsigned>(units < sms ? units : sms);
+  const TmaMaps maps = tma_maps<T, D, kRing>(p);
+  auto kernel = fused_tma_persistent_kernel<T, D, kRing>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+             "fused_tma_persistent_kernel");
+  kernel<<<blocks, S::kThreads, S::kSmemBytes, stream>>>(p, maps, static_cast<unsigned>(units));
+  check_launch("fused_tma_persistent_kernel");
+}
+
 // The variants' instantiation where Params::variants says so; the plain one at the ring
 // depth the plan chose (launch.stages: 0 the table's; plan.cpp's force_stages checked it).
 template <class T, int D>
 void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t stream) {
   constexpr int kTable = tma_tiles(D).stages, kOther = tma_alternative_stages(D);
+  if (launch.kernel == Kernel::fused_tma_persistent) return launch_tma_persistent<T, D, kTable>(p, stream);
   if (p.variants) return launch_tma_instance<T, D, true, kTable>(p, stream);
   if constexpr (kOther != 0)
     if (launch.stages == kOther) return launch_tma_instance<T, D, false, kOther>(p, stream);

@@ -51,6 +51,8 @@ inline constexpr KernelFamily kKernelFamilies[] = {
     {Kernel::fused_tf32x3, "fused_tf32x3", Method::tf32_slices, Inputs::float32, Takes::upper_edge},
     {Kernel::fused_tf32, "fused_tf32", Method::tf32_slices, Inputs::float32, Takes::upper_edge},
     {Kernel::fused_fma, "fused_fma", Method::fma, Inputs::float32, Takes::upper_edge},
+    {Kernel::fused_tma_persistent, "fused_tma_persistent", Method::wgmma_tma, Inputs::sixteen_bit,
+     Takes::upper_edge},
 };
 
 constexpr bool every_kernel_has_one_row() {

@@ -186,6 +186,9 @@ void force_stages(Plan& plan, int stages, const detail::Problem& p) {
     fail(asked + ": only the fused_tma CUDA kernel takes a ring depth, this plan runs " +
          to_string(plan.kernel));
   if (stages == table) return;
+  if (plan.kernel == Kernel::fused_tma_persistent)
+    fail(asked + ": the fused_tma_persistent CUDA kernel runs at its table's ring depth only (0 or " +
+         std::to_string(table) + ")");
   if (stages != other)
     fail(asked + " is not a ring depth the fused_tma CUDA kernel is built with at head dim " +
          std::to_string(plan.kernel_dim) + " (0, " + std::to_string(table) +

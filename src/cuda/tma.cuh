@@ -123,6 +123,13 @@ struct Sw128Slices {
   }
 };
 
+// The dynamic shared window rounded up to 1024 bytes (the swizzle's period): its start is
+// not promised aligned, so the kernels' shared-memory sizes hold the slack.
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
+  const std::uint32_t at = smem_u32(raw);
+  return raw + (((at + kSwizzleAtomBytes - 1) & ~std::uint32_t(kSwizzleAtomBytes - 1)) - at);
+}
+
 // ---- mbarrier ----------------------------------------------------------------------------
 // A 64-bit barrier in shared memory with an arrival count and a transaction (byte) count. A
 // phase completes when `count` arrivals have been made and every byte announced by

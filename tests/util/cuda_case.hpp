@@ -561,7 +561,8 @@ inline std::vector<KernelCase> all_kernels() {
           {DType::bfloat16, Kernel::fused_mma, 128}, {DType::float16, Kernel::fused_wgmma, 0},
           {DType::bfloat16, Kernel::fused_wgmma, 0}, {DType::float16, Kernel::fused_wgmma_pipelined, 0},
           {DType::bfloat16, Kernel::fused_wgmma_pipelined, 0}, {DType::float16, Kernel::fused_tma, 0},
-          {DType::bfloat16, Kernel::fused_tma, 0}};
+          {DType::bfloat16, Kernel::fused_tma, 0}, {DType::float16, Kernel::fused_tma_persistent, 0},
+          {DType::bfloat16, Kernel::fused_tma_persistent, 0}};
 }
 
 // Whether the environment variable FATTN_CUDA_SKIP_KERNELS (kernel names, comma-separated)
