@@ -137,12 +137,13 @@ float host_float(DType dtype, const std::uint8_t* p) {
 // what --suite takes), defined here only.
 // A variant that runs one CUDA kernel as it is is named after it (fattn::cuda::to_string:
 // naive, fused_tf32, fused_fma, fused_wgmma, fused_wgmma_pipelined, fused_tma,
-// fused_tma_persistent); the others are here.
+// fused_tma_persistent, fused_tma_pingpong); the others are here.
 namespace variant {
 constexpr const char* fused = "fused";  // what Impl::fused dispatches to
 constexpr Kernel kernels[] = {Kernel::naive, Kernel::fused_tf32, Kernel::fused_fma,
                               Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined,
-                              Kernel::fused_tma, Kernel::fused_tma_persistent};
+                              Kernel::fused_tma, Kernel::fused_tma_persistent,
+                              Kernel::fused_tma_pingpong};
 // The dispatched 16-bit kernel forced to one query-tile height (rows per block).
 struct ForcedTile {
   const char* name;
@@ -219,7 +220,7 @@ std::vector<Config> variants(int B, int H, int S, int D, bool causal, const std:
       // built for: a head dim becomes theirs by default on compute capability 9.0 once
       // these numbers say it should
       for (Kernel k : {Kernel::fused_wgmma, Kernel::fused_wgmma_pipelined, Kernel::fused_tma,
-                       Kernel::fused_tma_persistent}) {
+                       Kernel::fused_tma_persistent, Kernel::fused_tma_pingpong}) {
         const std::vector<int> dims = fattn::cuda::hopper_head_dims(k);
         if (!dims.empty() && D <= dims.back())
           out.push_back(kernel_config(k, t, B, H, S, D, causal, suite));

@@ -153,7 +153,7 @@ case "$FOCUS" in
     MEM_FILTER="Small/CudaSanitize.*fused_tma*"
     RACE_FILTER="Small/CudaSanitize.*fused_tma*_D64_*"
     SYNC_FILTER="$RACE_FILTER"
-    BENCH_IMPLS=(--impls "fused,fused_wgmma,fused_wgmma_pipelined,fused_tma,fused_tma_more_stages,fused_tma_persistent")
+    BENCH_IMPLS=(--impls "fused,fused_wgmma,fused_wgmma_pipelined,fused_tma,fused_tma_more_stages,fused_tma_persistent,fused_tma_pingpong")
     BENCH_SUITE=flash  # D = 64 and 128, S = 512..16384: where the 450 TFLOP/s bar is read
     NCU_KERNELS="regex:fused_(mma|wgmma|tma)"
     PYTHON_STEPS=0 ;;

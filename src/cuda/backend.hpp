@@ -45,6 +45,7 @@ enum class Kernel : std::uint8_t {
   fused_tf32,       // float32 only, TF32 mode: Q·Kᵀ plain TF32, P·V with V split (fused_tf32.cuh)
   fused_fma,        // float32 only
   fused_tma_persistent,  // fused_tma's schedule, one block per SM walking the tiles (sm_90a, plain forward)
+  fused_tma_pingpong,    // the same, its two consumer warpgroups taking turns at the tensor cores
 };
 
 const char* to_string(Kernel kernel);
@@ -75,10 +76,12 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 // 64 or 128 force one (128: head dims up to max_tall_head_dim()), for tests and
 // the benchmark that sets the choice. stages: fused_tma's K/V ring depth, 0 its tile
 // table's (tile_config.hpp, tma_tiles), else tma_alternative_stages (the plain forward),
-// for the benchmark that measures the choice.
+// for the benchmark that measures the choice. persistent_blocks: the persistent TMA kernels'
+// grid, 0 one block per SM (at most one per query tile), n > 0 at most n blocks (tests make
+// one block walk many tiles).
 void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView* lse, const Options& options,
-                  Kernel kernel, int tile_rows = 0, int stages = 0);
+                  Kernel kernel, int tile_rows = 0, int stages = 0, int persistent_blocks = 0);
 
 // Device bytes the call allocates (stream-ordered, freed before it returns to the
 // stream): the naive Sq×Sk buffer, and for the fused kernels the repacked copies of

@@ -94,7 +94,7 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
     if (is_tma(plan.kernel)) {
       if constexpr (!std::is_same_v<T, float>)
         with_head_dim(TmaHeadDims{}, "fused_tma", plan.kernel_dim, [&](auto dim) {
-          launch_fused_tma<T, decltype(dim)::value>(params, {plan.kernel, 0, plan.stages}, stream);
+          launch_fused_tma<T, decltype(dim)::value>(params, {plan.kernel, 0, plan.stages, plan.blocks}, stream);
         });
       return;
     }
@@ -124,12 +124,13 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
 
 void forward_with(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView* lse, const Options& options,
-                  Kernel kernel, int tile_rows, int stages) {
+                  Kernel kernel, int tile_rows, int stages, int persistent_blocks) {
   if (kernel == Kernel::automatic) kernel = kernel_for(options.impl, q.dtype, options.allow_tf32);
   const detail::Problem problem = validate(q, k, v, &out, lse, options);
   Plan plan = make_plan(problem, q, k, v, kernel);
   force_tile_rows(plan, tile_rows, problem.head_dim);
   force_stages(plan, stages, problem);
+  force_blocks(plan, persistent_blocks);
   const int device = usable_device();
   if (is_wgmma(plan.kernel)) expect_wgmma_device(plan.kernel, device);
   expect_device_memory("q", q.data, device);

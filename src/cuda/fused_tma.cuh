@@ -36,6 +36,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/device.hpp"
 #include "cuda/fused_wgmma.cuh"
 #include "cuda/host_checks.hpp"
 #include "cuda/tensor_map.hpp"
@@ -297,7 +298,15 @@ struct TmaPersistentShape : TmaShape<T, kD, kRing> {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block on sm_90");
 };
 
-template <class T, int kD, int kRing>
+// kPingPong (Kernel::fused_tma_pingpong): the two consumer warpgroups also take turns at the
+// tensor cores, FlashAttention 3's ping-pong: each section of wgmma issues
+// (pipelined_key_tiles' IssueBegin / IssueEnd) waits at its warpgroup's named barrier for the
+// other's hand-over, so one warpgroup's softmax runs under the other's products. Per unit,
+// consumer 1 hands consumer 0 the first turn and keeps its own last hand-over, so both
+// barriers see as many arrivals as waits (count + 1 each).
+constexpr int kTurnBarrier = 2;  // named barriers 2 and 3 (1: the consumers' own sync)
+
+template <class T, int kD, int kRing, bool kPingPong>
 __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
     fused_tma_persistent_kernel(const Params p, const __grid_constant__ TmaMaps maps, unsigned units) {
   using S = TmaPersistentShape<T, kD, kRing>;
@@ -400,9 +409,11 @@ __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
             mbar_wait(v_full + stage(j - 1), parity(j - 1));
           },
           [&](LastValuesLanded, int j) { mbar_wait(v_full + stage(j), parity(j)); },
-          // the unit's last K stage stays until its P·V is done (the slow path's scratch)
+          // the unit's last K stage stays until its P·V is done (the slow path's scratch);
+          // S_last is done, so Q is free: the next unit's Q loads under this P·V
           [&](KeysDone, int j) {
             if (j + 1 < tiles) release(k_empty, j);
+            else if (signals) mbar_arrive(q_empty);
           },
           [&](ValuesDone, int j) { release(v_empty, j); }, [&](TileDone) {},
           [&](KeyDesc, int j) { return sw128_k_major_desc<S::kBc>(k_stage(stage(j))); },
@@ -415,10 +426,21 @@ __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
             pv_visible_keys_sw128<S::kConsumerWarps, S::kTileElems>(
                 this_warp, p, cwarp, v_stage(stage(jv)), k_stage(stage(j_scratch)), jv * S::kBc);
           }};
-      pipelined_key_tiles<Sw128Slices, S::kBr>(ring, 0, tiles, q_desc, p, this_warp);
+      if constexpr (kPingPong) {
+        static_assert(S::kConsumers == 2, "two consumer warpgroups take turns");
+        constexpr int kPair = 2 * 128;  // one warpgroup waits, the other arrives
+        if (consumer == 1) named_arrive(kTurnBarrier, kPair);  // consumer 0 goes first
+        const auto turns = Hooks{
+            ring, [&](IssueBegin, int) { named_sync(kTurnBarrier + consumer, kPair); },
+            [&](IssueEnd, int section) {
+              if (consumer == 0 || section < tiles) named_arrive(kTurnBarrier + 1 - consumer, kPair);
+            }};
+        pipelined_key_tiles<Sw128Slices, S::kBr>(turns, 0, tiles, q_desc, p, this_warp);
+      } else {
+        pipelined_key_tiles<Sw128Slices, S::kBr>(ring, 0, tiles, q_desc, p, this_warp);
+      }
       release(k_empty, tiles - 1);
       release(v_empty, tiles - 1);
-      if (signals) mbar_arrive(q_empty);
       base += tiles;
       ++q_uses;
     }
@@ -486,18 +508,20 @@ void launch_tma_instance(const Params& p, cudaStream_t stream) {
 }
 
 // The persistent schedule: one block per SM (shared memory allows one), at most one per unit.
-template <class T, int D, int kRing>
-void launch_tma_persistent(const Params& p, cudaStream_t stream) {
+// `cap`: at most this many blocks (0: the device's SMs).
+template <class T, int D, int kRing, bool kPingPong>
+void launch_tma_persistent(const Params& p, int cap, cudaStream_t stream) {
   using S = TmaPersistentShape<T, D, kRing>;
+  if (p.variants)  // the plan refuses them (Takes::upper_edge): never run them as the plain forward
+    fail("internal error: the persistent TMA kernels take no variants");
   const long long units = (p.q_len + S::kBr - 1) / S::kBr * static_cast<long long>(p.batch) * p.q_heads;
   if (units == 0) return;
-  int device = 0, sms = 0;
+  int device = 0;
   check_cuda(cudaGetDevice(&device), "fused_tma_persistent (cudaGetDevice)");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "fused_tma_persistent (the multiprocessor count)");
-  const auto blocks = static_cast<unsigned>(units < sms ? units : sms);
+  const long long grid = cap > 0 ? cap : multiprocessors(device);
+  const auto blocks = static_cast<unsigned>(units < grid ? units : grid);
   const TmaMaps maps = tma_maps<T, D, kRing>(p);
-  auto kernel = fused_tma_persistent_kernel<T, D, kRing>;
+  auto kernel = fused_tma_persistent_kernel<T, D, kRing, kPingPong>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "fused_tma_persistent_kernel");
   kernel<<<blocks, S::kThreads, S::kSmemBytes, stream>>>(p, maps, static_cast<unsigned>(units));
@@ -509,7 +533,10 @@ void launch_tma_persistent(const Params& p, cudaStream_t stream) {
 template <class T, int D>
 void launch_fused_tma(const Params& p, const FusedLaunch& launch, cudaStream_t stream) {
   constexpr int kTable = tma_tiles(D).stages, kOther = tma_alternative_stages(D);
-  if (launch.kernel == Kernel::fused_tma_persistent) return launch_tma_persistent<T, D, kTable>(p, stream);
+  if (launch.kernel == Kernel::fused_tma_persistent)
+    return launch_tma_persistent<T, D, kTable, false>(p, launch.blocks, stream);
+  if (launch.kernel == Kernel::fused_tma_pingpong)
+    return launch_tma_persistent<T, D, kTable, true>(p, launch.blocks, stream);
   if (p.variants) return launch_tma_instance<T, D, true, kTable>(p, stream);
   if constexpr (kOther != 0)
     if (launch.stages == kOther) return launch_tma_instance<T, D, false, kOther>(p, stream);

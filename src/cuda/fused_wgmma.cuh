@@ -33,6 +33,8 @@
 // (pv_visible_keys on the shared tile) for that tile.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/core_tile.cuh"
@@ -254,13 +256,27 @@ struct WgmmaWarp {
 struct FirstTilesLanded {};      // (): Q and K_0 have landed
 struct TilesLanded {};           // (j): K_j and V_{j-1} have landed
 struct LastValuesLanded {};      // (j): V_j, the last tile's values, have landed
-struct KeysDone {};              // (j): Q·K_jᵀ is done with K_j's stage
-struct ValuesDone {};            // (j): P_j·V_j is done with V_j's stage
+struct KeysDone {};              // (j): Q·K_jᵀ is done with K_j's stage (every j, once)
+struct ValuesDone {};            // (j): P_j·V_j is done with V_j's stage (j < count - 1 only: the last
+                                 // tile's V stage is the caller's after the call returns)
 struct TileDone {};              // (): a tile's softmax is done (the stages the next loads reuse)
 struct KeyDesc {};               // (j) -> K_j's descriptor
 struct ValueDesc {};             // (j) -> V_j's descriptor
 struct NeedsVisibleKeysOnly {};  // (j) -> whether V_j skips the tensor cores (uniform over the MMAs' threads)
 struct PvVisibleKeysOnly {};     // (jv, j_scratch): that slow path, K_{j_scratch}'s stage as scratch
+
+// Optional (a kernel's hooks may leave them out): around each section of wgmma issues, the
+// section's number: 0 issues S_0, j (1 .. count-1) S_j and P_{j-1}·V_{j-1}, count P_last·V_last
+// (empty where the slow path takes it). A kernel whose consumer warpgroups take turns at the
+// tensor cores (fused_tma's ping-pong) waits for its turn in IssueBegin and hands it over in
+// IssueEnd; no other work lies inside a section.
+struct IssueBegin {};  // (section)
+struct IssueEnd {};    // (section)
+
+template <class Tiles, class Tag>
+__device__ __forceinline__ void issue_turn(const Tiles& tiles, Tag tag, int section) {
+  if constexpr (std::is_invocable_v<const Tiles&, Tag, int>) tiles(tag, section);
+}
 
 // The hooks as one object: lambdas each taking its tag first.
 template <class... Hook>
@@ -284,7 +300,9 @@ __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int firs
                                                     WgmmaWarp<T, kD, kBc, kVariants>& warp) {
   constexpr int kKS = kBc / 16;
   tiles(FirstTilesLanded{});
+  issue_turn(tiles, IssueBegin{}, 0);
   issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, 0));
+  issue_turn(tiles, IssueEnd{}, 0);
   wgmma_wait_group<0>();
   wgmma_fence_operands(warp.s);
   tiles(KeysDone{}, 0);
@@ -295,7 +313,9 @@ __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int firs
   for (int j = 1; j < count; ++j) {
     tiles(TilesLanded{}, j);
     if (tiles(NeedsVisibleKeysOnly{}, j - 1)) {
+      issue_turn(tiles, IssueBegin{}, j);
       issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
+      issue_turn(tiles, IssueEnd{}, j);
       wgmma_wait_group<0>();
       wgmma_fence_operands(warp.s);
       warp.scale_mask_softmax(p, first + j, true);
@@ -303,8 +323,10 @@ __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int firs
       tiles(KeysDone{}, j);
       tiles(ValuesDone{}, j - 1);
     } else if (warp.template hides_block_keys<kQRows>(p, first + j)) {
+      issue_turn(tiles, IssueBegin{}, j);
       issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
       issue_pv<Slices, T, kD, kKS>(warp.a, warp.o, tiles(ValueDesc{}, j - 1));
+      issue_turn(tiles, IssueEnd{}, j);
       wgmma_wait_group<0>();
       wgmma_fence_operands(warp.s);
       pv_done<kD, kKS>(warp.a, warp.o);
@@ -312,8 +334,10 @@ __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int firs
       tiles(ValuesDone{}, j - 1);
       warp.scale_mask_softmax(p, first + j, true);
     } else {
+      issue_turn(tiles, IssueBegin{}, j);
       issue_qk<Slices, T, kD, kBc, kQRows>(warp.s, q_desc, tiles(KeyDesc{}, j));
       issue_pv<Slices, T, kD, kKS>(warp.a, warp.o, tiles(ValueDesc{}, j - 1));
+      issue_turn(tiles, IssueEnd{}, j);
       wgmma_wait_group<1>();  // S_j; P_{j-1}·V_{j-1} may still run
       wgmma_fence_operands(warp.s);
       tiles(KeysDone{}, j);
@@ -330,9 +354,13 @@ __device__ __forceinline__ void pipelined_key_tiles(const Tiles& tiles, int firs
   const int last = count - 1;
   tiles(LastValuesLanded{}, last);
   if (tiles(NeedsVisibleKeysOnly{}, last)) {
+    issue_turn(tiles, IssueBegin{}, count);  // an empty section: the slow path syncs both warpgroups
+    issue_turn(tiles, IssueEnd{}, count);
     tiles(PvVisibleKeysOnly{}, last, last);
   } else {
+    issue_turn(tiles, IssueBegin{}, count);
     issue_pv<Slices, T, kD, kKS>(warp.a, warp.o, tiles(ValueDesc{}, last));
+    issue_turn(tiles, IssueEnd{}, count);
     wgmma_wait_group<0>();
     pv_done<kD, kKS>(warp.a, warp.o);
   }

@@ -53,6 +53,8 @@ inline constexpr KernelFamily kKernelFamilies[] = {
     {Kernel::fused_fma, "fused_fma", Method::fma, Inputs::float32, Takes::upper_edge},
     {Kernel::fused_tma_persistent, "fused_tma_persistent", Method::wgmma_tma, Inputs::sixteen_bit,
      Takes::upper_edge},
+    {Kernel::fused_tma_pingpong, "fused_tma_pingpong", Method::wgmma_tma, Inputs::sixteen_bit,
+     Takes::upper_edge},
 };
 
 constexpr bool every_kernel_has_one_row() {

@@ -17,6 +17,7 @@ struct FusedLaunch {
   Kernel kernel = Kernel::automatic;
   int tile_rows = 0;
   int stages = 0;  // fused_tma's K/V ring: 0 its tile table's, else tma_alternative_stages (plan.hpp)
+  int blocks = 0;  // the persistent TMA kernels' grid: 0 one block per SM, else at most this many
 };
 
 // Launchers. Each is explicitly instantiated in exactly one translation unit: the

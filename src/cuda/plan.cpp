@@ -186,8 +186,8 @@ void force_stages(Plan& plan, int stages, const detail::Problem& p) {
     fail(asked + ": only the fused_tma CUDA kernel takes a ring depth, this plan runs " +
          to_string(plan.kernel));
   if (stages == table) return;
-  if (plan.kernel == Kernel::fused_tma_persistent)
-    fail(asked + ": the fused_tma_persistent CUDA kernel runs at its table's ring depth only (0 or " +
+  if (plan.kernel != Kernel::fused_tma)
+    fail(asked + ": the " + to_string(plan.kernel) + " CUDA kernel runs at its table's ring depth only (0 or " +
          std::to_string(table) + ")");
   if (stages != other)
     fail(asked + " is not a ring depth the fused_tma CUDA kernel is built with at head dim " +
@@ -197,6 +197,16 @@ void force_stages(Plan& plan, int stages, const detail::Problem& p) {
     fail(asked + ": the fused_tma CUDA kernel takes the variants (" + variant_names(p) +
          ") at its table's depth only (0 or " + std::to_string(table) + ")");
   plan.stages = stages;
+}
+
+void force_blocks(Plan& plan, int blocks) {
+  if (blocks == 0) return;
+  const bool persistent = plan.kernel == Kernel::fused_tma_persistent || plan.kernel == Kernel::fused_tma_pingpong;
+  if (!persistent)
+    fail("persistent_blocks = " + std::to_string(blocks) + ": only the persistent TMA CUDA kernels "
+         "(fused_tma_persistent, fused_tma_pingpong) take a grid size, this plan runs " + to_string(plan.kernel));
+  if (blocks < 0) fail("persistent_blocks must be >= 0, got " + std::to_string(blocks));
+  plan.blocks = blocks;
 }
 
 detail::Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -17,6 +17,7 @@ struct Plan {
   int kernel_dim = 0;             // fused: the compiled head dim (>= the problem's)
   int tile_rows = 0;              // warp-slice kernels: rows per block (0: chosen at launch)
   int stages = 0;                 // fused_tma: K/V ring stages (0: tile_config.hpp's tma_tiles)
+  int blocks = 0;                 // the persistent TMA kernels: grid cap (0: one block per SM)
   bool repack[3] = {};            // q, k, v copied to contiguous padded memory first
   int row = 0;                    // elements per repacked row
   std::int64_t repack_bytes[3] = {};
@@ -44,6 +45,10 @@ void force_tile_rows(Plan& plan, int tile_rows, std::int64_t head_dim);
 // kernel, a depth it is not built with at this head dim, or a problem with variants (their
 // instantiation has the table's depth only).
 void force_stages(Plan& plan, int stages, const detail::Problem& p);
+
+// The persistent TMA kernels' grid asked for by forward_with (0: one block per SM); an Error
+// for another kernel or a negative count.
+void force_blocks(Plan& plan, int blocks);
 
 // Query rows per block of a warp-slice kernel at compiled head dim `dim`: the forced
 // height, else 128 when that grid still fills the device, else 64.

@@ -228,6 +228,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting: the barrier completes when `threads`
+// threads have arrived or synced there (a producer's half of a handshake).
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // ... that also returns whether any of them passed true.
 __device__ __forceinline__ bool named_sync_or(int id, int threads, bool pred) {
   std::uint32_t any;

@@ -254,6 +254,35 @@ std::vector<Case> ring_cases() {
   return cases;
 }
 
+// The persistent TMA kernels with one or two blocks, so that a block walks many query tiles:
+// the K/V ring's slots and phases carried from tile to tile, Q's reload behind q_empty, the
+// deferred release of each tile's last K stage, the ping-pong hand-overs per tile; tiles
+// whose rows see no key (bottom-right, Sq > Sk), several batches and heads, GQA.
+std::vector<Case> persistent_cases() {
+  std::vector<Case> cases;
+  for (Kernel kernel : {Kernel::fused_tma_persistent, Kernel::fused_tma_pingpong})
+    for (int blocks : {1, 2})
+      for (int d : {64, 128})
+        for (auto [sq, sk] : {std::pair{300, 300}, {1023, 113}, {129, 1023}})
+          for (Causal causal : kCausals)
+            for (DType dtype : {DType::float16, DType::bfloat16}) {
+              Case c;
+              c.dtype = dtype;
+              c.kernel = kernel;
+              c.blocks = blocks;
+              c.D = d;
+              c.B = 2;
+              c.Hq = 3;
+              c.Hkv = 1;
+              c.Sq = sq;
+              c.Sk = sk;
+              c.causal = causal;
+              c.row_step = sq > 1000 ? 7 : 1;
+              cases.push_back(c);
+            }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(SeqLen, CudaGrid, ::testing::ValuesIn(seq_len_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Cross, CudaGrid, ::testing::ValuesIn(cross_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(HeadDim, CudaGrid, ::testing::ValuesIn(head_dim_cases()), case_name);
@@ -262,6 +291,7 @@ INSTANTIATE_TEST_SUITE_P(Layout, CudaGrid, ::testing::ValuesIn(layout_cases()), 
 INSTANTIATE_TEST_SUITE_P(Long, CudaGrid, ::testing::ValuesIn(long_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Variants, CudaGrid, ::testing::ValuesIn(variant_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Ring, CudaGrid, ::testing::ValuesIn(ring_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Persistent, CudaGrid, ::testing::ValuesIn(persistent_cases()), case_name);
 
 // A small subset for compute-sanitizer (memcheck, racecheck): every kernel once, with
 // a partial key tile, a causal diagonal, GQA, a padded head dim and the repack path.
@@ -292,6 +322,19 @@ std::vector<Case> sanitize_cases() {
     c.layout = Layout::padded;
     c.Sq = 20;
     c.Sk = 33;
+    cases.push_back(c);
+  }
+  // one block walking every tile of a persistent kernel (racecheck / synccheck over the
+  // hand-overs between tiles)
+  for (Kernel kernel : {Kernel::fused_tma_persistent, Kernel::fused_tma_pingpong}) {
+    Case c;
+    c.dtype = DType::bfloat16;
+    c.kernel = kernel;
+    c.blocks = 1;
+    c.B = 2;
+    c.Sq = 200;
+    c.Sk = 150;
+    c.causal = Causal::bottom_right;
     cases.push_back(c);
   }
   for (auto [dtype, kernel, tile_rows] : variant_kernels()) {  // tiles skipped below the band

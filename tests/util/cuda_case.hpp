@@ -42,6 +42,7 @@
 
 #include "checks.hpp"
 #include "cuda/backend.hpp"
+#include "cuda/kernels.hpp"
 #include "cuda_device.hpp"
 #include "elements.hpp"
 #include "fattn/fattn.hpp"
@@ -79,6 +80,7 @@ struct Case {
   Kernel kernel = Kernel::automatic;
   int tile_rows = 0;  // fused tensor-core kernels: 0 (chosen per problem), 64 or 128
   int stages = 0;     // fused_tma: 0 (its table's ring depth), else forced
+  int blocks = 0;     // the persistent TMA kernels: 0 one block per SM, else at most this many
   int B = 1, Hq = 2, Hkv = 1, Sq = 65, Sk = 65, D = 64;
   Causal causal = Causal::none;
   Layout layout = Layout::bhsd;
@@ -97,6 +99,7 @@ struct Case {
     s << dtype_short_name(dtype) << "_" << fattn::cuda::to_string(kernel);
     if (tile_rows) s << "_r" << tile_rows;
     if (stages) s << "_ring" << stages;
+    if (blocks) s << "_blocks" << blocks;
     s << "_S" << Sq << "x" << Sk
       << "_D" << D << "_H" << Hq << "x" << Hkv << "_B" << B << "_" << fattn::to_string(causal)
       << "_" << fattn_test::layout_name(layout);
@@ -495,7 +498,7 @@ inline void check_lse(const Case& c, const Tensor& lse, const ReferenceRows& ref
 inline bool run_on_device(const Case& c, const CaseMods& mods, const DeviceCase& d) {
   try {
     fattn::cuda::forward_with(d.q.view, d.k.view, d.v.view, d.out.view, c.with_lse ? &d.lse.view : nullptr,
-                              options_for(c, &mods, true), c.kernel, c.tile_rows, c.stages);
+                              options_for(c, &mods, true), c.kernel, c.tile_rows, c.stages, c.blocks);
   } catch (const fattn::Error& e) {
     ADD_FAILURE() << "forward_with threw: " << e.what();
     return false;
@@ -533,8 +536,7 @@ inline Outcome run_case(const Case& c) {
 // take any head dim).
 inline bool compiled_for(const Case& c) {
   if (c.kernel == Kernel::reference || c.kernel == Kernel::naive) return true;
-  if (c.kernel == Kernel::fused_wgmma || c.kernel == Kernel::fused_wgmma_pipelined ||
-      c.kernel == Kernel::fused_tma) {
+  if (fattn::cuda::is_wgmma(c.kernel)) {
     const std::vector<int> dims = fattn::cuda::hopper_head_dims(c.kernel);
     return !dims.empty() && c.D <= dims.back();
   }
@@ -562,7 +564,8 @@ inline std::vector<KernelCase> all_kernels() {
           {DType::bfloat16, Kernel::fused_wgmma, 0}, {DType::float16, Kernel::fused_wgmma_pipelined, 0},
           {DType::bfloat16, Kernel::fused_wgmma_pipelined, 0}, {DType::float16, Kernel::fused_tma, 0},
           {DType::bfloat16, Kernel::fused_tma, 0}, {DType::float16, Kernel::fused_tma_persistent, 0},
-          {DType::bfloat16, Kernel::fused_tma_persistent, 0}};
+          {DType::bfloat16, Kernel::fused_tma_persistent, 0}, {DType::float16, Kernel::fused_tma_pingpong, 0},
+          {DType::bfloat16, Kernel::fused_tma_pingpong, 0}};
 }
 
 // Whether the environment variable FATTN_CUDA_SKIP_KERNELS (kernel names, comma-separated)
