@@ -30,11 +30,7 @@ namespace {
 constexpr const char* kName = "hopper_backward";
 
 // The compiled head dim a call runs on (0: none).
-int backward_kernel_dim(std::int64_t head_dim) {
-  for (int d : backward_head_dims())
-    if (head_dim <= d) return d;
-  return 0;
-}
+int backward_kernel_dim(std::int64_t head_dim) { return compiled_dim_for(backward_head_dims(), head_dim); }
 
 // Query rows per (batch, head) of the row pass's output: whole tiles of either kernel.
 int padded_rows(std::int64_t q_len) {
@@ -70,11 +66,6 @@ void with_sixteen_bit(DType dtype, F&& f) {
 }
 
 }  // namespace
-
-template <int... Dims>
-std::vector<int> dims_of(std::integer_sequence<int, Dims...>) {
-  return {Dims...};
-}
 
 std::vector<int> backward_head_dims() { return dims_of(BackwardDims{}); }
 
@@ -131,10 +122,10 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   bp.dout = dout.data;
   bp.dout_stride = strides3(dout);
   bp.lse = static_cast<const float*>(lse.data);
-  bp.lse_stride = {lse.stride(0), lse.stride(1), lse.stride(2)};
+  bp.lse_stride = strides3(lse);
   if (dlse) {
     bp.dlse = static_cast<const float*>(dlse->data);
-    bp.dlse_stride = {dlse->stride(0), dlse->stride(1), dlse->stride(2)};
+    bp.dlse_stride = strides3(*dlse);
   }
   bp.dq = dq.data;
   bp.dk = dk.data;
@@ -160,8 +151,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   for (int i = 0; i < 4; ++i) {
     const TensorView& t = *inputs[i];
     if (cp_async_ready(t) && !broadcast(t)) continue;
-    repack_bytes[i] = checked_product({t.size(0), t.size(1), t.size(2), packed_row, element_size(q.dtype)},
-                                      "a repacked input's size");
+    repack_bytes[i] = repacked_bytes(t, packed_row);
     total += round_up(repack_bytes[i], kWorkAlignment);
   }
   const auto stream = static_cast<cudaStream_t>(options.cuda_stream);
@@ -176,13 +166,9 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
     using T = std::remove_pointer_t<decltype(tag)>;
     for (int i = 0; i < 4; ++i) {
       if (!repack_bytes[i]) continue;
-      const TensorView& t = *inputs[i];
       void* dst = work.take(repack_bytes[i]);
-      launch_repack<T>(t.data, strides3(t), static_cast<int>(t.size(0)), static_cast<int>(t.size(1)),
-                       static_cast<int>(t.size(2)), static_cast<int>(t.size(3)), dst, packed_row, stream);
+      *strides[i] = repack<T>(*inputs[i], dst, packed_row, stream);
       *data[i] = dst;
-      const std::int64_t seq = packed_row, head = seq * t.size(2), batch = head * t.size(1);
-      *strides[i] = {batch, head, seq};
     }
     launch_at<T>(BackwardDims{}, dim, bp, stream);
   });

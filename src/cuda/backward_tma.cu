@@ -13,44 +13,30 @@ namespace {
 
 constexpr const char* kName = "hopper_backward";
 
-HeadTensorGeometry geometry(const void* data, const Strides3& st, int batch, int heads, int seq,
-                            int head_dim) {
-  HeadTensorGeometry g;
-  g.data = data;
-  g.batch_stride = st.batch;
-  g.head_stride = st.head;
-  g.seq_stride = st.seq;
-  g.batch = batch;
-  g.heads = heads;
-  g.seq = seq;
-  g.head_dim = head_dim;
-  return g;
-}
-
 // The maps of one gradient kernel: Q and dO in boxes of query_rows rows, K and V of key_rows.
 template <class T>
 BackwardMaps backward_maps(const BackwardParams& bp, std::uint32_t query_rows, std::uint32_t key_rows) {
   const Params& p = bp.p;
   constexpr CUtensorMapDataType type = tma_data_type<T>();
   BackwardMaps maps;
-  encode_or_fail(&maps.q, type, geometry(p.q, p.q_stride, p.batch, p.q_heads, p.q_len, p.head_dim),
+  encode_or_fail(&maps.q, type, head_geometry(p.q, p.q_stride, p.batch, p.q_heads, p.q_len, p.head_dim),
                  query_rows, "q", kName);
   encode_or_fail(&maps.dout, type,
-                 geometry(bp.dout, bp.dout_stride, p.batch, p.q_heads, p.q_len, p.head_dim),
+                 head_geometry(bp.dout, bp.dout_stride, p.batch, p.q_heads, p.q_len, p.head_dim),
                  query_rows, "dout", kName);
-  encode_or_fail(&maps.k, type, geometry(p.k, p.k_stride, p.batch, p.kv_heads, p.kv_len, p.head_dim),
+  encode_or_fail(&maps.k, type, head_geometry(p.k, p.k_stride, p.batch, p.kv_heads, p.kv_len, p.head_dim),
                  key_rows, "k", kName);
-  encode_or_fail(&maps.v, type, geometry(p.v, p.v_stride, p.batch, p.kv_heads, p.kv_len, p.head_dim),
+  encode_or_fail(&maps.v, type, head_geometry(p.v, p.v_stride, p.batch, p.kv_heads, p.kv_len, p.head_dim),
                  key_rows, "v", kName);
   return maps;
 }
 
 template <class Kernel>
-void launch_with_smem(Kernel kernel, dim3 grid, int smem_bytes, const BackwardParams& bp,
+void launch_with_smem(Kernel kernel, unsigned blocks, int smem_bytes, const BackwardParams& bp,
                       const BackwardMaps& maps, cudaStream_t stream, const char* what) {
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  if (blocks == 0) return;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), what);
-  kernel<<<grid, kBackwardThreads, smem_bytes, stream>>>(bp, maps);
+  kernel<<<blocks, kBackwardThreads, smem_bytes, stream>>>(bp, maps);
   check_launch(what);
 }
 
@@ -72,8 +58,8 @@ void launch_hopper_backward(const BackwardParams& bp, cudaStream_t stream) {
   using Keys = KeyBlockShape<D>;
   using Queries = QueryBlockShape<D>;
   // One dimension each (backward.cpp checked they fit in int): (batch, head) fastest.
-  const dim3 key_grid(static_cast<unsigned>((p.kv_len + Keys::kKeys - 1) / Keys::kKeys * p.kv_heads * p.batch));
-  const dim3 query_grid(static_cast<unsigned>((p.q_len + Queries::kRows - 1) / Queries::kRows * p.q_heads * p.batch));
+  const auto key_grid = static_cast<unsigned>((p.kv_len + Keys::kKeys - 1) / Keys::kKeys * p.kv_heads * p.batch);
+  const auto query_grid = static_cast<unsigned>((p.q_len + Queries::kRows - 1) / Queries::kRows * p.q_heads * p.batch);
   const BackwardMaps key_maps = backward_maps<T>(bp, Keys::kRows, Keys::kKeys);
   const BackwardMaps query_maps = backward_maps<T>(bp, Queries::kRows, Queries::kKeys);
   // Softcap or ALiBi: the instantiation that takes them (sinks change only the row pass).

@@ -208,32 +208,26 @@ __device__ __forceinline__ void zero(float (&acc)[kBlocks][4]) {
 }
 
 // A pair's probability under softcap and ALiBi (score_mods.cuh's order: scale, softcap, log2
-// units, ALiBi's distance from the bottom-right diagonal) from its raw product s, and the
-// factor dP takes on its way to dS (softcap: 1 − tanh², else 1).
+// units, ALiBi's distance from the bottom-right diagonal) from its raw product s, with the
+// head's values (score_mods.cuh's HeadMods), and the factor dP takes on its way to dS
+// (softcap: 1 − tanh², else 1).
 struct ModdedScore {
   float prob, dfactor;
 };
-struct ScoreModsOfHead {
-  float slope2, inv_softcap;  // ALiBi's slope in log2 units (0 without), 1 / softcap (0 without)
-  __device__ __forceinline__ static ScoreModsOfHead of(const Params& p, int b, int h) {
-    return {p.alibi ? p.alibi[b * p.alibi_batch + h] * kLog2e : 0.0f,
-            p.softcap != 0.0f ? 1.0f / p.softcap : 0.0f};
+__device__ __forceinline__ ModdedScore modded_score(const Params& p, const HeadMods& head, float s,
+                                                    float lse_log2, int query, int key) {
+  float x, dfactor = 1.0f;
+  if (p.softcap != 0.0f) {
+    const float capped = softcapped(s * static_cast<float>(p.scale), p.softcap, head.inv_softcap);
+    const float t = capped * head.inv_softcap;
+    dfactor = 1.0f - t * t;
+    x = capped * kLog2e;
+  } else {
+    x = s * p.scale_log2;
   }
-  __device__ __forceinline__ ModdedScore at(const Params& p, float s, float lse_log2, int query,
-                                            int key) const {
-    float x, dfactor = 1.0f;
-    if (p.softcap != 0.0f) {
-      const float capped = softcapped(s * static_cast<float>(p.scale), p.softcap, inv_softcap);
-      const float t = capped * inv_softcap;
-      dfactor = 1.0f - t * t;
-      x = capped * kLog2e;
-    } else {
-      x = s * p.scale_log2;
-    }
-    if (p.alibi) x -= slope2 * static_cast<float>(abs(query + p.kv_len - p.q_len - key));
-    return {exp2f(x - lse_log2), dfactor};
-  }
-};
+  if (p.alibi) x -= head.slope2 * static_cast<float>(abs(query + p.kv_len - p.q_len - key));
+  return {exp2f(x - lse_log2), dfactor};
+}
 
 constexpr int kBackwardConsumers = 2;  // warpgroups of 64 rows (keys or queries)
 constexpr int kBackwardThreads = 128 * (1 + kBackwardConsumers);
@@ -270,7 +264,7 @@ __device__ __forceinline__ QueryTiles query_tiles_of(const Visibility& vis, int 
 }
 
 // kScoreMods: the instantiation that takes softcap and ALiBi (P and dS from the raw products
-// through ScoreModsOfHead; P recomputed for dS, so the plain one keeps its registers).
+// through modded_score; P recomputed for dS, so the plain one keeps its registers).
 template <class T, int kD, bool kScoreMods>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_key_blocks_kernel(const BackwardParams bp, const __grid_constant__ BackwardMaps maps) {
@@ -363,7 +357,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       };
       if constexpr (kScoreMods) {
         // One pass once both products landed: P and dS from the raw products, in place.
-        const ScoreModsOfHead mods = ScoreModsOfHead::of(p, b, step_head(t));
+        const HeadMods mods = HeadMods::of(p, b, step_head(t));
         wgmma_wait_group<0>();
         wgmma_fence_operands(st);
         wgmma_fence_operands(dpt);
@@ -372,7 +366,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = at.col_of(n, e);
-            const ModdedScore m = mods.at(p, st[n][e], lse_log2[col], q0 + col, key_base + at.row_of(e));
+            const ModdedScore m = modded_score(p, mods, st[n][e], lse_log2[col], q0 + col, key_base + at.row_of(e));
             const bool hide = hidden(n, e);
             st[n][e] = hide ? 0.0f : m.prob;
             dpt[n][e] = hide ? 0.0f : m.prob * (dpt[n][e] - delta[col]) * m.dfactor;
@@ -487,7 +481,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     const long long row0 = (static_cast<long long>(b) * p.q_heads + h) * bp.rows_pad + row_base;
     const float lse_log2[2] = {bp.lse_log2[row0 + at.row_of(0)], bp.lse_log2[row0 + at.row_of(2)]};
     const float delta[2] = {bp.delta[row0 + at.row_of(0)], bp.delta[row0 + at.row_of(2)]};
-    [[maybe_unused]] const ScoreModsOfHead mods = kScoreMods ? ScoreModsOfHead::of(p, b, h) : ScoreModsOfHead{};
+    [[maybe_unused]] const HeadMods mods = kScoreMods ? HeadMods::of(p, b, h) : HeadMods{};
     mbar_wait(ring.resident_full(), 0);
     float s_acc[S::kKeys / 8][4], dp[S::kKeys / 8][4];
     std::uint32_t ds16[S::kKeys / 16][4];
@@ -523,7 +517,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
         for (int e = 0; e < 4; ++e) {
           float ds;
           if constexpr (kScoreMods) {
-            const ModdedScore m = mods.at(p, s_acc[n][e], lse_log2[e / 2], row_base + at.row_of(e),
+            const ModdedScore m = modded_score(p, mods, s_acc[n][e], lse_log2[e / 2], row_base + at.row_of(e),
                                           key0 + at.col_of(n, e));
             ds = m.prob * (dp[n][e] - delta[e / 2]) * m.dfactor;
           } else {

@@ -82,14 +82,9 @@ void run(const Plan& plan, Params params, const TensorView& q, const TensorView&
     Strides3* strides[3] = {&params.q_stride, &params.k_stride, &params.v_stride};
     for (int i = 0; i < 3; ++i) {
       if (!plan.repack[i]) continue;
-      const TensorView& t = *views[i];
       void* dst = work.take(plan.repack_bytes[i]);
-      launch_repack<T>(t.data, strides3(t), static_cast<int>(t.size(0)),
-                       static_cast<int>(t.size(1)), static_cast<int>(t.size(2)),
-                       static_cast<int>(t.size(3)), dst, plan.row, stream);
+      *strides[i] = repack<T>(*views[i], dst, plan.row, stream);
       *data[i] = dst;
-      const std::int64_t seq = plan.row, head = seq * t.size(2), batch = head * t.size(1);
-      *strides[i] = {batch, head, seq};
     }
     if (is_tma(plan.kernel)) {
       if constexpr (!std::is_same_v<T, float>)

@@ -474,16 +474,7 @@ TmaMaps tma_maps(const Params& p) {
   using S = TmaShape<T, D, kRing>;
   TmaMaps maps;
   auto geometry = [&](const void* data, const Strides3& st, int heads, int seq) {
-    HeadTensorGeometry g;
-    g.data = data;
-    g.batch_stride = st.batch;
-    g.head_stride = st.head;
-    g.seq_stride = st.seq;
-    g.batch = p.batch;
-    g.heads = heads;
-    g.seq = seq;
-    g.head_dim = p.head_dim;
-    return g;
+    return head_geometry(data, st, p.batch, heads, seq, p.head_dim);
   };
   constexpr CUtensorMapDataType type = tma_data_type<T>();
   encode_or_fail(&maps.q, type, geometry(p.q, p.q_stride, p.q_heads, p.q_len), S::kBr, "q");

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/checked.hpp"
@@ -27,6 +28,19 @@ inline std::string join(const std::vector<int>& values) {
   std::string text;
   for (int v : values) text += (text.empty() ? "" : ", ") + std::to_string(v);
   return text;
+}
+
+// A generated head-dim list (head_dims.hpp's X-macros as a std::integer_sequence) as values.
+template <int... Dims>
+std::vector<int> dims_of(std::integer_sequence<int, Dims...>) {
+  return {Dims...};
+}
+
+// The smallest of the ascending compiled head dims `dims` that holds head_dim (0: none does).
+inline int compiled_dim_for(const std::vector<int>& dims, std::int64_t head_dim) {
+  for (int d : dims)
+    if (head_dim <= d) return d;
+  return 0;
 }
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }

@@ -25,17 +25,8 @@ constexpr int kDefaultStages = 3;
 constexpr int kLeastStages = 2;
 constexpr int kMaxGridYZ = 65535;  // CUDA's limit on grid.y and grid.z
 
-template <int... Dims>
-std::vector<int> dims_of(std::integer_sequence<int, Dims...>) {
-  return {Dims...};
-}
-
 // The compiled head dim a call runs on (0: none).
-int decode_kernel_dim(std::int64_t head_dim) {
-  for (int d : decode_head_dims())
-    if (head_dim <= d) return d;
-  return 0;
-}
+int decode_kernel_dim(std::int64_t head_dim) { return compiled_dim_for(decode_head_dims(), head_dim); }
 
 // Whether the kernels can copy t's rows in 16-byte chunks as they are: contiguous rows
 // of head_dim elements starting on 16 bytes.

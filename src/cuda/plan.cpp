@@ -43,6 +43,11 @@ bool pair_stores_ok(const TensorView& t) {
   return true;
 }
 
+std::int64_t repacked_bytes(const TensorView& t, int row) {
+  return checked_product({t.size(0), t.size(1), t.size(2), row, element_size(t.dtype)},
+                         "a repacked input's size");
+}
+
 namespace {
 
 // 128-row query tiles (two 16-row slices per warp, tile_config.hpp) load each K/V
@@ -147,11 +152,7 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
     const TensorView* views[3] = {&q, &k, &v};
     for (int i = 0; i < 3; ++i) {
       plan.repack[i] = !cp_async_ready(*views[i]);
-      if (plan.repack[i])
-        plan.repack_bytes[i] =
-            checked_product({views[i]->size(0), views[i]->size(1), views[i]->size(2), plan.row,
-                             element_size(dtype)},
-                            "a repacked input's size");
+      if (plan.repack[i]) plan.repack_bytes[i] = repacked_bytes(*views[i], plan.row);
     }
   }
   return plan;

@@ -67,4 +67,15 @@ bool cp_async_ready(const TensorView& t);
 // Whether t takes 2-element vector stores (Params::out_pairs).
 bool pair_stores_ok(const TensorView& t);
 
+// Bytes of t copied into contiguous rows of `row` elements (an input the kernels cannot read
+// as it is), and the copy itself: launch_repack into dst, returning the copy's strides.
+std::int64_t repacked_bytes(const TensorView& t, int row);
+template <class T>
+Strides3 repack(const TensorView& t, void* dst, int row, cudaStream_t stream) {
+  launch_repack<T>(t.data, strides3(t), static_cast<int>(t.size(0)), static_cast<int>(t.size(1)),
+                   static_cast<int>(t.size(2)), static_cast<int>(t.size(3)), dst, row, stream);
+  const std::int64_t seq = row, head = seq * t.size(2), batch = head * t.size(1);
+  return {batch, head, seq};
+}
+
 }  // namespace fattn::cuda

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "cuda/params.hpp"
+
 namespace fattn::cuda {
 
 // The driver's cuTensorMapEncodeTiled (ABI of CUDA 12.0), or null when the driver has none;
@@ -47,6 +49,21 @@ struct HeadTensorGeometry {
   std::int64_t batch_stride = 0, head_stride = 0, seq_stride = 0;  // elements
   int batch = 0, heads = 0, seq = 0, head_dim = 0;
 };
+
+// The geometry of one of a kernel's (batch, heads, seq, head_dim) inputs from its Params fields.
+inline HeadTensorGeometry head_geometry(const void* data, const Strides3& st, int batch, int heads,
+                                        int seq, int head_dim) {
+  HeadTensorGeometry g;
+  g.data = data;
+  g.batch_stride = st.batch;
+  g.head_stride = st.head;
+  g.seq_stride = st.seq;
+  g.batch = batch;
+  g.heads = heads;
+  g.seq = seq;
+  g.head_dim = head_dim;
+  return g;
+}
 
 constexpr std::uint32_t kTmaBoxCols = 64;  // one 128-byte swizzle span of 16-bit elements
 
