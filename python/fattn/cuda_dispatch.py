@@ -181,6 +181,11 @@ def _has_variants(window_left, window_right, softcap, alibi_slopes, sinks) -> bo
             or alibi_slopes is not None or sinks is not None)
 
 
+def _capability(q):
+    """The compute capability of q's device (None for a CPU tensor: the glue's tests)."""
+    return torch.cuda.get_device_capability(q.device) if q.is_cuda else None
+
+
 def _triton():
     import fattn.triton  # imported on the first GPU call: triton is optional
     return fattn.triton
@@ -193,7 +198,7 @@ def attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None, i
     chosen = plan("attention", impl, _has_variants(window_left, window_right, softcap,
                                                    alibi_slopes, sinks),
                   head_dim=q.size(-1), dtype=q.dtype,
-                  capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
+                  capability=_capability(q),
                   attn_mask=attn_mask is not None)
     if chosen.kernel == CUDA_CPP:
         return getattr(torch.ops, ns).cuda_attention(q, k, v, is_causal, causal_bottom_right,
@@ -243,7 +248,7 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
     chosen = plan("attention_backward", "auto" if impl in CPP_IMPLS else impl,
                   _has_variants(window_left, window_right, softcap, alibi_slopes, sinks),
                   head_dim=q.size(-1), dtype=q.dtype,
-                  capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
+                  capability=_capability(q),
                   attn_mask=attn_mask is not None)
     if chosen.kernel == CUDA_CPP:
         return getattr(torch.ops, ns).cuda_attention_backward(
