@@ -162,6 +162,8 @@ add_library(fattn_cuda STATIC
   src/cuda/kernels.cpp
   src/cuda/kvcache.cpp
   src/cuda/plan.cpp
+  src/cuda/refusal.cpp
+  src/cuda/table_choice.cpp
   src/cuda/naive.cu
   src/cuda/reference.cu
   src/cuda/repack.cu
@@ -207,6 +209,55 @@ install(TARGETS fattn_cuda EXPORT fattnTargets ARCHIVE DESTINATION ${CMAKE_INSTA
 
 target_link_libraries(fattn PRIVATE fattn_cuda)
 target_compile_definitions(fattn PRIVATE FATTN_WITH_CUDA=1)
+# fattn_cuda calls back into fattn (the model's validation, dtype names). With both static,
+# the linker must scan fattn again after fattn_cuda, for programs that enter the backend
+# through a function that pulls none of those in (fattn::cuda_refusal); the INTERFACE link
+# makes CMake repeat the pair, and changes nothing fattn_cuda is compiled with. A shared fattn
+# holds both.
+get_target_property(_fattn_type fattn TYPE)
+if(_fattn_type STREQUAL "STATIC_LIBRARY")
+  target_link_libraries(fattn_cuda INTERFACE fattn)
+endif()
+
+# --- which C++ kernels a GPU run verified: this build's SASS against the records ------------
+# python/fattn/dispatch/machine_code.py reads the kernels' SASS (cuobjdump) from the built
+# libraries and lists those whose hash a record of verified.json names, for
+# src/cuda/verified.cpp (Impl::automatic takes the first verified candidate of the dispatch
+# table; docs/dispatch.md). A library of its own, built after the kernels it reads. Without
+# cuobjdump (the CUDA toolkit's, or Triton's bundled one in fattn's test environment) the
+# list is empty: the library then knows of no verified kernel and warns where it runs one.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+file(GLOB _fattn_triton_cuobjdump
+     "$ENV{HOME}/.cache/fattn/venv/lib/python3*/site-packages/triton/backends/nvidia/bin")
+find_program(FATTN_CUOBJDUMP cuobjdump HINTS ${CUDAToolkit_BIN_DIR} ${_fattn_triton_cuobjdump})
+if(NOT FATTN_CUOBJDUMP)
+  message(STATUS "fattn: no cuobjdump: the C++ library will know of no verified GPU kernel")
+  set(FATTN_CUOBJDUMP "")
+endif()
+set(_fattn_verified_list ${_fattn_gen}/cuda/verified_kernels.inc)
+set(_fattn_dispatch_dir ${PROJECT_SOURCE_DIR}/python/fattn/dispatch)
+set(_fattn_read_libraries $<TARGET_FILE:fattn_cuda>)
+if(TARGET fattn_cuda_sm90a)
+  list(APPEND _fattn_read_libraries $<TARGET_FILE:fattn_cuda_sm90a>)
+endif()
+add_custom_command(OUTPUT ${_fattn_verified_list}
+  COMMAND ${CMAKE_COMMAND} -E env "CUOBJDUMP=${FATTN_CUOBJDUMP}" ${Python3_EXECUTABLE}
+          ${_fattn_dispatch_dir}/machine_code.py verified-cpp
+          --records ${_fattn_dispatch_dir}/verified.json --out ${_fattn_verified_list}
+          ${_fattn_read_libraries}
+  DEPENDS fattn_cuda ${_fattn_cuda_targets} ${_fattn_dispatch_dir}/verified.json
+          ${_fattn_dispatch_dir}/table.json ${_fattn_dispatch_dir}/machine_code.py
+  COMMENT "fattn: the C++ kernels a GPU run verified (their SASS against verified.json)"
+  VERBATIM)
+add_library(fattn_cuda_verified STATIC src/cuda/verified.cpp ${_fattn_verified_list})
+target_include_directories(fattn_cuda_verified PRIVATE include src ${_fattn_gen})
+set_target_properties(fattn_cuda_verified PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
+                      POSITION_INDEPENDENT_CODE ON)
+target_link_libraries(fattn PRIVATE fattn_cuda_verified)
+# fattn_cuda's Impl::automatic asks it: after fattn_cuda on a static link line (INTERFACE: no
+# build order, which runs the other way)
+target_link_libraries(fattn_cuda INTERFACE fattn_cuda_verified)
+install(TARGETS fattn_cuda_verified EXPORT fattnTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 
 # --- the GPU benchmark and ncu driver (gpu/) -----------------------------------------
 option(FATTN_BUILD_GPU_BENCH "Build gpu/fattn_gpu_bench" ${FATTN_BUILD_BENCH})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import analysis_section, evidence_section, model_section, plots, roofline
+from . import analysis_section, dispatch_section, evidence_section, model_section, plots, roofline
 from .fmt import num, table
 
 FIGURES = "figures"
@@ -104,6 +104,7 @@ def write(sources, out_dir: Path) -> Path:
     ridge = roofline.ridge(roofline.peak(machine), roofline.dram_bandwidth(machine))
     text = "\n".join([
         header(sources),
+        dispatch_section.section(),
         model_section.section(sources.bench["model"], ridge),
         evidence_section.section(sources, f"{FIGURES}/roofline_cpu.png"),
         analysis_section.section(sources),

@@ -49,8 +49,10 @@
 #                     PYTHON: the interpreter of the Python steps (default python3);
 #                     FATTN_COMMIT: the revision the evidence names (default: git's HEAD)
 #
-# Steps, the most valuable first (build, CUDA tests + sanitizers, Triton tests, the Python
-# benchmark, fattn_gpu_bench, ncu), each with its file and time cap: docs/cuda.md,
+# Steps, the most valuable first (build, CUDA tests + sanitizers, Triton tests, the self-test
+# (python -m fattn.selftest: selftest.json, and selftest-records/ for
+# python/fattn/dispatch/verified.json; docs/dispatch.md), the Python benchmark,
+# fattn_gpu_bench, ncu), each with its file and time cap: docs/cuda.md,
 # "Running the checks on a machine with an NVIDIA GPU".
 # summary.txt (also printed last) holds the machine, step results, spills and the bench
 # table. Copy DIR/results/<machine>/gpu/ into the repository's results/ to keep them.
@@ -513,6 +515,24 @@ fi
 wait "$CUDA_CHECKS"
 say "CUDA checks done:"
 tee -a "$SUMMARY" <"$OUT/summary-cuda-checks.txt"
+
+# ---- the self-test: every candidate this GPU dispatches, against float64, and its records ----
+# python -m fattn.selftest writes a verification record for each kernel that passed, under
+# FATTN_CACHE_DIR; they are copied to OUT (selftest-records/) to be committed to
+# python/fattn/dispatch/verified.json with the evidence (selftest.json) under results/.
+if [ "$PYTHON_STEPS" = 1 ] && ! late 40 65 "self-test"; then
+  SELFTEST_ARGS=(--json "$OUT/selftest.json")
+  [ "$DRY_RUN" = 1 ] && SELFTEST_ARGS+=(--quick)
+  say "self-test: python -m fattn.selftest ${SELFTEST_ARGS[*]}"
+  (cd "$ROOT" && PYTHONPATH=$PYPATH FATTN_CACHE_DIR="$OUT/selftest-cache" \
+    timeout "$(cap 150 65)" "$PY" -m fattn.selftest "${SELFTEST_ARGS[@]}") \
+    >"$OUT/selftest.log" 2>&1
+  RC=$?
+  say "self-test $(ended $RC): $(grep -E 'cases passed' "$OUT/selftest.log" | tail -1)"
+  if [ -d "$OUT/selftest-cache/verified" ]; then
+    mkdir -p "$OUT/selftest-records" && cp "$OUT/selftest-cache/verified/"*.json "$OUT/selftest-records/"
+  fi
+fi
 
 # ---- 4. fattn's GPU paths beside torch's (Python) ------------------------------------------
 # One process per section, so that a kernel that faults (a CUDA context lost) costs its own

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fattn/attention.hpp"
+#include "fattn/cuda_refusal.hpp"
 #include "fattn/diagnostics.hpp"
 #include "fattn/kv_cache.hpp"
 #include "fattn/tensor.hpp"

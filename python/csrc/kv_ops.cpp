@@ -45,10 +45,16 @@
 #include <string>
 #include <tuple>
 
+#include "fattn/cuda_refusal.hpp"
 #include "fattn/kv_cache.hpp"
 #include "cuda_seam.hpp"
+#include "kvcache_planner.hpp"
 #include "torch_views.hpp"
 #include "variants.hpp"
+
+#ifdef FATTN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>  // the device's compute capability
+#endif
 
 #ifndef FATTN_OP_NAMESPACE
 #define FATTN_OP_NAMESPACE fattn
@@ -162,10 +168,50 @@ std::tuple<at::Tensor, at::Tensor> attention_kvcache(
 }
 
 #ifdef FATTN_WITH_CUDA
-// attention_kvcache on CUDA: fattn's C++ decode kernel (src/cuda/decode.cuh) where it takes
-// the call (fattn::cuda_kvcache_refusal: 16-bit, head dims up to 256 in multiples of 8,
-// 16-byte rows), launched from here, so that a decode step costs the host a few
-// microseconds and never waits for the GPU; impl="decode" asks for it (an error where it
+// The dispatch table's kernel for a KV-cache call on CUDA tensors (impl auto), asked on q's
+// device with the call's variants.
+std::string kvcache_table_kernel(const at::Tensor& q, const KvCacheCall& call,
+                                 fattn::Options options, std::int64_t window_left,
+                                 std::int64_t window_right, double softcap,
+                                 const std::optional<at::Tensor>& alibi_slopes,
+                                 const std::optional<at::Tensor>& sinks) {
+  const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
+                          &options);
+  const c10::cuda::CUDAGuard on_q_device(q.device());
+  return fattn::cuda_kvcache_kernel(view_of(q, "q"), call.cache, call.kn(), call.vn(), options);
+}
+
+// Whether a KV-cache call (impl auto) runs the C++ decode kernel: the first candidate of the
+// table that takes it is decode, and the Python dispatch, which reads the verification
+// records, keeps it as the default (it may prefer a verified Triton kernel).
+bool runs_decode(const at::Tensor& q, const KvCacheCall& call, const fattn::Options& options,
+                 std::int64_t window_left, std::int64_t window_right, double softcap,
+                 const std::optional<at::Tensor>& alibi_slopes,
+                 const std::optional<at::Tensor>& sinks) {
+  if (kvcache_table_kernel(q, call, options, window_left, window_right, softcap, alibi_slopes,
+                           sinks) != "decode")
+    return false;
+  const cudaDeviceProp* device = at::cuda::getDeviceProperties(q.device().index());
+  fattn_torch::KvcacheKind kind;
+  kind.major = device->major;
+  kind.minor = device->minor;
+  kind.dtype = q.scalar_type() == at::kHalf ? "float16"
+               : q.scalar_type() == at::kBFloat16 ? "bfloat16" : "float32";
+  kind.head_dim = q.size(-1);
+  kind.left_window = window_left >= 0;
+  kind.right_window = window_right >= 0;
+  kind.softcap = softcap != 0.0;
+  kind.alibi = alibi_slopes.has_value();
+  kind.sinks = sinks.has_value();
+  const std::string planned = fattn_torch::planned_kvcache_kernel(kind);
+  return planned.empty() || planned == "decode";
+}
+
+// attention_kvcache on CUDA, impl auto: the GPU dispatch table's choice
+// (fattn::cuda_kvcache_kernel: the first candidate of table.json's "kvcache" row for the call
+// that takes it). Its C++ decode kernel (src/cuda/decode.cuh; what it takes:
+// fattn::cuda_kvcache_refusal) is launched from here, so that a decode step costs the host a
+// few microseconds and never waits for the GPU; impl="decode" asks for it (an error where it
 // does not take the call); the Triton kernels run the rest and impl="triton"
 // (triton_attention_kvcache, registered from Python).
 std::tuple<at::Tensor, at::Tensor> attention_kvcache_cuda(
@@ -179,9 +225,8 @@ std::tuple<at::Tensor, at::Tensor> attention_kvcache_cuda(
     check_kvcache_ranks(q, k_cache, v_cache, k_new, v_new, kv_splits);
     const fattn::Options options = kvcache_options(q, causal, scale, impl, kv_splits);
     const KvCacheCall call(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table);
-    if (impl != "auto" ||
-        fattn::cuda_kvcache_refusal(view_of(q, "q"), call.cache, call.kn(), call.vn(), options)
-            .empty())
+    if (impl != "auto" || runs_decode(q, call, options, window_left, window_right, softcap,
+                                      alibi_slopes, sinks))
       return run_kvcache(q, call, options, window_left, window_right, softcap, alibi_slopes,
                          sinks);
   }

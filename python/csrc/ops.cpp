@@ -14,19 +14,23 @@
 // Errors: every problem is reported as a RuntimeError whose message starts "fattn: "
 // (the library's fattn::Error messages pass through unchanged).
 #include <torch/extension.h>
+#include <pybind11/stl.h>  // std::vector<std::string> <-> list of str
 
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "fattn/attention.hpp"
+#include "fattn/cuda_refusal.hpp"
 #include "fattn/kv_cache.hpp"
 #include "torch_views.hpp"
 #include "variants.hpp"
 
 #include "cuda_seam.hpp"
+#include "kvcache_planner.hpp"
 
 #ifndef FATTN_OP_NAMESPACE
 #define FATTN_OP_NAMESPACE fattn
@@ -326,10 +330,48 @@ TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) {
 }
 #endif
 
+namespace {
+
+// The dispatch table's dtype names (table.json) as the library's.
+fattn::DType dtype_named(const std::string& name) {
+  if (name == "float16") return fattn::DType::float16;
+  if (name == "bfloat16") return fattn::DType::bfloat16;
+  if (name == "float32") return fattn::DType::float32;
+  TORCH_CHECK(false, "fattn: dtype must be float16, bfloat16 or float32, got '", name, "'");
+}
+
+// fattn::cuda_refusal with the call's fields as arguments (fattn/cuda_refusal.hpp).
+std::string cuda_refusal(const std::string& kernel, const std::string& entry,
+                         const std::string& dtype, std::int64_t head_dim, int major, int minor,
+                         std::int64_t window_left, std::int64_t window_right, bool softcap,
+                         bool alibi, bool sinks, bool attn_mask, bool allow_tf32) {
+  fattn::CudaCall call;
+  call.entry = entry;
+  call.dtype = dtype_named(dtype);
+  call.head_dim = head_dim;
+  call.major = major;
+  call.minor = minor;
+  call.window_left = window_left;
+  call.window_right = window_right;
+  call.softcap = softcap;
+  call.alibi = alibi;
+  call.sinks = sinks;
+  call.attn_mask = attn_mask;
+  call.allow_tf32 = allow_tf32;
+  try {
+    return fattn::cuda_refusal(kernel, call);
+  } catch (const fattn::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fattn's PyTorch extension: registers torch.ops." FATTN_STRINGIFY(
       FATTN_OP_NAMESPACE) ".attention, .attention_kvcache, .attention_varlen (and their "
                           "backwards); helpers for the Python package";
+  fattn_torch::bind_kvcache_planner(m);
   m.attr("op_namespace") = FATTN_STRINGIFY(FATTN_OP_NAMESPACE);
 #ifdef FATTN_WITH_CUDA
   m.attr("with_cuda") = true;
@@ -364,6 +406,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "the head dims this build's Hopper backward is compiled for (empty without the CUDA "
       "backend or its sm_90a kernels); smaller ones run on the next one");
+  m.def("cuda_refusal", &cuda_refusal, pybind11::arg("kernel"), pybind11::arg("entry"),
+        pybind11::arg("dtype"), pybind11::arg("head_dim"), pybind11::arg("major"),
+        pybind11::arg("minor"), pybind11::arg("window_left"), pybind11::arg("window_right"),
+        pybind11::arg("softcap"), pybind11::arg("alibi"), pybind11::arg("sinks"),
+        pybind11::arg("attn_mask"), pybind11::arg("allow_tf32"),
+        "why the CUDA C++ kernel `kernel` of the dispatch table (table.json's cuda_cpp kernels) "
+        "does not take a call of this entry, dtype (float16, bfloat16, float32), head dim, "
+        "compute capability (major, minor) and variants in this build: '' where it does; "
+        "without the CUDA backend every kernel is refused, saying so; with it, an unknown kernel "
+        "or entry is a RuntimeError");
+  m.def("cuda_verified_kernels", &fattn::cuda_verified_kernels,
+        "the C++ kernels Impl::automatic treats as verified, as kernel@architecture (the "
+        "build's list until set_cuda_verified_kernels)");
+  m.def(
+      "set_cuda_verified_kernels",
+      [](const std::vector<std::string>& kernels) {
+        try {
+          fattn::set_cuda_verified_kernels(kernels);
+        } catch (const fattn::Error& e) {
+          TORCH_CHECK(false, e.what());
+        }
+      },
+      pybind11::arg("kernels"),
+      "replaces the C++ kernels Impl::automatic treats as verified (kernel@architecture); the "
+      "Python dispatch then warns itself");
   m.def("best_cpu_isa", [] { return std::string(fattn::to_string(fattn::best_cpu_isa())); },
         "the widest instruction set of this CPU that fattn has kernels for");
   m.def(

@@ -1,72 +1,30 @@
-"""What runs fattn's operators on CUDA tensors: the dispatch table, in one place.
+"""The operators' CUDA kernels: each asks fattn.dispatch which GPU kernel runs its call.
 
-Two GPU implementations exist: the Triton kernels (fattn.triton: every variant, the KV
-cache, packed sequences) and the CUDA C++ kernels of the library (src/cuda: the plain
-forward, causal or not, when the extension is built with its CUDA backend). Per call:
-
-  impl       call                                   runs            evidence
-  auto       forward (causal or not; a window,      cuda_cpp        H200, 2026-11-28
-             softcap, ALiBi or sinks; no           (fused_tma)     (results/h200/gpu/2026-11-28):
-             attn_mask), float16 or bfloat16,                       fused_tma 406-520 TFLOP/s
-             D = 128, compute capability 9.0,                       against Triton's 326-406 at
-             the C++ TMA kernel built at D = 128                    S 4096-16384 (1.0-1.5x),
-                                                                    plain and causal; the
-                                                                    variants' instantiation
-                                                                    is the same kernel
-  auto       any other forward                      triton          H100, 2026-11-26
-                                                                    (results/h100/2026-11-26):
-                                                                    Triton 345-418 TFLOP/s,
-                                                                    C++ fused 220-262, at every
-                                                                    measured shape (D 64/128,
-                                                                    S 4096-16384, causal both);
-                                                                    H200: at D = 64 Triton
-                                                                    331-345, fused_tma 296-308
-  auto       forward without attn_mask, no triton   cuda_cpp        (the only one there; its
-             installed                                              kernel must take the call)
-  auto,      KV cache, float16 or bfloat16, head    cuda_cpp        not yet measured against
-  decode     dim a multiple of 8 up to the          (decode,        Triton's decode; chosen
-             largest of decode_head_dims(),         launched by     because it is launched
-             16-byte rows                           the C++         from the C++ operator (a
-                                                    operator)       call costs the host a few
-                                                                    microseconds, Triton's
-                                                                    ~0.1 ms: H200 2026-11-28,
-                                                                    2 % of HBM at B = 1, 8k)
-  auto       any other KV cache                     triton
-  triton     any forward                            triton
-  fused, naive, reference   forward without         cuda_cpp        (the C++ kernel by name;
-                            attn_mask                               the variants on fused_tma
-                                                                    and reference only)
-  auto       backward, float16 or bfloat16, head    cuda_cpp        not yet measured; chosen
-             dim up to 128, causal either           (the Hopper     for the cause of the
-             alignment, windows, softcap, ALiBi,    backward,       Triton backward's wrong
-             sinks, GQA; no attn_mask; compute      backward_tma)   D = 128 gradients on an
-             capability 9.0                                         H200 (2026-11-28) and its
-                                                                    0.45-0.55x cuDNN speed
-  auto,      any other backward                     triton
-  triton
-
-`plan(...)` answers which one a call runs (and why) without running it; every CUDA kernel
-registered below asks it. Nothing falls back to torch: a call no GPU implementation covers
-raises NotImplementedError naming what is missing.
+The choice is fattn.dispatch's table (fattn/dispatch/table.json: per entry, architecture,
+dtype, head dim and variants, the candidate kernels in order with the measurement behind
+the order) and its verification records: the default is the first candidate that takes the
+call and whose current machine code a GPU run verified on this architecture; where none is
+verified the first that takes the call runs with a warning (FATTN_REQUIRE_VERIFIED=1: an
+error), naming `python -m fattn.selftest`. `plan(...)` answers which kernel a call runs and
+why without running it. Nothing falls back to torch: a call no GPU kernel covers raises
+NotImplementedError naming what is missing.
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 import importlib.util
 
 import torch
 
+from . import dispatch
 from ._layouts import empty_like_output
 
 TRITON = "triton"
 CUDA_CPP = "cuda_cpp"
 CPP_IMPLS = ("fused", "naive", "reference")  # the C++ CUDA kernels a caller may name
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    kernel: str   # "triton" or "cuda_cpp"
-    reason: str
+# the operators' entry names -> the table's
+ENTRIES = {"attention": "forward", "attention_varlen": "varlen", "attention_kvcache": "kvcache",
+           "attention_backward": "backward", "attention_varlen_backward": "varlen_backward"}
 
 
 def triton_available() -> bool:
@@ -85,100 +43,101 @@ def decode_head_dims() -> tuple[int, ...]:
     return tuple(_C.cuda_decode_head_dims())
 
 
-def decode_takes(head_dim: int | None, dtype: torch.dtype | None) -> bool:
-    """Whether the C++ decode kernel takes a KV-cache call of this head dim and dtype (the
-    operator also asks it about the tensors' alignment: fattn::cuda_kvcache_refusal)."""
-    dims = decode_head_dims()
-    return (dtype in SIXTEEN_BIT and head_dim is not None and head_dim % 8 == 0
-            and bool(dims) and head_dim <= dims[-1])
-
-
-def tma_head_dims() -> tuple[int, ...]:
-    """The head dims the C++ Hopper TMA kernel of this build is compiled for (empty without
-    the CUDA backend or its sm_90a kernels)."""
-    from . import _C
-    return tuple(_C.cuda_tma_head_dims())
-
-
-def backward_head_dims() -> tuple[int, ...]:
-    """The head dims the C++ Hopper backward of this build is compiled for (empty without the
-    CUDA backend or its sm_90a kernels); smaller ones run on the next one."""
-    from . import _C
-    return tuple(_C.cuda_backward_head_dims())
-
-
-def backward_takes(head_dim: int | None, dtype: torch.dtype | None,
-                   capability: tuple[int, int] | None, attn_mask: bool) -> bool:
-    """Whether the C++ Hopper backward takes a backward of this head dim, dtype and device
-    (fattn::cuda_backward_refusal's rule; every variant but attn_mask it takes)."""
-    dims = backward_head_dims()
-    return (dtype in SIXTEEN_BIT and head_dim is not None and bool(dims) and head_dim <= dims[-1]
-            and capability is not None and tuple(capability) == TMA_CAPABILITY
-            and not attn_mask)
-
-
-# Where the C++ kernel beats Triton (the table above): the Hopper TMA kernel's measured head
-# dim, 16-bit inputs, compute capability 9.0.
-TMA_HEAD_DIMS = (128,)
-TMA_CAPABILITY = (9, 0)
-SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+def _cpp_by_name(entry: str, impl: str, attn_mask: bool) -> dispatch.Plan:
+    """impl="fused"/"naive"/"reference": the C++ kernel by name (the forward only)."""
+    if entry != "attention" or attn_mask:
+        raise NotImplementedError(
+            f"fattn: impl={impl!r} names a CUDA C++ kernel, which runs the forward without "
+            f"attn_mask only (no KV cache or packed sequences); this call is "
+            f"{entry}{' with attn_mask' if attn_mask else ''}: use impl='auto'")
+    if not cpp_available():
+        raise NotImplementedError(
+            f"fattn: impl={impl!r} names a CUDA C++ kernel, but this build of fattn has no "
+            "CUDA backend (build it where nvcc and a CUDA torch are installed)")
+    return dispatch.Plan(impl, CUDA_CPP, False, None,
+                         f"impl={impl!r} asks for the CUDA C++ kernel by name")
 
 
 def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
          head_dim: int | None = None, dtype: torch.dtype | None = None,
-         capability: tuple[int, int] | None = None, attn_mask: bool = False) -> Plan:
-    """The GPU implementation of a call: entry "attention", "attention_kvcache",
-    "attention_varlen" or "attention_backward"; impl as the operator's; variants: the call has
-    a window, softcap, ALiBi or sinks (the C++ TMA kernel, the Hopper backward and the float64
-    reference take them, the other C++ kernels a right window only); attn_mask: it has an
-    attn_mask (no C++ kernel takes one); head_dim, dtype and the device's compute capability
-    (major, minor), where known, choose between the kernels that can run a call. Answers
-    without a GPU (CI asks it for capability (9, 0))."""
-    dense = entry == "attention" and not attn_mask
+         capability: tuple[int, int] | None = None, attn_mask: bool = False,
+         window: tuple[int, int] | None = None, softcap: bool = False, alibi: bool = False,
+         sinks: bool = False, warn: bool = False) -> dispatch.Plan:
+    """The GPU kernel of an operator's call: entry "attention", "attention_kvcache",
+    "attention_varlen", "attention_backward" or "attention_varlen_backward"; impl as the
+    operator's; variants: the call has a window, softcap, ALiBi or sinks (give window,
+    softcap, alibi, sinks for the exact ones; variants alone stands for a left window);
+    head_dim, dtype and the device's compute capability (major, minor). Answers without a
+    GPU (for capability (9, 0), say). warn: the once-per-process warning for an unverified
+    kernel (what the operators do)."""
+    if entry not in ENTRIES:
+        raise ValueError(f"fattn: entry must be one of {', '.join(ENTRIES)}, got {entry!r}")
     if impl in CPP_IMPLS:
-        if not dense:
-            raise NotImplementedError(
-                f"fattn: impl={impl!r} names a CUDA C++ kernel, which runs the forward without "
-                f"attn_mask only (no KV cache or packed sequences); this call is "
-                f"{entry}{' with attn_mask' if attn_mask else ''}: use impl='auto'")
-        if not cpp_available():
-            raise NotImplementedError(
-                f"fattn: impl={impl!r} names a CUDA C++ kernel, but this build of fattn has no "
-                "CUDA backend (build it where nvcc and a CUDA torch are installed)")
-        return Plan(CUDA_CPP, f"impl={impl!r} asks for the CUDA C++ kernel")
-    if impl not in ("auto", TRITON, "decode"):
+        return _cpp_by_name(entry, impl, attn_mask)
+    if impl not in ("auto", TRITON, "decode") and impl not in dispatch.kernels():
         raise NotImplementedError(f"fattn: impl={impl!r} is not a CUDA implementation (auto, "
-                                  f"triton, {', '.join(CPP_IMPLS)})")
-    if (entry == "attention_kvcache" and impl in ("auto", "decode") and cpp_available()
-            and decode_takes(head_dim, dtype)):
-        return Plan(CUDA_CPP, "the C++ decode kernel (src/cuda/decode.cuh), launched by the C++ "
-                              "operator without a host synchronisation")
-    if (entry == "attention_backward" and impl == "auto" and cpp_available()
-            and backward_takes(head_dim, dtype, capability, attn_mask)):
-        return Plan(CUDA_CPP, "the C++ Hopper backward (src/cuda/backward_tma.cuh): wgmma on TMA "
-                              "tiles, deterministic (no atomics)")
-    if (dense and impl == "auto" and head_dim in TMA_HEAD_DIMS and dtype in SIXTEEN_BIT
-            and capability is not None and tuple(capability) == TMA_CAPABILITY
-            and head_dim in tma_head_dims()):
-        return Plan(CUDA_CPP, "the C++ Hopper kernel on TMA loads (fused_tma): 1.0-1.5x the "
-                              "Triton kernel at D = 128 on an H200 (2026-11-28)"
-                              + ("; its variants' instantiation" if variants else ""))
-    if triton_available():
-        return Plan(TRITON, "the Triton kernel: every variant, and faster than the C++ kernels "
-                            "at every other shape measured (H100 2026-11-26, H200 2026-11-28)")
-    if dense and impl == "auto" and cpp_available():
-        return Plan(CUDA_CPP, "triton is not installed; the CUDA C++ kernels run the forward "
-                              "without attn_mask")
-    what = " with attn_mask" if attn_mask else " with variants" if variants else ""
-    raise NotImplementedError(
-        f"fattn: on CUDA, {entry}{what} runs on fattn's Triton kernels, and triton is not "
-        "installed (pip install triton)")
+                                  f"triton, {', '.join(CPP_IMPLS)}, or a kernel of "
+                                  f"fattn.dispatch's table)")
+    if window is None:
+        window = (0, -1) if variants and not (softcap or alibi or sinks) else (-1, -1)
+    call = dispatch.Call(ENTRIES[entry], dispatch.dtype_name(dtype or torch.float16), head_dim,
+                         dispatch.architecture_of(capability), tuple(window), softcap, alibi,
+                         sinks, attn_mask)
+    return _plan_cached(call, impl, warn)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_cached(call: dispatch.Call, impl: str, warn: bool) -> dispatch.Plan:
+    # a call's plan is a function of the call (the records are read once per process): the
+    # operators ask it per call, so the host pays for it once per kind of call
+    return dispatch.plan(call, impl, warn=warn)
+
+
+def forget_plans() -> None:
+    """After new verification records (fattn.selftest): plan again."""
+    from . import _C
+    _plan_cached.cache_clear()
+    dispatch.records.reload()
+    _C.forget_kvcache_plans()
+    _told_cpp.clear()
+
+
+_told_cpp: list[bool] = []  # whether the C++ library has this process's verified kernels
+
+
+def _tell_cpp_what_is_verified() -> None:
+    """The C++ library's Impl::automatic chooses among its own kernels by the same records as
+    plan() (the user's own included), so that impl="auto" runs what the plan said."""
+    if not _told_cpp and cpp_available():
+        from . import _C
+        _C.set_cuda_verified_kernels(dispatch.verified_cpp_kernels())
+        _told_cpp.append(True)
+
+
+def kvcache_planner(major, minor, dtype, head_dim, window_left, window_right, softcap, alibi,
+                    sinks) -> str:
+    """The kernel a kind of KV-cache call on CUDA runs: the C++ operator asks once per kind of
+    call (python/csrc/kvcache_planner.hpp), since the verification records are read here."""
+    return plan("attention_kvcache", head_dim=head_dim, dtype=getattr(torch, dtype),
+                capability=(major, minor), window=(window_left, window_right), softcap=softcap,
+                alibi=alibi, sinks=sinks, warn=True).kernel
 
 
 # --- the operators' CUDA kernels -----------------------------------------------------------
-def _has_variants(window_left, window_right, softcap, alibi_slopes, sinks) -> bool:
-    return (window_left >= 0 or window_right >= 0 or softcap != 0.0
-            or alibi_slopes is not None or sinks is not None)
+def _plan_of(entry, impl, q, window_left, window_right, softcap, alibi_slopes, sinks,
+             attn_mask=None):
+    """The plan of an operator's call on q's device, warning where its kernel is unverified."""
+    if q.is_cuda:
+        _tell_cpp_what_is_verified()
+    return plan(entry, impl, head_dim=q.size(-1), dtype=q.dtype, capability=_capability(q),
+                attn_mask=attn_mask is not None, window=(window_left, window_right),
+                softcap=softcap != 0.0, alibi=alibi_slopes is not None, sinks=sinks is not None,
+                warn=True)
+
+
+# The C++ operator's impl for a kernel the plan chose: its Impl::automatic runs the table's
+# first C++ candidate, impl="fused" the mma.sync (float16/bfloat16) or TF32 (float32) ones.
+_CPP_IMPL_OF = {"fused_mma": "fused", "fused_tf32x3": "fused", "fused_tf32": "fused"}
 
 
 def _capability(q):
@@ -195,14 +154,12 @@ def attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None, i
               attn_mask=None, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
               sinks=None, ns="fattn"):
     """The CUDA kernel of <ns>::attention (the operator's schema; (B, H, S, D) views)."""
-    chosen = plan("attention", impl, _has_variants(window_left, window_right, softcap,
-                                                   alibi_slopes, sinks),
-                  head_dim=q.size(-1), dtype=q.dtype,
-                  capability=_capability(q),
-                  attn_mask=attn_mask is not None)
-    if chosen.kernel == CUDA_CPP:
+    chosen = _plan_of("attention", impl, q, window_left, window_right, softcap, alibi_slopes,
+                      sinks, attn_mask)
+    if chosen.engine == CUDA_CPP:
+        cpp_impl = impl if impl in CPP_IMPLS else _CPP_IMPL_OF.get(chosen.kernel, "auto")
         return getattr(torch.ops, ns).cuda_attention(q, k, v, is_causal, causal_bottom_right,
-                                                     scale, impl, window_left, window_right,
+                                                     scale, cpp_impl, window_left, window_right,
                                                      softcap, alibi_slopes, sinks)
     out = empty_like_output(q)
     _, lse = _triton().attention(q, k, v, attn_mask=attn_mask, causal=is_causal,
@@ -221,7 +178,10 @@ def attention_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
     (fattn.triton's kvcache_attention takes the operator's (B, H, S, D) views). Registered
     as <ns>::triton_attention_kvcache, which the C++ operator calls for what its decode
     kernel does not take, and as attention_kvcache itself in a build without the C++ one."""
-    plan("attention_kvcache", TRITON if impl in ("auto", "decode") else impl, True)
+    # the C++ operator asked its planner already (kvcache_planner); without it this is the
+    # operator's CUDA kernel and plans (and warns) itself
+    _plan_of("attention_kvcache", TRITON if cpp_available() and impl in ("auto", "decode")
+             else impl, q, window_left, window_right, softcap, alibi_slopes, sinks)
     return _triton().kvcache_attention(q, k_cache, v_cache, k_new, v_new, cache_seqlens,
                                        block_table, causal, window_left, window_right, softcap,
                                        sinks, alibi_slopes, scale, int(kv_splits))
@@ -231,7 +191,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=No
                      impl="auto", window_left=-1, window_right=-1, softcap=0.0,
                      alibi_slopes=None, sinks=None):
     """<ns>::attention_varlen on CUDA: packed (total, H, D) rows."""
-    plan("attention_varlen", impl, True)
+    _plan_of("attention_varlen", impl, q, window_left, window_right, softcap, alibi_slopes, sinks)
     return _triton().attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
                                       window_size=(window_left, window_right), softcap=softcap,
                                       sinks=sinks, alibi_slopes=alibi_slopes, scale=scale,
@@ -245,12 +205,9 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
     """<ns>::attention_backward on CUDA: the C++ Hopper backward where it takes the call, else
     the Triton backward (both deterministic); dq, dk, dv laid out as the operator lays out
     outputs like q, k, v."""
-    chosen = plan("attention_backward", "auto" if impl in CPP_IMPLS else impl,
-                  _has_variants(window_left, window_right, softcap, alibi_slopes, sinks),
-                  head_dim=q.size(-1), dtype=q.dtype,
-                  capability=_capability(q),
-                  attn_mask=attn_mask is not None)
-    if chosen.kernel == CUDA_CPP:
+    chosen = _plan_of("attention_backward", "auto" if impl in CPP_IMPLS else impl, q,
+                      window_left, window_right, softcap, alibi_slopes, sinks, attn_mask)
+    if chosen.engine == CUDA_CPP:
         return getattr(torch.ops, ns).cuda_attention_backward(
             dout, q, k, v, out, lse, dlse, is_causal, causal_bottom_right, scale, window_left,
             window_right, softcap, alibi_slopes, sinks)
@@ -269,7 +226,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                               scale=None, impl="auto", window_left=-1, window_right=-1,
                               softcap=0.0, alibi_slopes=None, sinks=None):
     """<ns>::attention_varlen_backward on CUDA: packed (total, H, D) gradients."""
-    plan("attention_varlen", impl, True)
+    _plan_of("attention_varlen_backward", impl, q, window_left, window_right, softcap,
+             alibi_slopes, sinks)
     dq, dk, dv, dsinks = _triton().attention_varlen_backward(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=causal,
         window_size=(window_left, window_right), softcap=softcap, sinks=sinks,
@@ -296,5 +254,8 @@ def register(ns: str) -> None:
     # triton_attention_kvcache); elsewhere the Triton kernels directly.
     if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::attention_kvcache", "CUDA"):
         kernels.append(("attention_kvcache", attention_kvcache))
+    else:
+        from . import _C
+        _C.set_kvcache_planner(kvcache_planner)
     for name, fn in kernels:
         torch.library.register_kernel(f"{ns}::{name}", "cuda", fn)

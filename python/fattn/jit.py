@@ -64,7 +64,7 @@ _LIBRARY_SOURCE_GLOBS = ("src/model/*.cpp", "src/api/*.cpp", "src/cpu/*.cpp",
 _PER_ISA_SOURCE = "kernels_isa.cpp"
 _AMX_SOURCE = "kernels_amx.cpp"
 # The operator's sources (python/CMakeLists.txt builds the same two).
-_OPERATOR_SOURCES = ("ops.cpp", "kv_ops.cpp")
+_OPERATOR_SOURCES = ("ops.cpp", "kv_ops.cpp", "kvcache_planner.cpp")
 
 
 def _library_sources(src: Path) -> list:

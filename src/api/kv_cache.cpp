@@ -5,10 +5,12 @@
 #include "model/kv_cache_problem.hpp"
 #include "model/varlen_problem.hpp"
 #include "api/workspace_cache.hpp"
+#include "fattn/cuda_refusal.hpp"
 #include "fattn/kv_cache.hpp"
 
 #ifdef FATTN_WITH_CUDA
 #include "cuda/decode.hpp"
+#include "cuda/table_choice.hpp"
 #endif
 
 namespace fattn {
@@ -54,6 +56,17 @@ std::string cuda_kvcache_refusal(const TensorView& q, const KvCache& cache,
 #else
   (void)q, (void)cache, (void)k_new, (void)v_new, (void)options;
   return "this build of fattn has no CUDA backend (rebuild with -DFATTN_CUDA=ON)";
+#endif
+}
+
+std::string cuda_kvcache_kernel(const TensorView& q, const KvCache& cache,
+                                const TensorView* k_new, const TensorView* v_new,
+                                const Options& options) {
+#ifdef FATTN_WITH_CUDA
+  return cuda::kvcache_kernel(q, cache, k_new, v_new, options);
+#else
+  (void)q, (void)cache, (void)k_new, (void)v_new, (void)options;
+  return {};
 #endif
 }
 

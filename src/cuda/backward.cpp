@@ -20,6 +20,7 @@
 #include "cuda/host_checks.hpp"
 #include "cuda/launchers.hpp"
 #include "cuda/plan.hpp"
+#include "cuda/refusal.hpp"
 #include "cuda/tile_config.hpp"
 #include "cuda/work_memory.hpp"
 #include "model/problem.hpp"
@@ -67,26 +68,16 @@ void with_sixteen_bit(DType dtype, F&& f) {
 
 }  // namespace
 
-std::vector<int> backward_head_dims() { return dims_of(BackwardDims{}); }
-
 std::string backward_refusal(const TensorView& q, const TensorView& k, const Options& options) {
-  const std::vector<int> dims = backward_head_dims();
-  if (dims.empty())
-    return "this build has no Hopper backward (it is built for sm_90a when "
-           "CMAKE_CUDA_ARCHITECTURES has 90 and FATTN_CUDA_WGMMA is not OFF)";
-  if (q.dtype != DType::float16 && q.dtype != DType::bfloat16)
-    return std::string("the Hopper backward takes float16 or bfloat16, got ") + to_string(q.dtype);
-  if (q.rank != 4 || k.rank != 4) return {};  // the validation's error, not a refusal
-  if (backward_kernel_dim(q.size(3)) == 0)
-    return "the Hopper backward takes head dims up to " + std::to_string(dims.back()) + ", got " +
-           std::to_string(q.size(3));
-  if (options.attn_mask) return "the Hopper backward takes no attn_mask";
-  const int device = usable_device();
-  const ComputeCapability cc = compute_capability(device);
-  if (cc.major != kWgmmaCapability.major || cc.minor != kWgmmaCapability.minor)
-    return "the Hopper backward runs on compute capability 9.0 (sm_90a), this device has " +
-           std::to_string(cc.major) + "." + std::to_string(cc.minor);
-  return {};
+  constexpr int kRank = 4;  // (B, H, S, D): the head dim is size(3)
+  if (q.rank != kRank || k.rank != kRank) return {};  // the validation's error, not a refusal
+  const CudaCall call = call_of("backward", q.dtype, q.size(3), options);
+  // What the build and the call decide first, before any device is asked.
+  if (std::string why = refusal_on_any_device(TableKernel::backward_tma, call); !why.empty())
+    return why;
+  const ComputeCapability cc = compute_capability(usable_device());
+  const std::string why = capability_refusal(TableKernel::backward_tma, cc);
+  return why.empty() ? why : why + " (the current CUDA device)";
 }
 
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,

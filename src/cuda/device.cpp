@@ -7,8 +7,9 @@
 #include <string>
 
 #include "cuda/host_checks.hpp"
-#include "cuda/kernels.hpp"
 #include "cuda/launchers.hpp"
+#include "cuda/refusal.hpp"
+#include "cuda/table_choice.hpp"  // current_capability
 
 namespace fattn::cuda {
 
@@ -40,14 +41,6 @@ int multiprocessors(int device) {
   return sms;
 }
 
-namespace {
-
-std::string text(ComputeCapability c) {
-  return std::to_string(c.major) + "." + std::to_string(c.minor);
-}
-
-}  // namespace
-
 int usable_device() {
   int device = -1;
   const cudaError_t e = cudaGetDevice(&device);
@@ -55,20 +48,14 @@ int usable_device() {
     cudaGetLastError();
     fail("q is on cuda, but no CUDA device is usable: " + error_text(e));
   }
-  const ComputeCapability cc = compute_capability(device);
-  if (cc.major < 8)
-    fail("the CUDA kernels need compute capability 8.0 or newer (cp.async, bf16 and tf32 "
-         "mma.sync); CUDA device " + std::to_string(device) + " is " + text(cc));
+  const std::string why = least_capability_refusal(compute_capability(device));
+  if (!why.empty()) fail(why + " (CUDA device " + std::to_string(device) + ")");
   return device;
 }
 
 void expect_wgmma_device(Kernel kernel, int device) {
-  const ComputeCapability cc = compute_capability(device);
-  if (cc.major != kWgmmaCapability.major || cc.minor != kWgmmaCapability.minor)
-    fail(std::string("the ") + to_string(kernel) +
-         " CUDA kernel is built for sm_90a and runs on compute capability " +
-         text(kWgmmaCapability) + " (Hopper) only; CUDA device " + std::to_string(device) +
-         " is " + text(cc));
+  const std::string why = capability_refusal(kernel, compute_capability(device));
+  if (!why.empty()) fail(why + " (CUDA device " + std::to_string(device) + ")");
 }
 
 void expect_device_memory(const char* name, const void* data, int device) {
@@ -90,16 +77,7 @@ void expect_device_memory(const char* name, const void* data, int device) {
 }
 
 bool runs_on_current_device(Kernel kernel) {
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  const ComputeCapability cc = compute_capability(device);
-  if (is_wgmma(kernel))
-    return !hopper_head_dims(kernel).empty() && cc.major == kWgmmaCapability.major &&
-           cc.minor == kWgmmaCapability.minor;
-  return cc.major >= 8;
+  return capability_refusal(kernel, current_capability()).empty();
 }
 
 }  // namespace fattn::cuda

@@ -1,5 +1,6 @@
 // fattn — the CUDA backend's KV-cache attention (decode.hpp): what the decode kernels take,
-// the plan (compiled head dim, ring depth, key splits), their parameters and launch.
+// the dispatch table's choice for a KV-cache call (table_choice.hpp: kvcache_kernel), the plan
+// (compiled head dim, ring depth, key splits), their parameters and launch.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include "cuda/device.hpp"
 #include "cuda/host_checks.hpp"
 #include "cuda/launchers.hpp"
+#include "cuda/refusal.hpp"
+#include "cuda/table_choice.hpp"
 #include "cuda/work_memory.hpp"
 #include "model/kv_cache_problem.hpp"
 
@@ -194,24 +197,18 @@ void expect_int_sizes(const detail::KvCacheProblem& call, const KvCache& cache) 
 
 }  // namespace
 
-std::vector<int> decode_head_dims() { return dims_of(DecodeHeadDims{}); }
-
 std::string decode_refusal(const TensorView& q, const KvCache& cache, const TensorView* k_new,
                            const TensorView* v_new, const Options& options) {
   if (options.impl != Impl::automatic && options.impl != Impl::decode)
     return std::string("impl ") + to_string(options.impl) +
            ": the CUDA KV cache runs the decode kernel (impl auto or decode)";
-  if (q.dtype != DType::float16 && q.dtype != DType::bfloat16)
-    return std::string("the CUDA decode kernel takes float16 or bfloat16, got ") +
-           to_string(q.dtype);
+  const std::int64_t head_dim = q.size(3);
+  // dtype, head dim, attn_mask: the call's rules (refusal.hpp), then what only the views say
+  const CudaCall call = call_of("kvcache", q.dtype, head_dim, options);
+  if (std::string why = refusal_on_any_device(TableKernel::decode, call); !why.empty()) return why;
   if (options.causal == Causal::top_left)
     return "the CUDA decode kernel aligns causal bottom-right (each sequence's last query "
            "with its last key), got top_left";
-  const std::int64_t head_dim = q.size(3);
-  if (head_dim % 8 != 0 || decode_kernel_dim(head_dim) == 0)
-    return "head dim " + std::to_string(head_dim) +
-           ": the CUDA decode kernel takes multiples of 8 up to " +
-           std::to_string(decode_head_dims().back());
   const std::pair<const char*, const TensorView*> rows[] = {
       {"q", &q}, {"k_cache", &cache.k}, {"v_cache", &cache.v}, {"k_new", k_new}, {"v_new", v_new}};
   for (const auto& [name, t] : rows)
@@ -219,14 +216,33 @@ std::string decode_refusal(const TensorView& q, const KvCache& cache, const Tens
       return std::string(name) +
              " must start on 16 bytes, with stride(3) 1 and the other strides in multiples of 8 "
              "elements, for the CUDA decode kernel (it copies rows in 16-byte chunks)";
-  // The ring's least depth must fit the current device's shared memory (not so on the GPUs
-  // of 99 KB per block, compute capability 8.6 and 8.9, at D > 64).
+  // The current device: its compute capability, and the ring's least depth must fit its
+  // shared memory (not so on the GPUs of 99 KB per block, compute capability 8.6 and 8.9, at
+  // D > 64).
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // no device: the call itself says so
     return {};
   }
+  const std::string why = capability_refusal(TableKernel::decode, compute_capability(device));
+  if (!why.empty()) return why + " (CUDA device " + std::to_string(device) + ")";
   return smem_shortfall(decode_kernel_dim(head_dim), kLeastStages, smem_limit(device), device);
+}
+
+std::string kvcache_kernel(const TensorView& q, const KvCache& cache, const TensorView* k_new,
+                           const TensorView* v_new, const Options& options) {
+  constexpr int kRank = 4;  // (B, Hq, Sq, D): the head dim is q.size(3)
+  if (q.rank != kRank) return {};  // the validation's error, not a choice
+  CudaCall call = call_of("kvcache", q.dtype, q.size(3), options);
+  const ComputeCapability cc = current_capability();
+  call.major = cc.major;
+  call.minor = cc.minor;
+  return first_candidate(call, true, [&](TableKernel kernel) {
+    // The decode kernel's own refusal adds what only the views say (alignment, causal
+    // alignment, the device's shared memory) to the call's rules.
+    return kernel == TableKernel::decode ? decode_refusal(q, cache, k_new, v_new, options)
+                                         : refusal(kernel, call);
+  });
 }
 
 void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorView* k_new,

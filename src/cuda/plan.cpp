@@ -11,6 +11,7 @@
 #include "cuda/device.hpp"
 #include "cuda/host_checks.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/refusal.hpp"
 #include "cuda/tile_config.hpp"
 
 namespace fattn::cuda {
@@ -70,16 +71,19 @@ bool needs_variants(const detail::Problem& p) {
   return has_lower_edge(p) || p.mods.any();
 }
 
-std::string variant_names(const detail::Problem& p) {
-  std::string names;
-  auto add = [&](bool on, const char* name) {
-    if (on) names += (names.empty() ? "" : ", ") + std::string(name);
-  };
-  add(has_lower_edge(p), "left window (window_left)");
-  add(p.mods.softcap != 0.0, "softcap");
-  add(p.mods.alibi != nullptr, "alibi_slopes");
-  add(p.mods.sinks != nullptr, "sinks");
-  return names;
+// The problem as the kernels' rules see it (refusal.hpp): a left window that hides no pair
+// is no window.
+CudaCall call_of(const detail::Problem& p) {
+  CudaCall call;
+  call.dtype = p.dtype;
+  call.head_dim = p.head_dim;
+  call.window_left = has_lower_edge(p) ? p.window_left : -1;
+  call.window_right = p.window_right;
+  call.softcap = p.mods.softcap != 0.0;
+  call.alibi = p.mods.alibi != nullptr;
+  call.sinks = p.mods.sinks != nullptr;
+  call.attn_mask = p.mods.mask != nullptr;
+  return call;
 }
 
 }  // namespace
@@ -97,23 +101,9 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
   const DType dtype = q.dtype;
   Plan plan;
   plan.kernel = kernel == Kernel::automatic ? kernel_for(Impl::automatic, dtype) : kernel;
-  const Inputs inputs = family(plan.kernel).inputs;
-  const bool fp32 = dtype == DType::float32;
-  if (inputs == Inputs::sixteen_bit && fp32)
-    fail(std::string("the ") + to_string(plan.kernel) +
-         " CUDA kernel takes float16 or bfloat16, got float32");
-  if (inputs == Inputs::float32 && !fp32)
-    fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes float32, got " +
-         to_string(dtype));
-
-  if (p.mods.mask)  // the one check of it on CUDA: api/attention.cpp and forward_with alike
-    fail("the " + std::string(to_string(plan.kernel)) +
-         " CUDA kernel takes no attn_mask (the CUDA C++ kernels take no attn_mask yet; the CPU "
-         "kernels and fattn's Triton kernels do)");
-  if (needs_variants(p) && !takes_variants(plan.kernel))
-    fail(std::string("the ") + to_string(plan.kernel) + " CUDA kernel takes no " + variant_names(p) +
-         " (the fused_tma kernel, float16/bfloat16 at head dims up to 256 on compute capability "
-         "9.0, and the float64 reference do; fattn's Triton kernels take them on every GPU)");
+  // dtype, attn_mask (its one check on CUDA: api/attention.cpp and forward_with alike), the
+  // variants, the head dims built
+  if (const std::string why = forward_refusal(plan.kernel, call_of(p)); !why.empty()) fail(why);
   expect_int("q.size(0) (batch)", p.batch);
   expect_int("q.size(1) (query heads)", p.q_heads);
   expect_int("q.size(2) (query sequence)", p.q_len);
@@ -127,23 +117,9 @@ Plan make_plan(const detail::Problem& p, const TensorView& q, const TensorView& 
     expect_int("batch · heads · query sequence / 8 (reference grid)",
                checked_product({bh, p.q_len}, "the reference grid") / 8);
   } else {
-    const bool wgmma = is_wgmma(plan.kernel);
-    const std::vector<int> dims = wgmma ? hopper_head_dims(plan.kernel) : supported_head_dims();
-    const auto it = std::lower_bound(dims.begin(), dims.end(), static_cast<int>(p.head_dim));
-    const std::string name = to_string(plan.kernel);
-    if (wgmma && dims.empty())
-      fail("head dim " + std::to_string(p.head_dim) + ": this build has no " + name +
-           " CUDA kernel (the wgmma kernels are built when CMAKE_CUDA_ARCHITECTURES has 90 "
-           "and FATTN_CUDA_WGMMA is not OFF)");
-    if (wgmma && it == dims.end())
-      fail("head dim " + std::to_string(p.head_dim) + " is larger than every head dim the " +
-           name + " CUDA kernel is built for (" + join(dims) + "); use the fused_mma kernel");
-    if (it == dims.end())
-      fail("head dim " + std::to_string(p.head_dim) +
-           " is larger than every head dim the fused CUDA kernels are built for (" +
-           supported_head_dims_text() +
-           "); rebuild with it in FATTN_CUDA_HEAD_DIMS, or use Impl::naive");
-    plan.kernel_dim = *it;
+    // forward_refusal made sure the kernel is built for a head dim that holds the problem's
+    plan.kernel_dim = compiled_dim_for(
+        is_wgmma(plan.kernel) ? hopper_head_dims(plan.kernel) : supported_head_dims(), p.head_dim);
     const std::int64_t rows = smallest_tile_rows(plan.kernel, plan.kernel_dim);
     expect_int("the fused grid (batch · heads · query tiles)",
                checked_product({bh, (p.q_len + rows - 1) / rows}, "the fused grid"));
@@ -195,7 +171,7 @@ void force_stages(Plan& plan, int stages, const detail::Problem& p) {
          std::to_string(plan.kernel_dim) + " (0, " + std::to_string(table) +
          (other ? " or " + std::to_string(other) : std::string()) + ")");
   if (needs_variants(p))
-    fail(asked + ": the fused_tma CUDA kernel takes the variants (" + variant_names(p) +
+    fail(asked + ": the fused_tma CUDA kernel takes the variants (" + variant_names(call_of(p)) +
          ") at its table's depth only (0 or " + std::to_string(table) + ")");
   plan.stages = stages;
 }

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 import fattn  # noqa: E402
-from fattn import cuda_dispatch  # noqa: E402
+from fattn import cuda_dispatch, dispatch  # noqa: E402
 from fattn.triton import reference  # noqa: E402
 from test_triton import TOL, assert_matches  # noqa: E402
 
@@ -45,101 +45,110 @@ def gpu_path():
         lib._destroy()
 
 
-def test_the_table():
-    assert cuda_dispatch.plan("attention").kernel == "triton"
-    assert cuda_dispatch.plan("attention_kvcache", "auto", True).kernel == "triton"
-    assert cuda_dispatch.plan("attention", "triton", True).kernel == "triton"
+@pytest.fixture(autouse=True)
+def fresh_plans():
+    """Plans are cached per call; a test that changes what the engines answer plans anew."""
+    cuda_dispatch.forget_plans()
+    yield
+    cuda_dispatch.forget_plans()
+
+
+@pytest.fixture
+def no_machine_code(monkeypatch):
+    """Nothing verified, nothing compiled: the table's order alone decides."""
+    monkeypatch.setattr(dispatch, "current_machine_code", lambda kernel, arch: None)
+
+
+def simulate_cpp_build(monkeypatch, built: bool):
+    """A build with the CUDA backend (every C++ candidate takes the call: the C++ rules are
+    the C++ library's, tested there) or without it."""
+    monkeypatch.setattr(dispatch.engines, "cpp_refusal",
+                        lambda kernel, call: "" if built else dispatch.engines.NO_CUDA_BACKEND)
+
+
+def test_the_table(no_machine_code):
+    assert cuda_dispatch.plan("attention").engine == "triton"
+    assert cuda_dispatch.plan("attention_kvcache", "auto", True).kernel in ("decode",
+                                                                           "triton_kvcache")
+    assert cuda_dispatch.plan("attention", "triton", True).kernel == "triton_forward"
+    assert cuda_dispatch.plan("attention_varlen").kernel == "triton_varlen"
     with pytest.raises(NotImplementedError, match="runs the forward without attn_mask only"):
         cuda_dispatch.plan("attention", "fused", attn_mask=True)
     with pytest.raises(NotImplementedError, match="no KV cache or packed sequences"):
         cuda_dispatch.plan("attention_varlen", "reference")
     with pytest.raises(NotImplementedError, match="is not a CUDA implementation"):
         cuda_dispatch.plan("attention", "tiled")
+    with pytest.raises(ValueError, match="entry must be one of"):
+        cuda_dispatch.plan("attention_paged")
     if not cuda_dispatch.cpp_available():
         with pytest.raises(NotImplementedError, match="has no CUDA backend"):
             cuda_dispatch.plan("attention", "fused")
 
 
 @pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
-def test_the_table_on_hopper(built, monkeypatch):
-    """plan(capability=(9, 0)): the forward at D = 128 in 16 bits, plain or with a window,
-    softcap, ALiBi or sinks, runs the C++ TMA kernel where the C++ CUDA backend is built;
-    a forward with an attn_mask and every other forward run Triton."""
-    monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
-    monkeypatch.setattr(cuda_dispatch, "tma_head_dims", lambda: (64, 128, 256) if built else ())
-    monkeypatch.setattr(cuda_dispatch, "decode_head_dims",
-                        lambda: (64, 128, 256) if built else ())
+def test_the_table_on_hopper(built, monkeypatch, no_machine_code):
+    """plan(capability=(9, 0)): where no kernel is verified, the table's first candidate that
+    takes the call: the forward at D = 128 in 16 bits, plain or with a window, softcap,
+    ALiBi or sinks, on the C++ TMA kernel where the backend is built; an attn_mask, D = 64,
+    float32 and other GPUs on Triton."""
+    simulate_cpp_build(monkeypatch, built)
     hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
-    tma = "cuda_cpp" if built else "triton"
+    tma = "fused_tma" if built else "triton_forward"
     assert cuda_dispatch.plan("attention", **hopper).kernel == tma
     assert cuda_dispatch.plan("attention", **dict(hopper, dtype=torch.float16)).kernel == tma
-    if built:
-        assert "fused_tma" in cuda_dispatch.plan("attention", **hopper).reason
     for other in (dict(head_dim=64), dict(dtype=torch.float32), dict(capability=(8, 0)),
                   dict(capability=(10, 0)), dict(capability=None)):
-        assert cuda_dispatch.plan("attention", **dict(hopper, **other)).kernel == "triton", other
-    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == tma
-    if built:
-        assert "variants' instantiation" in cuda_dispatch.plan("attention", variants=True,
-                                                                **hopper).reason
-    assert cuda_dispatch.plan("attention", attn_mask=True, **hopper).kernel == "triton"
+        assert cuda_dispatch.plan("attention", **dict(hopper, **other)).engine == "triton", other
+    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == (
+        "fused_tma_variants" if built else "triton_forward")
+    assert cuda_dispatch.plan("attention", softcap=True, alibi=True, **hopper).kernel == (
+        "fused_tma_variants" if built else "triton_forward")
+    assert cuda_dispatch.plan("attention", attn_mask=True, **hopper).kernel == "triton_forward"
     assert cuda_dispatch.plan("attention", variants=True, attn_mask=True,
-                              **hopper).kernel == "triton"
-    assert cuda_dispatch.plan("attention", "triton", **hopper).kernel == "triton"
-    # a C++ build without the TMA kernel (no sm_90a code): Triton, variants or not
-    monkeypatch.setattr(cuda_dispatch, "tma_head_dims", lambda: ())
-    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == "triton"
+                              **hopper).kernel == "triton_forward"
+    assert cuda_dispatch.plan("attention", "triton", **hopper).kernel == "triton_forward"
+    chosen = cuda_dispatch.plan("attention", **hopper)
+    assert not chosen.verified and chosen.evidence is None
+    assert "no GPU run verified it" in chosen.why and "H200 2026-11-28" in chosen.why
 
 
 @pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
-def test_the_kvcache_table(built, monkeypatch):
-    """A KV-cache call runs the C++ decode kernel where the backend is built and it takes the
-    call (16-bit, head dim a multiple of 8 up to 256; any capability it runs on), else
-    Triton; impl="triton" asks for Triton."""
-    monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
-    monkeypatch.setattr(cuda_dispatch, "decode_head_dims",
-                        lambda: (64, 128, 256) if built else ())
-    decode = "cuda_cpp" if built else "triton"
+def test_the_kvcache_table(built, monkeypatch, no_machine_code):
+    """A 16-bit KV-cache call runs the C++ decode kernel where the backend takes it (any
+    capability), else Triton; float32 and impl="triton" run Triton."""
+    simulate_cpp_build(monkeypatch, built)
+    decode = "decode" if built else "triton_kvcache"
     for capability in ((8, 0), (9, 0), (12, 0)):
-        for d in (64, 96, 128, 200, 256):
-            for dtype in (torch.float16, torch.bfloat16):
-                chosen = cuda_dispatch.plan("attention_kvcache", "auto", True, head_dim=d,
-                                            dtype=dtype, capability=capability)
-                assert chosen.kernel == decode, (capability, d, dtype)
-        assert cuda_dispatch.plan("attention_kvcache", "decode", True, head_dim=128,
-                                  dtype=torch.bfloat16).kernel == decode
-    for other in (dict(head_dim=100), dict(head_dim=264), dict(dtype=torch.float32)):
-        call = dict(dict(head_dim=128, dtype=torch.bfloat16), **other)
-        assert cuda_dispatch.plan("attention_kvcache", "auto", True, **call).kernel == "triton"
+        for dtype in (torch.float16, torch.bfloat16):
+            chosen = cuda_dispatch.plan("attention_kvcache", "auto", True, head_dim=128,
+                                        dtype=dtype, capability=capability)
+            assert chosen.kernel == decode, (capability, dtype)
+    assert cuda_dispatch.plan("attention_kvcache", head_dim=128,
+                              dtype=torch.float32).kernel == "triton_kvcache"
     assert cuda_dispatch.plan("attention_kvcache", "triton", True, head_dim=128,
-                              dtype=torch.bfloat16).kernel == "triton"
-    if built:
-        assert "decode" in cuda_dispatch.plan("attention_kvcache", "auto", True, head_dim=128,
-                                              dtype=torch.float16).reason
+                              dtype=torch.bfloat16).kernel == "triton_kvcache"
 
 
 @pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
-def test_the_backward_table(built, monkeypatch):
-    """A backward on compute capability 9.0 in 16 bits at head dims up to 128, with any variant
-    but an attn_mask, runs the C++ Hopper backward where it is built; an attn_mask, float32,
-    larger head dims, other GPUs and impl="triton" run Triton."""
-    monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: built)
-    monkeypatch.setattr(cuda_dispatch, "backward_head_dims", lambda: (64, 128) if built else ())
+def test_the_backward_table(built, monkeypatch, no_machine_code):
+    """A 16-bit backward on compute capability 9.0 runs the C++ Hopper backward where it takes
+    the call; an attn_mask, float32, other GPUs and impl="triton" run Triton."""
+    simulate_cpp_build(monkeypatch, built)
     hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
-    cpp = "cuda_cpp" if built else "triton"
+    cpp = "backward_tma" if built else "triton_backward"
     for d in (16, 64, 80, 96, 128):
         for dtype in (torch.float16, torch.bfloat16):
             call = dict(hopper, head_dim=d, dtype=dtype)
             assert cuda_dispatch.plan("attention_backward", **call).kernel == cpp, call
-            assert cuda_dispatch.plan("attention_backward", "auto", True,
-                                      **call).kernel == cpp, call
-    if built:
-        assert "Hopper backward" in cuda_dispatch.plan("attention_backward", **hopper).reason
-    for other in (dict(head_dim=136), dict(head_dim=256), dict(dtype=torch.float32),
-                  dict(capability=(8, 0)), dict(capability=(10, 0)), dict(capability=None)):
-        assert cuda_dispatch.plan("attention_backward", **dict(hopper, **other)).kernel == "triton"
-    assert cuda_dispatch.plan("attention_backward", attn_mask=True, **hopper).kernel == "triton"
-    assert cuda_dispatch.plan("attention_backward", "triton", **hopper).kernel == "triton"
+    for other in (dict(dtype=torch.float32), dict(capability=(8, 0)), dict(capability=(10, 0)),
+                  dict(capability=None)):
+        assert cuda_dispatch.plan("attention_backward",
+                                  **dict(hopper, **other)).kernel == "triton_backward"
+    assert cuda_dispatch.plan("attention_backward", attn_mask=True,
+                              **hopper).kernel == "triton_backward"
+    assert cuda_dispatch.plan("attention_backward", "triton",
+                              **hopper).kernel == "triton_backward"
+    assert cuda_dispatch.plan("attention_varlen_backward", **hopper).kernel == "triton_backward"
 
 
 def test_the_kernels_registered_for_cuda():
@@ -169,28 +178,20 @@ def test_kvcache_on_cuda_without_triton_where_the_cpp_decode_kernel_runs(monkeyp
     assert "cuda" in kvcache._DEVICE_TYPES  # triton is installed here
 
 
-def test_the_tma_head_dims_of_this_build():
-    dims = cuda_dispatch.tma_head_dims()
-    assert dims == tuple(sorted(dims)) and set(dims) <= {64, 128, 256}
-    if not cuda_dispatch.cpp_available():
-        assert dims == ()
-
-
-def test_without_triton_only_the_forward_without_a_mask_has_a_kernel(monkeypatch):
-    monkeypatch.setattr(cuda_dispatch, "triton_available", lambda: False)
-    monkeypatch.setattr(cuda_dispatch, "cpp_available", lambda: False)
-    with pytest.raises(NotImplementedError, match="with variants runs on fattn's Triton"):
+def test_without_triton_only_the_cpp_kernels_have_calls(monkeypatch, no_machine_code):
+    monkeypatch.setattr(dispatch.engines, "triton_refusal",
+                        lambda call: "triton is not installed (pip install triton)")
+    simulate_cpp_build(monkeypatch, False)
+    with pytest.raises(NotImplementedError, match="triton is not installed"):
         cuda_dispatch.plan("attention", "auto", variants=True)
-    with pytest.raises(NotImplementedError, match="with attn_mask runs on fattn's Triton"):
+    with pytest.raises(NotImplementedError, match="triton_forward: triton is not installed"):
         cuda_dispatch.plan("attention", "auto", attn_mask=True)
-    monkeypatch.undo()
-    monkeypatch.setattr(cuda_dispatch, "triton_available", lambda: False)
-    with pytest.raises(NotImplementedError, match="triton is not installed"):
-        cuda_dispatch.plan("attention", "auto", attn_mask=True)
-    with pytest.raises(NotImplementedError, match="triton is not installed"):
+    with pytest.raises(NotImplementedError, match="no GPU kernel takes this kvcache call"):
         cuda_dispatch.plan("attention_kvcache", "auto", True)
-    if cuda_dispatch.cpp_available():
-        assert cuda_dispatch.plan("attention").kernel == "cuda_cpp"
+    cuda_dispatch.forget_plans()
+    simulate_cpp_build(monkeypatch, True)
+    assert cuda_dispatch.plan("attention").kernel == "fused_mma"
+    assert cuda_dispatch.plan("attention_kvcache", dtype=torch.bfloat16).kernel == "decode"
 
 
 def inputs(*shape, seed, dtype=torch.float32):
@@ -277,7 +278,7 @@ def test_16bit_head_dim_128_forward_with_variants(gpu_path, dtype, name):
     if ON_GPU:
         chosen = cuda_dispatch.plan("attention", variants=True, head_dim=128, dtype=dtype,
                                     capability=torch.cuda.get_device_capability())
-        print(f"{name}: {chosen.kernel} ({chosen.reason})")
+        print(f"{name}: {chosen.kernel} ({chosen.why})")
     out = fattn.flash_attention(q, k, v, causal=causal, window_size=window, softcap=softcap,
                                 alibi_slopes=slopes, sinks=sink)
     bhsd = [t.transpose(1, 2) for t in (q, k, v)]
@@ -427,7 +428,7 @@ def test_hopper_backward_gradients(dtype, d, hq, hkv, causal, window, softcap):
     tiles training uses (S = 1024 > one tile of either kernel): each gradient's error
     against float64 within 2x torch SDPA's own in the same dtype, and the same bits twice."""
     assert cuda_dispatch.plan("attention_backward", head_dim=d, dtype=dtype,
-                              capability=(9, 0)).kernel == "cuda_cpp"
+                              capability=(9, 0)).kernel == "backward_tma"
     gen = torch.Generator(device="cuda").manual_seed(d * 100 + hq)
     b, s = 2, 1024
     q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=gen)

@@ -465,7 +465,7 @@ def bench_training(run: Run):
             dtype = DTYPES[dname]
             # which backward the dispatched operator runs (the C++ Hopper backward or Triton)
             op_backward = cuda_dispatch.plan("attention_backward", head_dim=d, dtype=dtype,
-                                             capability=capability).kernel
+                                             capability=capability).engine
             q, k, v, dout = (run.randn(b, h, s, d, dtype=dtype) for _ in range(4))
             for causal in (False, True):
                 pairs = b * (s * (s + 1) // 2 if causal else s * s)

@@ -125,33 +125,80 @@ def product_transposes(ttgir: str) -> int:
     return count
 
 
-def _compile_backward(kernel_name, dtype, constexprs, config, target, arch):
+def _forward_compiled(dtype, over, target, num_warps=4, num_stages=3):
+    """The forward kernel at BASE with `over`'s constexprs."""
+    signature, values = _signature(forward._forward_kernel, dtype, {**BASE, **over})
+    return triton.compile(ASTSource(forward._forward_kernel, signature, values), target=target,
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _backward_compiled(kernel_name, dtype, constexprs, config, target):
+    """The dK/dV ("dkdv") or dQ ("dq") kernel at a tile configuration."""
     fn = {"dkdv": backward._dkdv_kernel, "dq": backward._dq_kernel}[kernel_name]
     signature, values = _signature(fn, dtype, {**constexprs, "BLOCK_M": config.block_m,
                                                "BLOCK_N": config.block_n})
-    kernel = triton.compile(ASTSource(fn, signature, values), target=target,
-                            options=problem.launch_options(config))
-    return dict(tiles=f"{config.block_m}x{config.block_n}", num_warps=config.num_warps,
-                num_stages=config.num_stages, shared_bytes=kernel.metadata.shared,
-                product_transposes=product_transposes(kernel.asm["ttgir"]),
-                **_ptxas_report(kernel.asm["ptx"], arch))
+    return triton.compile(ASTSource(fn, signature, values), target=target,
+                          options=problem.launch_options(config))
 
 
-def _reduction_row(fn, kernel_name, combination, pointers, constexprs, target, arch):
-    """The row of a per-row reduction kernel (Δ, the split combine): pointers as given,
-    every other argument an int32; bfloat16 data."""
+def _reduction_compiled(name, target):
+    """A per-row reduction kernel of REDUCTIONS: pointers as given, every other argument an
+    int32."""
+    fn, pointers, constexprs = REDUCTIONS[name]()
     signature, values = {}, {}
-    for index, name in enumerate(fn.arg_names):
+    for index, arg in enumerate(fn.arg_names):
         if fn.params[index].is_constexpr:
-            signature[name] = "constexpr"
-            values[(index,)] = constexprs[name]
+            signature[arg] = "constexpr"
+            values[(index,)] = constexprs[arg]
         else:
-            signature[name] = pointers.get(name, "i32")
-    kernel = triton.compile(ASTSource(fn, signature, values), target=target)
-    return dict(kernel=kernel_name, combination=combination, dtype="bf16",
-                shared_bytes=kernel.metadata.shared,
+            signature[arg] = pointers.get(arg, "i32")
+    return triton.compile(ASTSource(fn, signature, values), target=target)
+
+
+def _report(kernel, arch) -> dict:
+    return dict(shared_bytes=kernel.metadata.shared,
                 product_transposes=product_transposes(kernel.asm["ttgir"]),
                 **_ptxas_report(kernel.asm["ptx"], arch))
+
+
+def _compile_backward(kernel_name, dtype, constexprs, config, target, arch):
+    kernel = _backward_compiled(kernel_name, dtype, constexprs, config, target)
+    return dict(tiles=f"{config.block_m}x{config.block_n}", num_warps=config.num_warps,
+                num_stages=config.num_stages, **_report(kernel, arch))
+
+
+def compile_named(name: str, arch: int = 90) -> list:
+    """The compiled kernels of one named combination, "<kernel>:<combination>": forward:NAME
+    (COMBINATIONS), backward:NAME (BACKWARD: its dK/dV and dQ kernels), delta:dlse and
+    combine:splits8 (REDUCTIONS). What a verification record's machine code is computed from
+    (fattn.dispatch.machine_code)."""
+    target = GPUTarget("cuda", arch, 32)
+    kind, _, combination = name.partition(":")
+    if kind == "forward":
+        for combo, dtype, over in COMBINATIONS:
+            if combo == combination:
+                return [_forward_compiled(dtype, over, target)]
+    elif kind == "backward":
+        for combo, dtype, over in BACKWARD:
+            if combo == combination:
+                constexprs = {**BACKWARD_BASE, **over}
+                tiles = zip(("dkdv", "dq"), problem.backward_tiles(constexprs["BLOCK_D"]))
+                return [_backward_compiled(kernel_name, dtype, constexprs, config, target)
+                        for kernel_name, config in tiles]
+    elif name in REDUCTIONS:
+        return [_reduction_compiled(name, target)]
+    raise ValueError(f"no compile combination named {name!r}")
+
+
+# The per-row reduction kernels: name -> (kernel, pointer types, constexprs), bfloat16 data
+REDUCTIONS = {
+    "delta:dlse": lambda: (backward._delta_kernel,
+                           {"O": "*bf16", "DO": "*bf16", "DLSE": "*fp32", "DELTA": "*fp32"},
+                           {"HAS_DLSE": True, "BLOCK_M": problem.DELTA_ROWS, "BLOCK_D": 128}),
+    "combine:splits8": lambda: (forward._combine_kernel,
+                                {"OP": "*fp32", "LSEP": "*fp32", "LSE": "*fp32", "O": "*bf16"},
+                                {"SPLITS": 8, "BLOCK_D": 128}),
+}
 
 
 def backward_sweep(arch: int = 90):
@@ -176,15 +223,9 @@ def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
     rows = []
     for name, dtype, over in COMBINATIONS:
         start = time.perf_counter()
-        signature, values = _signature(forward._forward_kernel, dtype, {**BASE, **over})
-        kernel = triton.compile(ASTSource(forward._forward_kernel, signature, values),
-                                target=target,
-                                options={"num_warps": num_warps, "num_stages": num_stages})
+        kernel = _forward_compiled(dtype, over, target, num_warps, num_stages)
         rows.append(dict(kernel="forward", combination=name, dtype=dtype,
-                         shared_bytes=kernel.metadata.shared,
-                         product_transposes=product_transposes(kernel.asm["ttgir"]),
-                         seconds=round(time.perf_counter() - start, 2),
-                         **_ptxas_report(kernel.asm["ptx"], arch)))
+                         seconds=round(time.perf_counter() - start, 2), **_report(kernel, arch)))
     for name, dtype, over in BACKWARD:
         constexprs = {**BACKWARD_BASE, **over}
         tiles = dict(zip(("dkdv", "dq"), problem.backward_tiles(constexprs["BLOCK_D"])))
@@ -192,13 +233,10 @@ def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
             rows.append(dict(kernel=kernel_name, combination=name, dtype=dtype,
                              **_compile_backward(kernel_name, dtype, constexprs, config,
                                                  target, arch)))
-    rows.append(_reduction_row(backward._delta_kernel, "delta", "dlse",
-                               {"O": "*bf16", "DO": "*bf16", "DLSE": "*fp32", "DELTA": "*fp32"},
-                               {"HAS_DLSE": True, "BLOCK_M": problem.DELTA_ROWS, "BLOCK_D": 128},
-                               target, arch))
-    rows.append(_reduction_row(forward._combine_kernel, "combine", "splits8",
-                               {"OP": "*fp32", "LSEP": "*fp32", "LSE": "*fp32", "O": "*bf16"},
-                               {"SPLITS": 8, "BLOCK_D": 128}, target, arch))
+    for name in REDUCTIONS:
+        kernel_name, combination = name.split(":")
+        rows.append(dict(kernel=kernel_name, combination=combination, dtype="bf16",
+                         **_report(_reduction_compiled(name, target), arch)))
     return rows
 
 

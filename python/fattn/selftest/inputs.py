@@ -1,0 +1,118 @@
+"""A case's tensors: seeded draws on the device in the case's dtype, dense, packed or as KV
+caches (contiguous, or paged in a shuffled order)."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .cases import Case
+from .environment import device
+
+
+@dataclasses.dataclass
+class Inputs:
+    """A case's tensors. Dense: q (B, Hq, Sq, D), k, v (B, Hkv, Sk, D) views of (B, S, H, D)
+    memory; varlen: (total, H, D) with cu_q, cu_k; kvcache: q (B, Hq, Sq, D) view, k/v
+    caches as the operator's views, the keys of each sequence before the append in keys /
+    values ((B, capacity, Hkv, D)), k_new, v_new (B, Hkv, S_new, D) views."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+    slopes: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    cu_q: torch.Tensor | None = None
+    cu_k: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    k_new: torch.Tensor | None = None
+    v_new: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None
+
+
+class Draw:
+    """Seeded N(0, 1) tensors on the device, rounded to the case's dtype."""
+
+    def __init__(self, seed: int):
+        self.g = torch.Generator(device=device()).manual_seed(seed)
+
+    def __call__(self, *shape, dtype=torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.g, device=device()).to(dtype)
+
+
+def _variant_tensors(case: Case, draw: Draw) -> dict:
+    hq = case.heads
+    slopes = 2.0 ** (-8.0 * torch.arange(1, hq + 1, device=device()) / hq) if case.alibi else None
+    return {"sinks": draw(hq) if case.sinks else None,
+            "slopes": None if slopes is None else slopes.float()}
+
+
+def dense_inputs(case: Case) -> Inputs:
+    draw = Draw(case.seed)
+    b, sq, sk, d = len(case.q_lens), case.q_lens[0], case.k_lens[0], case.head_dim
+    q = draw(b, sq, case.heads, d, dtype=case.dtype).transpose(1, 2)
+    k, v = (draw(b, sk, case.kv_heads, d, dtype=case.dtype).transpose(1, 2) for _ in range(2))
+    mask = draw(b, 1, sq, sk) > -0.5 if case.mask else None  # about 30 % of the pairs hidden
+    return Inputs(q, k, v, dout=draw(b, sq, case.heads, d, dtype=case.dtype).transpose(1, 2),
+                  mask=mask, **_variant_tensors(case, draw))
+
+
+def _offsets(lens) -> torch.Tensor:
+    return torch.tensor([0] + list(lens), device=device()).cumsum(0).to(torch.int32)
+
+
+def varlen_inputs(case: Case) -> Inputs:
+    draw = Draw(case.seed)
+    tq, tk, d = sum(case.q_lens), sum(case.k_lens), case.head_dim
+    return Inputs(draw(tq, case.heads, d, dtype=case.dtype),
+                  draw(tk, case.kv_heads, d, dtype=case.dtype),
+                  draw(tk, case.kv_heads, d, dtype=case.dtype),
+                  dout=draw(tq, case.heads, d, dtype=case.dtype),
+                  cu_q=_offsets(case.q_lens), cu_k=_offsets(case.k_lens),
+                  **_variant_tensors(case, draw))
+
+
+def _paged(logical: torch.Tensor, block_table: torch.Tensor, page: int) -> torch.Tensor:
+    """(B, capacity, Hkv, D) rows laid into (pages, page, Hkv, D) through block_table."""
+    b, capacity, hkv, d = logical.shape
+    pages = torch.empty(int(block_table.max()) + 1, page, hkv, d, dtype=logical.dtype,
+                        device=logical.device)
+    pages[block_table.flatten().long()] = logical.reshape(-1, page, hkv, d)
+    return pages
+
+
+def kvcache_inputs(case: Case) -> Inputs:
+    """Each sequence's cache rows past its length are noise the kernel must not read; pages
+    in a shuffled order."""
+    draw = Draw(case.seed)
+    b, sq, hkv, d = len(case.k_lens), case.q_lens[0], case.kv_heads, case.head_dim
+    unit = case.page or 16
+    capacity = -(-(max(case.k_lens) + case.new_keys) // unit) * unit
+    keys, values = (draw(b, capacity, hkv, d, dtype=case.dtype) for _ in range(2))
+    block_table = None
+    if case.page:
+        order = torch.randperm(b * capacity // case.page, generator=torch.Generator().manual_seed(
+            case.seed))
+        block_table = order.view(b, -1).to(torch.int32).to(device())
+    new = [draw(b, case.new_keys, hkv, d, dtype=case.dtype).transpose(1, 2)
+           for _ in range(2)] if case.new_keys else [None, None]
+    return Inputs(draw(b, sq, case.heads, d, dtype=case.dtype).transpose(1, 2), None, None,
+                  keys=keys, values=values, k_new=new[0], v_new=new[1],
+                  lengths=torch.tensor(case.k_lens, dtype=torch.int32, device=device()),
+                  block_table=block_table, **_variant_tensors(case, draw))
+
+
+def fresh_caches(case: Case, inp: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caches as the operator's (B, Hkv, S, D) or (pages, Hkv, page, D) views, new ones
+    per run: the kernel appends into them."""
+    if case.page:
+        return tuple(_paged(t, inp.block_table, case.page).transpose(1, 2)
+                     for t in (inp.keys, inp.values))
+    return tuple(t.clone().transpose(1, 2) for t in (inp.keys, inp.values))
+
+
+INPUTS = {"forward": dense_inputs, "backward": dense_inputs, "varlen": varlen_inputs,
+          "varlen_backward": varlen_inputs, "kvcache": kvcache_inputs}
