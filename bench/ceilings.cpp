@@ -1,4 +1,4 @@
-// fattn-bench — FMA peak and STREAM-triad bandwidth (see ceilings.hpp).
+// fattn-bench — FMA peak, STREAM-triad and read bandwidth (see ceilings.hpp).
 #include "ceilings.hpp"
 
 #include <omp.h>
@@ -13,6 +13,7 @@
 #include "amx_loops.hpp"
 #include "dot_loops.hpp"
 #include "fma_loops.hpp"
+#include "read_bandwidth.hpp"
 
 namespace fattn_bench {
 namespace {
@@ -141,6 +142,12 @@ Ceilings measure_ceilings(fattn::Isa isa, int threads, bool roofline) {
   c.bandwidth_with_write_allocate_gbs =
       static_cast<double>(n) * kTriadWithAllocateBytes / seconds / kGiga;
   c.triad_array_mib = static_cast<double>(kTriadArrayBytes) / kMebibyte;
+  const std::vector<CacheLevel> caches = detect_data_caches();
+  const ReadBandwidth read = measure_read_bandwidth(isa, threads, caches);
+  c.read_bandwidth_gbs = read.all_threads_gbs;
+  c.read_bandwidth_one_thread_gbs = read.one_thread_gbs;
+  c.read_bandwidth_buffer_mib = static_cast<double>(read.buffer_bytes) / kMebibyte;
+  c.read_bandwidth_isa = read.isa;
   // cpu_supports(amx) also asks Linux for the tile state the loop needs.
   if (amx_tile_loop.loop && fattn::cpu_supports(fattn::Isa::amx) &&
       (roofline || isa == fattn::Isa::amx))
@@ -151,7 +158,7 @@ Ceilings measure_ceilings(fattn::Isa isa, int threads, bool roofline) {
         peak_gflops(bf16_dot_loop.loop, bf16_dot_loop.bf16_flops_per_iteration, threads);
   if (roofline) {
     c.fma_peaks = all_isa_peaks(c, threads);
-    c.bandwidth_levels = measure_cache_bandwidth(isa, threads, detect_data_caches());
+    c.bandwidth_levels = measure_cache_bandwidth(isa, threads, caches);
   }
   LevelBandwidth dram;
   dram.level = "DRAM";

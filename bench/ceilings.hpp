@@ -8,6 +8,10 @@
 //               write a (STREAM's convention). The write-allocate read of a that the
 //               cache also performs is NOT counted; bandwidth_with_write_allocate_gbs
 //               (× 4/3) counts it.
+//   Read        DRAM read bandwidth: a read-only stream over a buffer far larger than
+//               the last level cache, with the kernels' vectors, on one thread and on
+//               all (read_bandwidth.hpp): the roof of the decode kernels, which read
+//               their KV cache and write almost nothing. Counted bytes: 4 per float.
 //   Roofline    the vector FMA peak of every ISA this CPU supports, and the triad
 //               bandwidth at L1, L2 and L3 (cache_bandwidth.hpp) besides DRAM.
 //   AMX peak    bfloat16 GFLOP/s of register-resident TDPBF16PS (amx_loops.cpp), where
@@ -36,6 +40,10 @@ struct Ceilings {
   double bandwidth_gbs = 0;                      // triad, 24 bytes per element
   double bandwidth_with_write_allocate_gbs = 0;  // triad, 32 bytes per element
   double triad_array_mib = 0;                    // size of each of the three arrays
+  double read_bandwidth_gbs = 0;                 // read-only stream, all threads
+  double read_bandwidth_one_thread_gbs = 0;      // read-only stream, one thread
+  double read_bandwidth_buffer_mib = 0;          // the buffer both read
+  std::string read_bandwidth_isa;                // the vectors it was read with
   // The roofline's ceilings: FMA peak per ISA (vector; "scalar" last), bandwidth per
   // level from L1 to DRAM (DRAM: the triad above).
   struct IsaPeak {

@@ -105,6 +105,7 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.kv_bytes = 2 * p.B * p.Hkv * p.Sk * p.D * fattn::element_size(c.dtype);
   constexpr double kGigaPerMilli = 1e-6;
   r.gbs = static_cast<double>(r.kv_bytes) / t.median_ms * kGigaPerMilli;
+  r.pct_read_bandwidth = 100.0 * r.gbs / ceilings.read_bandwidth_gbs;
   r.pct_bandwidth = 100.0 * r.gbs / ceilings.bandwidth_gbs;
   std::int64_t pairs = 0;  // bottom-right causal: query i sees Sk − Sq + i + 1 keys
   for (std::int64_t i = 0; i < p.Sq; ++i) pairs += std::clamp<std::int64_t>(p.Sk - p.Sq + i + 1, 0, p.Sk);
@@ -161,15 +162,18 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
 void print_decode_table(std::FILE* out, const Machine& m, const std::vector<DecodeResult>& results) {
   std::fprintf(out,
                "\nDecode sweep: %s, Hq=%lld, causal bottom-right, (B, S, H, D) cache, %d threads; "
-               "DRAM triad %.1f GB/s, FMA peak %.0f GFLOP/s, bf16 dot peak %.0f GFLOP/s (0: none; "
-               "same run)\n",
+               "DRAM read bandwidth %.1f GB/s (1 thread %.1f), triad %.1f GB/s, FMA peak %.0f "
+               "GFLOP/s, bf16 dot peak %.0f GFLOP/s (0: none; same run)\n",
                results.empty() ? "-" : fattn::to_string(results.front().dtype),
                results.empty() ? 0LL : static_cast<long long>(results.front().q_heads),
-               m.ceilings.threads, m.ceilings.bandwidth_gbs, m.ceilings.fma_peak_gflops,
-               m.ceilings.bf16_dot_peak_gflops);
+               m.ceilings.threads, m.ceilings.read_bandwidth_gbs,
+               m.ceilings.read_bandwidth_one_thread_gbs, m.ceilings.bandwidth_gbs,
+               m.ceilings.fma_peak_gflops, m.ceilings.bf16_dot_peak_gflops);
+  // % read: of the read bandwidth on all threads, decode's roof; % triad: of the triad.
   // % peak: of the peak of the instructions the kernel runs ("dot": VDPBF16PS).
-  print_table_header(out, {"B", "Hkv", "D", "Sq", "Sk", "K+V MiB", "decode ms", "GB/s", "% triad",
-                           "GFLOP/s", "% peak", "extra KiB", "fused ms", "fused/decode", "max err"});
+  print_table_header(out, {"B", "Hkv", "D", "Sq", "Sk", "K+V MiB", "decode ms", "GB/s", "% read",
+                           "% triad", "GFLOP/s", "% peak", "extra KiB", "fused ms", "fused/decode",
+                           "max err"});
   for (const DecodeResult& r : results) {
     if (r.impl != fattn::Impl::decode) continue;
     const DecodeResult* fused = nullptr;
@@ -182,12 +186,15 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
       std::snprintf(fused_ms, sizeof fused_ms, "%.3f", fused->ms_median);
       std::snprintf(ratio, sizeof ratio, "%.2fx", fused->ms_median / r.ms_median);
     }
-    std::fprintf(out, "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.0f | %.0f %%%s | %.0f | %s | %s | %.1e |\n",
+    std::fprintf(out,
+                 "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.0f %% | "
+                 "%.0f | %.0f %%%s | %.0f | %s | %s | %.1e |\n",
                  static_cast<long long>(r.batch), static_cast<long long>(r.kv_heads),
                  static_cast<long long>(r.head_dim), static_cast<long long>(r.q_len),
                  static_cast<long long>(r.kv_len), static_cast<double>(r.kv_bytes) / (1 << 20),
-                 r.ms_median, r.gbs, r.pct_bandwidth, r.gflops, r.pct_roof, roof_mark(r.roof),
-                 static_cast<double>(r.extra_bytes) / 1024, fused_ms, ratio, r.max_abs_err);
+                 r.ms_median, r.gbs, r.pct_read_bandwidth, r.pct_bandwidth, r.gflops, r.pct_roof,
+                 roof_mark(r.roof), static_cast<double>(r.extra_bytes) / 1024, fused_ms, ratio,
+                 r.max_abs_err);
   }
 }
 
@@ -202,6 +209,7 @@ void write_decode_json(const std::string& path, const Machine& m,
                              {"Sk", r.kv_len}, {"causal", "bottom_right"},
                              {"ms_median", r.ms_median}, {"ms_min", r.ms_min},
                              {"ms_max", r.ms_max}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
+                             {"pct_read_bandwidth", r.pct_read_bandwidth},
                              {"pct_bandwidth", r.pct_bandwidth}, {"flops", r.flops},
                              {"gflops", r.gflops}, {"pct_fma_peak", r.pct_fma_peak},
                              {"roof", r.roof}, {"pct_roof", r.pct_roof},

@@ -1,5 +1,6 @@
 // fattn-bench --decode — short queries against a KV cache: the decode kernel beside the
-// prefill (fused) kernel it replaces, against the DRAM triad and FMA peak of the same run.
+// prefill (fused) kernel it replaces, against the DRAM read bandwidth (decode's roof: it
+// reads the cache and writes almost nothing), the triad and the FMA peak of the same run.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +34,8 @@ struct DecodeResult {
   double ms_median = 0, ms_min = 0, ms_max = 0;
   std::int64_t kv_bytes = 0;  // K and V read once per call, in their dtype
   double gbs = 0;             // kv_bytes / median time
-  double pct_bandwidth = 0;   // against the DRAM triad of the same run
+  double pct_read_bandwidth = 0;  // against the read bandwidth (all threads) of the same run
+  double pct_bandwidth = 0;       // against the DRAM triad of the same run
   std::int64_t flops = 0;     // 4·D per (query row, key) pair
   double gflops = 0, pct_fma_peak = 0;
   std::string roof = "fma";  // the peak of the instructions it runs (roof_for, ceilings.hpp)

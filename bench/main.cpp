@@ -28,15 +28,18 @@ const char* kCeilingsHelp =
     "Ceilings, measured at start-up on all threads, best of 5: fp32 FMA peak = independent\n"
     "FMA chains in registers (vector for the ISA in use, and scalar); bandwidth = STREAM\n"
     "triad a = b + s*c over 3 x 256 MiB of double, counting 24 B/element (read b, c; write\n"
-    "a; the write-allocate read of a is not counted: JSON gives both); on CPUs with AMX,\n"
-    "the tile unit's bfloat16 peak (TDPBF16PS in registers) and the amx kernels' float32\n"
-    "roof, a sixth of it (six partial products per float32 product); on CPUs with\n"
+    "a; the write-allocate read of a is not counted: JSON gives both); read bandwidth = a\n"
+    "read-only stream (sums of floats in the kernels' vectors) over max(1 GiB, 8 x LLC), at\n"
+    "most half of MemAvailable, 4 B/float, on 1 thread and on all: decode's roof; on CPUs\n"
+    "with AMX, the tile unit's bfloat16 peak (TDPBF16PS in registers) and the amx kernels'\n"
+    "float32 roof, a sixth of it (six partial products per float32 product); on CPUs with\n"
     "AVX512-BF16, the bfloat16 dot-product peak (VDPBF16PS chains in registers), the roof of\n"
     "the fused and decode kernels on bfloat16 inputs.";
 
 const char* kJsonSchema =
     "--json FILE writes {\"machine\": {device, cpu, isa, threads, fma_peak_gflops,\n"
-    "bf16_dot_peak_gflops (0: none), bandwidth_gbs, date, ...}, \"results\": [{impl, dtype,\n"
+    "bf16_dot_peak_gflops (0: none), bandwidth_gbs, read_bandwidth_gbs,\n"
+    "read_bandwidth_one_thread_gbs, date, ...}, \"results\": [{impl, dtype,\n"
     "B, Hq, Hkv, Sq, Sk, D, causal, causal_alignment, ms_median, ms_min, ms_max, gflops,\n"
     "max_abs_err, err_rows, extra_bytes, ai_model, flops, model_bytes, pct_fma_peak, roof\n"
     "(fma|bf16_dot|amx), pct_roof, lse_written,\n"
@@ -44,7 +47,9 @@ const char* kJsonSchema =
     "{ms_median, flops, model_bytes, ai_model, gflops}), ...}], \"model\": [the AI model at\n"
     "S = 128..4096, fp32 and 16-bit, per stage]}; machine.roofline: FMA peak per ISA and\n"
     "triad bandwidth per cache level (not with --quick), amx {bf16_gflops,\n"
-    "fp32_split_gflops, partial_products} where measured. --csv FILE writes the results flat.";
+    "fp32_split_gflops, partial_products} where measured. --csv FILE writes the results flat.\n"
+    "--decode --json FILE writes {\"machine\": {the same}, \"decode\": [{impl, ..., gbs,\n"
+    "pct_read_bandwidth (of read_bandwidth_gbs), pct_bandwidth (of the triad), ...}]}.";
 
 // "both" is none + top_left; the other names are fattn's.
 std::vector<fattn::Causal> parse_causal(const std::vector<std::string>& names) {
@@ -192,7 +197,8 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "tiny sweep for CI smoke tests: S in {128, 256} unless --seq");
   app.add_flag("--decode", decode,
                "the decode sweep instead: short queries against a (B, S, Hkv, D) KV cache, "
-               "decode and fused kernels, causal bottom-right, GB/s against the triad");
+               "decode and fused kernels, causal bottom-right, GB/s against the read bandwidth "
+               "(all threads) and the triad");
   app.add_option("--decode-batch", decode_config.batches, "--decode: batch sizes")
       ->capture_default_str()->check(CLI::PositiveNumber)->delimiter(',');
   app.add_option("--decode-kv-heads", decode_config.kv_heads, "--decode: kv heads Hkv")

@@ -172,6 +172,11 @@ void print_machine(std::FILE* out, const Machine& m) {
                "                                     24 B/element: read b, c, write a; %.1f GB/s"
                " with write-allocate)\n",
                c.bandwidth_gbs, c.triad_array_mib, c.bandwidth_with_write_allocate_gbs);
+  std::fprintf(out,
+               "  read bandwidth  %8.1f GB/s     (read-only stream over %.0f MiB of float, %s loads,\n"
+               "                                     4 B/float; 1 thread %.1f GB/s: decode's roof)\n",
+               c.read_bandwidth_gbs, c.read_bandwidth_buffer_mib, c.read_bandwidth_isa.c_str(),
+               c.read_bandwidth_one_thread_gbs);
   std::fprintf(out, "  ridge point     %8.1f FLOP/byte\n", c.fma_peak_gflops / c.bandwidth_gbs);
   for (const Ceilings::IsaPeak& p : c.fma_peaks)
     std::fprintf(out, "  peak %-10s %8.1f GFLOP/s\n", p.isa.c_str(), p.gflops);
@@ -345,6 +350,11 @@ nlohmann::ordered_json machine_json(const Machine& m) {
       {"bandwidth_bytes_counted", "24 per element: read b, read c, write a (no write-allocate)"},
       {"bandwidth_with_write_allocate_gbs", c.bandwidth_with_write_allocate_gbs},
       {"triad_array_mib", c.triad_array_mib},
+      {"read_bandwidth_gbs", c.read_bandwidth_gbs},
+      {"read_bandwidth_one_thread_gbs", c.read_bandwidth_one_thread_gbs},
+      {"read_bandwidth_bytes_counted", "4 per float read (read-only stream, no writes)"},
+      {"read_bandwidth_buffer_mib", c.read_bandwidth_buffer_mib},
+      {"read_bandwidth_isa", c.read_bandwidth_isa},
       {"fattn_version", m.fattn_version},
       {"reps", m.reps},
       {"warmup", m.warmup},

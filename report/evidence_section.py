@@ -37,6 +37,21 @@ def contention(machine: dict, results: list[dict]) -> str:
             "`scripts/report.sh` on a quiet machine replaces them.")
 
 
+def read_roof(machine: dict) -> str:
+    """The read-only stream beside the triad: the roof of decode, which reads its KV cache
+    and writes almost nothing (fattn-bench --decode reports against it)."""
+    lead = ("DRAM read bandwidth (a read-only stream: the roof of decode, which reads its KV "
+            "cache and writes almost nothing; `fattn-bench --decode` reports against it): ")
+    read = roofline.read_bandwidth(machine)
+    if read is None:
+        return lead + ("not measured in this run (this fattn-bench.json predates "
+                       "`read_bandwidth_gbs`).")
+    return lead + (f"{num(read['all_threads_gbs'])} GB/s on all {machine['threads']} threads, "
+                   f"{num(read['one_thread_gbs'])} GB/s on one, summing floats in "
+                   f"{read['isa']} vectors over {size(read['buffer_mib'] * 2**20)}; the triad "
+                   f"beside it: {num(roofline.dram_bandwidth(machine))} GB/s.")
+
+
 def ceilings_tables(machine: dict) -> str:
     roof = machine["roofline"]
     in_use = roofline.peak(machine)
@@ -76,7 +91,7 @@ def ceilings_tables(machine: dict) -> str:
             f"{fma_isa} vectors, each level's working set half the cache the OS reports "
             "(sysfs; per thread for private caches); for DRAM the STREAM triad on doubles over "
             f"{size(roof['bandwidth_levels'][-1]['working_set_bytes'])}.\n\n"
-            f"{peaks}\n\n{levels}")
+            f"{peaks}\n\n{levels}\n\n{read_roof(machine)}")
 
 
 def dots_table(machine: dict, dots: list[roofline.Dot]) -> str:

@@ -62,6 +62,17 @@ def dram_bandwidth(machine: dict) -> float:
     return machine["bandwidth_gbs"]
 
 
+def read_bandwidth(machine: dict) -> dict | None:
+    """The DRAM read-only stream (decode's roof) on all threads and on one, with the
+    buffer it read; None in files written before fattn-bench measured it."""
+    if "read_bandwidth_gbs" not in machine:
+        return None
+    return {"all_threads_gbs": machine["read_bandwidth_gbs"],
+            "one_thread_gbs": machine["read_bandwidth_one_thread_gbs"],
+            "buffer_mib": machine["read_bandwidth_buffer_mib"],
+            "isa": machine["read_bandwidth_isa"]}
+
+
 def ridge(peak_gflops: float, bandwidth_gbs: float) -> float:
     """AI at which the bandwidth roof meets the compute roof."""
     return peak_gflops / bandwidth_gbs

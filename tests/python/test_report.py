@@ -88,6 +88,27 @@ def test_numbers_come_from_the_data(results_dir, tmp_path):
     assert "1000 GFLOP/s / 8.00 GB/s = **125 FLOP/byte**" in text
 
 
+def test_read_bandwidth_beside_the_triad(results_dir, tmp_path):
+    bench_path = results_dir / "fattn-bench.json"
+    bench = json.loads(bench_path.read_text())
+    machine = bench["machine"]
+    # A file from before fattn-bench measured the read-only stream: the report says so.
+    read_keys = ("read_bandwidth_gbs", "read_bandwidth_one_thread_gbs",
+                 "read_bandwidth_buffer_mib", "read_bandwidth_isa")
+    for key in read_keys:
+        machine.pop(key, None)
+    bench_path.write_text(json.dumps(bench))
+    text = document.write(sources.load(results_dir), tmp_path / "before").read_text()
+    assert "DRAM read bandwidth" in text and "not measured in this run" in text
+    machine.update(zip(read_keys, (41.3, 30.5, 1024.0, "avx512")))
+    machine["bandwidth_gbs"] = 36.0
+    bench_path.write_text(json.dumps(bench))
+    text = document.write(sources.load(results_dir), tmp_path / "after").read_text()
+    assert ("41.3 GB/s on all 2 threads, 30.5 GB/s on one, summing floats in avx512 vectors "
+            "over 1.0 GiB; the triad beside it: 36.0 GB/s") in text
+    assert "not measured in this run" not in text
+
+
 def test_amx_kernels_take_the_amx_roof(results_dir, tmp_path):
     bench_path = results_dir / "fattn-bench.json"
     bench = json.loads(bench_path.read_text())
