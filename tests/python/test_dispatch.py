@@ -180,3 +180,17 @@ def test_committed_defaults_are_this_checkouts():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     committed = json.loads((ROOT / status.SOURCE_DEFAULTS).read_text())["defaults"]
     assert committed and all(r["kernel"] in dispatch.kernels() for r in committed)
+
+
+@pytest.mark.skipif(not LIBRARIES or machine_code.cuobjdump() is None,
+                    reason="no CUDA library built in build/, or no cuobjdump")
+def test_machine_code_of_one_architecture():
+    """The operator reads only the cubins of its device's architecture: the same hashes as the
+    whole read, none for an architecture no C++ kernel has code for."""
+    hopper = machine_code.cpp_hashes(LIBRARIES, architectures=("sm_90",))
+    assert hopper and all(set(by_arch) == {"sm_90"} for by_arch in hopper.values())
+    assert {"fused_mma", "fused_tma", "decode", "backward_tma"} <= set(hopper)
+    assert machine_code.cpp_hashes(LIBRARIES, architectures=("sm_100",)) == {}
+    for record in records.committed():  # the seeded C++ records are today's sm_90 code
+        if dispatch.kernels()[record.kernel]["engine"] == "cuda_cpp":
+            assert hopper[record.kernel][record.architecture] == record.machine_code, record

@@ -44,15 +44,15 @@ def _cached(key: str, compute):
 
 
 @functools.cache
-def cpp_hashes() -> dict:
-    """{kernel: {architecture: hash}} of the C++ kernels in the loaded extension ({} without
-    the CUDA backend or a cuobjdump)."""
+def cpp_hashes(arch: str) -> dict:
+    """{kernel: {arch: hash}} of the C++ kernels in the loaded extension, for one architecture
+    (cuobjdump reads only the cubins it loads; {} without the CUDA backend or a cuobjdump)."""
     from .. import _C
     if not _C.with_cuda or not machine_code.cuobjdump():
         return {}
     library = Path(_C.__file__)
-    return _cached(f"cpp-{_file_digest([library])}",
-                   lambda: machine_code.cpp_hashes([library]))
+    return _cached(f"cpp-{_file_digest([library])}-{arch}",
+                   lambda: machine_code.cpp_hashes([library], architectures=(arch,)))
 
 
 def _triton_version() -> str | None:
@@ -93,5 +93,5 @@ def current_machine_code(kernel: str, arch: str) -> str | None:
     where it cannot be known: not built, no cuobjdump, no triton)."""
     engine = machine_code.load_table()["kernels"][kernel]["engine"]
     if engine == "cuda_cpp":
-        return cpp_hashes().get(kernel, {}).get(arch)
+        return cpp_hashes(arch).get(kernel, {}).get(arch)
     return triton_hash(kernel, arch)

@@ -136,10 +136,15 @@ def cpp_hashes(paths, table: dict | None = None,
     """{kernel: {architecture: hash}} for every C++ kernel of the table in these files (only
     these architectures where given)."""
     table = table or load_table()
-    wanted = lambda arch: not architectures or arch in architectures  # noqa: E731
+
+    def wanted(arch: str) -> bool:
+        return not architectures or arch in architectures
+
     cubins = tuple(sorted({code["cubin"] for spec in table["kernels"].values()
                            if spec["engine"] == "cuda_cpp"
                            for arch, code in spec["machine_code"].items() if wanted(arch)}))
+    if architectures and not cubins:
+        return {}  # no C++ kernel has machine code for these architectures
     functions = sass_functions(paths, cubins=cubins if architectures else ())
     out: dict[str, dict[str, str]] = {}
     for name, spec in table["kernels"].items():
