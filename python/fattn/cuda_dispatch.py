@@ -102,16 +102,20 @@ def forget_plans() -> None:
     _told_cpp.clear()
 
 
-_told_cpp: list[bool] = []  # whether the C++ library has this process's verified kernels
+_told_cpp: set[str] = set()  # the architectures whose verified kernels the C++ library has
 
 
-def _tell_cpp_what_is_verified() -> None:
+def _tell_cpp_what_is_verified(capability) -> None:
     """The C++ library's Impl::automatic chooses among its own kernels by the same records as
-    plan() (the user's own included), so that impl="auto" runs what the plan said."""
-    if not _told_cpp and cpp_available():
-        from . import _C
-        _C.set_cuda_verified_kernels(dispatch.verified_cpp_kernels())
-        _told_cpp.append(True)
+    plan() (the user's own included), so that impl="auto" runs what the plan said; told once
+    per architecture this process runs on."""
+    arch = dispatch.architecture_of(capability)
+    if arch in _told_cpp or not cpp_available():
+        return
+    from . import _C
+    _told_cpp.add(arch)
+    _C.set_cuda_verified_kernels(sorted(k for a in _told_cpp
+                                        for k in dispatch.verified_cpp_kernels(a)))
 
 
 def kvcache_planner(major, minor, dtype, head_dim, window_left, window_right, softcap, alibi,
@@ -128,7 +132,7 @@ def _plan_of(entry, impl, q, window_left, window_right, softcap, alibi_slopes, s
              attn_mask=None):
     """The plan of an operator's call on q's device, warning where its kernel is unverified."""
     if q.is_cuda:
-        _tell_cpp_what_is_verified()
+        _tell_cpp_what_is_verified(_capability(q))
     return plan(entry, impl, head_dim=q.size(-1), dtype=q.dtype, capability=_capability(q),
                 attn_mask=attn_mask is not None, window=(window_left, window_right),
                 softcap=softcap != 0.0, alibi=alibi_slopes is not None, sinks=sinks is not None,

@@ -194,3 +194,20 @@ def test_machine_code_of_one_architecture():
     for record in records.committed():  # the seeded C++ records are today's sm_90 code
         if dispatch.kernels()[record.kernel]["engine"] == "cuda_cpp":
             assert hopper[record.kernel][record.architecture] == record.machine_code, record
+
+
+def test_unreadable_machine_code_is_unverified_not_an_error(monkeypatch):
+    """A compile that fails (a GPU this Triton does not know) leaves the kernel unverified and
+    says so once; the call still plans."""
+    from fattn.dispatch import current
+
+    def broken(kernel, arch):
+        raise RuntimeError("no backend for sm_999")
+
+    monkeypatch.setattr(current, "triton_hash", broken)
+    current._unreadable.clear()
+    with pytest.warns(RuntimeWarning, match="could not be read, so it counts as unverified"):
+        assert current.current_machine_code("triton_forward", "sm_999") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert current.current_machine_code("triton_forward", "sm_999") is None

@@ -170,19 +170,14 @@ def plan(call: Call, impl: str = "auto", warn: bool = True) -> Plan:
     return chosen
 
 
-def verified_cpp_kernels() -> list[str]:
-    """The C++ kernels whose current machine code (in the loaded extension) a record, the
-    user's own included, verifies: "kernel@architecture", as the C++ library's Impl::automatic
-    takes them (fattn::set_cuda_verified_kernels)."""
+def verified_cpp_kernels(arch: str) -> list[str]:
+    """The C++ kernels whose current machine code for the architecture (in the loaded
+    extension) a record, the user's own included, verifies: "kernel@architecture", as the C++
+    library's Impl::automatic takes them (fattn::set_cuda_verified_kernels)."""
     known = records.all_records()
-    out = []
-    for name, spec in kernels().items():
-        if spec["engine"] != "cuda_cpp":
-            continue
-        for arch in spec["machine_code"]:
-            if records.find(known, name, arch, current_machine_code(name, arch)):
-                out.append(f"{name}@{arch}")
-    return out
+    return [f"{name}@{arch}" for name, spec in kernels().items()
+            if spec["engine"] == "cuda_cpp" and arch in spec["machine_code"]
+            and records.find(known, name, arch, current_machine_code(name, arch))]
 
 
 def default(call: Call) -> Plan:

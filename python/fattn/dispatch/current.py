@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from . import machine_code, records
@@ -88,10 +89,22 @@ def triton_hash(kernel: str, arch: str) -> str | None:
     return _cached(key, lambda: _triton_hash_here_or_apart(kernel, arch))
 
 
+_unreadable: set[tuple[str, str]] = set()
+
+
 def current_machine_code(kernel: str, arch: str) -> str | None:
     """The hash of the code this process would run for the kernel on the architecture (None
-    where it cannot be known: not built, no cuobjdump, no triton)."""
+    where it cannot be known: not built, no cuobjdump, no triton, or a compile for an
+    architecture this Triton does not know: unverified, said once, never an error of the
+    call)."""
     engine = machine_code.load_table()["kernels"][kernel]["engine"]
-    if engine == "cuda_cpp":
-        return cpp_hashes(arch).get(kernel, {}).get(arch)
-    return triton_hash(kernel, arch)
+    try:
+        if engine == "cuda_cpp":
+            return cpp_hashes(arch).get(kernel, {}).get(arch)
+        return triton_hash(kernel, arch)
+    except Exception as e:  # noqa: BLE001 - whatever failed, the kernel is unverified
+        if (kernel, arch) not in _unreadable:
+            _unreadable.add((kernel, arch))
+            warnings.warn(f"fattn: the machine code of {kernel} for {arch} could not be read, "
+                          f"so it counts as unverified: {e}", RuntimeWarning, stacklevel=2)
+        return None
