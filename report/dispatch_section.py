@@ -9,7 +9,9 @@ from fattn.dispatch import records, status
 
 
 def section() -> str:
-    rows = json.loads(status.DEFAULTS.read_text())["defaults"]
+    # this checkout's file (the report runs from its root), not the installed package's copy
+    defaults = status.SOURCE_DEFAULTS if status.SOURCE_DEFAULTS.exists() else status.DEFAULTS
+    rows = json.loads(defaults.read_text())["defaults"]
     verified = [r for r in rows if r["verified"]]
     known = records.committed()
     runs = sorted({(r.date, r.device, r.revision) for r in known})

@@ -77,13 +77,18 @@ TEST(DispatchTable, GeneratedHeaderHasTheJsonsRowsAndKernels) {
   }
   EXPECT_EQ(rows, occurrences(json, "\"candidates\""));
   EXPECT_EQ(static_cast<int>(std::size(dispatch::kKernels)), occurrences(json, "\"engine\""));
+  int never_ran = 0;
   for (const dispatch::KernelRow& k : dispatch::kKernels) {
     EXPECT_THAT(json, HasSubstr("\"" + std::string(k.name) + "\": {")) << k.name;
+    never_ran += !k.ran_on_gpu;
     const char* engine = k.engine == dispatch::Engine::cuda_cpp ? "cuda_cpp" : "triton";
     EXPECT_THAT(json, HasSubstr("\"engine\": \"" + std::string(engine) + "\", \"impl\": \"" +
                                 std::string(k.impl) + "\""))
         << k.name;
   }
+  EXPECT_EQ(never_ran, occurrences(json, "\"gpu_run\": null"));
+  EXPECT_FALSE(dispatch::kernel_named("backward_tma")->ran_on_gpu);
+  EXPECT_TRUE(dispatch::kernel_named("fused_tma")->ran_on_gpu);
 }
 
 TEST(DispatchTable, RowsReadAsWritten) {

@@ -38,6 +38,7 @@ struct KernelRow {
   std::string_view name;
   Engine engine;
   std::string_view impl;  // the operator's impl name that reaches it
+  bool ran_on_gpu;        // a GPU ran an earlier version of its code (table.json's gpu_run)
 };
 
 struct Row {

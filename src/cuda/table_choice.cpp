@@ -43,8 +43,11 @@ Kernel automatic_kernel_for(const CudaCall& call) {
   std::string chosen = first_candidate(call, false, takes, [&](const std::string& name) {
     return verified(name, architecture);
   });
-  if (chosen.empty()) {
-    chosen = first_candidate(call, false, takes);
+  if (chosen.empty()) {  // none verified: one a GPU has run, else the first that takes it
+    chosen = first_candidate(call, false, takes, [](const std::string& name) {
+      return dispatch::kernel_named(name)->ran_on_gpu;
+    });
+    if (chosen.empty()) chosen = first_candidate(call, false, takes);
     if (chosen.empty()) return kernel_for(Impl::automatic, call.dtype, call.allow_tf32);
     unverified_default(chosen, architecture, call.entry);
   }

@@ -30,9 +30,10 @@ std::string first_candidate(const CudaCall& call, bool triton_runs,
 // The forward family Impl::automatic runs for `call` on a device of compute capability
 // (call.major, call.minor): the first C++ candidate of its row that takes it (refusal.hpp;
 // the C++ library has no Triton) and that a GPU run verified on that architecture
-// (verified.hpp); where none is verified, the first that takes it (with verified.hpp's
-// warning, or its Error under FATTN_REQUIRE_VERIFIED); else kernel_for(Impl::automatic, ...),
-// whose plan then says why it does not take the call.
+// (verified.hpp); where none is verified, the first that takes it and that a GPU has run at
+// all (table.json's gpu_run), else the first that takes it (with verified.hpp's warning, or
+// its Error under FATTN_REQUIRE_VERIFIED); else kernel_for(Impl::automatic, ...), whose plan
+// then says why it does not take the call.
 Kernel automatic_kernel_for(const CudaCall& call);
 
 // fattn::cuda_kvcache_kernel (fattn/cuda_refusal.hpp) on the current device: first_candidate

@@ -99,10 +99,10 @@ def test_the_table_on_hopper(built, monkeypatch, no_machine_code):
     for other in (dict(head_dim=64), dict(dtype=torch.float32), dict(capability=(8, 0)),
                   dict(capability=(10, 0)), dict(capability=None)):
         assert cuda_dispatch.plan("attention", **dict(hopper, **other)).engine == "triton", other
-    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == (
-        "fused_tma_variants" if built else "triton_forward")
-    assert cuda_dispatch.plan("attention", softcap=True, alibi=True, **hopper).kernel == (
-        "fused_tma_variants" if built else "triton_forward")
+    # the variants' instantiation no GPU ever ran: Triton, which a GPU has run, until verified
+    assert cuda_dispatch.plan("attention", variants=True, **hopper).kernel == "triton_forward"
+    assert cuda_dispatch.plan("attention", softcap=True, alibi=True,
+                              **hopper).kernel == "triton_forward"
     assert cuda_dispatch.plan("attention", attn_mask=True, **hopper).kernel == "triton_forward"
     assert cuda_dispatch.plan("attention", variants=True, attn_mask=True,
                               **hopper).kernel == "triton_forward"
@@ -110,13 +110,30 @@ def test_the_table_on_hopper(built, monkeypatch, no_machine_code):
     chosen = cuda_dispatch.plan("attention", **hopper)
     assert not chosen.verified and chosen.evidence is None
     assert "no GPU run verified it" in chosen.why and "H200 2026-11-28" in chosen.why
+    cuda_dispatch.forget_plans()
+    verify(monkeypatch, "fused_tma_variants")
+    assert cuda_dispatch.plan("attention", softcap=True, alibi=True, **hopper).kernel == (
+        "fused_tma_variants" if built else "triton_forward")
+
+
+def verify(monkeypatch, *kernels):
+    """These kernels verified on every architecture (their machine code "sha256:x")."""
+    monkeypatch.setattr(dispatch, "current_machine_code", lambda kernel, arch: "sha256:x")
+    monkeypatch.setattr(dispatch.records, "all_records", lambda: [
+        dispatch.records.Record(k, f"sm_{major}{minor}", "sha256:x", "a test", "evidence")
+        for k in kernels for major, minor in ((8, 0), (9, 0), (12, 0))])
 
 
 @pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
 def test_the_kvcache_table(built, monkeypatch, no_machine_code):
-    """A 16-bit KV-cache call runs the C++ decode kernel where the backend takes it (any
-    capability), else Triton; float32 and impl="triton" run Triton."""
+    """A 16-bit KV-cache call runs the C++ decode kernel where the backend takes it and a GPU
+    run verified it (any capability); unverified, the Triton kernel, which a GPU has run
+    (no GPU has run the decode kernel); float32 and impl="triton" run Triton."""
     simulate_cpp_build(monkeypatch, built)
+    assert cuda_dispatch.plan("attention_kvcache", head_dim=128, dtype=torch.bfloat16,
+                              capability=(9, 0)).kernel == "triton_kvcache"
+    cuda_dispatch.forget_plans()
+    verify(monkeypatch, "decode")
     decode = "decode" if built else "triton_kvcache"
     for capability in ((8, 0), (9, 0), (12, 0)):
         for dtype in (torch.float16, torch.bfloat16):
@@ -132,9 +149,15 @@ def test_the_kvcache_table(built, monkeypatch, no_machine_code):
 @pytest.mark.parametrize("built", [True, False], ids=["cpp_cuda_built", "triton_only"])
 def test_the_backward_table(built, monkeypatch, no_machine_code):
     """A 16-bit backward on compute capability 9.0 runs the C++ Hopper backward where it takes
-    the call; an attn_mask, float32, other GPUs and impl="triton" run Triton."""
+    the call and a GPU run verified it; unverified, the Triton backward, which a GPU has run
+    (no GPU has run the Hopper backward); an attn_mask, float32, other GPUs and
+    impl="triton" run Triton."""
     simulate_cpp_build(monkeypatch, built)
     hopper = dict(capability=(9, 0), head_dim=128, dtype=torch.bfloat16)
+    chosen = cuda_dispatch.plan("attention_backward", **hopper)
+    assert (chosen.kernel, chosen.verified) == ("triton_backward", False)
+    cuda_dispatch.forget_plans()
+    verify(monkeypatch, "backward_tma")
     cpp = "backward_tma" if built else "triton_backward"
     for d in (16, 64, 80, 96, 128):
         for dtype in (torch.float16, torch.bfloat16):
@@ -423,10 +446,12 @@ HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
     (128, 4, 2, True, (-1, -1), 2.0)],
     ids=["d64", "d128", "d128_gqa_causal", "d96_gqa", "d128_window", "d64_mqa_causal",
          "d128_softcap"])
-def test_hopper_backward_gradients(dtype, d, hq, hkv, causal, window, softcap):
+def test_hopper_backward_gradients(dtype, d, hq, hkv, causal, window, softcap, monkeypatch):
     """autograd through fattn.flash_attention on the C++ Hopper backward at the shape and
     tiles training uses (S = 1024 > one tile of either kernel): each gradient's error
-    against float64 within 2x torch SDPA's own in the same dtype, and the same bits twice."""
+    against float64 within 2x torch SDPA's own in the same dtype, and the same bits twice.
+    The dispatch runs it as a verified kernel would (it is the one under test here)."""
+    verify(monkeypatch, "backward_tma")
     assert cuda_dispatch.plan("attention_backward", head_dim=d, dtype=dtype,
                               capability=(9, 0)).kernel == "backward_tma"
     gen = torch.Generator(device="cuda").manual_seed(d * 100 + hq)

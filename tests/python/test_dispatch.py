@@ -211,3 +211,18 @@ def test_unreadable_machine_code_is_unverified_not_an_error(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert current.current_machine_code("triton_forward", "sm_999") is None
+
+
+def test_unverified_prefers_a_kernel_a_gpu_has_run(monkeypatch):
+    """With nothing verified, a kernel no GPU ever ran (table.json's gpu_run null) is the
+    default only where no other candidate takes the call."""
+    fake_world(monkeypatch, {}, [])
+    assert [k for k, spec in dispatch.kernels().items() if spec["gpu_run"] is None] == [
+        "fused_tma_variants", "decode", "backward_tma"]
+    assert dispatch.plan(hopper_call(entry="backward"), warn=False).kernel == "triton_backward"
+    assert dispatch.plan(hopper_call(entry="kvcache", architecture="sm_80"),
+                         warn=False).kernel == "triton_kvcache"
+    assert dispatch.plan(hopper_call(), warn=False).kernel == "fused_tma"  # it ran on the H200
+    monkeypatch.setattr(dispatch.engines, "triton_refusal", lambda call: "no triton here")
+    chosen = dispatch.plan(hopper_call(entry="backward"), warn=False)
+    assert chosen.kernel == "backward_tma" and "no GPU has ever run it" in chosen.why

@@ -115,6 +115,23 @@ def _candidate(kernel: str, call: Call, known: list[records.Record]) -> Candidat
     return Candidate(kernel, "", code, records.find(known, kernel, call.architecture, code))
 
 
+def ran_on_a_gpu(kernel: str) -> bool:
+    """Whether a GPU ever ran the kernel (an earlier version of its code: table.json's
+    gpu_run), where none verified its current code."""
+    return kernels()[kernel]["gpu_run"] is not None
+
+
+def preferred(names: list[str], verified) -> str:
+    """The default among the candidates that take a call, in the table's order: the first
+    verified one, else the first a GPU has run at all, else the first (a kernel no GPU ever
+    ran only where nothing else takes the call)."""
+    for admits in (verified, ran_on_a_gpu):
+        for kernel in names:
+            if admits(kernel):
+                return kernel
+    return names[0]
+
+
 def _chosen(call: Call, names: list[str], why: str) -> Plan:
     known = records.all_records()
     candidates = tuple(_candidate(k, call, known) for k in names)
@@ -122,13 +139,15 @@ def _chosen(call: Call, names: list[str], why: str) -> Plan:
     if not taking:
         refused = "; ".join(f"{c.kernel}: {c.refusal}" for c in candidates)
         raise NotImplementedError(f"fattn: no GPU kernel takes this {call.entry} call ({refused})")
-    verified = [c for c in taking if c.record]
-    best = verified[0] if verified else taking[0]
+    by_name = {c.kernel: c for c in taking}
+    best = by_name[preferred(list(by_name), lambda kernel: by_name[kernel].record is not None)]
     engine = kernels()[best.kernel]["engine"]
     evidence = best.record.evidence if best.record else None
     status = (f"verified on {call.architecture} by {best.record.suite} ({best.record.evidence})"
               if best.record else
-              "no GPU run verified it on this architecture" if call.architecture else
+              "no GPU run verified it on this architecture"
+              + ("" if ran_on_a_gpu(best.kernel) else ", and no GPU has ever run it")
+              if call.architecture else
               "no GPU architecture given")
     return Plan(best.kernel, engine, bool(best.record), evidence,
                 f"{best.kernel}: {status}; the table's order: {why}", candidates)

@@ -103,10 +103,10 @@ def sass_functions(paths, tool: str | None = None,
     jobs = [(path, arch) for path in paths for arch in (cubins or (None,))]
     for path, arch in jobs:
         command = [tool, "-sass", *(["-arch", arch] if arch else []), str(path)]
-        run = subprocess.run(command, capture_output=True, text=True)
-        if run.returncode != 0 and "does not contain device code" not in run.stderr:
-            raise RuntimeError(f"{tool} -sass {path} failed: {run.stderr.strip()}")
-        out.update(parse_sass(run.stdout))
+        listing = subprocess.run(command, capture_output=True, text=True)
+        if listing.returncode != 0 and "does not contain device code" not in listing.stderr:
+            raise RuntimeError(f"{tool} -sass {path} failed: {listing.stderr.strip()}")
+        out.update(parse_sass(listing.stdout))
     return out
 
 

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import kernels, records, _TABLE
+from . import kernels, preferred, records, _TABLE
 from .current import triton_hash
 from .machine_code import cpp_hashes
 
@@ -48,20 +48,19 @@ def machine_code_of(kernel: str, arch: str, cpp: dict) -> str | None:
 
 
 def defaults(cpp: dict, known: list[records.Record]) -> list[dict]:
-    """Per entry, row and architecture: the first candidate whose current machine code has a
-    record (else the first candidate, unverified)."""
+    """Per entry, row and architecture: the default as plan() takes it among the row's
+    candidates (dispatch.preferred: the first verified, else the first a GPU has run)."""
     out = []
     for entry, rows in _TABLE["entries"].items():
         for index, row in enumerate(rows):
             for arch in ARCHITECTURES:
                 if row["architectures"] != "*" and arch not in row["architectures"]:
                     continue
-                chosen, record = row["candidates"][0], None
-                for kernel in row["candidates"]:
-                    found = records.find(known, kernel, arch, machine_code_of(kernel, arch, cpp))
-                    if found:
-                        chosen, record = kernel, found
-                        break
+                found = {kernel: records.find(known, kernel, arch,
+                                              machine_code_of(kernel, arch, cpp))
+                         for kernel in row["candidates"]}
+                chosen = preferred(row["candidates"], lambda kernel: found[kernel] is not None)
+                record = found[chosen]
                 out.append(dict(entry=entry, row=index, architecture=arch, call=describe(row),
                                 kernel=chosen, verified=record is not None,
                                 evidence=record.evidence if record else None))
