@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test: the C++ suite (Release, CUDA code compiled where nvcc exists), the same
-# suite under ASan+UBSan, a consumer project built against the installed CMake
+# Every test: the C++ suite (Release, CUDA code compiled where nvcc exists), the ggml
+# backend's tests and ggml's test-backend-ops against it, the same suite under ASan+UBSan, a consumer project built against the installed CMake
 # package, the PyTorch package's pytest suite (scripts/test_python.sh), README's PyTorch
 # install line in a fresh clone and virtual environment (scripts/check_install.sh), and
 # REPORT.md regenerated from the committed results (scripts/report.sh --from results/report).
@@ -42,6 +42,28 @@ phase "build and test (Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFATTN_CUDA_PTXAS_VERBOSE=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+
+phase "ggml backend (ggml-fattn): its tests and ggml's test-backend-ops on FLASH_ATTN_EXT"
+# The pinned llama.cpp source from the package registry (cached after the first run) and
+# its ggml shared libraries (scripts/llama-deps.sh); the backend built against them, then
+# ggml's own test of the op against its CPU kernel with the backend loaded as llama.cpp
+# loads it (ggml-fattn/tests/backend_ops_check.py: 0 failures, every case fattn is meant
+# to take on fattn). Without a registry or a cache: said, and skipped.
+set +e
+llama_deps=$(scripts/llama-deps.sh ggml)
+llama_status=$?
+set -e
+if [ "$llama_status" = 3 ]; then
+  echo "llama.cpp's source is unavailable (no package registry, no cache): ggml-fattn is not tested" >&2
+elif [ "$llama_status" != 0 ]; then
+  exit "$llama_status"
+else
+  eval "$llama_deps"  # LLAMA_SOURCE, GGML_LIB_DIR
+  cmake -S . -B build-ggml -DCMAKE_BUILD_TYPE=Release -DFATTN_CUDA=OFF -DFATTN_BUILD_BENCH=OFF \
+    -DFATTN_GGML_SOURCE="$LLAMA_SOURCE" -DFATTN_GGML_LIB_DIR="$GGML_LIB_DIR" >/dev/null
+  cmake --build build-ggml -j"$jobs" --target ggml-fattn ggml_fattn_test ggml_test_backend_ops
+  ctest --test-dir build-ggml -L ggml --output-on-failure
+fi
 
 phase "find_package(fattn) consumer"
 rm -rf build/install build/consumer

@@ -449,6 +449,120 @@ TEST(VariantSemantics, FullyMaskedRows) {
     }
 }
 
+// ---- ggml's FLASH_ATTN_EXT forms -------------------------------------------------------
+// A float16 additive mask whatever q's dtype, scaled per head (attn_mask_scale: ggml's
+// ALiBi), and a 16-bit problem's float32 out: what the llama.cpp backend passes through.
+
+// A float16 mask (values exact in float16, some −inf, one row hidden whole) scaled per head
+// by powers of two gives the bits of the float32 mask the test scales itself.
+TEST(GgmlForms, Float16MaskScaledPerHead) {
+  const std::int64_t B = 1, H = 4, Sq = 45, Sk = 300, D = 64;
+  const Small p(B, H, Sq, Sk, D);
+  Rng rng;
+  std::vector<std::uint16_t> mask16(static_cast<std::size_t>(Sq * Sk));
+  std::vector<float> mask_values(mask16.size());
+  for (std::size_t e = 0; e < mask16.size(); ++e) {
+    const std::int64_t row = static_cast<std::int64_t>(e) / Sk;
+    const float x = row == 7 || rng.uniform(0.0, 1.0) < 0.2 ? -kInf : static_cast<float>(rng.normal());
+    mask16[e] = bits16_of(fattn::DType::float16, x);
+    mask_values[e] = value16_of(fattn::DType::float16, mask16[e]);
+  }
+  const std::vector<float> scales = {1.0f, 0.5f, 0.25f, 2.0f};
+  std::vector<float> scaled(static_cast<std::size_t>(H * Sq * Sk));
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t e = 0; e < Sq * Sk; ++e)
+      scaled[static_cast<std::size_t>(h * Sq * Sk + e)] =
+          mask_values[static_cast<std::size_t>(e)] * scales[static_cast<std::size_t>(h)];
+  TensorView half{mask16.data(), 4, {1, 1, Sq, Sk}, {0, 0, Sk, 1}, fattn::DType::float16};
+  TensorView scale_view{const_cast<float*>(scales.data()), 1, {H, 0, 0, 0}, {1, 0, 0, 0}};
+  TensorView full{scaled.data(), 4, {1, H, Sq, Sk}, {0, Sq * Sk, Sk, 1}};
+  Options with_scale, prescaled;
+  with_scale.attn_mask = &half;
+  with_scale.attn_mask_scale = &scale_view;
+  prescaled.attn_mask = &full;
+  const Result ref = p.run(prescaled, Impl::reference);
+  for (Impl impl : {Impl::reference, Impl::fused, Impl::naive, Impl::decode}) {
+    const Result got = p.run(with_scale, impl), same = p.run(prescaled, impl);
+    EXPECT_TRUE(outputs_near(got.out, ref.out)) << fattn::to_string(impl);
+    EXPECT_TRUE(lse_near(got.lse, ref.lse)) << fattn::to_string(impl);
+    EXPECT_EQ(std::memcmp(got.out.storage().data(), same.out.storage().data(),
+                          got.out.storage().size() * sizeof(float)), 0)
+        << fattn::to_string(impl) << ": the scaled float16 mask and the float32 mask differ";
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t d = 0; d < D; ++d) EXPECT_EQ(got.out.at(0, h, 7, d), 0.0f);
+  }
+}
+
+// A 16-bit forward with a float32 out writes the float32 values its 16-bit out rounds:
+// the 16-bit out is the float32 out rounded, bit for bit, on every kernel.
+TEST(GgmlForms, Float32OutOf16BitInputs) {
+  const std::int64_t B = 1, H = 8, Hkv = 2, Sq = 3, Sk = 517, D = 128;
+  for (DType dtype : {DType::bfloat16, DType::float16})
+    for (Impl impl : {Impl::reference, Impl::fused, Impl::naive, Impl::decode}) {
+      Rng rng;
+      Tensor q = make_input(Layout::bshd, B, H, Sq, D, rng), k = make_input(Layout::bshd, B, Hkv, Sk, D, rng),
+             v = make_input(Layout::bshd, B, Hkv, Sk, D, rng);
+      const Tensor16 q16 = to_16bit(q, dtype), k16 = to_16bit(k, dtype), v16 = to_16bit(v, dtype);
+      Tensor out32 = make_output(Layout::bshd, B, H, Sq, D), ref = make_output(Layout::bshd, B, H, Sq, D);
+      Tensor16 out16 = output_like(out32, dtype);
+      Options o;
+      o.impl = impl;
+      o.causal = fattn::Causal::bottom_right;
+      fattn::attention_forward(q16.view, k16.view, v16.view, out32.view(), nullptr, o);
+      fattn::attention_forward(q16.view, k16.view, v16.view, out16.view, nullptr, o);
+      Options r = o;
+      r.impl = Impl::reference;
+      fattn::attention_forward(q.view(), k.view(), v.view(), ref.view(), nullptr, r);
+      std::optional<Tensor> p_rounding;  // where the kernel rounds P to bfloat16 (Variant16Test)
+      if (rounds_p(q16.view, k16.view, v16.view, o)) {
+        const Tensor abs_v = abs_of(v);
+        Tensor out_abs = make_output(Layout::bshd, B, H, Sq, D);
+        fattn::attention_forward(q.view(), k.view(), abs_v.view(), out_abs.view(), nullptr, r);
+        p_rounding = p_rounding_bound(out_abs);
+      }
+      EXPECT_TRUE(near_16bit(out16, ref, dtype, 0.5, p_rounding ? &*p_rounding : nullptr))
+          << fattn::to_string(dtype) << " " << fattn::to_string(impl);
+      EXPECT_TRUE(outside_view_untouched(out32));
+      std::int64_t differ = 0;
+      out32.for_each([&](auto b, auto h, auto i, auto d) {
+        const float* base = out32.storage().data();
+        const auto at = static_cast<std::size_t>(&out32.at(b, h, i, d) - base);
+        differ += out16.storage[at] != bits16_of(dtype, out32.at(b, h, i, d));
+      });
+      EXPECT_EQ(differ, 0) << fattn::to_string(dtype) << " " << fattn::to_string(impl);
+    }
+}
+
+TEST(GgmlForms, Validation) {
+  const std::int64_t B = 1, H = 2, Sq = 3, Sk = 5, D = 16;
+  Rng rng;
+  Tensor q = make_input(Layout::bhsd, B, H, Sq, D, rng), k = make_input(Layout::bhsd, B, H, Sk, D, rng),
+         v = make_input(Layout::bhsd, B, H, Sk, D, rng);
+  Tensor out = make_output(Layout::bhsd, B, H, Sq, D);
+  std::vector<float> scales = {1.0f, 0.0f}, mask(static_cast<std::size_t>(Sq * Sk), 0.0f);
+  TensorView additive{mask.data(), 4, {1, 1, Sq, Sk}, {0, 0, Sk, 1}};
+  TensorView scale_view{scales.data(), 1, {H, 0, 0, 0}, {1, 0, 0, 0}};
+  auto forward = [&](const Options& o) {
+    return [&, o] { fattn::attention_forward(q.view(), k.view(), v.view(), out.view(), nullptr, o); };
+  };
+  Options o;
+  o.attn_mask_scale = &scale_view;
+  expect_error(forward(o), "attn_mask_scale scales an additive attn_mask; got no attn_mask");
+  o.attn_mask = &additive;
+  expect_error(forward(o), "attn_mask_scale[1] must be finite and > 0, got 0");
+  scales[1] = 1.0f;
+  scale_view.sizes = {H + 1, 0, 0, 0};
+  expect_error(forward(o), "attn_mask_scale.size(0) (query heads) must equal q.size(1) = 2, got 3");
+  // A float32 out takes 16-bit inputs only; a float16 out of float32 inputs is an error.
+  const Tensor16 out16 = output_like(out, DType::float16);
+  expect_error([&] { fattn::attention_forward(q.view(), k.view(), v.view(), out16.view, nullptr, {}); },
+               "out must have q's dtype float32, got float16");
+  const Tensor16 q16 = to_16bit(q, DType::bfloat16), k16 = to_16bit(k, DType::bfloat16),
+                 v16 = to_16bit(v, DType::bfloat16);
+  expect_error([&] { fattn::attention_forward(q16.view, k16.view, v16.view, out16.view, nullptr, {}); },
+               "out must have q's dtype bfloat16 (or float32 on the CPU), got float16");
+}
+
 // ---- validation -----------------------------------------------------------------------
 
 
@@ -484,9 +598,8 @@ TEST(VariantValidation, NamesTheArgument) {
   expect_error(forward(o), "attn_mask.size(1) (query heads) must be 1 (broadcast) or q.size(1) = 4, got 3");
   mask.sizes = {B, H, Sq, Sk};
   mask.dtype = fattn::DType::float16;
-  expect_error(forward(o), "attn_mask must have dtype bool or q's dtype float32, got float16");
   mask.dtype = fattn::DType::int32;
-  expect_error(forward(o), "attn_mask must have dtype bool or q's dtype float32, got int32");
+  expect_error(forward(o), "attn_mask must have dtype bool, float32, float16 or bfloat16, got int32");
   mask.dtype = fattn::DType::float32;
   mask.rank = 2;
   expect_error(forward(o), "attn_mask must have rank 4, got 2");

@@ -131,26 +131,34 @@ struct Options {
   //   softcap:      s ← softcap · tanh(s / softcap)            (Gemma 2); 0: off
   //   alibi_slopes: s ← s − slope[b][h] · |i + Sk − Sq − j|     (FlashAttention's ALiBi)
   //   attn_mask:    boolean: the pair takes part where true; additive: s ← s + mask
+  //                 (s ← s + attn_mask_scale[h] · mask where a scale is given: ggml's ALiBi)
   //   window, causal: keys outside [i + offset − window_left, i + offset + window_right]
   //                 take no part (−1: unbounded on that side); offset is the causal
   //                 alignment's (0 for top_left, Sk − Sq otherwise: bottom-right)
   //   sinks:        one logit per query head joins every row's softmax denominator
   //                 (gpt-oss): out = Σ_j e^(s_j) v_j / (e^sink + Σ_j e^(s_j))
   // A row with no visible key gives out 0 and lse −inf (with sinks: lse = sink).
-  // attn_mask: torch SDPA's rule: boolean (true: takes part) or q's dtype, sizes
-  // (B or 1, Hq or 1, Sq or 1, Sk or 1), read through its strides; a size-1 dimension is
-  // broadcast. alibi_slopes: float32 (Hq) or (B, Hq). sinks: float32 (Hq).
+  // attn_mask: boolean (true: takes part) or additive in float32, float16 or bfloat16
+  // whatever q's dtype (float64 too for float64 problems; torch SDPA's rule, bool or q's
+  // dtype, is a special case), sizes (B or 1, Hq or 1, Sq or 1, Sk or 1), read through its
+  // strides; a size-1 dimension is broadcast. alibi_slopes: float32 (Hq) or (B, Hq).
+  // sinks: float32 (Hq). attn_mask_scale: float32 (Hq), every value finite and > 0, with
+  // an additive attn_mask only: head h adds attn_mask_scale[h] · mask (ggml's
+  // FLASH_ATTN_EXT ALiBi: the mask holds −|distance|, the per-head slope scales it;
+  // a −inf element stays −inf).
   const TensorView* attn_mask = nullptr;
   std::int64_t window_left = -1, window_right = -1;
   double softcap = 0.0;
   const TensorView* alibi_slopes = nullptr;
   const TensorView* sinks = nullptr;
+  const TensorView* attn_mask_scale = nullptr;
 };
 
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32
 // Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA). D in [16, 256]. lse may be null.
 // dtype: float32, bfloat16 or float16, one for q, k, v and out (the CPU computes in
-// float32 and rounds out once; isa amx takes float32 only); float64 on the CPU runs the
+// float32 and rounds out once; on the CPU a 16-bit forward may write a float32 out,
+// unrounded; isa amx takes float32 only); float64 on the CPU runs the
 // float64 reference (Impl::automatic or Impl::reference) and takes a float64 lse.
 // lse is the natural-log logsumexp of the scaled, masked scores of each query row.
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,

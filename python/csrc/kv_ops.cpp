@@ -139,7 +139,8 @@ std::tuple<at::Tensor, at::Tensor> run_kvcache(
     const at::Tensor& q, const KvCacheCall& call, fattn::Options options,
     std::int64_t window_left, std::int64_t window_right, double softcap,
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
-  const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
+  const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
+                          alibi_slopes, sinks,
                           &options);
   at::Tensor out = empty_output(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
@@ -175,7 +176,8 @@ std::string kvcache_table_kernel(const at::Tensor& q, const KvCacheCall& call,
                                  std::int64_t window_right, double softcap,
                                  const std::optional<at::Tensor>& alibi_slopes,
                                  const std::optional<at::Tensor>& sinks) {
-  const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
+  const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
+                          alibi_slopes, sinks,
                           &options);
   const c10::cuda::CUDAGuard on_q_device(q.device());
   return fattn::cuda_kvcache_kernel(view_of(q, "q"), call.cache, call.kn(), call.vn(), options);
@@ -278,7 +280,8 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen(
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   check_packed(q, k, v);
   fattn::Options options = varlen_options(q, causal, scale, impl);
-  const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
+  const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
+                          alibi_slopes, sinks,
                           &options);
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
@@ -310,7 +313,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_varlen_back
   check_rank(out, "out", 3, "(total_q, heads, head_dim)");
   check_rank(lse, "lse", 2, "(heads, total_q)");
   fattn::Options options = varlen_options(q, causal, scale, impl);
-  const Variants variants(std::nullopt, window_left, window_right, softcap, alibi_slopes, sinks,
+  const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
+                          alibi_slopes, sinks,
                           &options);
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());

@@ -18,7 +18,18 @@ struct Variants {
   at::Tensor mask;
   fattn::TensorView mask_view, alibi_view, sinks_view;
 
-  Variants(const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
+  // fattn's name of a floating dtype (torch's for any other).
+  static const char* float_dtype_name(at::ScalarType type) {
+    switch (type) {
+      case at::kFloat: return "float32";
+      case at::kHalf: return "float16";
+      case at::kBFloat16: return "bfloat16";
+      case at::kDouble: return "float64";
+      default: return c10::toString(type);
+    }
+  }
+
+  Variants(at::ScalarType q_type, const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
            std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi,
            const std::optional<at::Tensor>& sinks, fattn::Options* options) {
     options->window_left = window_left;
@@ -35,6 +46,11 @@ struct Variants {
                   "fattn: attn_mask must have dtype bool or q's dtype, got ", type);
       mask_view = view_of(mask, "attn_mask",
                           type == at::kBool ? std::optional(fattn::DType::boolean) : std::nullopt);
+      // torch SDPA's rule, which the library widens (any float mask, for ggml's float16
+      // masks over float32 queries): the torch operators keep torch's.
+      TORCH_CHECK(type == at::kBool || q_type == type,
+                  "fattn: attn_mask must have dtype bool or q's dtype ",
+                  float_dtype_name(q_type), ", got ", fattn::to_string(mask_view.dtype));
       options->attn_mask = &mask_view;
     }
     if (alibi) {

@@ -72,14 +72,21 @@ double per_head(const float* values, std::int64_t index) {
 }
 
 // The attn_mask's change to the score of (b, h, i, j): −inf for a hidden pair, else the
-// additive value (0 for a boolean true).
+// additive value times head h's attn_mask_scale (0 for a boolean true).
 template <class T>
 double mask_value(const detail::ScoreMods& m, std::int64_t b, std::int64_t h, std::int64_t i,
                   std::int64_t j) {
   const std::int64_t at = b * m.mask_batch + h * m.mask_head + i * m.mask_seq + j * m.mask_key;
-  if (m.mask_dtype == DType::boolean)
-    return static_cast<const std::uint8_t*>(m.mask)[at] ? 0.0 : kNegInf;
-  return wide(static_cast<const T*>(m.mask)[at]);
+  double value = 0.0;
+  switch (m.mask_dtype) {
+    case DType::boolean: return static_cast<const std::uint8_t*>(m.mask)[at] ? 0.0 : kNegInf;
+    case DType::float16: value = wide(static_cast<const Float16*>(m.mask)[at]); break;
+    case DType::bfloat16: value = wide(static_cast<const BFloat16*>(m.mask)[at]); break;
+    case DType::float64: value = static_cast<const double*>(m.mask)[at]; break;
+    default: value = static_cast<const float*>(m.mask)[at]; break;
+  }
+  if (!m.mask_scale || value == kNegInf) return value;
+  return value * per_head<T>(m.mask_scale, h);
 }
 
 // One query row: its visible keys [begin, end), the probabilities P_j over them, and
@@ -174,9 +181,15 @@ void forward(const detail::Problem& whole, const detail::Exec& exec) {
     std::vector<double> out(static_cast<std::size_t>(p.head_dim));
     for (std::int64_t i = 0; i < p.q_len; ++i) {
       const double lse = softmax_row(p, t, b, h, i, out.data(), row);
-      T* o = t.out.row(b, h, i);
-      for (std::int64_t d = 0; d < p.head_dim; ++d)
-        o[d * t.out.dim] = narrow<T>(out[static_cast<std::size_t>(d)]);
+      if (p.out_float32) {  // a 16-bit problem's float32 out: rounded once, to float
+        float* o = p.out.row(b, h, i);
+        for (std::int64_t d = 0; d < p.head_dim; ++d)
+          o[d * p.out.dim] = static_cast<float>(out[static_cast<std::size_t>(d)]);
+      } else {
+        T* o = t.out.row(b, h, i);
+        for (std::int64_t d = 0; d < p.head_dim; ++d)
+          o[d * t.out.dim] = narrow<T>(out[static_cast<std::size_t>(d)]);
+      }
       if (t.lse.data) *t.lse.row(b, h, i) = static_cast<Lse<T>>(lse);
     }
   });

@@ -35,7 +35,7 @@ double checked_scale(const Options& options, std::int64_t head_dim);
 // The variants (Options: attn_mask, window, softcap, alibi_slopes, sinks), checked and
 // written into p (validate_variants.cpp); their byte ranges, {0, 0} where absent.
 struct VariantExtents {
-  Extent mask{0, 0}, alibi{0, 0}, sinks{0, 0};
+  Extent mask{0, 0}, alibi{0, 0}, sinks{0, 0}, mask_scale{0, 0};
 };
 VariantExtents check_variants(const Options& options, const TensorView& q, Problem* p);
 bool has_variants(const Options& options);

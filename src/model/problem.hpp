@@ -69,11 +69,13 @@ struct ScoreMods {
   const float* sinks = nullptr;         // [Hq] logits (natural units)
   // attn_mask: mask + b·batch + h·head + i·seq + j·key; a broadcast dim has stride 0.
   const void* mask = nullptr;
-  DType mask_dtype = DType::boolean;    // boolean or the problem's dtype (additive)
+  DType mask_dtype = DType::boolean;    // boolean, or a floating dtype (additive)
   std::int64_t mask_batch = 0, mask_head = 0, mask_seq = 0, mask_key = 0;
+  const float* mask_scale = nullptr;    // [Hq] factors of an additive mask; null: 1
 
   bool any() const { return softcap != 0.0 || alibi || sinks || mask; }
   double slope(std::int64_t b, std::int64_t h) const { return alibi[b * alibi_batch + h]; }
+  double mask_scale_of(std::int64_t h) const { return mask_scale ? mask_scale[h] : 1.0; }
 };
 
 // Offsets of the band of visible diagonals: no limit on that side.
@@ -94,6 +96,10 @@ struct Problem {
   Strided<float> out;
   Strided<float> lse;  // dim stride unused; null data when no logsumexp is asked for
   DType dtype = DType::float32;  // of q, k, v, out (float64 data sits behind these float pointers)
+  // A 16-bit forward's out in float32 (the CPU forward only: ggml's FLASH_ATTN_EXT writes
+  // float32 from 16-bit caches); false: out has dtype.
+  bool out_float32 = false;
+  DType out_dtype() const { return out_float32 ? DType::float32 : dtype; }
 
   // Backward only (make_backward_problem), where out and lse are inputs.
   Strided<const float> dout;

@@ -184,8 +184,19 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
   expect_size("k", k, 3, "head dim", "q.size(3)", head_dim);
   expect_size("v", v, 3, "head dim", "q.size(3)", head_dim);
 
+  // out: q's dtype, or float32 for a 16-bit q on the CPU (float32 accumulators, not rounded).
+  const bool out_float32 = out && out->dtype == DType::float32 && device == Device::cpu &&
+                           (dtype == DType::float16 || dtype == DType::bfloat16);
+  if (out && out->dtype != dtype && !out_float32) {
+    std::ostringstream m;
+    m << "out must have q's dtype " << to_string(dtype)
+      << (dtype == DType::float16 || dtype == DType::bfloat16 ? " (or float32 on the CPU)" : "")
+      << ", got " << to_string(out->dtype);
+    fail(m.str());
+  }
   if (out) {
-    const Extent out_extent = extents->out = check_view("out", *out, 4, dtype, device);
+    const Extent out_extent = extents->out =
+        check_view("out", *out, 4, out_float32 ? DType::float32 : dtype, device);
     for (int d = 0; d < 4; ++d) expect_size("out", *out, d, "as q", dim_name("q", d), q.size(d));
     expect_no_self_overlap("out", *out);
     expect_disjoint("out", out_extent, "q", q_extent);
@@ -216,12 +227,13 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
   p.scale = scale;
   p.causal = options.causal;
   p.dtype = dtype;
+  p.out_float32 = out_float32;
   const VariantExtents variants = extents->variants = check_variants(options, q, &p);
   p.band_lo = p.band_lo_of(0);  // without a KV cache, every sequence has kv_len keys
   p.band_hi = p.band_hi_of(0);
-  const char* names[3] = {"attn_mask", "alibi_slopes", "sinks"};
-  const Extent inputs[3] = {variants.mask, variants.alibi, variants.sinks};
-  for (int i = 0; i < 3; ++i) {
+  const char* names[4] = {"attn_mask", "alibi_slopes", "sinks", "attn_mask_scale"};
+  const Extent inputs[4] = {variants.mask, variants.alibi, variants.sinks, variants.mask_scale};
+  for (int i = 0; i < 4; ++i) {
     if (out) expect_disjoint("out", extents->out, names[i], inputs[i]);
     if (lse) expect_disjoint("lse", extents->lse, names[i], inputs[i]);
   }
@@ -240,6 +252,9 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
                               const TensorView& lse, const TensorView* dlse,
                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const Options& options, const TensorView* dsinks) {
+  if (out.dtype != q.dtype)
+    fail(std::string("out (the forward's output) must have q's dtype ") + to_string(q.dtype) +
+         " in the backward, got " + to_string(out.dtype));
   ForwardExtents seen;
   Problem p = check_forward(q, k, v, &out, &lse, options, &seen);
   const DType dtype = q.dtype;
@@ -249,7 +264,7 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
     const TensorView* view;
     Extent extent;
   };
-  Named inputs[10] = {{"q", &q, seen.q},
+  Named inputs[11] = {{"q", &q, seen.q},
                      {"k", &k, seen.k},
                      {"v", &v, seen.v},
                      {"out", &out, seen.out},
@@ -266,6 +281,8 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
   if (options.alibi_slopes)
     inputs[n_inputs++] = {"alibi_slopes", options.alibi_slopes, seen.variants.alibi};
   if (options.sinks) inputs[n_inputs++] = {"sinks", options.sinks, seen.variants.sinks};
+  if (options.attn_mask_scale)
+    inputs[n_inputs++] = {"attn_mask_scale", options.attn_mask_scale, seen.variants.mask_scale};
   Named outputs[3] = {{"dq", &dq, check_view("dq", dq, 4, dtype, device)},
                       {"dk", &dk, check_view("dk", dk, 4, dtype, device)},
                       {"dv", &dv, check_view("dv", dv, 4, dtype, device)}};

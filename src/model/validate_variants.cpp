@@ -32,11 +32,18 @@ Extent check_per_head(const char* name, const TensorView& t, bool batch_allowed,
   return extent;
 }
 
+// An additive mask's dtypes: the 16-bit and float32 ones for any q (a float16 mask with
+// float32 queries is ggml's FLASH_ATTN_EXT), float64 for float64 problems too.
+bool additive_mask_dtype(DType mask, DType q) {
+  return mask == DType::float32 || mask == DType::float16 || mask == DType::bfloat16 ||
+         (mask == DType::float64 && q == DType::float64);
+}
+
 Extent check_mask(const TensorView& mask, const Problem& p, DType dtype, Device device) {
-  if (mask.dtype != DType::boolean && mask.dtype != dtype) {
+  if (mask.dtype != DType::boolean && !additive_mask_dtype(mask.dtype, dtype)) {
     std::ostringstream m;
-    m << "attn_mask must have dtype bool or q's dtype " << to_string(dtype) << ", got "
-      << to_string(mask.dtype);
+    m << "attn_mask must have dtype bool, float32, float16 or bfloat16"
+      << (dtype == DType::float64 ? " or float64" : "") << ", got " << to_string(mask.dtype);
     fail(m.str());
   }
   const Extent extent = check_view("attn_mask", mask, 4, mask.dtype, device);
@@ -94,12 +101,35 @@ VariantExtents check_variants(const Options& options, const TensorView& q, Probl
     m.mask_seq = stride(2);
     m.mask_key = stride(3);
   }
+  if (const TensorView* scale = options.attn_mask_scale) {
+    if (!options.attn_mask || options.attn_mask->dtype == DType::boolean)
+      fail(std::string("attn_mask_scale scales an additive attn_mask; got ") +
+           (options.attn_mask ? "a boolean attn_mask" : "no attn_mask"));
+    extents.mask_scale = check_per_head("attn_mask_scale", *scale, false, *p, per_head, q.device);
+    if (scale->stride(0) != 1)
+      fail("attn_mask_scale must be contiguous (stride 1), got stride " +
+           std::to_string(scale->stride(0)));
+    // A factor of 0 would turn a hidden pair's −inf into NaN; checked where the host reads.
+    if (q.device == Device::cpu)
+      for (std::int64_t h = 0; h < p->q_heads; ++h) {
+        const double value = per_head == DType::float64
+                                 ? static_cast<const double*>(scale->data)[h]
+                                 : static_cast<const float*>(scale->data)[h];
+        if (!(value > 0.0) || !std::isfinite(value)) {
+          std::ostringstream m;
+          m << "attn_mask_scale[" << h << "] must be finite and > 0, got " << value;
+          fail(m.str());
+        }
+      }
+    p->mods.mask_scale = static_cast<const float*>(scale->data);
+  }
   return extents;
 }
 
 bool has_variants(const Options& options) {
   return options.attn_mask || options.window_left != -1 || options.window_right != -1 ||
-         options.softcap != 0.0 || options.alibi_slopes || options.sinks;
+         options.softcap != 0.0 || options.alibi_slopes || options.sinks ||
+         options.attn_mask_scale;
 }
 
 std::string variant_names(const Options& options) {
@@ -112,6 +142,7 @@ std::string variant_names(const Options& options) {
   add(options.softcap != 0.0, "softcap");
   add(options.alibi_slopes != nullptr, "alibi_slopes");
   add(options.sinks != nullptr, "sinks");
+  add(options.attn_mask_scale != nullptr, "attn_mask_scale");
   return names;
 }
 

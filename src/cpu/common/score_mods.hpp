@@ -177,31 +177,39 @@ struct ScoreModOps {
     }
   }
 
-  // A score (log2 units) changed by one mask element: hidden (boolean false) or shifted.
+  // An additive mask's factor for head h in log2 units: log2(e) · attn_mask_scale[h].
+  static float mask_factor(const detail::ScoreMods& m, std::int64_t h) {
+    return static_cast<float>(m.mask_scale_of(h)) * Ops::kLog2e;
+  }
+
+  // A score (log2 units) changed by one mask element: hidden (boolean false) or shifted
+  // by the element times `factor` (mask_factor; a −inf element stays −inf, factor > 0).
   template <class E>
-  static float masked(float s, E x) {
+  static float masked(float s, E x, float factor) {
     if constexpr (std::is_same_v<E, std::uint8_t>)
       return x ? s : Ops::kNegInf;
     else
-      return s + to_float(x) * Ops::kLog2e;
+      return s + to_float(x) * factor;
   }
 
   // A mixed tile's mask, pair by pair (one mask row for every lane: key by key).
   static void apply_mask(const detail::Problem& p, const Tile& t, float* st) {
     const detail::ScoreMods& m = p.mods;
+    float factor[Br];  // per lane: its head's
+    for (int r = 0; r < Br; ++r) factor[r] = mask_factor(m, t.pair(r).head);
     with_mask_type(m, [&](auto type) {
       using E = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
-      auto change = [](float s, E x) { return masked(s, x); };
       if (mask_rows(m, t) == 1) {
         const E* row = mask_row<E>(m, t, 0);
         for (std::int64_t j = 0; j < t.nj; ++j)
-          for (int i = 0; i < Br; ++i) st[j * Br + i] = change(st[j * Br + i], row[j * m.mask_key]);
+          for (int i = 0; i < Br; ++i)
+            st[j * Br + i] = masked(st[j * Br + i], row[j * m.mask_key], factor[i]);
         return;
       }
       for (std::int64_t i = 0; i < t.rows; ++i) {
         const E* row = mask_row<E>(m, t, i);
         for (std::int64_t j = 0; j < t.nj; ++j)
-          st[j * Br + i] = change(st[j * Br + i], row[j * m.mask_key]);
+          st[j * Br + i] = masked(st[j * Br + i], row[j * m.mask_key], factor[i]);
       }
     });
   }

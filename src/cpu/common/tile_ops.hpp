@@ -291,7 +291,7 @@ struct TileOps {
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) S::store(inv + v * L, reciprocal(S::load(l + v * L)));
     const std::int64_t D = p.head_dim;
-    with_element_type(p.out, p.dtype, [&](const auto& e) {
+    with_element_type(p.out, p.out_dtype(), [&](const auto& e) {
       using E = std::remove_reference_t<decltype(*e.data)>;
       std::int64_t rows_done = 0, dims_done = 0;  // the block-transposed corner, as load_q
 #if defined(FATTN_AVX512)

@@ -49,7 +49,9 @@ struct DecodeModOps {
         Mods::with_mask_type(m, [&](auto type) {
           using E = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
           const E* mask = Mods::template mask_row<E>(m, pair_row, 0);
-          for (std::int64_t j = 0; j < nj; ++j) s[j] = Mods::masked(s[j], mask[j * m.mask_key]);
+          const float factor = Mods::mask_factor(m, h);
+          for (std::int64_t j = 0; j < nj; ++j)
+            s[j] = Mods::masked(s[j], mask[j * m.mask_key], factor);
         });
       const std::int64_t hidden_before = p.visible_begin(b, i) - j0;  // the window's left edge
       for (std::int64_t j = 0; j < hidden_before && j < nj; ++j) s[j] = Ops::kNegInf;

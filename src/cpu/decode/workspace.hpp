@@ -152,7 +152,7 @@ void store_group_rows(const detail::Problem& p, std::int64_t b, std::int64_t hk,
   if (p.mods.sinks) DecodeModOps<S>::add_sink_to_rows(p, hk, r0, rows, Dp, os, m, l);
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto [h, i] = Ops::group_row(p, hk, r0 + r);
-    store_row(p.out, p.dtype, b, h, i, D, os + r * Dp, Ops::reciprocal(l[r]));
+    store_row(p.out, p.out_dtype(), b, h, i, D, os + r * Dp, Ops::reciprocal(l[r]));
     if (p.lse.data) *p.lse.row(b, h, i) = Ops::logsumexp(m[r], l[r]);
   }
 }
