@@ -556,11 +556,11 @@ TEST(GgmlForms, Validation) {
   // A float32 out takes 16-bit inputs only; a float16 out of float32 inputs is an error.
   const Tensor16 out16 = output_like(out, DType::float16);
   expect_error([&] { fattn::attention_forward(q.view(), k.view(), v.view(), out16.view, nullptr, {}); },
-               "out must have q's dtype float32, got float16");
+               "out must have dtype float32, got float16");
   const Tensor16 q16 = to_16bit(q, DType::bfloat16), k16 = to_16bit(k, DType::bfloat16),
                  v16 = to_16bit(v, DType::bfloat16);
   expect_error([&] { fattn::attention_forward(q16.view, k16.view, v16.view, out16.view, nullptr, {}); },
-               "out must have q's dtype bfloat16 (or float32 on the CPU), got float16");
+               "out must have dtype bfloat16 (or float32 on the CPU), got float16");
 }
 
 // ---- validation -----------------------------------------------------------------------

@@ -189,7 +189,7 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
                            (dtype == DType::float16 || dtype == DType::bfloat16);
   if (out && out->dtype != dtype && !out_float32) {
     std::ostringstream m;
-    m << "out must have q's dtype " << to_string(dtype)
+    m << "out must have dtype " << to_string(dtype)
       << (dtype == DType::float16 || dtype == DType::bfloat16 ? " (or float32 on the CPU)" : "")
       << ", got " << to_string(out->dtype);
     fail(m.str());
