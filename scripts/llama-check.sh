@@ -10,6 +10,7 @@
 # stream through fattn. Writes results/<machine>/llama/<date>/llama-check.json and a table.
 # Usage: scripts/llama-check.sh [--machine NAME] [--threads N] [--depths 0,4096,16384]
 #          [--layers N] [--reps N] [--models llama3-8b,llama3.2-1b] [--caches f16,q8_0]
+#          [--no-extras]   (llama-bench only; rows of the same day are merged into its JSON)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 machine=$(hostname -s)
@@ -19,6 +20,7 @@ layers=2
 reps=2
 models=llama3-8b,llama3.2-1b
 caches=f16,q8_0
+extras=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --machine) machine=$2; shift 2 ;;
@@ -28,7 +30,8 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift 2 ;;
     --models) models=$2; shift 2 ;;
     --caches) caches=$2; shift 2 ;;
-    *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+    --no-extras) extras=(--no-extras); shift ;;
+    *) sed -n '2,14p' "$0" >&2; exit 2 ;;
   esac
 done
 step() { echo "llama-check: [$(date +%H:%M:%S)] $*" >&2; }
@@ -69,4 +72,5 @@ done
 
 "$venv/bin/python" scripts/llama/check.py --llama-bin "$LLAMA_BIN" --backend "$backend" \
   --work "$work" --out "$out" --machine "$machine" --threads "$threads" --depths "$depths" \
-  --reps "$reps" --models "$models" --caches "$caches" --llama-version "$(cat ggml-fattn/llama-cpp-python-version)"
+  --reps "$reps" --models "$models" --caches "$caches" \
+  --llama-version "$(cat ggml-fattn/llama-cpp-python-version)" "${extras[@]}"

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <chrono>
 #include <thread>
 
 #include "flash_attn_ext.hpp"
@@ -23,6 +24,7 @@ struct Context {
   ggml_backend_fattn_counts counts{0, 0};
   ggml_backend_t cpu = nullptr;  // ggml's CPU backend, for a node fattn refuses at run time
   bool verbose = std::getenv("GGML_FATTN_VERBOSE") != nullptr;
+  double seconds = 0.0;
 };
 
 ggml_guid_t fattn_guid() {
@@ -36,9 +38,9 @@ const char* backend_name(ggml_backend_t) { return "FATTN"; }
 void backend_free(ggml_backend_t backend) {
   auto* ctx = static_cast<Context*>(backend->context);
   if (ctx->verbose)
-    std::fprintf(stderr, "ggml-fattn: %lld FLASH_ATTN_EXT nodes on fattn, %lld on ggml's CPU kernel\n",
+    std::fprintf(stderr, "ggml-fattn: %lld FLASH_ATTN_EXT nodes on fattn, %lld on ggml's CPU kernel (%.3f s in fattn)\n",
                  static_cast<long long>(ctx->counts.on_fattn),
-                 static_cast<long long>(ctx->counts.on_ggml_cpu));
+                 static_cast<long long>(ctx->counts.on_ggml_cpu), ctx->seconds);
   if (ctx->cpu) ggml_backend_free(ctx->cpu);
   delete ctx;
   delete backend;
@@ -66,8 +68,11 @@ ggml_status graph_compute(ggml_backend_t backend, ggml_cgraph* graph) {
     switch (node->op) {
       case GGML_OP_FLASH_ATTN_EXT:
         try {
+          const auto t0 = std::chrono::steady_clock::now();
           ggml_fattn::compute(node, ctx->n_threads, ctx->scratch);
-          ++ctx->counts.on_fattn;
+          ctx->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (ctx->counts.on_fattn++ == 0 && ctx->verbose)
+            std::fprintf(stderr, "ggml-fattn: the first FLASH_ATTN_EXT node (%s) ran on fattn\n", node->name);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "ggml-fattn: %s: %s; ggml's CPU kernel runs it\n", node->name, e.what());
           compute_on_ggml_cpu(ctx, node);

@@ -29,8 +29,19 @@ def env_for(backend, with_fattn):
     return env
 
 
+FIRST_ON_FATTN = "ggml-fattn: the first FLASH_ATTN_EXT node"
+# llama.cpp's common tools (server, perplexity, cli) built without GGML_BACKEND_DL load
+# backends from files (GGML_BACKEND_PATH) only where an argument makes them enumerate
+# devices: a tensor override that matches no tensor does, and changes nothing else
+# (docs/llama.md). Given to both sides alike. llama-bench loads them always.
+LOAD_BACKENDS = ["-ot", "fattn-loads-backends=CPU"]
+
+
 def nodes_on_fattn(stderr):
-    return sum(int(m[1]) for m in FATTN_COUNT.finditer(stderr))
+    """Nodes the backend ran, from its counts at exit (a process that exits without freeing
+    its backends prints none: then 1 if the first node's line is there)."""
+    counted = sum(int(m[1]) for m in FATTN_COUNT.finditer(stderr))
+    return counted or int(FIRST_ON_FATTN in stderr)
 
 
 def bench(a, model, cache, depth, with_fattn):
@@ -55,7 +66,7 @@ def text_file(path, words):
 def kld(a, model, text, base, mode):
     """llama-perplexity's KL divergence against the non-flash logits saved in base."""
     cmd = [f"{a.llama_bin}/llama-perplexity", "-m", model, "-f", text, "-c", "2048",
-           "-t", str(a.threads), "--kl-divergence-base", base]
+           "-t", str(a.threads), "--kl-divergence-base", base] + LOAD_BACKENDS
     cmd += ["-fa", "off"] if mode == "base" else ["-fa", "on", "--kl-divergence"]
     run = subprocess.run(cmd, env=env_for(a.backend, mode == "fattn"), capture_output=True, text=True)
     if run.returncode != 0:
@@ -66,7 +77,7 @@ def kld(a, model, text, base, mode):
     stats = {}
     for key, label in (("mean_kld", r"Mean\s+KLD"), ("max_kld", r"Maximum KLD"),
                        ("rms_dp_percent", r"RMS Δp"), ("same_top_p_percent", r"Same top p")):
-        m = re.search(label + r":\s+(-?[0-9.eE+-]+)", out)
+        m = re.search(label + r"\s*:\s+(-?[0-9.eE+-]+)", out)
         stats[key] = float(m[1]) if m else None
     stats["nodes_on_fattn"] = nodes_on_fattn(run.stderr)
     return stats
@@ -77,7 +88,7 @@ def server_request(a, model):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [f"{a.llama_bin}/llama-server", "-m", model, "-t", str(a.threads), "-fa", "on",
-           "-c", "4096", "--host", "127.0.0.1", "--port", str(port)]
+           "-c", "4096", "--host", "127.0.0.1", "--port", str(port)] + LOAD_BACKENDS
     proc = subprocess.Popen(cmd, env=env_for(a.backend, True), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -115,6 +126,7 @@ def main():
         ap.add_argument("--" + name, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--no-extras", action="store_true", help="only llama-bench (no logits, no server)")
     a = ap.parse_args()
     result = {"machine": a.machine, "cpu": platform.processor() or platform.machine(),
               "threads": a.threads, "llama_cpp": f"llama-cpp-python {a.llama_version} (vendored tree)",
@@ -125,7 +137,7 @@ def main():
     order = 0
     for shape in a.models.split(","):
         model = f"{a.work}/{shape}-q4_k_m.gguf"
-        for depth in (int(d) for d in a.depths.split(",")):
+        for depth in (int(d) for d in a.depths.split(",") if d):
             for cache in a.caches.split(","):
                 say(f"llama-bench {shape} depth {depth} cache {cache}")
                 runs = {}
@@ -142,17 +154,33 @@ def main():
                     say(f"  {test}: fattn {fattn:.2f} t/s, ggml {ggml:.2f} t/s ({fattn / ggml:.2f}x)")
     shape = a.models.split(",")[0]
     model = f"{a.work}/{shape}-q4_k_m.gguf"
+    if a.no_extras:
+        return finish(a, result)
     say(f"logits vs the non-flash path ({shape}, 2 chunks of 2048 tokens)")
     text, base = f"{a.work}/text.txt", f"{a.work}/{shape}-base.kld"
-    text_file(text, 2500)
+    text_file(text, 5000)  # one token a word: 2 chunks of 2048 and more
     kld(a, model, text, base, "base")
     result["logits"] = {"model": shape, "context": 2048,
                         "ggml_flash_vs_non_flash": kld(a, model, text, base, "ggml"),
                         "fattn_vs_non_flash": kld(a, model, text, base, "fattn")}
     say("llama-server: a streamed request")
     result["server"] = server_request(a, model)
+    return finish(a, result)
+
+
+def finish(a, result):
     os.makedirs(a.out, exist_ok=True)
-    with open(f"{a.out}/llama-check.json", "w") as fh:
+    path = f"{a.out}/llama-check.json"
+    if os.path.exists(path):  # another run of the same day (other depths, caches or models)
+        with open(path) as fh:
+            earlier = json.load(fh)
+        for k in ("logits", "server"):
+            if k not in result and k in earlier:
+                result[k] = earlier[k]
+        keys = {(r["model"], r["cache_type"], r["depth"], r["test"]) for r in result["rows"]}
+        result["rows"] = [r for r in earlier["rows"]
+                          if (r["model"], r["cache_type"], r["depth"], r["test"]) not in keys] + result["rows"]
+    with open(path, "w") as fh:
         json.dump(result, fh, indent=1)
     lines = ["| model | D | cache | depth | test | fattn t/s | ggml t/s | fattn/ggml |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -162,7 +190,7 @@ def main():
     with open(f"{a.out}/llama-check.md", "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(json.dumps({k: result[k] for k in ("test_backend_ops", "logits", "server")}, indent=1))
+    print(json.dumps({k: result.get(k) for k in ("test_backend_ops", "logits", "server")}, indent=1))
 
 
 if __name__ == "__main__":
