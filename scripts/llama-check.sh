@@ -10,7 +10,8 @@
 # stream through fattn. Writes results/<machine>/llama/<date>/llama-check.json and a table.
 # Usage: scripts/llama-check.sh [--machine NAME] [--threads N] [--depths 0,4096,16384]
 #          [--layers N] [--reps N] [--models llama3-8b,llama3.2-1b] [--caches f16,q8_0]
-#          [--no-extras]   (llama-bench only; rows of the same day are merged into its JSON)
+#          [--no-extras]   (llama-bench only: no test-backend-ops, logits or server; rows of
+#                           the same day are merged into its JSON)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 machine=$(hostname -s)
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     --models) models=$2; shift 2 ;;
     --caches) caches=$2; shift 2 ;;
     --no-extras) extras=(--no-extras); shift ;;
-    *) sed -n '2,14p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
   esac
 done
 step() { echo "llama-check: [$(date +%H:%M:%S)] $*" >&2; }
@@ -55,9 +56,11 @@ out=results/$machine/llama/$(date +%F)
 work=$root/llama-check
 mkdir -p "$out" "$work"
 
-step "test-backend-ops -o FLASH_ATTN_EXT -b FATTN"
-python3 ggml-fattn/tests/backend_ops_check.py --test-backend-ops "$LLAMA_BIN/test-backend-ops" \
-  --backend "$backend" --json "$work/test-backend-ops.json" >&2 || true
+if [ ${#extras[@]} = 0 ]; then
+  step "test-backend-ops -o FLASH_ATTN_EXT -b FATTN"
+  python3 ggml-fattn/tests/backend_ops_check.py --test-backend-ops "$LLAMA_BIN/test-backend-ops" \
+    --backend "$backend" --json "$work/test-backend-ops.json" >&2 || true
+fi
 
 IFS=, read -r -a model_list <<<"$models"
 for shape in "${model_list[@]}"; do

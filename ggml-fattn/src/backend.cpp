@@ -18,13 +18,19 @@
 
 namespace {
 
+// GGML_FATTN_VERBOSE set: a line for each node left to ggml, the first node on fattn, and
+// the counts when a backend is freed.
+bool verbose() {
+  static const bool set = std::getenv("GGML_FATTN_VERBOSE") != nullptr;
+  return set;
+}
+
 struct Context {
   int n_threads = static_cast<int>(std::thread::hardware_concurrency());
   ggml_fattn::Scratch scratch;
   ggml_backend_fattn_counts counts{0, 0};
   ggml_backend_t cpu = nullptr;  // ggml's CPU backend, for a node fattn refuses at run time
-  bool verbose = std::getenv("GGML_FATTN_VERBOSE") != nullptr;
-  double seconds = 0.0;
+  double seconds = 0.0;  // in fattn's kernels
 };
 
 ggml_guid_t fattn_guid() {
@@ -37,7 +43,7 @@ const char* backend_name(ggml_backend_t) { return "FATTN"; }
 
 void backend_free(ggml_backend_t backend) {
   auto* ctx = static_cast<Context*>(backend->context);
-  if (ctx->verbose)
+  if (verbose())
     std::fprintf(stderr, "ggml-fattn: %lld FLASH_ATTN_EXT nodes on fattn, %lld on ggml's CPU kernel (%.3f s in fattn)\n",
                  static_cast<long long>(ctx->counts.on_fattn),
                  static_cast<long long>(ctx->counts.on_ggml_cpu), ctx->seconds);
@@ -71,7 +77,7 @@ ggml_status graph_compute(ggml_backend_t backend, ggml_cgraph* graph) {
           const auto t0 = std::chrono::steady_clock::now();
           ggml_fattn::compute(node, ctx->n_threads, ctx->scratch);
           ctx->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          if (ctx->counts.on_fattn++ == 0 && ctx->verbose)
+          if (ctx->counts.on_fattn++ == 0 && verbose())
             std::fprintf(stderr, "ggml-fattn: the first FLASH_ATTN_EXT node (%s) ran on fattn\n", node->name);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "ggml-fattn: %s: %s; ggml's CPU kernel runs it\n", node->name, e.what());
@@ -150,7 +156,7 @@ bool device_supports_op(ggml_backend_dev_t, const ggml_tensor* op) {
       return true;
     case GGML_OP_FLASH_ATTN_EXT: {
       const std::string why = ggml_fattn::refusal(op);
-      if (!why.empty() && std::getenv("GGML_FATTN_VERBOSE"))
+      if (!why.empty() && verbose())
         std::fprintf(stderr, "ggml-fattn: %s left to ggml: %s\n", op->name, why.c_str());
       return why.empty();
     }

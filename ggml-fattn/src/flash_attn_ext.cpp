@@ -1,6 +1,7 @@
 // ggml-fattn — GGML_OP_FLASH_ATTN_EXT on fattn's CPU kernels (flash_attn_ext.hpp).
 #include "flash_attn_ext.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -11,8 +12,6 @@
 
 namespace ggml_fattn {
 namespace {
-
-constexpr int kMinHeadDim = 16, kMaxHeadDim = 256;  // fattn/attention.hpp's D range
 
 // The op params ggml_flash_attn_ext and its setters write (ggml.c).
 struct Params {
@@ -75,8 +74,9 @@ std::string refusal(const ggml_tensor* op) {
         << " (fattn: f32, f16 or bf16, one for both)";
   else if (k->ne[0] != v->ne[0] || q->ne[0] != k->ne[0])
     why << "head dims K " << k->ne[0] << ", V " << v->ne[0] << " differ";
-  else if (q->ne[0] < kMinHeadDim || q->ne[0] > kMaxHeadDim)
-    why << "head dim " << q->ne[0] << " outside [" << kMinHeadDim << ", " << kMaxHeadDim << "]";
+  else if (q->ne[0] < fattn::kMinHeadDim || q->ne[0] > fattn::kMaxHeadDim)
+    why << "head dim " << q->ne[0] << " outside [" << fattn::kMinHeadDim << ", "
+        << fattn::kMaxHeadDim << "]";
   else if (op->type != GGML_TYPE_F32 || op->nb[0] != sizeof(float))
     why << "output not f32 with contiguous rows";
   else if (!viewable(q) || !viewable(k) || !viewable(v) || !viewable(op))
@@ -102,14 +102,77 @@ std::string refusal(const ggml_tensor* op) {
   return why.str();
 }
 
+namespace {
+
+// Mask slice `slice` (of the mask's last dim) as float16 elements.
+const std::uint16_t* mask_slice(const ggml_tensor* mask, std::int64_t slice) {
+  return reinterpret_cast<const std::uint16_t*>(static_cast<const char*>(mask->data) +
+                                                slice * mask->nb[3]);
+}
+
+// What each slice of the mask says (mask_band.hpp), read once per slice whatever the batch
+// it broadcasts over; a slice per head gives the union of the heads' keys and no band.
+std::vector<MaskBand> read_masks(const ggml_tensor* mask, std::int64_t n_q, std::int64_t n_kv) {
+  const std::int64_t row_stride = elements(mask->nb[1], mask),
+                     head_stride = elements(mask->nb[2], mask);
+  std::vector<MaskBand> bands(static_cast<std::size_t>(mask->ne[3]));
+  for (std::int64_t slice = 0; slice < mask->ne[3]; ++slice) {
+    const std::uint16_t* rows = mask_slice(mask, slice);
+    MaskBand& band = bands[static_cast<std::size_t>(slice)];
+    band = read_mask(rows, n_q, n_kv, row_stride);
+    for (std::int64_t h = 1; h < mask->ne[2]; ++h) {
+      const MaskBand other = read_mask(rows + h * head_stride, n_q, n_kv, row_stride);
+      band.first = std::min(band.first, other.first);
+      band.end = std::max(band.end, other.end);
+      band.is_band = false;
+    }
+  }
+  return bands;
+}
+
+// Sequence b's queries as fattn reads them: in place (float32 caches), or rounded to the
+// cache's 16-bit type into `rounded` as ggml's kernel rounds them (its from_float).
+fattn::TensorView queries(const ggml_tensor* q, ggml_type cache, std::int64_t b,
+                          std::vector<std::uint16_t>& rounded) {
+  const std::int64_t D = q->ne[0], n_q = q->ne[1], Hq = q->ne[2];
+  const char* base = static_cast<const char*>(q->data) + b * q->nb[3];
+  const fattn::DType dtype = dtype_of(cache);
+  if (dtype == fattn::DType::float32)
+    return {const_cast<char*>(base), 4, {1, Hq, n_q, D},
+            {0, elements(q->nb[2], q), elements(q->nb[1], q), 1}, dtype};
+  const auto to_16bit = ggml_get_type_traits_cpu(cache)->from_float;
+  rounded.resize(static_cast<std::size_t>(n_q * Hq * D));
+  for (std::int64_t i = 0; i < n_q; ++i)
+    for (std::int64_t h = 0; h < Hq; ++h)
+      to_16bit(reinterpret_cast<const float*>(base + i * q->nb[1] + h * q->nb[2]),
+               rounded.data() + (i * Hq + h) * D, D);
+  return {rounded.data(), 4, {1, Hq, n_q, D}, {0, D, Hq * D, 1}, dtype};
+}
+
+// Keys [first, first + kept) of sequence b of a K or V cache view.
+fattn::TensorView cache_keys(const ggml_tensor* t, std::int64_t b, std::int64_t first,
+                             std::int64_t kept) {
+  char* data = static_cast<char*>(t->data) + b * t->nb[3] + first * t->nb[1];
+  return {data, 4, {1, t->ne[2], kept, t->ne[0]},
+          {0, elements(t->nb[2], t), elements(t->nb[1], t), 1}, dtype_of(t->type)};
+}
+
+// Sequence b's output rows, all 0: no row sees a key.
+void zero_rows(const ggml_tensor* op, std::int64_t b) {
+  char* base = static_cast<char*>(op->data) + b * op->nb[3];
+  for (std::int64_t i = 0; i < op->ne[2]; ++i)
+    for (std::int64_t h = 0; h < op->ne[1]; ++h)
+      std::memset(base + i * op->nb[2] + h * op->nb[1], 0,
+                  static_cast<std::size_t>(op->ne[0]) * sizeof(float));
+}
+
+}  // namespace
+
 void compute(const ggml_tensor* op, int n_threads, Scratch& scratch) {
   const ggml_tensor *q = op->src[0], *k = op->src[1], *v = op->src[2], *mask = op->src[3],
                     *sinks = op->src[4];
   const Params p = params_of(op);
-  const std::int64_t D = q->ne[0], n_q = q->ne[1], Hq = q->ne[2], batch = q->ne[3];
-  const std::int64_t n_kv = k->ne[1], Hkv = k->ne[2];
-  const fattn::DType dtype = dtype_of(k->type);
-  const bool sixteen_bit = dtype != fattn::DType::float32;
+  const std::int64_t D = q->ne[0], n_q = q->ne[1], Hq = q->ne[2], n_kv = k->ne[1];
 
   fattn::Options options;
   options.scale = static_cast<double>(p.scale);
@@ -131,56 +194,18 @@ void compute(const ggml_tensor* op, int n_threads, Scratch& scratch) {
           alibi_slope(p.max_bias, static_cast<std::uint32_t>(Hq), static_cast<std::uint32_t>(h));
     slopes_view = {scratch.slopes.data(), 1, {Hq, 0, 0, 0}, {1, 0, 0, 0}, fattn::DType::float32};
   }
-  // The queries in the cache's 16-bit type, as ggml's kernel rounds them (its from_float).
-  const auto to_16bit = sixteen_bit ? ggml_get_type_traits_cpu(k->type)->from_float : nullptr;
-  if (sixteen_bit) scratch.queries.resize(static_cast<std::size_t>(n_q * Hq * D));
+  const std::vector<MaskBand> bands = mask ? read_masks(mask, n_q, n_kv) : std::vector<MaskBand>{};
 
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const char* q_base = static_cast<const char*>(q->data) + b * q->nb[3];
-    char* out_base = static_cast<char*>(op->data) + b * op->nb[3];
-    // The keys some row sees, and the band they form (mask_band.hpp).
-    MaskBand band{0, n_kv, false, -1};
-    const std::uint16_t* mask_slice = nullptr;
-    if (mask) {
-      mask_slice = reinterpret_cast<const std::uint16_t*>(static_cast<const char*>(mask->data) +
-                                                          (b % mask->ne[3]) * mask->nb[3]);
-      const std::int64_t row_stride = elements(mask->nb[1], mask);
-      band = read_mask(mask_slice, n_q, n_kv, row_stride);
-      for (std::int64_t h = 1; h < mask->ne[2]; ++h) {  // one slice per head: their union
-        const MaskBand other = read_mask(mask_slice + h * elements(mask->nb[2], mask), n_q, n_kv,
-                                         row_stride);
-        band.first = std::min(band.first, other.first);
-        band.end = std::max(band.end, other.end);
-        band.is_band = false;
-      }
-      if (band.end <= band.first) {  // no row sees a key: every output row is 0
-        for (std::int64_t i = 0; i < n_q; ++i)
-          for (std::int64_t h = 0; h < Hq; ++h)
-            std::memset(out_base + i * op->nb[2] + h * op->nb[1], 0,
-                        static_cast<std::size_t>(D) * sizeof(float));
-        continue;
-      }
+  for (std::int64_t b = 0; b < q->ne[3]; ++b) {
+    // The keys some row sees, and the band they form.
+    const std::int64_t slice = mask ? b % mask->ne[3] : 0;
+    const MaskBand band = mask ? bands[static_cast<std::size_t>(slice)] : MaskBand{0, n_kv, false, -1};
+    if (band.end <= band.first) {
+      zero_rows(op, b);
+      continue;
     }
     const std::int64_t kept = band.end - band.first;
-
-    fattn::TensorView qv;
-    if (sixteen_bit) {
-      for (std::int64_t i = 0; i < n_q; ++i)
-        for (std::int64_t h = 0; h < Hq; ++h)
-          to_16bit(reinterpret_cast<const float*>(q_base + i * q->nb[1] + h * q->nb[2]),
-                   scratch.queries.data() + (i * Hq + h) * D, D);
-      qv = {scratch.queries.data(), 4, {1, Hq, n_q, D}, {0, D, Hq * D, 1}, dtype};
-    } else {
-      qv = {const_cast<char*>(q_base), 4, {1, Hq, n_q, D},
-            {0, elements(q->nb[2], q), elements(q->nb[1], q), 1}, dtype};
-    }
-    auto cache_view = [&](const ggml_tensor* t) {
-      char* data = static_cast<char*>(t->data) + b * t->nb[3] + band.first * t->nb[1];
-      return fattn::TensorView{data, 4, {1, Hkv, kept, D},
-                               {0, elements(t->nb[2], t), elements(t->nb[1], t), 1}, dtype};
-    };
-    const fattn::TensorView kv = cache_view(k), vv = cache_view(v);
-    const fattn::TensorView out{out_base, 4, {1, Hq, n_q, D},
+    const fattn::TensorView out{static_cast<char*>(op->data) + b * op->nb[3], 4, {1, Hq, n_q, D},
                                 {0, elements(op->nb[1], op), elements(op->nb[2], op), 1},
                                 fattn::DType::float32};
     fattn::Options call = options;
@@ -188,14 +213,16 @@ void compute(const ggml_tensor* op, int n_threads, Scratch& scratch) {
       call.causal = fattn::Causal::bottom_right;
       call.window_left = band.window_left;
     } else if (mask) {
-      const std::int64_t heads = mask->ne[2];
-      mask_view = {const_cast<std::uint16_t*>(mask_slice) + band.first, 4, {1, heads, n_q, kept},
+      mask_view = {const_cast<std::uint16_t*>(mask_slice(mask, slice)) + band.first, 4,
+                   {1, mask->ne[2], n_q, kept},
                    {0, elements(mask->nb[2], mask), elements(mask->nb[1], mask), 1},
                    fattn::DType::float16};
       call.attn_mask = &mask_view;
       if (p.max_bias > 0.0f) call.attn_mask_scale = &slopes_view;
     }
-    fattn::attention_forward(qv, kv, vv, out, nullptr, call);
+    fattn::attention_forward(queries(q, k->type, b, scratch.queries),
+                             cache_keys(k, b, band.first, kept), cache_keys(v, b, band.first, kept),
+                             out, nullptr, call);
   }
 }
 

@@ -51,26 +51,19 @@ MaskBand read_mask(const std::uint16_t* mask, std::int64_t rows, std::int64_t ke
     runs = runs && r.zero_run;
   }
   if (band.end <= band.first || !runs) return band;
-  // Causal, bottom-right aligned in [first, end): row i's last key is first + kept − rows + i.
-  const std::int64_t kept = band.end - band.first;
-  std::int64_t window_left = -1;
+  // Causal, bottom-right aligned in [first, end): row i's last key is its limit,
+  // end − rows + i; a window starts a row `window_left` keys before its limit.
+  auto limit = [&](std::int64_t i) { return band.end - rows + i; };
+  std::int64_t window_left = -1;  // from the first row that starts after the first key
+  for (std::int64_t i = 0; i < rows && window_left < 0; ++i)
+    if (seen[static_cast<std::size_t>(i)].first > band.first)
+      window_left = limit(i) - seen[static_cast<std::size_t>(i)].first;
   for (std::int64_t i = 0; i < rows; ++i) {
     const Row& r = seen[static_cast<std::size_t>(i)];
-    const std::int64_t limit = band.first + kept - rows + i;
-    if (r.last != limit) return band;
-    if (r.first == band.first && (window_left < 0 || limit - band.first <= window_left))
-      continue;  // starts at the first key: no left edge, or one not reached yet
-    const std::int64_t w = limit - r.first;  // keys [limit − w, limit]
-    if (window_left >= 0 && w != window_left) return band;
-    window_left = w;
+    const std::int64_t start =
+        window_left < 0 ? band.first : std::max(band.first, limit(i) - window_left);
+    if (r.last != limit(i) || r.first != start) return band;
   }
-  // A row starting at the first key must be within the window where there is one.
-  if (window_left >= 0)
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const Row& r = seen[static_cast<std::size_t>(i)];
-      const std::int64_t limit = band.first + kept - rows + i;
-      if (std::max(band.first, limit - window_left) != r.first) return band;
-    }
   band.is_band = true;
   band.window_left = window_left;
   return band;

@@ -154,6 +154,10 @@ struct Options {
   const TensorView* attn_mask_scale = nullptr;
 };
 
+// The head dims attention_forward and attention_backward take: D in [kMinHeadDim, kMaxHeadDim].
+inline constexpr std::int64_t kMinHeadDim = 16;
+inline constexpr std::int64_t kMaxHeadDim = 256;
+
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32
 // Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA). D in [16, 256]. lse may be null.
 // dtype: float32, bfloat16 or float16, one for q, k, v and out (the CPU computes in

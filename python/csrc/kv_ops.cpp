@@ -140,8 +140,7 @@ std::tuple<at::Tensor, at::Tensor> run_kvcache(
     std::int64_t window_left, std::int64_t window_right, double softcap,
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
-                          alibi_slopes, sinks,
-                          &options);
+                          alibi_slopes, sinks, &options);
   at::Tensor out = empty_output(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   const fattn::TensorView lse_view = view_of(lse, "lse");
@@ -177,8 +176,7 @@ std::string kvcache_table_kernel(const at::Tensor& q, const KvCacheCall& call,
                                  const std::optional<at::Tensor>& alibi_slopes,
                                  const std::optional<at::Tensor>& sinks) {
   const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
-                          alibi_slopes, sinks,
-                          &options);
+                          alibi_slopes, sinks, &options);
   const c10::cuda::CUDAGuard on_q_device(q.device());
   return fattn::cuda_kvcache_kernel(view_of(q, "q"), call.cache, call.kn(), call.vn(), options);
 }
@@ -281,8 +279,7 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen(
   check_packed(q, k, v);
   fattn::Options options = varlen_options(q, causal, scale, impl);
   const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
-                          alibi_slopes, sinks,
-                          &options);
+                          alibi_slopes, sinks, &options);
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
   if (q.numel() == 0) return {out, lse};  // no query row
@@ -314,8 +311,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_varlen_back
   check_rank(lse, "lse", 2, "(heads, total_q)");
   fattn::Options options = varlen_options(q, causal, scale, impl);
   const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
-                          alibi_slopes, sinks,
-                          &options);
+                          alibi_slopes, sinks, &options);
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());

@@ -104,7 +104,8 @@ struct DenseCall {
             const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks)
       : options((check_operands(q, k, v),
                  options_for(q, is_causal, causal_bottom_right, scale, impl))),
-        variants(q.scalar_type(), attn_mask, window_left, window_right, softcap, alibi_slopes, sinks, &options) {}
+        variants(q.scalar_type(), attn_mask, window_left, window_right, softcap, alibi_slopes,
+                 sinks, &options) {}
   DenseCall(const DenseCall&) = delete;
   DenseCall& operator=(const DenseCall&) = delete;
 };

@@ -32,18 +32,30 @@ inline void run_on_aten_pool(void* /*context*/, int workers,
 inline const fattn::ParallelRunner kAtenRunner{&run_on_aten_pool, nullptr};
 
 // --- tensors to views ---------------------------------------------------------------------
-inline fattn::DType dtype_of(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
+// fattn's dtype of a torch floating type; none for any other.
+inline std::optional<fattn::DType> float_dtype_of(at::ScalarType type) {
+  switch (type) {
     case at::kFloat: return fattn::DType::float32;
     case at::kHalf: return fattn::DType::float16;
     case at::kBFloat16: return fattn::DType::bfloat16;
     case at::kDouble: return fattn::DType::float64;
-    default:
-      TORCH_CHECK(false, "fattn: ", name,
-                  ".dtype must be float32, bfloat16 or float16 (float64 only through the CPU "
-                  "reference), got ",
-                  t.scalar_type());
+    default: return std::nullopt;
   }
+}
+
+// A type's name in fattn's words for the floating types (float32, ...), torch's for others.
+inline std::string dtype_name(at::ScalarType type) {
+  const std::optional<fattn::DType> dtype = float_dtype_of(type);
+  return dtype ? fattn::to_string(*dtype) : std::string(c10::toString(type));
+}
+
+inline fattn::DType dtype_of(const at::Tensor& t, const char* name) {
+  const std::optional<fattn::DType> dtype = float_dtype_of(t.scalar_type());
+  TORCH_CHECK(dtype, "fattn: ", name,
+              ".dtype must be float32, bfloat16 or float16 (float64 only through the CPU "
+              "reference), got ",
+              t.scalar_type());
+  return *dtype;
 }
 
 inline fattn::Device device_of(const at::Tensor& t, const char* name) {

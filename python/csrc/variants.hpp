@@ -18,20 +18,10 @@ struct Variants {
   at::Tensor mask;
   fattn::TensorView mask_view, alibi_view, sinks_view;
 
-  // fattn's name of a floating dtype (torch's for any other).
-  static const char* float_dtype_name(at::ScalarType type) {
-    switch (type) {
-      case at::kFloat: return "float32";
-      case at::kHalf: return "float16";
-      case at::kBFloat16: return "bfloat16";
-      case at::kDouble: return "float64";
-      default: return c10::toString(type);
-    }
-  }
-
-  Variants(at::ScalarType q_type, const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
-           std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi,
-           const std::optional<at::Tensor>& sinks, fattn::Options* options) {
+  Variants(at::ScalarType q_type, const std::optional<at::Tensor>& attn_mask,
+           std::int64_t window_left, std::int64_t window_right, double softcap,
+           const std::optional<at::Tensor>& alibi, const std::optional<at::Tensor>& sinks,
+           fattn::Options* options) {
     options->window_left = window_left;
     options->window_right = window_right;
     options->softcap = softcap;
@@ -40,17 +30,14 @@ struct Variants {
       TORCH_CHECK(mask.dim() <= 4, "fattn: attn_mask must have at most 4 dimensions "
                   "(batch, heads, query, key), got ", mask.dim(), " with shape ", mask.sizes());
       while (mask.dim() < 4) mask = mask.unsqueeze(0);
-      const auto type = mask.scalar_type();
-      TORCH_CHECK(type == at::kBool || type == at::kFloat || type == at::kHalf ||
-                      type == at::kBFloat16 || type == at::kDouble,
-                  "fattn: attn_mask must have dtype bool or q's dtype, got ", type);
-      mask_view = view_of(mask, "attn_mask",
-                          type == at::kBool ? std::optional(fattn::DType::boolean) : std::nullopt);
       // torch SDPA's rule, which the library widens (any float mask, for ggml's float16
       // masks over float32 queries): the torch operators keep torch's.
-      TORCH_CHECK(type == at::kBool || q_type == type,
-                  "fattn: attn_mask must have dtype bool or q's dtype ",
-                  float_dtype_name(q_type), ", got ", fattn::to_string(mask_view.dtype));
+      const auto type = mask.scalar_type();
+      TORCH_CHECK(type == at::kBool || type == q_type,
+                  "fattn: attn_mask must have dtype bool or q's dtype ", dtype_name(q_type),
+                  ", got ", dtype_name(type));
+      mask_view = view_of(mask, "attn_mask",
+                          type == at::kBool ? std::optional(fattn::DType::boolean) : std::nullopt);
       options->attn_mask = &mask_view;
     }
     if (alibi) {

@@ -126,13 +126,15 @@ def main():
         ap.add_argument("--" + name, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--no-extras", action="store_true", help="only llama-bench (no logits, no server)")
+    ap.add_argument("--no-extras", action="store_true",
+                    help="only llama-bench (no test-backend-ops, logits or server)")
     a = ap.parse_args()
     result = {"machine": a.machine, "cpu": platform.processor() or platform.machine(),
               "threads": a.threads, "llama_cpp": f"llama-cpp-python {a.llama_version} (vendored tree)",
               "date": time.strftime("%Y-%m-%d"), "rows": []}
-    with open(f"{a.work}/test-backend-ops.json") as fh:
-        result["test_backend_ops"] = json.load(fh)
+    if not a.no_extras:
+        with open(f"{a.work}/test-backend-ops.json") as fh:
+            result["test_backend_ops"] = json.load(fh)
     head_dim = {"llama3-8b": 128, "llama3.2-1b": 64}
     order = 0
     for shape in a.models.split(","):
@@ -174,7 +176,7 @@ def finish(a, result):
     if os.path.exists(path):  # another run of the same day (other depths, caches or models)
         with open(path) as fh:
             earlier = json.load(fh)
-        for k in ("logits", "server"):
+        for k in ("test_backend_ops", "logits", "server"):
             if k not in result and k in earlier:
                 result[k] = earlier[k]
         keys = {(r["model"], r["cache_type"], r["depth"], r["test"]) for r in result["rows"]}

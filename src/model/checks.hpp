@@ -5,12 +5,13 @@
 #include <cstdint>
 #include <string>
 
+#include "fattn/attention.hpp"
 #include "model/problem.hpp"
 
 namespace fattn::detail {
 
-constexpr std::int64_t kMinHeadDim = 16;
-constexpr std::int64_t kMaxHeadDim = 256;
+using fattn::kMaxHeadDim;  // attention.hpp's head-dim range
+using fattn::kMinHeadDim;
 
 // Byte range [first, last) a view can touch.
 struct Extent {

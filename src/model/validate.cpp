@@ -185,18 +185,18 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
   expect_size("v", v, 3, "head dim", "q.size(3)", head_dim);
 
   // out: q's dtype, or float32 for a 16-bit q on the CPU (float32 accumulators, not rounded).
-  const bool out_float32 = out && out->dtype == DType::float32 && device == Device::cpu &&
-                           (dtype == DType::float16 || dtype == DType::bfloat16);
+  const bool sixteen_bit = dtype == DType::float16 || dtype == DType::bfloat16;
+  const bool out_float32 =
+      out && out->dtype == DType::float32 && device == Device::cpu && sixteen_bit;
   if (out && out->dtype != dtype && !out_float32) {
     std::ostringstream m;
-    m << "out must have dtype " << to_string(dtype)
-      << (dtype == DType::float16 || dtype == DType::bfloat16 ? " (or float32 on the CPU)" : "")
+    m << "out must have dtype " << to_string(dtype) << (sixteen_bit ? " (or float32 on the CPU)" : "")
       << ", got " << to_string(out->dtype);
     fail(m.str());
   }
   if (out) {
-    const Extent out_extent = extents->out =
-        check_view("out", *out, 4, out_float32 ? DType::float32 : dtype, device);
+    // out's dtype is checked above (q's, or float32): here its view.
+    const Extent out_extent = extents->out = check_view("out", *out, 4, out->dtype, device);
     for (int d = 0; d < 4; ++d) expect_size("out", *out, d, "as q", dim_name("q", d), q.size(d));
     expect_no_self_overlap("out", *out);
     expect_disjoint("out", out_extent, "q", q_extent);
