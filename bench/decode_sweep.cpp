@@ -34,25 +34,39 @@ void fill_random(std::vector<float>& values, std::uint64_t seed) {
   }
 }
 
+// Bytes of n values of a cache of `dtype` (q8_0: blocks of 32 values in 34 bytes).
+std::int64_t cache_bytes(std::int64_t n, fattn::DType dtype) {
+  return dtype == fattn::DType::q8_0 ? fattn::q8_0_row_bytes(n) : n * fattn::element_size(dtype);
+}
+
 // One tensor of the problem in (B, S, H, D) memory, FlashAttention's layout: float32
-// values, or only their 16-bit bits (gigabytes of cache).
+// values, or only their 16-bit bits or q8_0 blocks (gigabytes of cache).
 struct Stored {
   std::vector<float> values;
   std::vector<std::uint16_t> bits;
+  std::vector<std::uint8_t> blocks;
   fattn::TensorView view;
 
   void allocate(std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, fattn::DType dtype) {
     const auto count = static_cast<std::size_t>(B * S * H * D);
-    const bool wide = dtype == fattn::DType::float32;
+    const bool wide = dtype == fattn::DType::float32, q8_0 = dtype == fattn::DType::q8_0;
     values.assign(wide ? count : 0, 0.0f);
-    bits.assign(wide ? 0 : count, 0);
-    view = wide ? fattn::TensorView::bshd(values.data(), B, S, H, D)
-                : fattn::TensorView::bshd(bits.data(), B, S, H, D, dtype);
+    bits.assign(wide || q8_0 ? 0 : count, 0);
+    blocks.assign(q8_0 ? static_cast<std::size_t>(cache_bytes(B * S * H * D, dtype)) : 0, 0);
+    const std::int64_t row = fattn::q8_0_row_bytes(D);
+    view = wide   ? fattn::TensorView::bshd(values.data(), B, S, H, D)
+           : q8_0 ? fattn::TensorView{blocks.data(), 4, {B, H, S, D}, {S * H * row, row, H * row, 1}, dtype}
+                  : fattn::TensorView::bshd(bits.data(), B, S, H, D, dtype);
   }
 
-  // Random values (fill_random), rounded to the dtype.
+  // Random values (fill_random), rounded to the dtype (q8_0: quantized row by row).
   void fill(std::uint64_t seed) {
     if (view.dtype == fattn::DType::float32) return fill_random(values, seed);
+    if (view.dtype == fattn::DType::q8_0) {
+      std::vector<float> drawn(blocks.size() / fattn::kQ8_0BlockBytes * fattn::kQ8_0BlockValues);
+      fill_random(drawn, seed);
+      return fattn::quantize_q8_0(drawn.data(), static_cast<std::int64_t>(drawn.size()), blocks.data());
+    }
     std::vector<float> drawn(bits.size());
     fill_random(drawn, seed);
     std::transform(drawn.begin(), drawn.end(), bits.begin(),
@@ -102,7 +116,7 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.dtype = c.dtype;
   r.batch = p.B, r.q_heads = p.Hq, r.kv_heads = p.Hkv, r.head_dim = p.D, r.q_len = p.Sq, r.kv_len = p.Sk;
   r.ms_median = t.median_ms, r.ms_min = t.min_ms, r.ms_max = t.max_ms;
-  r.kv_bytes = 2 * p.B * p.Hkv * p.Sk * p.D * fattn::element_size(c.dtype);
+  r.kv_bytes = 2 * cache_bytes(p.B * p.Hkv * p.Sk * p.D, p.k.view.dtype);
   constexpr double kGigaPerMilli = 1e-6;
   r.gbs = static_cast<double>(r.kv_bytes) / t.median_ms * kGigaPerMilli;
   r.pct_read_bandwidth = 100.0 * r.gbs / ceilings.read_bandwidth_gbs;
@@ -128,7 +142,10 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
     for (std::int64_t Hkv : c.kv_heads)
       for (std::int64_t D : c.head_dims)
         for (std::int64_t Sk : c.kv_lens) {
-          const double kv_gib = 2.0 * B * Hkv * Sk * D * fattn::element_size(c.dtype) / kGiB;
+          const fattn::DType cache = c.dtype;
+          // A q8_0 cache is read with float32 queries and output.
+          const fattn::DType rows = cache == fattn::DType::q8_0 ? fattn::DType::float32 : cache;
+          const double kv_gib = 2.0 * static_cast<double>(cache_bytes(B * Hkv * Sk * D, cache)) / kGiB;
           if (kv_gib > c.max_kv_gib) {
             std::fprintf(stderr, "skipping B=%lld Hkv=%lld D=%lld Sk=%lld: K+V %.1f GiB > --max-kv-gib\n",
                          static_cast<long long>(B), static_cast<long long>(Hkv),
@@ -136,15 +153,15 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
             continue;
           }
           Problem p{B, c.q_heads, Hkv, D, 0, Sk};
-          p.k.allocate(B, Sk, Hkv, D, c.dtype);
-          p.v.allocate(B, Sk, Hkv, D, c.dtype);
+          p.k.allocate(B, Sk, Hkv, D, cache);
+          p.v.allocate(B, Sk, Hkv, D, cache);
           p.k.fill(c.seed + 1);
           p.v.fill(c.seed + 2);
           for (std::int64_t Sq : c.q_lens) {
             p.Sq = Sq;
-            p.q.allocate(B, Sq, c.q_heads, D, c.dtype);
+            p.q.allocate(B, Sq, c.q_heads, D, rows);
             p.q.fill(c.seed + 3);
-            p.out.allocate(B, Sq, c.q_heads, D, c.dtype);
+            p.out.allocate(B, Sq, c.q_heads, D, rows);
             p.out.poison();
             for (fattn::Impl impl : c.impls) {
               if (impl == fattn::Impl::fused && Sk > c.fused_max_keys) continue;

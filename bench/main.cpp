@@ -1,5 +1,6 @@
 // fattn-bench — measures this machine's ceilings, then times the attention kernels
 // over a sweep of sequence lengths and causal modes, and reports each against them.
+#include <algorithm>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -177,11 +178,13 @@ int main(int argc, char** argv) {
   app.add_option("--isa", isa_name, "auto|amx|avx512|avx2|portable")->capture_default_str();
   const std::map<std::string, fattn::DType> dtypes{{"float32", fattn::DType::float32},
                                                    {"bfloat16", fattn::DType::bfloat16},
-                                                   {"float16", fattn::DType::float16}};
+                                                   {"float16", fattn::DType::float16},
+                                                   {"q8_0", fattn::DType::q8_0}};
   app.add_option("--dtype", config.dtype,
                  "float32|bfloat16|float16: of q, k, v and the output (both sweeps; the "
                  "reference reads the same values in float32); %pk is against the peak of the "
-                 "instructions the kernel runs (\"dot\": VDPBF16PS)")
+                 "instructions the kernel runs (\"dot\": VDPBF16PS); q8_0 (--decode only): the "
+                 "cache's, with float32 q and output")
       ->transform(CLI::CheckedTransformer(dtypes))
       ->capture_default_str();
   app.add_option("--reps", config.reps, "timed runs per point (median, min, max)")
@@ -239,6 +242,10 @@ int main(int argc, char** argv) {
     if (!config.kv_lens.empty() && config.kv_lens.size() != 1 &&
         config.kv_lens.size() != config.q_lens.size())
       throw CLI::ValidationError("--seq-kv", "give one length, or as many as --seq");
+    const auto is_q8_0 = [](fattn::DType d) { return d == fattn::DType::q8_0; };
+    if ((is_q8_0(config.dtype) && !decode) ||
+        std::any_of(varlen_config.dtypes.begin(), varlen_config.dtypes.end(), is_q8_0))
+      throw CLI::ValidationError("--dtype", "q8_0 is a cache format: --decode only");
     config.causal = parse_causal(causal_names);
     config.impls = parse_impls(impl_names);
     config.isa = resolve_isa(isa_name);

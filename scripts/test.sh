@@ -90,9 +90,15 @@ if [ "$sanitizers" = 1 ]; then
   # -O1 -g1 (line tables, enough for the sanitizers' stack traces), and the kernel units at
   # -O1 (CMakeLists.txt): the build in 144 s instead of 327 s on 2 cores, the tests in
   # 193 s instead of 169 s (docs/perf-log.md, 2026-11-27, "CI time").
+  # With the pinned llama.cpp tree (the ggml phase above), the ggml backend and its tests
+  # too (ggml's libraries themselves uninstrumented).
+  ggml_args=()
+  if [ "$llama_status" = 0 ]; then
+    ggml_args=(-DFATTN_GGML_SOURCE="$LLAMA_SOURCE" -DFATTN_GGML_LIB_DIR="$GGML_LIB_DIR")
+  fi
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DFATTN_SANITIZE=address,undefined \
-    -DFATTN_BUILD_BENCH=ON -DFATTN_CUDA=OFF >/dev/null
+    -DFATTN_BUILD_BENCH=ON -DFATTN_CUDA=OFF "${ggml_args[@]}" >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs"

@@ -27,16 +27,27 @@ Params params_of(const ggml_tensor* op) {
   return p;
 }
 
+std::int64_t elements(std::size_t bytes, const ggml_tensor* t) {
+  return static_cast<std::int64_t>(bytes / ggml_type_size(t->type));
+}
+
 fattn::DType dtype_of(ggml_type type) {
   switch (type) {
     case GGML_TYPE_F16: return fattn::DType::float16;
     case GGML_TYPE_BF16: return fattn::DType::bfloat16;
+    case GGML_TYPE_Q8_0: return fattn::DType::q8_0;
     default: return fattn::DType::float32;
   }
 }
 
 bool cache_type(ggml_type type) {
-  return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
+  return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 ||
+         type == GGML_TYPE_Q8_0;
+}
+
+// A view's stride in fattn's units: elements, or bytes for q8_0 (fattn/tensor.hpp).
+std::int64_t stride_of(std::size_t bytes, const ggml_tensor* t) {
+  return t->type == GGML_TYPE_Q8_0 ? static_cast<std::int64_t>(bytes) : elements(bytes, t);
 }
 
 // Rows contiguous and every stride a whole number of elements: a fattn view reads it.
@@ -48,9 +59,6 @@ bool viewable(const ggml_tensor* t) {
   return true;
 }
 
-std::int64_t elements(std::size_t bytes, const ggml_tensor* t) {
-  return static_cast<std::int64_t>(bytes / ggml_type_size(t->type));
-}
 
 // ggml's ALiBi slope of head h (ggml-cpu's formula, in float as it computes it).
 float alibi_slope(float max_bias, std::uint32_t n_head, std::uint32_t h) {
@@ -71,7 +79,7 @@ std::string refusal(const ggml_tensor* op) {
   if (q->type != GGML_TYPE_F32) why << "q is " << ggml_type_name(q->type) << ", not f32";
   else if (!cache_type(k->type) || k->type != v->type)
     why << "K/V types " << ggml_type_name(k->type) << "/" << ggml_type_name(v->type)
-        << " (fattn: f32, f16 or bf16, one for both)";
+        << " (fattn: f32, f16, bf16 or q8_0, one for both)";
   else if (k->ne[0] != v->ne[0] || q->ne[0] != k->ne[0])
     why << "head dims K " << k->ne[0] << ", V " << v->ne[0] << " differ";
   else if (q->ne[0] < fattn::kMinHeadDim || q->ne[0] > fattn::kMaxHeadDim)
@@ -130,13 +138,16 @@ std::vector<MaskBand> read_masks(const ggml_tensor* mask, std::int64_t n_q, std:
   return bands;
 }
 
-// Sequence b's queries as fattn reads them: in place (float32 caches), or rounded to the
-// cache's 16-bit type into `rounded` as ggml's kernel rounds them (its from_float).
+// Sequence b's queries as fattn reads them: in place (float32 and q8_0 caches), or rounded
+// to the cache's 16-bit type into `rounded` as ggml's kernel rounds them (its from_float).
+// (ggml quantizes the queries to q8_0 for a q8_0 cache's integer dot products; fattn
+// multiplies them in float32 with the widened cache: closer to the exact scores.)
 fattn::TensorView queries(const ggml_tensor* q, ggml_type cache, std::int64_t b,
                           std::vector<std::uint16_t>& rounded) {
   const std::int64_t D = q->ne[0], n_q = q->ne[1], Hq = q->ne[2];
   const char* base = static_cast<const char*>(q->data) + b * q->nb[3];
-  const fattn::DType dtype = dtype_of(cache);
+  const fattn::DType dtype =
+      cache == GGML_TYPE_Q8_0 ? fattn::DType::float32 : dtype_of(cache);
   if (dtype == fattn::DType::float32)
     return {const_cast<char*>(base), 4, {1, Hq, n_q, D},
             {0, elements(q->nb[2], q), elements(q->nb[1], q), 1}, dtype};
@@ -154,7 +165,7 @@ fattn::TensorView cache_keys(const ggml_tensor* t, std::int64_t b, std::int64_t 
                              std::int64_t kept) {
   char* data = static_cast<char*>(t->data) + b * t->nb[3] + first * t->nb[1];
   return {data, 4, {1, t->ne[2], kept, t->ne[0]},
-          {0, elements(t->nb[2], t), elements(t->nb[1], t), 1}, dtype_of(t->type)};
+          {0, stride_of(t->nb[2], t), stride_of(t->nb[1], t), 1}, dtype_of(t->type)};
 }
 
 // Sequence b's output rows, all 0: no row sees a key.

@@ -2,7 +2,7 @@
 """ggml's test-backend-ops on FLASH_ATTN_EXT with the fattn backend loaded, as llama.cpp
 loads it (GGML_BACKEND_PATH): every case compared with ggml's CPU kernel.
 
-Fails when a case fails, or when a case fattn is meant to take (K/V f32, f16 or bf16, one
+Fails when a case fails, or when a case fattn is meant to take (K/V f32, f16, bf16 or q8_0, one
 type for both, equal head dims in [16, 256], no sparse mask) is left to ggml. Writes the
 counts (and each refused case) to --json.
 """
@@ -15,7 +15,7 @@ import sys
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CASE = re.compile(r"^\s*FLASH_ATTN_EXT\((?P<vars>.*)\): (?P<verdict>.*)$")
-TAKEN_TYPES = {"f32", "f16", "bf16"}
+TAKEN_TYPES = {"f32", "f16", "bf16", "q8_0"}
 
 
 def fields(text):

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "fattn/fattn.hpp"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -66,6 +67,9 @@ std::vector<float> make_mask(const Case& c, std::int64_t n_kv, std::int64_t rows
   return m;
 }
 
+// The queries as ggml's kernel multiplies them: rounded to a 16-bit cache's type (fattn
+// rounds them alike); a q8_0 cache's are taken exact (fattn multiplies float32 queries
+// with the widened cache, where ggml quantizes them to q8_0 too: the reference is exact).
 float round_to(ggml_type type, float x) {
   if (type == GGML_TYPE_F16) return ggml_fp16_to_fp32(ggml_fp32_to_fp16(x));
   if (type == GGML_TYPE_BF16) return ggml_bf16_to_fp32(ggml_fp32_to_bf16(x));
@@ -76,6 +80,24 @@ void store(ggml_type type, float x, void* dst) {
   if (type == GGML_TYPE_F16) *static_cast<ggml_fp16_t*>(dst) = ggml_fp32_to_fp16(x);
   else if (type == GGML_TYPE_BF16) *static_cast<ggml_bf16_t*>(dst) = ggml_fp32_to_bf16(x);
   else *static_cast<float*>(dst) = x;
+}
+
+// values as a cache of `type` with rows of `row` values: the bytes to set, and values
+// replaced by what the cache holds (rounded, or quantized by ggml and widened back).
+std::vector<std::uint8_t> cache_bytes(ggml_type type, std::int64_t row, std::vector<float>& values) {
+  const auto n = static_cast<std::int64_t>(values.size());
+  if (type == GGML_TYPE_Q8_0) {
+    std::vector<std::uint8_t> raw(static_cast<std::size_t>(n / row) * ggml_row_size(type, row));
+    ggml_quantize_chunk(type, values.data(), raw.data(), 0, n / row, row, nullptr);
+    ggml_get_type_traits(type)->to_float(raw.data(), values.data(), n);
+    return raw;
+  }
+  std::vector<std::uint8_t> raw(static_cast<std::size_t>(n) * ggml_type_size(type));
+  for (std::size_t e = 0; e < values.size(); ++e) {
+    values[e] = round_to(type, values[e]);
+    store(type, values[e], raw.data() + e * ggml_type_size(type));
+  }
+  return raw;
 }
 
 float slope(float max_bias, std::int64_t n_head, std::int64_t h) {
@@ -122,15 +144,14 @@ Outputs run_case(const Case& c) {
   // Inputs: fresh random values, some large logits.
   std::vector<float> kf(static_cast<std::size_t>(c.D * c.Hkv * c.n_ctx)), vf(kf.size()),
       qf(static_cast<std::size_t>(c.D * c.Hq * c.n_q)), sink_values(static_cast<std::size_t>(c.Hq));
-  for (float& x : kf) x = round_to(c.type, normal(rng));
-  for (float& x : vf) x = round_to(c.type, normal(rng));
+  for (float& x : kf) x = normal(rng);
+  for (float& x : vf) x = normal(rng);
   for (float& x : qf) x = normal(rng) * 1.5f;
   for (float& x : sink_values) x = normal(rng) * 3.0f;
-  std::vector<std::uint8_t> raw(ggml_nbytes(k_cache));
-  for (std::size_t e = 0; e < kf.size(); ++e) store(c.type, kf[e], raw.data() + e * ggml_type_size(c.type));
-  ggml_backend_tensor_set(k_cache, raw.data(), 0, raw.size());
-  for (std::size_t e = 0; e < vf.size(); ++e) store(c.type, vf[e], raw.data() + e * ggml_type_size(c.type));
-  ggml_backend_tensor_set(v_cache, raw.data(), 0, raw.size());
+  const std::vector<std::uint8_t> k_raw = cache_bytes(c.type, c.D * c.Hkv, kf);
+  const std::vector<std::uint8_t> v_raw = cache_bytes(c.type, c.D * c.Hkv, vf);
+  ggml_backend_tensor_set(k_cache, k_raw.data(), 0, ggml_nbytes(k_cache));
+  ggml_backend_tensor_set(v_cache, v_raw.data(), 0, ggml_nbytes(v_cache));
   ggml_backend_tensor_set(q_rows, qf.data(), 0, ggml_nbytes(q_rows));
   std::vector<float> mf;
   if (masked) {
@@ -230,16 +251,20 @@ TEST_P(BackendTest, WithinTwiceGgmlsError) {
 
 std::vector<Case> cases() {
   std::vector<Case> all;
-  for (ggml_type type : {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32}) {
+  for (ggml_type type : {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32, GGML_TYPE_Q8_0}) {
     all.push_back({type, 128, 32, 8, 1, 700, 1024, MaskKind::causal});    // decode
     all.push_back({type, 64, 8, 2, 37, 300, 1024, MaskKind::causal});     // a prefill chunk
     all.push_back({type, 128, 8, 8, 70, 0, 512, MaskKind::causal});       // a first prefill
-    all.push_back({type, 80, 4, 1, 9, 200, 512, MaskKind::window, 0.0f, 0.0f, false, 64});
+    if (type != GGML_TYPE_Q8_0)  // q8_0 rows are blocks of 32
+      all.push_back({type, 80, 4, 1, 9, 200, 512, MaskKind::window, 0.0f, 0.0f, false, 64});
+    else
+      all.push_back({type, 96, 4, 1, 9, 200, 512, MaskKind::window, 0.0f, 0.0f, false, 64});
     all.push_back({type, 64, 8, 8, 17, 100, 512, MaskKind::alibi, 0.0f, 8.0f});
     all.push_back({type, 96, 4, 2, 5, 60, 256, MaskKind::random});
     all.push_back({type, 64, 4, 2, 12, 80, 256, MaskKind::two_sequences});
     all.push_back({type, 256, 4, 1, 3, 90, 256, MaskKind::hidden, 30.0f, 0.0f, true});
-    all.push_back({type, 112, 4, 4, 6, 40, 64, MaskKind::none, 0.0f, 0.0f, true});
+    all.push_back({type, type == GGML_TYPE_Q8_0 ? 32 : 112, 4, 4, 6, 40, 64, MaskKind::none,
+                   0.0f, 0.0f, true});
   }
   return all;
 }
@@ -249,7 +274,7 @@ INSTANTIATE_TEST_SUITE_P(Graphs, BackendTest, ::testing::ValuesIn(cases()),
 
 // What supports_op refuses: ggml's kernel keeps those nodes (never a wrong answer).
 TEST(Backend, RefusesWhatItCannotMatch) {
-  ggml_init_params params{32 * ggml_tensor_overhead(), nullptr, true};
+  ggml_init_params params{48 * ggml_tensor_overhead(), nullptr, true};
   ggml_context* ctx = ggml_init(params);
   ggml_backend_dev_t dev = ggml_backend_reg_dev_get(ggml_backend_fattn_reg(), 0);
   auto attention = [&](ggml_type k_type, ggml_type v_type, std::int64_t dk, std::int64_t dv) {
@@ -259,7 +284,9 @@ TEST(Backend, RefusesWhatItCannotMatch) {
     return ggml_flash_attn_ext(ctx, q, k, v, nullptr, 0.1f, 0.0f, 0.0f);
   };
   EXPECT_TRUE(ggml_backend_dev_supports_op(dev, attention(GGML_TYPE_F16, GGML_TYPE_F16, 128, 128)));
-  EXPECT_FALSE(ggml_backend_dev_supports_op(dev, attention(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128)));
+  EXPECT_TRUE(ggml_backend_dev_supports_op(dev, attention(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128)));
+  EXPECT_FALSE(ggml_backend_dev_supports_op(dev, attention(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128)));
+  EXPECT_FALSE(ggml_backend_dev_supports_op(dev, attention(GGML_TYPE_Q8_0, GGML_TYPE_F16, 128, 128)));
   EXPECT_FALSE(ggml_backend_dev_supports_op(dev, attention(GGML_TYPE_F16, GGML_TYPE_BF16, 128, 128)));
   EXPECT_FALSE(ggml_backend_dev_supports_op(dev, attention(GGML_TYPE_F16, GGML_TYPE_F16, 192, 128)));
   EXPECT_FALSE(ggml_backend_dev_supports_op(dev, attention(GGML_TYPE_F16, GGML_TYPE_F16, 576, 576)));
@@ -270,6 +297,28 @@ TEST(Backend, RefusesWhatItCannotMatch) {
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 8));
   EXPECT_FALSE(ggml_backend_dev_supports_op(dev, mul));
   ggml_free(ctx);
+}
+
+// fattn's q8_0 format is ggml's block_q8_0: fattn quantizes as ggml does, byte for byte,
+// and widens as ggml does, value for value.
+TEST(Backend, Q8_0IsGgmlsBlockFormat) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const std::int64_t n = 32 * 64;
+  std::vector<float> values(static_cast<std::size_t>(n));
+  for (float& x : values) x = normal(rng);
+  values[5] = 0.0f;
+  std::fill(values.begin() + 64, values.begin() + 96, 0.0f);  // an all-zero block: scale 0
+  std::vector<std::uint8_t> ours(static_cast<std::size_t>(fattn::q8_0_row_bytes(n))),
+      theirs(ggml_row_size(GGML_TYPE_Q8_0, n));
+  ASSERT_EQ(ours.size(), theirs.size());
+  fattn::quantize_q8_0(values.data(), n, ours.data());
+  ggml_quantize_chunk(GGML_TYPE_Q8_0, values.data(), theirs.data(), 0, 1, n, nullptr);
+  EXPECT_EQ(ours, theirs);
+  std::vector<float> ours_wide(values.size()), theirs_wide(values.size());
+  fattn::dequantize_q8_0(theirs.data(), n, ours_wide.data());
+  ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float(theirs.data(), theirs_wide.data(), n);
+  EXPECT_EQ(ours_wide, theirs_wide);
 }
 
 }  // namespace

@@ -63,11 +63,13 @@ def text_file(path, words):
                           for _ in range(words)))
 
 
-def kld(a, model, text, base, mode):
-    """llama-perplexity's KL divergence against the non-flash logits saved in base."""
+def kld(a, model, text, base, mode, cache="f16"):
+    """llama-perplexity's KL divergence against the non-flash logits saved in base (an F16
+    cache: llama.cpp's non-flash path takes no quantized V), the flash runs with `cache`."""
     cmd = [f"{a.llama_bin}/llama-perplexity", "-m", model, "-f", text, "-c", "2048",
            "-t", str(a.threads), "--kl-divergence-base", base] + LOAD_BACKENDS
-    cmd += ["-fa", "off"] if mode == "base" else ["-fa", "on", "--kl-divergence"]
+    cmd += ["-fa", "off"] if mode == "base" else ["-fa", "on", "--kl-divergence",
+                                                  "-ctk", cache, "-ctv", cache]
     run = subprocess.run(cmd, env=env_for(a.backend, mode == "fattn"), capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stderr[-2000:]}")
@@ -165,9 +167,17 @@ def main():
     result["logits"] = {"model": shape, "context": 2048,
                         "ggml_flash_vs_non_flash": kld(a, model, text, base, "ggml"),
                         "fattn_vs_non_flash": kld(a, model, text, base, "fattn")}
+    if "q8_0" in a.caches.split(","):  # the flash paths on a Q8_0 cache, against the same base
+        say("logits with a Q8_0 cache vs the non-flash path (F16 cache)")
+        result["logits_q8_0"] = {"model": shape, "context": 2048,
+                                 "ggml_flash_vs_non_flash": kld(a, model, text, base, "ggml", "q8_0"),
+                                 "fattn_vs_non_flash": kld(a, model, text, base, "fattn", "q8_0")}
     say("llama-server: a streamed request")
     result["server"] = server_request(a, model)
     return finish(a, result)
+
+
+EXTRAS = ("test_backend_ops", "logits", "logits_q8_0", "server")
 
 
 def finish(a, result):
@@ -176,7 +186,7 @@ def finish(a, result):
     if os.path.exists(path):  # another run of the same day (other depths, caches or models)
         with open(path) as fh:
             earlier = json.load(fh)
-        for k in ("test_backend_ops", "logits", "server"):
+        for k in EXTRAS:
             if k not in result and k in earlier:
                 result[k] = earlier[k]
         keys = {(r["model"], r["cache_type"], r["depth"], r["test"]) for r in result["rows"]}
@@ -192,7 +202,7 @@ def finish(a, result):
     with open(f"{a.out}/llama-check.md", "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(json.dumps({k: result.get(k) for k in ("test_backend_ops", "logits", "server")}, indent=1))
+    print(json.dumps({k: result.get(k) for k in EXTRAS}, indent=1))
 
 
 if __name__ == "__main__":

@@ -37,15 +37,15 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
     throw Error(std::string("fattn: isa ") + to_string(options.isa) +
                 " is not supported by this CPU" + cpu_unsupported_reason());
   const bool sixteen_bit = p.dtype == DType::bfloat16 || p.dtype == DType::float16;
-  if (options.isa == Isa::amx && sixteen_bit)
-    throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.dtype) +
+  if (options.isa == Isa::amx && (sixteen_bit || p.kv_q8_0))
+    throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.kv_dtype()) +
                 " inputs run on avx512, avx2 or portable");
   Isa isa = options.isa;
   if (isa == Isa::automatic) {
     isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
-    // Every AMX CPU has avx512: 16-bit inputs run there, and ragged batches (the AMX kernels
-    // take them when isa amx is asked for, but are not measured on them).
-    if (isa == Isa::amx && (sixteen_bit || p.is_ragged())) isa = Isa::avx512;
+    // Every AMX CPU has avx512: 16-bit inputs and q8_0 caches run there, and ragged batches
+    // (the AMX kernels take them when isa amx is asked for, but are not measured on them).
+    if (isa == Isa::amx && (sixteen_bit || p.kv_q8_0 || p.is_ragged())) isa = Isa::avx512;
   }
   if (options.bf16_products == Bf16Products::bf16_dot && p.dtype == DType::bfloat16 &&
       (isa != Isa::avx512 || !cpu_has_bf16_dot_products()))

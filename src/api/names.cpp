@@ -14,6 +14,7 @@ const char* to_string(DType dtype) {
     case DType::float64: return "float64";
     case DType::int32: return "int32";
     case DType::boolean: return "bool";
+    case DType::q8_0: return "q8_0";
   }
   return "unknown dtype";
 }
@@ -33,7 +34,8 @@ int element_size(DType dtype) {
     case DType::float64: return 8;
     case DType::float16:
     case DType::bfloat16: return 2;
-    case DType::boolean: return 1;
+    case DType::boolean:
+    case DType::q8_0: return 1;  // q8_0 strides count bytes
   }
   return 0;
 }

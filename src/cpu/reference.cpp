@@ -15,7 +15,7 @@
 // are not read, so the reference checks them too.
 //
 // Element type T: float, BFloat16, Float16 (cpu/common/elements.hpp) or double (float64
-// problems). A 16-bit output is the float64 result rounded to float, then to 16 bits.
+// problems); a q8_0 cache is widened to float32 first (WidenedKv). A 16-bit output is the float64 result rounded to float, then to 16 bits.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -274,17 +274,52 @@ decltype(auto) with_reference_type(DType dtype, F&& f) {
   }
 }
 
+// A q8_0 problem's K and V widened to float32 (exact: cpu/common/elements.hpp), in
+// contiguous (B, Hkv, Sk, D) copies the problem's views then point at; any other problem
+// unchanged. (q8_0 K and V come with a dense attention_forward: no pages, no packing.)
+class WidenedKv {
+ public:
+  explicit WidenedKv(const detail::Problem& p) : problem_(p) {
+    if (!p.kv_q8_0) return;
+    const std::int64_t D = p.head_dim, rows = p.batch * p.kv_heads * p.kv_len;
+    k_.resize(static_cast<std::size_t>(rows * D));
+    v_.resize(k_.size());
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t h = 0; h < p.kv_heads; ++h)
+        for (std::int64_t j = 0; j < p.kv_len; ++j) {
+          const std::int64_t at = ((b * p.kv_heads + h) * p.kv_len + j) * D;
+          convert_row(retype<const Q8_0>(p.k).row(b, h, j), 1, D, k_.data() + at);
+          convert_row(retype<const Q8_0>(p.v).row(b, h, j), 1, D, v_.data() + at);
+        }
+    const detail::Strided<const float> layout{nullptr, p.kv_heads * p.kv_len * D, p.kv_len * D, D, 1};
+    problem_.k = layout;
+    problem_.k.data = k_.data();
+    problem_.v = layout;
+    problem_.v.data = v_.data();
+    problem_.kv_q8_0 = false;
+  }
+  const detail::Problem& get() const { return problem_; }
+
+ private:
+  detail::Problem problem_;
+  std::vector<float> k_, v_;
+};
+
 }  // namespace
 
-double reference_row(const detail::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
-                     double* out_row) {
+double reference_row(const detail::Problem& problem, std::int64_t b, std::int64_t h,
+                     std::int64_t i, double* out_row) {
+  const WidenedKv widened(problem);
+  const detail::Problem& p = widened.get();
   return with_reference_type(p.dtype, [&](auto element) {
     Row row;
     return softmax_row(p, Views<decltype(element)>(p), b, h, i, out_row, row);
   });
 }
 
-void reference_forward(const detail::Problem& p, const detail::Exec& exec) {
+void reference_forward(const detail::Problem& problem, const detail::Exec& exec) {
+  const WidenedKv widened(problem);
+  const detail::Problem& p = widened.get();
   with_reference_type(p.dtype, [&](auto element) { forward<decltype(element)>(p, exec); });
 }
 

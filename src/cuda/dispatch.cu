@@ -38,7 +38,8 @@ void with_type(DType dtype, F&& f) {
     case DType::bfloat16: f(Tag<__nv_bfloat16>{}); return;
     case DType::float64:  // rejected before dispatch (api/attention.cpp)
     case DType::int32:
-    case DType::boolean: break;
+    case DType::boolean:
+    case DType::q8_0: break;  // a CPU cache format (model/validate.cpp)
   }
   fail("unknown dtype");
 }

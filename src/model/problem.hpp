@@ -96,6 +96,10 @@ struct Problem {
   Strided<float> out;
   Strided<float> lse;  // dim stride unused; null data when no logsumexp is asked for
   DType dtype = DType::float32;  // of q, k, v, out (float64 data sits behind these float pointers)
+  // k and v in q8_0 (a CPU forward's cache, with float32 q and out; their views count
+  // strides in bytes); false: k and v have dtype.
+  bool kv_q8_0 = false;
+  DType kv_dtype() const { return kv_q8_0 ? DType::q8_0 : dtype; }
   // A 16-bit forward's out in float32 (the CPU forward only: ggml's FLASH_ATTN_EXT writes
   // float32 from 16-bit caches); false: out has dtype.
   bool out_float32 = false;
@@ -175,8 +179,8 @@ struct Problem {
     s.dout = rows_from(dout, q0, e);
     s.dlse = rows_from(dlse, q0, el);
     s.dq = rows_from(dq, q0, e);
-    s.k = rows_from(k, k0, e);
-    s.v = rows_from(v, k0, e);
+    s.k = rows_from(k, k0, element_size(kv_dtype()));
+    s.v = rows_from(v, k0, element_size(kv_dtype()));
     s.dk = rows_from(dk, k0, e);
     s.dv = rows_from(dv, k0, e);
     if (mods.alibi) {  // per-head values: float64 for float64 problems, as the lse

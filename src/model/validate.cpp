@@ -52,6 +52,21 @@ Extent check_view(const char* name, const TensorView& t, int rank, DType dtype, 
         !checked_add(last_offset, reach, &last_offset))
       fail(std::string(name) + ": sizes times strides overflow 64-bit offsets");
   }
+  if (dtype == DType::q8_0) {  // rank 4: its rows are blocks of 34 bytes, strides bytes
+    if (t.size(3) % kQ8_0BlockValues != 0) {
+      std::ostringstream m;
+      m << dim_name(name, 3) << " (head dim) must be a multiple of " << kQ8_0BlockValues
+        << " for dtype q8_0, got " << t.size(3);
+      fail(m.str());
+    }
+    if (t.stride(3) != 1) {
+      std::ostringstream m;
+      m << name << ".stride(3) must be 1 for dtype q8_0 (a row's blocks back to back), got "
+        << t.stride(3);
+      fail(m.str());
+    }
+    last_offset += q8_0_row_bytes(t.size(3)) - t.size(3);  // the row's last byte
+  }
   std::int64_t elements = 1;
   for (int d = 0; d < rank; ++d)
     if (!checked_mul(elements, t.size(d), &elements))
@@ -165,9 +180,17 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
                       ForwardExtents* extents) {
   const DType dtype = q.dtype;
   const Device device = q.device;
+  // k and v: q's dtype, or a q8_0 cache (CPU, float32 q and out).
+  const bool kv_q8_0 = k.dtype == DType::q8_0 || v.dtype == DType::q8_0;
+  if (kv_q8_0 && device != Device::cpu)
+    fail(std::string("k and v of dtype q8_0 are read by the CPU kernels only; q is on ") +
+         to_string(device));
+  if (kv_q8_0 && dtype != DType::float32)
+    fail(std::string("q must have dtype float32 with k and v of dtype q8_0, got ") + to_string(dtype));
+  const DType kv_dtype = kv_q8_0 ? DType::q8_0 : dtype;
   const Extent q_extent = extents->q = check_view("q", q, 4, dtype, device);
-  const Extent k_extent = extents->k = check_view("k", k, 4, dtype, device);
-  const Extent v_extent = extents->v = check_view("v", v, 4, dtype, device);
+  const Extent k_extent = extents->k = check_view("k", k, 4, kv_dtype, device);
+  const Extent v_extent = extents->v = check_view("v", v, 4, kv_dtype, device);
 
   expect_size("k", k, 0, "batch", "q.size(0)", q.size(0));
   expect_size("v", v, 0, "batch", "q.size(0)", q.size(0));
@@ -227,6 +250,7 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
   p.scale = scale;
   p.causal = options.causal;
   p.dtype = dtype;
+  p.kv_q8_0 = kv_q8_0;
   p.out_float32 = out_float32;
   const VariantExtents variants = extents->variants = check_variants(options, q, &p);
   p.band_lo = p.band_lo_of(0);  // without a KV cache, every sequence has kv_len keys
@@ -255,6 +279,10 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
   if (out.dtype != q.dtype)
     fail(std::string("out (the forward's output) must have q's dtype ") + to_string(q.dtype) +
          " in the backward, got " + to_string(out.dtype));
+  if (k.dtype == DType::q8_0 || v.dtype == DType::q8_0)
+    fail(std::string("the backward takes k and v of q's dtype ") + to_string(q.dtype) +
+         ", got " + to_string(k.dtype) + " / " + to_string(v.dtype) +
+         " (q8_0 is a forward-only cache format)");
   ForwardExtents seen;
   Problem p = check_forward(q, k, v, &out, &lse, options, &seen);
   const DType dtype = q.dtype;

@@ -1,7 +1,9 @@
 // fattn — the element types of the tensors the CPU kernels read and write.
 //
-// q, k, v, out (and the backward's dout, dq, dk, dv) are float32, bfloat16 or float16;
-// the kernels compute in float32 whatever the inputs. A 16-bit element becomes a float
+// q, k, v, out (and the backward's dout, dq, dk, dv) are float32, bfloat16 or float16,
+// and a forward's k and v may be q8_0 (int8 blocks with a float16 scale each, widened to
+// float32 where a kernel copies or stages their rows); the kernels compute in float32
+// whatever the inputs. A 16-bit element becomes a float
 // where a kernel loads it into its own tile (the query tile, the key panels, the value
 // rows) and a float becomes a 16-bit element where the kernel stores its output, both
 // rounding to nearest even: the tensors themselves are never converted as a whole.
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "model/checks.hpp"
 #include "model/problem.hpp"
@@ -37,6 +40,12 @@ struct BFloat16 {
 };
 struct Float16 {
   std::uint16_t bits;
+};
+// The bytes of a q8_0 tensor (DType::q8_0): a view retyped to Q8_0 counts its strides in
+// bytes, and row() points at the first block of a row. Never indexed by value: its rows
+// are read through convert_row.
+struct Q8_0 {
+  std::uint8_t byte;
 };
 
 namespace {
@@ -151,6 +160,97 @@ typename S::vec load_vec(const E* src) {
   }
 }
 
+// Block `block` of a q8_0 row: its scale and its 32 int8 values.
+inline const std::uint8_t* q8_0_block(const Q8_0* row, std::int64_t block) {
+  return reinterpret_cast<const std::uint8_t*>(row) + block * kQ8_0BlockBytes;
+}
+inline float q8_0_scale(const std::uint8_t* block) {
+  std::uint16_t bits;
+  std::memcpy(&bits, block, sizeof bits);
+#if defined(FATTN_AVX512) || defined(FATTN_AVX)
+  return _cvtsh_ss(bits);  // F16C: one instruction where to_float is a dozen
+#else
+  return to_float(Float16{bits});
+#endif
+}
+
+// dst[d] = value d of a q8_0 row, d < n (n a multiple of 32; the row's blocks back to back,
+// validated: `stride` is 1). d·q is exact in float32 (11 + 8 significant bits), so every
+// unit widens a row to the same floats: 16 (AVX-512) or 8 (AVX2) values per step.
+inline void convert_row(const Q8_0* src, [[maybe_unused]] std::int64_t stride, std::int64_t n,
+                        float* dst) {
+  for (std::int64_t block = 0; block * kQ8_0BlockValues < n; ++block) {
+    const std::uint8_t* at = q8_0_block(src, block);
+    const float scale = q8_0_scale(at);
+    const auto* values = reinterpret_cast<const std::int8_t*>(at + sizeof(std::uint16_t));
+    float* out = dst + block * kQ8_0BlockValues;
+    int d = 0;
+#if defined(FATTN_AVX512)
+    for (; d < kQ8_0BlockValues; d += 16) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + d));
+      _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+                                              _mm512_set1_ps(scale)));
+    }
+#elif defined(FATTN_AVX)
+    for (; d < kQ8_0BlockValues; d += 8) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(values + d));
+      _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                                              _mm256_set1_ps(scale)));
+    }
+#endif
+    for (; d < kQ8_0BlockValues; ++d) out[d] = scale * static_cast<float>(values[d]);
+  }
+}
+
+// S::lanes values of a row from value d on (contiguous dims; d a multiple of S::lanes):
+// load_vec at row + d, or for a q8_0 row the lanes of block d / 32 widened, d·q (the
+// bits convert_row writes). The decode kernel reads its cache rows in place through this.
+template <class S, class E>
+typename S::vec load_row_vec(const E* row, std::int64_t d) {
+  if constexpr (!std::is_same_v<E, Q8_0>) {
+    return load_vec<S>(row + d);
+  } else {
+    const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues);
+    const auto* values =
+        reinterpret_cast<const std::int8_t*>(block + sizeof(std::uint16_t)) + d % kQ8_0BlockValues;
+#if defined(FATTN_AVX512)
+    if constexpr (S::lanes == 16) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(q8_0_scale(block)));
+    }
+#endif
+#if defined(FATTN_AVX)
+    if constexpr (S::lanes == 8) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(values));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(q8_0_scale(block)));
+    }
+#endif
+    const float scale = q8_0_scale(block);
+    typename S::vec v;
+    for (int i = 0; i < S::lanes; ++i) v[i] = scale * static_cast<float>(values[i]);
+    return v;
+  }
+}
+
+// Value d of a row whose dims are `dim` elements apart (q8_0: contiguous blocks), as float.
+template <class E>
+float row_value(const E* row, std::int64_t d, std::int64_t dim) {
+  if constexpr (std::is_same_v<E, Q8_0>) {
+    const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues);
+    const auto q = static_cast<std::int8_t>(block[sizeof(std::uint16_t) + d % kQ8_0BlockValues]);
+    return q8_0_scale(block) * static_cast<float>(q);
+  } else {
+    return to_float(row[d * dim]);
+  }
+}
+
+// Bytes of a row of n contiguous elements of E (q8_0: n / 32 blocks).
+template <class E>
+std::int64_t row_bytes_of(std::int64_t n) {
+  if constexpr (std::is_same_v<E, Q8_0>) return q8_0_row_bytes(n);
+  return n * static_cast<std::int64_t>(sizeof(E));
+}
+
 // dst[d] = src[d · stride] as float for d < n; whole vectors where the elements are
 // contiguous and the unit has the instructions.
 template <class E>
@@ -205,6 +305,13 @@ decltype(auto) with_element_type(const detail::Strided<T>& t, DType dtype, F&& f
   return as(float{});
 }
 
+// with_element_type for K and V, whose dtype may also be q8_0 (a view of Q8_0 bytes).
+template <class F>
+decltype(auto) with_kv_element_type(const detail::Strided<const float>& t, DType dtype, F&& f) {
+  if (dtype == DType::q8_0) return f(detail::retype<const Q8_0>(t));
+  return with_element_type(t, dtype, std::forward<F>(f));
+}
+
 // Whether a kernel reads an operand's rows where they are: float32 with contiguous dims.
 // Any other operand is copied, head by head, into float32 rows (copy_head_rows).
 inline bool rows_in_place(const detail::Strided<const float>& t, DType dtype) {
@@ -214,7 +321,7 @@ inline bool rows_in_place(const detail::Strided<const float>& t, DType dtype) {
 // dst[j][d] = t[b][h][j][d] as float for rows [0, n): contiguous dims, rows D apart.
 inline void copy_head_rows(const detail::Strided<const float>& t, DType dtype, std::int64_t b,
                            std::int64_t h, std::int64_t n, std::int64_t D, float* dst) {
-  with_element_type(t, dtype, [&](const auto& e) {
+  with_kv_element_type(t, dtype, [&](const auto& e) {
     for (std::int64_t j = 0; j < n; ++j) convert_row(e.row(b, h, j), e.dim, D, dst + j * D);
   });
 }

@@ -145,16 +145,24 @@ struct TileOps {
   }
 
   // Packs keys [0, n) of head (b, h) into panels of MK keys; the last panel is zero-padded.
+  // A q8_0 row is widened whole first (convert_row), the others element by element.
   static void pack_k_panels(const detail::Strided<const float>& k, DType dtype, std::int64_t b,
                             std::int64_t h, std::int64_t n, std::int64_t D, float* kp) {
-    with_element_type(k, dtype, [&](const auto& e) {
+    with_kv_element_type(k, dtype, [&](const auto& e) {
+      using E = std::remove_const_t<std::remove_reference_t<decltype(*e.data)>>;
+      float widened[kMaxHeadDim];
       float* panel = kp;
       for (std::int64_t g = 0; g * MK < n; ++g, panel += D * MK)
         for (int r = 0; r < MK; ++r) {
           const std::int64_t j = g * MK + r;
           const auto* row = j < n ? e.row(b, h, j) : nullptr;
-          for (std::int64_t d = 0; d < D; ++d)
-            panel[d * MK + r] = row ? to_float(row[d * e.dim]) : 0.0f;
+          if constexpr (std::is_same_v<E, Q8_0>) {
+            if (row) convert_row(row, e.dim, D, widened);
+            for (std::int64_t d = 0; d < D; ++d) panel[d * MK + r] = row ? widened[d] : 0.0f;
+          } else {
+            for (std::int64_t d = 0; d < D; ++d)
+              panel[d * MK + r] = row ? to_float(row[d * e.dim]) : 0.0f;
+          }
         }
     });
   }

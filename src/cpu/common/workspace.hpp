@@ -223,7 +223,7 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
           return n.align(n.mul(n.mul(n.div_up(keys, Ops::MK), Ops::MK), p.head_dim));
         }),
         v_room(p, n, [&](std::int64_t keys) {
-          return rows_in_place(p.v, p.dtype) ? 0 : n.align(n.mul(keys, p.head_dim));
+          return rows_in_place(p.v, p.kv_dtype()) ? 0 : n.align(n.mul(keys, p.head_dim));
         }) {
     q_tiles = n.div_up(p.q_len, Br);
     kv_padded = n.mul(n.div_up(p.kv_len, Ops::MK), Ops::MK);
@@ -252,7 +252,9 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
   // V rows of one head, dims contiguous, and the stride between rows.
   const float* v_rows(std::int64_t b, std::int64_t hk, std::int64_t* row_stride) const {
     const float* copy = v_room.empty() ? nullptr : base + v_rows_at + v_room.at(b, hk);
-    const auto v = p.is_ragged() ? detail::rows_from(p.v, p.ragged.k_starts[b], element_size(p.dtype)) : p.v;
+    const auto v = p.is_ragged()
+                       ? detail::rows_from(p.v, p.ragged.k_starts[b], element_size(p.kv_dtype()))
+                       : p.v;
     return head_rows(v, b, hk, copy, p.head_dim, row_stride);
   }
   // Scratch slot w: [0, workers) for naive, [0, workers·query_tiles_per_item) for fused.
@@ -265,10 +267,10 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
   // Pre-pass: every kv head's keys into panels (and V into contiguous rows if needed).
   void prepare_kv(const detail::Exec& exec) const {
     for_each_kv_head(p, exec, [&](const detail::Problem& s, std::int64_t b, std::int64_t hk) {
-      Ops::pack_k_panels(s.k, p.dtype, b, hk, s.kv_len, p.head_dim,
+      Ops::pack_k_panels(s.k, p.kv_dtype(), b, hk, s.kv_len, p.head_dim,
                          base + k_panels_at + k_room.at(b, hk));
       if (!v_room.empty())
-        copy_head_rows(s.v, p.dtype, b, hk, s.kv_len, p.head_dim,
+        copy_head_rows(s.v, p.kv_dtype(), b, hk, s.kv_len, p.head_dim,
                        base + v_rows_at + v_room.at(b, hk));
     });
   }

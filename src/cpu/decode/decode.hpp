@@ -17,10 +17,11 @@
 //        os ← alpha·os + st·V       (pv_accumulate)
 //   out ← os / l, lse ← ln(2)·(m + log2 l)            (or a partial, with split keys)
 // K and V are read where they lie when each row holds D contiguous elements, D a whole
-// number of vectors (16-bit elements widened to float32 as they are loaded, so a 16-bit
-// cache moves half the bytes; a bfloat16 cache on AVX512-BF16 is multiplied as it lies,
-// on vdpbf16ps); otherwise (strided dims, odd head dims) each key tile is
-// first staged as float32 in address order, zero-padded.
+// number of vectors (16-bit and q8_0 elements widened to float32 as they are loaded, so a
+// 16-bit cache moves half the bytes, a q8_0 one 17/64; a bfloat16 cache on AVX512-BF16 is
+// multiplied as it lies, on vdpbf16ps); otherwise (strided dims, odd head dims, a q8_0
+// cache under the query-lane tiles) each key tile is first staged as float32 in address
+// order, zero-padded.
 // Split-KV (flash-decoding): when sequences × kv heads × row tiles cannot keep every
 // worker busy, each sequence's keys are cut into `splits` chunks computed in parallel;
 // each chunk leaves (os, m, l), and the worker that finishes a row tile's last chunk
@@ -91,7 +92,7 @@ void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* m
   if (!ws.in_place) {
     run_items([](const DecodeWorker<S>& run) { return run.staged_tiles(); });
   } else {
-    with_element_type(p.k, p.dtype, [&](const auto& k) {
+    with_kv_element_type(p.k, p.kv_dtype(), [&](const auto& k) {
       using E = std::remove_const_t<std::remove_reference_t<decltype(*k.data)>>;
       const TilesInCache<S, E> cache{p, k, detail::retype<const E>(p.v)};
       run_items([&](const DecodeWorker<S>&) { return cache; });

@@ -33,7 +33,7 @@ namespace fattn::cpu {
 
 // The products of the direct scores, one policy per kind of key row:
 //   FmaProducts: float32 query rows (pre-scaled by scale·log2(e)) against key rows of
-//     float32 or 16-bit elements widened as they are loaded, 16 dims per FMA;
+//     float32, 16-bit or q8_0 elements widened as they are loaded, 16 dims per FMA;
 //   DotBf16Products (AVX512-BF16): the query rows' own bfloat16 bits (unscaled) against
 //     bfloat16 key rows, 32 dims per vdpbf16ps: products of two bfloat16 are exact in
 //     float32 and are added to float32 accumulators, so K is never widened and half the
@@ -43,8 +43,11 @@ struct FmaProducts {
   using Query = float;
   using Operand = __m512;
   static constexpr int kDims = 16;  // per instruction
-  template <class T>  // float (the query rows) or Element
-  static Operand load(const T* at, bool) { return load_vec<Simd<64>>(at); }
+  static Operand load(const float* at, bool) { return _mm512_loadu_ps(at); }
+  // dims [d, d + 16) of a key row (q8_0: its block's lanes widened)
+  static Operand load_key(const Element* row, std::int64_t d, bool) {
+    return load_row_vec<Simd<64>>(row, d);
+  }
   static __m512 add_products(__m512 acc, Operand q, Operand k) { return _mm512_fmadd_ps(q, k, acc); }
 };
 
@@ -75,6 +78,7 @@ struct SplitBf16Products {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)),
             _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536)))};
   }
+  static Operand load_key(const BFloat16* row, std::int64_t d, bool half) { return load(row + d, half); }
   static __m512 add_products(__m512 acc, Operand q, Operand k) {
     return _mm512_fmadd_ps(q.odd, k.odd, _mm512_fmadd_ps(q.even, k.even, acc));
   }
@@ -106,6 +110,7 @@ struct DotBf16Products {
   using Operand = __m512bh;
   static constexpr int kDims = 32;
   static Operand load(const void* at, bool half) { return as_pairs(load_bf16x32(at, half)); }
+  static Operand load_key(const BFloat16* row, std::int64_t d, bool half) { return load(row + d, half); }
   static __m512 add_products(__m512 acc, Operand q, Operand k) { return _mm512_dpbf16_ps(acc, q, k); }
 };
 #endif
@@ -145,14 +150,14 @@ struct DirectScores {
         for (int r = 0; r < R; ++r) qv[r] = Products::load(q + r * Dp + d, half);
 #pragma GCC unroll 16
         for (int kk = 0; kk < KB; ++kk) {
-          const auto kv = Products::load(krow[kk] + d, half);
+          const auto kv = Products::load_key(krow[kk], d, half);
 #pragma GCC unroll 4
           for (int r = 0; r < R; ++r) add(acc[r * KB + kk], qv[r], kv);
         }
       } else {
         typename Products::Operand kv[KB];
 #pragma GCC unroll 16
-        for (int kk = 0; kk < KB; ++kk) kv[kk] = Products::load(krow[kk] + d, half);
+        for (int kk = 0; kk < KB; ++kk) kv[kk] = Products::load_key(krow[kk], d, half);
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           const auto qv = Products::load(q + r * Dp + d, half);
@@ -177,7 +182,7 @@ struct DirectScores {
         for (std::int64_t d = 0; d < Dp; d += kStep) {
           const bool half = d + kStep > Dp;
           acc = Products::add_products(acc, Products::load(q + r * Dp + d, half),
-                                       Products::load(k.row(j) + d, half));
+                                       Products::load_key(k.row(j), d, half));
         }
         st[r * st_stride + j] = _mm512_reduce_add_ps(acc) * factor;
       }

@@ -30,7 +30,8 @@ namespace fattn::cpu {
 namespace {  // each unit's own copy, built with its own instructions
 
 // Rows: the decode kernel's key rows (row(j): Dp contiguous elements of type E, Dp a
-// multiple of 8); q: the query rows, float32, pre-scaled by scale·log2(e).
+// multiple of 8; q8_0 blocks widened as they are loaded); q: the query rows, float32,
+// pre-scaled by scale·log2(e).
 template <class Rows>
 struct DirectScoresAvx2 {
   using S = Simd<32>;
@@ -50,7 +51,7 @@ struct DirectScoresAvx2 {
     auto step = [&](std::int64_t d, auto first) {
       __m256 kv[KB];
 #pragma GCC unroll 8
-      for (int kk = 0; kk < KB; ++kk) kv[kk] = load_vec<S>(krow[kk] + d);
+      for (int kk = 0; kk < KB; ++kk) kv[kk] = load_row_vec<S>(krow[kk], d);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const __m256 qv = _mm256_loadu_ps(q + r * Dp + d);
@@ -76,7 +77,7 @@ struct DirectScoresAvx2 {
         __m256 acc[kSums];
         for (int i = 0; i < kSums; ++i) acc[i] = _mm256_setzero_ps();
         for (std::int64_t d = 0; d < Dp; d += kStep)
-          acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * Dp + d), load_vec<S>(k.row(j) + d), acc[0]);
+          acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * Dp + d), load_row_vec<S>(k.row(j), d), acc[0]);
         st[r * st_stride + j] = _mm256_cvtss_f32(sum_lanes<8>(acc));
       }
   }

@@ -112,7 +112,8 @@ struct DecodeOps {
     // Sq = 1, 32k keys, 1 thread, median ms of two rounds, float32 / bfloat16: 8 lines
     // 29-38 / 15-21, 16: 26-32 / 13-17, 32: 28-33 / 14-20, 64: 29-39 / 16-18.
     static constexpr std::int64_t kLinesPerDirectBlock = L == 16 ? 32 : 16;
-    // The tiles' rows as bytes: a 16-bit row is half a float32 row's lines.
+    // The tiles' rows as bytes: a 16-bit row is half a float32 row's lines, a q8_0 row
+    // 17/64 of them.
     Rows<char> k{}, v{};
     std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of 2·rows (K's, then V's)
     std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
@@ -127,7 +128,7 @@ struct DecodeOps {
     template <class E>
     Prefetch(const Rows<E>& k_rows, const Rows<E>& v_rows, std::int64_t n, std::int64_t dims)
         : k(bytes_of(k_rows)), v(bytes_of(v_rows)), rows(n),
-          row_bytes(dims * static_cast<std::int64_t>(sizeof(E))),
+          row_bytes(row_bytes_of<E>(dims)),
           rows_per_direct_block(std::max<std::int64_t>(1, kLinesPerDirectBlock * kLineBytes / row_bytes)) {}
     Prefetch() = default;
 
@@ -175,7 +176,7 @@ struct DecodeOps {
           dims_done = D / 16 * 16;
           for (std::int64_t d = 0; d < dims_done; d += 16) {
             __m512 r[kKeyGroup];
-            for (int j = 0; j < kKeyGroup; ++j) r[j] = load_vec<S>(k.group[g] + j * k.stride + d);
+            for (int j = 0; j < kKeyGroup; ++j) r[j] = load_row_vec<S>(k.group[g] + j * k.stride, d);
             transpose16x16(r);
             for (int j = 0; j < kKeyGroup; ++j) _mm512_storeu_ps(dst + (d + j) * Bk, r[j]);
             next.issue(Prefetch::kRowsPerBlock);
@@ -189,7 +190,7 @@ struct DecodeOps {
           for (std::int64_t d = 0; d < dims_done; d += L) {
             for (int h = 0; h < kKeyGroup; h += L) {
               __m256 r[L];
-              for (int j = 0; j < L; ++j) r[j] = load_vec<S>(k.group[g] + (h + j) * k.stride + d);
+              for (int j = 0; j < L; ++j) r[j] = load_row_vec<S>(k.group[g] + (h + j) * k.stride, d);
               transpose8x8(r);
               for (int j = 0; j < L; ++j) _mm256_storeu_ps(dst + (d + j) * Bk + h, r[j]);
             }
@@ -201,7 +202,7 @@ struct DecodeOps {
 #endif
       for (std::int64_t d = dims_done; d < D; ++d)
         for (std::int64_t j = 0; j < kKeyGroup; ++j)
-          dst[d * Bk + j] = j < n ? to_float(k.group[g][j * k.stride + d * k.dim_stride]) : 0.0f;
+          dst[d * Bk + j] = j < n ? row_value(k.group[g] + j * k.stride, d, k.dim_stride) : 0.0f;
       next.issue(Prefetch::kRowsPerBlock);
     }
   }
@@ -216,7 +217,7 @@ struct DecodeOps {
                          std::int64_t b, std::int64_t hk_begin, std::int64_t hk_end,
                          std::int64_t j0, std::int64_t nj, float* stage) {
     const std::int64_t D = p.head_dim, Dp = padded_dim(D);
-    with_element_type(t, p.dtype, [&](const auto& e) {
+    with_kv_element_type(t, p.kv_dtype(), [&](const auto& e) {
       for (std::int64_t j = 0; j < nj; ++j)
         for (std::int64_t hk = hk_begin; hk < hk_end; ++hk) {
           float* dst = stage + ((hk - hk_begin) * Bk + j) * Dp;
@@ -225,9 +226,9 @@ struct DecodeOps {
         }
     });
   }
-  // Whether the cache's K and V rows are read where they are (dims contiguous, D a whole
-  // number of vectors; float32 or 16-bit elements, widened as they are loaded) rather
-  // than staged.
+  // Whether the cache's K and V rows can be read where they are (dims contiguous, D a
+  // whole number of vectors; float32, 16-bit or q8_0 elements, widened as they are
+  // loaded) rather than staged.
   static bool reads_in_place(const detail::Problem& p) {
     return p.k.dim == 1 && p.v.dim == 1 && padded_dim(p.head_dim) == p.head_dim;
   }
@@ -378,12 +379,12 @@ struct DecodeOps {
     vec acc[R][NDV] = {};
     // Key group by key group: within one, the rows are a pointer step apart.
     for (std::int64_t j0 = 0; j0 < nj; j0 += kKeyGroup) {
-      const E* vrow = v.group[j0 / kKeyGroup] + d0;
+      const E* vrow = v.group[j0 / kKeyGroup];
       const std::int64_t j1 = std::min<std::int64_t>(nj, j0 + kKeyGroup);
       for (std::int64_t j = j0; j < j1; ++j, vrow += v.stride) {
         vec vv[NDV];
 #pragma GCC unroll 8
-        for (int u = 0; u < NDV; ++u) vv[u] = load_vec<S>(vrow + u * L);
+        for (int u = 0; u < NDV; ++u) vv[u] = load_row_vec<S>(vrow, d0 + u * L);
         rank1_update<S>(acc, [=](int r) { return p[r * Bk + j]; }, vv,
                         [=](int r) { return Masked && j >= visible[r]; });
       }

@@ -51,13 +51,17 @@ struct DecodeWorkspace {
   // splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key tile).
   DecodeWorkspace(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
     Sizes n;
-    in_place = Ops::reads_in_place(p);
     dot_bf16 = on_bf16_dot_products<S>(p.dtype);  // the scores from the query rows' bits
     D = p.head_dim;
     Dp = Ops::padded_dim(D);
     rows = n.mul(p.group_size(), p.q_len);
     tile_rows = std::min(rows, kRowTile);
     row_tiles = n.div_up(rows, kRowTile);
+    // A q8_0 cache is staged where the query-lane tiles take the item (they read float32
+    // rows; staged once, a tile serves 48-64 rows), else read in place.
+    in_place = Ops::reads_in_place(p) &&
+               !(p.kv_q8_0 && DecodeQueryLanes<S>::applies(p, true, false) &&
+                 DecodeQueryLanes<S>::takes(tile_rows));
     query_lanes = DecodeQueryLanes<S>::applies(p, !in_place, in_place && dot_bf16) &&
                   DecodeQueryLanes<S>::takes(tile_rows);
     lane_rows = query_lanes ? DecodeQueryLanes<S>::Br : tile_rows;
