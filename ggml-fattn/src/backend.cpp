@@ -14,7 +14,7 @@
 
 #include "flash_attn_ext.hpp"
 #include "ggml-backend-impl.h"
-#include "ggml-cpu.h"
+#include "ggml-backend.h"
 
 namespace {
 
@@ -53,10 +53,19 @@ void backend_free(ggml_backend_t backend) {
 }
 
 // A node fattn's own checks refused: ggml's CPU kernel computes it (a one-node graph on
-// the CPU backend, the same tensors), so the graph never fails for it.
+// the CPU backend, the same tensors), so the graph never fails for it. The CPU backend
+// comes from ggml's registry, as llama.cpp gets it: linked in, or a module loaded at run
+// time (GGML_BACKEND_DL), its thread count set through the registry's proc address.
 void compute_on_ggml_cpu(Context* ctx, ggml_tensor* node) {
-  if (!ctx->cpu) ctx->cpu = ggml_backend_cpu_init();
-  ggml_backend_cpu_set_n_threads(ctx->cpu, ctx->n_threads);
+  if (!ctx->cpu) ctx->cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+  if (!ctx->cpu) {
+    std::fprintf(stderr, "ggml-fattn: %s: no CPU backend in ggml's registry to run it\n", node->name);
+    std::abort();
+  }
+  ggml_backend_reg_t cpu_reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(ctx->cpu));
+  if (auto set_threads = reinterpret_cast<ggml_backend_set_n_threads_t>(
+          ggml_backend_reg_get_proc_address(cpu_reg, "ggml_backend_set_n_threads")))
+    set_threads(ctx->cpu, ctx->n_threads);
   const ggml_init_params params{ggml_graph_overhead_custom(1, false), nullptr, true};
   ggml_context* graph_ctx = ggml_init(params);
   ggml_cgraph* graph = ggml_new_graph_custom(graph_ctx, 1, false);

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "fattn/attention.hpp"
-#include "ggml-cpu.h"
+#include "ggml.h"
 #include "mask_band.hpp"
 
 namespace ggml_fattn {
@@ -151,12 +151,18 @@ fattn::TensorView queries(const ggml_tensor* q, ggml_type cache, std::int64_t b,
   if (dtype == fattn::DType::float32)
     return {const_cast<char*>(base), 4, {1, Hq, n_q, D},
             {0, elements(q->nb[2], q), elements(q->nb[1], q), 1}, dtype};
-  const auto to_16bit = ggml_get_type_traits_cpu(cache)->from_float;
+  // ggml-base's row conversions (round to nearest even, as the CPU backend's from_float;
+  // ggml-cpu is a module to load, not a library to link, in GGML_BACKEND_DL builds).
   rounded.resize(static_cast<std::size_t>(n_q * Hq * D));
   for (std::int64_t i = 0; i < n_q; ++i)
-    for (std::int64_t h = 0; h < Hq; ++h)
-      to_16bit(reinterpret_cast<const float*>(base + i * q->nb[1] + h * q->nb[2]),
-               rounded.data() + (i * Hq + h) * D, D);
+    for (std::int64_t h = 0; h < Hq; ++h) {
+      const auto* row = reinterpret_cast<const float*>(base + i * q->nb[1] + h * q->nb[2]);
+      std::uint16_t* to = rounded.data() + (i * Hq + h) * D;
+      if (cache == GGML_TYPE_BF16)
+        ggml_fp32_to_bf16_row(row, reinterpret_cast<ggml_bf16_t*>(to), D);
+      else
+        ggml_fp32_to_fp16_row(row, reinterpret_cast<ggml_fp16_t*>(to), D);
+    }
   return {rounded.data(), 4, {1, Hq, n_q, D}, {0, D, Hq * D, 1}, dtype};
 }
 

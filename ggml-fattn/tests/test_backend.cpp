@@ -321,4 +321,46 @@ TEST(Backend, Q8_0IsGgmlsBlockFormat) {
   EXPECT_EQ(ours_wide, theirs_wide);
 }
 
+// A node fattn's checks refuse at run time (here a NaN scale, which supports_op would have
+// refused) runs on ggml's CPU kernel, found through ggml's registry: the same bits as the
+// CPU backend's, counted, never a failed graph.
+TEST(Backend, RefusedAtRunTimeRunsOnGgmlsKernel) {
+  ggml_init_params params{16 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
+  ggml_context* ctx = ggml_init(params);
+  ggml_tensor* q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 64, 5, 4, 1);
+  ggml_tensor* k = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 64, 96, 2, 1);
+  ggml_tensor* v = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 64, 96, 2, 1);
+  ggml_tensor* out = ggml_flash_attn_ext(ctx, q, k, v, nullptr, NAN, 0.0f, 0.0f);
+  ggml_cgraph* graph = ggml_new_graph(ctx);
+  ggml_build_forward_expand(graph, out);
+  ggml_backend_buffer_t buffer = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (ggml_tensor* t : {q, k, v}) {
+    std::vector<float> values(static_cast<std::size_t>(ggml_nelements(t)));
+    for (float& x : values) x = normal(rng);
+    const std::vector<std::uint8_t> raw = cache_bytes(t->type, t->ne[0], values);
+    ggml_backend_tensor_set(t, raw.data(), 0, ggml_nbytes(t));
+  }
+  auto compute = [&](ggml_backend_t backend) {
+    std::vector<float> result(static_cast<std::size_t>(ggml_nelements(out)), 1.0f);
+    ggml_backend_tensor_set(out, result.data(), 0, ggml_nbytes(out));
+    EXPECT_EQ(ggml_backend_graph_compute(backend, graph), GGML_STATUS_SUCCESS);
+    ggml_backend_tensor_get(out, result.data(), 0, ggml_nbytes(out));
+    return result;
+  };
+  ggml_backend_t cpu = ggml_backend_cpu_init();
+  ggml_backend_t fattn = ggml_backend_fattn_init();
+  EXPECT_FALSE(ggml_backend_supports_op(fattn, out));
+  const std::vector<float> by_cpu = compute(cpu), by_fattn = compute(fattn);
+  EXPECT_EQ(std::memcmp(by_cpu.data(), by_fattn.data(), by_cpu.size() * sizeof(float)), 0);
+  const ggml_backend_fattn_counts counts = ggml_backend_fattn_get_counts(fattn);
+  EXPECT_EQ(counts.on_fattn, 0);
+  EXPECT_EQ(counts.on_ggml_cpu, 1);
+  ggml_backend_free(fattn);
+  ggml_backend_free(cpu);
+  ggml_backend_buffer_free(buffer);
+  ggml_free(ctx);
+}
+
 }  // namespace
