@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -221,6 +222,14 @@ TEST(Q8_0Format, Validation) {
   out16.data = q16.data();
   out16.dtype = DType::float16;
   expect_error(forward(q, k.view, v.view, out16), "out must have dtype float32, got float16");
+  // Strides count bytes: the contiguous helpers step whole rows; a view stepped in values
+  // (its rows inside each other) is an error, not a silent misread.
+  const TensorView helper = TensorView::bhsd(k.view.data, B, H, Sk, D, DType::q8_0);
+  EXPECT_EQ(helper.strides, (std::array<std::int64_t, 4>{H * Sk * 68, Sk * 68, 68, 1}));
+  TensorView in_values = k.view;
+  in_values.strides = {H * Sk * D, Sk * D, D, 1};
+  expect_error(forward(q, in_values, in_values, out),
+               "k.stride(2) must be 0 or at least the 68 bytes of a q8_0 row (q8_0 strides count bytes), got 64");
   // The backward and the ragged batch take no q8_0 cache.
   std::vector<float> lse(static_cast<std::size_t>(B * H * Sq)), dq(qf.size()), dk(static_cast<std::size_t>(B * H * Sk * D)), dv(dk.size());
   const TensorView lse_view = TensorView::lse(lse.data(), B, H, Sq);
@@ -228,6 +237,28 @@ TEST(Q8_0Format, Validation) {
     fattn::attention_backward(q, k.view, v.view, out, q, lse_view, nullptr, TensorView::bhsd(dq.data(), B, H, Sq, D),
                               TensorView::bhsd(dk.data(), B, H, Sk, D), TensorView::bhsd(dv.data(), B, H, Sk, D), {});
   }, "the backward takes k and v of q's dtype float32, got q8_0 / q8_0 (q8_0 is a forward-only cache format)");
+}
+
+// reference_row widens only the row's kv head: the row of the whole reference.
+TEST(Q8_0Format, ReferenceRow) {
+  const std::int64_t B = 2, Hq = 4, Hkv = 2, Sq = 3, Sk = 77, D = 64;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> qf(static_cast<std::size_t>(B * Hq * Sq * D)), out(qf.size());
+  for (float& x : qf) x = normal(rng);
+  const Q8Cache k(B, Hkv, Sk, D, true, 0, rng), v(B, Hkv, Sk, D, true, 0, rng);
+  const TensorView q = TensorView::bhsd(qf.data(), B, Hq, Sq, D);
+  Options o;
+  o.impl = Impl::reference;
+  fattn::attention_forward(q, k.view, v.view, TensorView::bhsd(out.data(), B, Hq, Sq, D), nullptr, o);
+  std::vector<double> row(static_cast<std::size_t>(D));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < Hq; ++h) {
+      fattn::reference_row(q, k.view, v.view, o, b, h, Sq - 1, row.data());
+      for (std::int64_t d = 0; d < D; ++d)
+        EXPECT_EQ(static_cast<float>(row[static_cast<std::size_t>(d)]),
+                  out[static_cast<std::size_t>(((b * Hq + h) * Sq + Sq - 1) * D + d)]);
+    }
 }
 
 }  // namespace

@@ -271,8 +271,12 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
   const Impl impl = resolve(options.impl, q.dtype, p);
   const detail::Exec exec = detail::make_exec(options);
   const int workers = exec.workers;
-  if (impl == Impl::reference)  // per worker: Sk scores and D outputs in float64
-    return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double));
+  if (impl == Impl::reference) {  // per worker: Sk scores and D outputs in float64
+    // and a q8_0 cache's K and V widened to float32 first
+    const std::int64_t widened = p.kv_q8_0 ? 2 * p.batch * p.kv_heads * p.kv_len * p.head_dim : 0;
+    return workers * (p.kv_len + p.head_dim) * static_cast<std::int64_t>(sizeof(double)) +
+           widened * static_cast<std::int64_t>(sizeof(float));
+  }
   if (impl == Impl::decode)
     return detail::decode_workspace_floats(detail::forward_kernels(options, p), p, exec, options) *
            static_cast<std::int64_t>(sizeof(float));
@@ -307,6 +311,10 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
   if (q.device == Device::cuda)
     throw Error("fattn: backward_extra_bytes describes the CPU kernels; q is on cuda");
   require_cpu(q);
+  if (k.dtype == DType::q8_0 || v.dtype == DType::q8_0)
+    throw Error(std::string("fattn: the backward takes k and v of q's dtype ") + to_string(q.dtype) +
+                ", got " + to_string(k.dtype) + " / " + to_string(v.dtype) +
+                " (q8_0 is a forward-only cache format)");
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
   const Impl impl = resolve_backward(options.impl, q.dtype);
   const int workers = detail::make_exec(options).workers;

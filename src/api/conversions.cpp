@@ -52,7 +52,10 @@ void quantize_q8_0(const float* src, std::int64_t n, void* dst) {
     std::uint8_t* at = out + block * kQ8_0BlockBytes;
     std::memcpy(at, &scale, sizeof scale);
     for (std::int64_t i = 0; i < kQ8_0BlockValues; ++i) {
-      const auto q = static_cast<std::int8_t>(std::round(x[i] * inverse));  // ties away from 0
+      const float r = std::round(x[i] * inverse);  // ties away from 0; |r| <= 127 when finite
+      // A block with an infinity or NaN has no finite scale: its values become 0 (ggml's
+      // cast of such a value is undefined).
+      const auto q = static_cast<std::int8_t>(std::isfinite(r) ? r : 0.0f);
       std::memcpy(at + sizeof scale + i, &q, 1);
     }
   }

@@ -109,16 +109,24 @@ Bf16Products parse_bf16_products(const std::string& name) {
   throw Error("fattn: bf16 products must be one of auto, bf16_dot, fma; got '" + name + "'");
 }
 
+namespace {
+// The stride between a contiguous tensor's rows of head_dim values: values, or the bytes of
+// a q8_0 row (its strides count bytes).
+std::int64_t row_stride(std::int64_t head_dim, DType dtype) {
+  return dtype == DType::q8_0 ? q8_0_row_bytes(head_dim) : head_dim;
+}
+}  // namespace
+
 TensorView TensorView::bhsd(void* data, std::int64_t batch, std::int64_t heads, std::int64_t seq,
                             std::int64_t head_dim, DType dtype, Device device) {
-  return {data, 4, {batch, heads, seq, head_dim},
-          {heads * seq * head_dim, seq * head_dim, head_dim, 1}, dtype, device};
+  const std::int64_t row = row_stride(head_dim, dtype);
+  return {data, 4, {batch, heads, seq, head_dim}, {heads * seq * row, seq * row, row, 1}, dtype, device};
 }
 
 TensorView TensorView::bshd(void* data, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                             std::int64_t head_dim, DType dtype, Device device) {
-  return {data, 4, {batch, heads, seq, head_dim},
-          {seq * heads * head_dim, head_dim, heads * head_dim, 1}, dtype, device};
+  const std::int64_t row = row_stride(head_dim, dtype);
+  return {data, 4, {batch, heads, seq, head_dim}, {seq * heads * row, row, heads * row, 1}, dtype, device};
 }
 
 TensorView TensorView::int32_vector(std::int32_t* data, std::int64_t n, Device device) {

@@ -275,23 +275,30 @@ decltype(auto) with_reference_type(DType dtype, F&& f) {
 }
 
 // A q8_0 problem's K and V widened to float32 (exact: cpu/common/elements.hpp), in
-// contiguous (B, Hkv, Sk, D) copies the problem's views then point at; any other problem
-// unchanged. (q8_0 K and V come with a dense attention_forward: no pages, no packing.)
+// contiguous copies the problem's views then point at: every (sequence, kv head), or with
+// `only` one of them, whose rows then stand for every index (batch and head strides 0: the
+// view is right for that pair only); any other problem unchanged. (q8_0 K and V come with a
+// dense attention_forward: no pages, no packing.)
 class WidenedKv {
  public:
-  explicit WidenedKv(const detail::Problem& p) : problem_(p) {
+  struct Pair {
+    std::int64_t b, hk;
+  };
+  explicit WidenedKv(const detail::Problem& p, const Pair* only = nullptr) : problem_(p) {
     if (!p.kv_q8_0) return;
-    const std::int64_t D = p.head_dim, rows = p.batch * p.kv_heads * p.kv_len;
-    k_.resize(static_cast<std::size_t>(rows * D));
+    const std::int64_t D = p.head_dim, S = p.kv_len;
+    const std::int64_t batches = only ? 1 : p.batch, heads = only ? 1 : p.kv_heads;
+    k_.resize(static_cast<std::size_t>(batches * heads * S * D));
     v_.resize(k_.size());
-    for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t h = 0; h < p.kv_heads; ++h)
-        for (std::int64_t j = 0; j < p.kv_len; ++j) {
-          const std::int64_t at = ((b * p.kv_heads + h) * p.kv_len + j) * D;
-          convert_row(retype<const Q8_0>(p.k).row(b, h, j), 1, D, k_.data() + at);
-          convert_row(retype<const Q8_0>(p.v).row(b, h, j), 1, D, v_.data() + at);
+    for (std::int64_t b = 0; b < batches; ++b)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t j = 0; j < S; ++j) {
+          const std::int64_t at = ((b * heads + h) * S + j) * D;
+          const std::int64_t from_b = only ? only->b : b, from_h = only ? only->hk : h;
+          convert_row(retype<const Q8_0>(p.k).row(from_b, from_h, j), 1, D, k_.data() + at);
+          convert_row(retype<const Q8_0>(p.v).row(from_b, from_h, j), 1, D, v_.data() + at);
         }
-    const detail::Strided<const float> layout{nullptr, p.kv_heads * p.kv_len * D, p.kv_len * D, D, 1};
+    const detail::Strided<const float> layout{nullptr, only ? 0 : heads * S * D, only ? 0 : S * D, D, 1};
     problem_.k = layout;
     problem_.k.data = k_.data();
     problem_.v = layout;
@@ -309,7 +316,8 @@ class WidenedKv {
 
 double reference_row(const detail::Problem& problem, std::int64_t b, std::int64_t h,
                      std::int64_t i, double* out_row) {
-  const WidenedKv widened(problem);
+  const WidenedKv::Pair pair{b, problem.kv_head_of(h)};  // one row: one kv head widened
+  const WidenedKv widened(problem, &pair);
   const detail::Problem& p = widened.get();
   return with_reference_type(p.dtype, [&](auto element) {
     Row row;

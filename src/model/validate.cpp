@@ -65,7 +65,16 @@ Extent check_view(const char* name, const TensorView& t, int rank, DType dtype, 
         << t.stride(3);
       fail(m.str());
     }
-    last_offset += q8_0_row_bytes(t.size(3)) - t.size(3);  // the row's last byte
+    const std::int64_t row_bytes = q8_0_row_bytes(t.size(3));
+    for (int d = 0; d < 3; ++d)  // strides count bytes: a row must not start inside another
+      if (t.size(d) > 1 && t.stride(d) != 0 && t.stride(d) < row_bytes) {
+        std::ostringstream m;
+        m << name << ".stride(" << d << ") must be 0 or at least the " << row_bytes
+          << " bytes of a q8_0 row (q8_0 strides count bytes), got " << t.stride(d);
+        fail(m.str());
+      }
+    if (!checked_add(last_offset, row_bytes - t.size(3), &last_offset))  // the row's last byte
+      fail(std::string(name) + ": sizes times strides overflow 64-bit offsets");
   }
   std::int64_t elements = 1;
   for (int d = 0; d < rank; ++d)
