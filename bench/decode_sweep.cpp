@@ -53,10 +53,9 @@ struct Stored {
     values.assign(wide ? count : 0, 0.0f);
     bits.assign(wide || q8_0 ? 0 : count, 0);
     blocks.assign(q8_0 ? static_cast<std::size_t>(cache_bytes(B * S * H * D, dtype)) : 0, 0);
-    const std::int64_t row = fattn::q8_0_row_bytes(D);
-    view = wide   ? fattn::TensorView::bshd(values.data(), B, S, H, D)
-           : q8_0 ? fattn::TensorView{blocks.data(), 4, {B, H, S, D}, {S * H * row, row, H * row, 1}, dtype}
-                  : fattn::TensorView::bshd(bits.data(), B, S, H, D, dtype);
+    void* data = wide ? static_cast<void*>(values.data())
+                      : q8_0 ? static_cast<void*>(blocks.data()) : static_cast<void*>(bits.data());
+    view = fattn::TensorView::bshd(data, B, S, H, D, dtype);
   }
 
   // Random values (fill_random), rounded to the dtype (q8_0: quantized row by row).

@@ -59,7 +59,6 @@ bool viewable(const ggml_tensor* t) {
   return true;
 }
 
-
 // ggml's ALiBi slope of head h (ggml-cpu's formula, in float as it computes it).
 float alibi_slope(float max_bias, std::uint32_t n_head, std::uint32_t h) {
   const std::uint32_t n_head_log2 = 1u << static_cast<std::uint32_t>(std::floor(std::log2(n_head)));
@@ -139,7 +138,7 @@ std::vector<MaskBand> read_masks(const ggml_tensor* mask, std::int64_t n_q, std:
 }
 
 // Sequence b's queries as fattn reads them: in place (float32 and q8_0 caches), or rounded
-// to the cache's 16-bit type into `rounded` as ggml's kernel rounds them (its from_float).
+// to the cache's 16-bit type into `rounded` as ggml's kernel rounds them (to nearest even).
 // (ggml quantizes the queries to q8_0 for a q8_0 cache's integer dot products; fattn
 // multiplies them in float32 with the widened cache: closer to the exact scores.)
 fattn::TensorView queries(const ggml_tensor* q, ggml_type cache, std::int64_t b,
@@ -151,8 +150,8 @@ fattn::TensorView queries(const ggml_tensor* q, ggml_type cache, std::int64_t b,
   if (dtype == fattn::DType::float32)
     return {const_cast<char*>(base), 4, {1, Hq, n_q, D},
             {0, elements(q->nb[2], q), elements(q->nb[1], q), 1}, dtype};
-  // ggml-base's row conversions (round to nearest even, as the CPU backend's from_float;
-  // ggml-cpu is a module to load, not a library to link, in GGML_BACKEND_DL builds).
+  // ggml-base's row conversions, which round as the CPU backend's from_float (ggml-cpu is a
+  // module to load, not a library to link, in GGML_BACKEND_DL builds).
   rounded.resize(static_cast<std::size_t>(n_q * Hq * D));
   for (std::int64_t i = 0; i < n_q; ++i)
     for (std::int64_t h = 0; h < Hq; ++h) {

@@ -311,10 +311,7 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
   if (q.device == Device::cuda)
     throw Error("fattn: backward_extra_bytes describes the CPU kernels; q is on cuda");
   require_cpu(q);
-  if (k.dtype == DType::q8_0 || v.dtype == DType::q8_0)
-    throw Error(std::string("fattn: the backward takes k and v of q's dtype ") + to_string(q.dtype) +
-                ", got " + to_string(k.dtype) + " / " + to_string(v.dtype) +
-                " (q8_0 is a forward-only cache format)");
+  detail::expect_no_q8_0_cache("the backward", "q8_0 is a forward-only cache format", q, k, v);
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
   const Impl impl = resolve_backward(options.impl, q.dtype);
   const int workers = detail::make_exec(options).workers;

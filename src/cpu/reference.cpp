@@ -15,7 +15,8 @@
 // are not read, so the reference checks them too.
 //
 // Element type T: float, BFloat16, Float16 (cpu/common/elements.hpp) or double (float64
-// problems); a q8_0 cache is widened to float32 first (WidenedKv). A 16-bit output is the float64 result rounded to float, then to 16 bits.
+// problems); a q8_0 cache is widened to float32 first (WidenedKv). A 16-bit output is the
+// float64 result rounded to float, then to 16 bits.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -237,6 +237,11 @@ class SequenceOf {
 Problem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView* out, const TensorView* lse, const Options& options);
 
+// For the entries that take k and v of q's dtype only (the backward, varlen): a q8_0 k or
+// v is an error naming `entry`, with `note` saying what takes it.
+void expect_no_q8_0_cache(const char* entry, const char* note, const TensorView& q,
+                          const TensorView& k, const TensorView& v);
+
 // The same for attention_backward: out, dout, lse (and dlse if not null) are inputs,
 // dq, dk, dv outputs that overlap neither an input nor each other.
 Problem make_backward_problem(const TensorView& q, const TensorView& k, const TensorView& v,

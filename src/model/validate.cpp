@@ -280,6 +280,13 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
 
 }  // namespace
 
+void expect_no_q8_0_cache(const char* entry, const char* note, const TensorView& q,
+                          const TensorView& k, const TensorView& v) {
+  if (k.dtype != DType::q8_0 && v.dtype != DType::q8_0) return;
+  fail(std::string(entry) + " takes k and v of q's dtype " + to_string(q.dtype) + ", got " +
+       to_string(k.dtype) + " / " + to_string(v.dtype) + " (" + note + ")");
+}
+
 Problem make_backward_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& out, const TensorView& dout,
                               const TensorView& lse, const TensorView* dlse,
@@ -288,10 +295,7 @@ Problem make_backward_problem(const TensorView& q, const TensorView& k, const Te
   if (out.dtype != q.dtype)
     fail(std::string("out (the forward's output) must have q's dtype ") + to_string(q.dtype) +
          " in the backward, got " + to_string(out.dtype));
-  if (k.dtype == DType::q8_0 || v.dtype == DType::q8_0)
-    fail(std::string("the backward takes k and v of q's dtype ") + to_string(q.dtype) +
-         ", got " + to_string(k.dtype) + " / " + to_string(v.dtype) +
-         " (q8_0 is a forward-only cache format)");
+  expect_no_q8_0_cache("the backward", "q8_0 is a forward-only cache format", q, k, v);
   ForwardExtents seen;
   Problem p = check_forward(q, k, v, &out, &lse, options, &seen);
   const DType dtype = q.dtype;

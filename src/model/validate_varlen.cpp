@@ -106,10 +106,7 @@ VarlenProblem::VarlenProblem(const TensorView& q, const TensorView& k, const Ten
                              const TensorView* out, const TensorView* lse,
                              const Options& options) {
   reject_mask(options);
-  if (k.dtype == DType::q8_0 || v.dtype == DType::q8_0)
-    fail(std::string("attention_varlen takes k and v of q's dtype ") + to_string(q.dtype) +
-         ", got " + to_string(k.dtype) + " / " + to_string(v.dtype) +
-         " (q8_0 caches: attention_forward)");
+  expect_no_q8_0_cache("attention_varlen", "q8_0 caches: attention_forward", q, k, v);
   p = make_problem(q, k, v, out, lse, FirstRowOptions(options).options);
   make_ragged(q, k, cu_q, cu_k, options, this);
 }

@@ -174,37 +174,9 @@ inline float q8_0_scale(const std::uint8_t* block) {
 #endif
 }
 
-// dst[d] = value d of a q8_0 row, d < n (n a multiple of 32; the row's blocks back to back,
-// validated: `stride` is 1). d·q is exact in float32 (11 + 8 significant bits), so every
-// unit widens a row to the same floats: 16 (AVX-512) or 8 (AVX2) values per step.
-inline void convert_row(const Q8_0* src, [[maybe_unused]] std::int64_t stride, std::int64_t n,
-                        float* dst) {
-  for (std::int64_t block = 0; block * kQ8_0BlockValues < n; ++block) {
-    const std::uint8_t* at = q8_0_block(src, block);
-    const float scale = q8_0_scale(at);
-    const auto* values = reinterpret_cast<const std::int8_t*>(at + sizeof(std::uint16_t));
-    float* out = dst + block * kQ8_0BlockValues;
-    int d = 0;
-#if defined(FATTN_AVX512)
-    for (; d < kQ8_0BlockValues; d += 16) {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + d));
-      _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
-                                              _mm512_set1_ps(scale)));
-    }
-#elif defined(FATTN_AVX)
-    for (; d < kQ8_0BlockValues; d += 8) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(values + d));
-      _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
-                                              _mm256_set1_ps(scale)));
-    }
-#endif
-    for (; d < kQ8_0BlockValues; ++d) out[d] = scale * static_cast<float>(values[d]);
-  }
-}
-
 // S::lanes values of a row from value d on (contiguous dims; d a multiple of S::lanes):
-// load_vec at row + d, or for a q8_0 row the lanes of block d / 32 widened, d·q (the
-// bits convert_row writes). The decode kernel reads its cache rows in place through this.
+// load_vec at row + d, or for a q8_0 row the lanes of block d / 32 widened, d·q. The
+// decode kernel reads its cache rows in place through this; convert_row widens whole rows.
 template <class S, class E>
 typename S::vec load_row_vec(const E* row, std::int64_t d) {
   if constexpr (!std::is_same_v<E, Q8_0>) {
@@ -249,6 +221,22 @@ template <class E>
 std::int64_t row_bytes_of(std::int64_t n) {
   if constexpr (std::is_same_v<E, Q8_0>) return q8_0_row_bytes(n);
   return n * static_cast<std::int64_t>(sizeof(E));
+}
+
+// dst[d] = value d of a q8_0 row, d < n (n a multiple of 32; the row's blocks back to back,
+// validated: `stride` is 1), a vector of load_row_vec at a time: 16 values (AVX-512), 8
+// (AVX2) or 4. d·q is exact in float32 (11 + 8 significant bits), so every unit widens a row
+// to the same floats.
+inline void convert_row(const Q8_0* src, [[maybe_unused]] std::int64_t stride, std::int64_t n,
+                        float* dst) {
+#if defined(FATTN_AVX512)
+  using S = Simd<64>;
+#elif defined(FATTN_AVX)
+  using S = Simd<32>;
+#else
+  using S = Simd<16>;
+#endif
+  for (std::int64_t d = 0; d < n; d += S::lanes) S::store(dst + d, load_row_vec<S>(src, d));
 }
 
 // dst[d] = src[d · stride] as float for d < n; whole vectors where the elements are
