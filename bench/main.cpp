@@ -232,6 +232,10 @@ int main(int argc, char** argv) {
       ->transform(CLI::CheckedTransformer(dtypes))->delimiter(',');
   app.add_flag("--varlen-no-padded", [&](std::int64_t) { varlen_config.padded = false; },
                "--varlen: skip the padded dense batch");
+  app.add_option("--varlen-page", varlen_config.page,
+                 "--varlen: also time the keys on shuffled pages of this many keys (a paged KV "
+                 "cache, a multiple of 16; 0: not timed)")
+      ->capture_default_str();
   app.add_flag("--varlen-no-backward", [&](std::int64_t) { varlen_config.backward = false; },
                "--varlen: skip the backward (attention_varlen_backward against the per-sequence loop)");
   CLI11_PARSE(app, argc, argv);

@@ -64,6 +64,11 @@ struct Point {
   std::vector<std::int32_t> starts{0};
   std::int64_t max_len = 0;
   Rows q, k, v, out_ragged, out_loop, pq, pk, pv, pout;
+  // The keys on shuffled pages of c.page keys (num_blocks·page rows), the block table, and
+  // the paged call's output.
+  Rows k_pages, v_pages, out_paged;
+  std::vector<std::int32_t> table;
+  std::int64_t max_blocks = 0;
   // The backward's: dO, and each contender's dq, dk, dv (empty unless timed).
   Rows dout, dq_ragged, dk_ragged, dv_ragged, dq_loop, dk_loop, dv_loop;
 
@@ -84,10 +89,14 @@ struct Point {
         dv_ragged(c.backward ? total(lens) : 0, c.kv_heads, D, dtype),
         dq_loop(c.backward ? total(lens) : 0, c.q_heads, D, dtype),
         dk_loop(c.backward ? total(lens) : 0, c.kv_heads, D, dtype),
-        dv_loop(c.backward ? total(lens) : 0, c.kv_heads, D, dtype) {
+        dv_loop(c.backward ? total(lens) : 0, c.kv_heads, D, dtype),
+        k_pages(c.page ? pages(lens, c.page) * c.page : 0, c.kv_heads, D, dtype),
+        v_pages(c.page ? pages(lens, c.page) * c.page : 0, c.kv_heads, D, dtype),
+        out_paged(c.page ? total(lens) : 0, c.q_heads, D, dtype) {
     for (const std::int64_t l : lens) starts.push_back(starts.back() + static_cast<std::int32_t>(l));
     std::mt19937_64 engine(c.seed);
     for (Rows* r : {&q, &k, &v, &pq, &pk, &pv, &dout}) r->fill(engine);
+    if (c.page) lay_on_pages(c.page, engine);
     if (!padded) return;
     for (std::int64_t b = 0; b < batch(); ++b) {  // each sequence at the start of its slot
       q.copy_rows(starts[b], pq, b * max_len, lens[b]);
@@ -96,6 +105,28 @@ struct Point {
     }
   }
   std::int64_t batch() const { return static_cast<std::int64_t>(lengths.size()); }
+  static std::int64_t pages(const std::vector<std::int64_t>& l, std::int64_t page) {
+    std::int64_t n = 0;
+    for (const std::int64_t x : l) n += (x + page - 1) / page;
+    return n;
+  }
+  // Sequence b's keys on pages in a shuffled order (a serving engine's cache after a while).
+  void lay_on_pages(std::int64_t page, std::mt19937_64& engine) {
+    std::vector<std::int32_t> order(static_cast<std::size_t>(pages(lengths, page)));
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
+    std::shuffle(order.begin(), order.end(), engine);
+    for (const std::int64_t l : lengths) max_blocks = std::max(max_blocks, (l + page - 1) / page);
+    table.assign(static_cast<std::size_t>(batch() * max_blocks), 0);
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < batch(); ++b)
+      for (std::int64_t n = 0; n * page < lengths[b]; ++n) {
+        const std::int32_t at = order[next++];
+        table[static_cast<std::size_t>(b * max_blocks + n)] = at;
+        const std::int64_t rows = std::min(page, lengths[b] - n * page);
+        k.copy_rows(starts[b] + n * page, k_pages, at * page, rows);
+        v.copy_rows(starts[b] + n * page, v_pages, at * page, rows);
+      }
+  }
   static std::int64_t total(const std::vector<std::int64_t>& l) {
     std::int64_t t = 0;
     for (const std::int64_t x : l) t += x;
@@ -149,7 +180,12 @@ VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t
   fattn::Options padded_options = o;
   if (c.causal != fattn::Causal::none) padded_options.causal = fattn::Causal::top_left;
   const fattn::TensorView cu_view = fattn::TensorView::int32_vector(p.starts.data(), B + 1);
-  const std::vector<std::function<void()>> contenders{
+  const std::int64_t blocks = c.page ? p.k_pages.rows / c.page : 0;
+  const fattn::TensorView table =
+      fattn::TensorView::int32_matrix(p.table.data(), B, std::max<std::int64_t>(p.max_blocks, 1));
+  const fattn::KvCache paged{p.k_pages.view(0, c.page, blocks), p.v_pages.view(0, c.page, blocks),
+                             nullptr, &table};
+  std::vector<std::function<void()>> contenders{
       [&] {
         fattn::attention_varlen(p.q.view(0, total), p.k.view(0, total), p.v.view(0, total), cu_view,
                                 cu_view, p.out_ragged.view(0, total), nullptr, o);
@@ -166,7 +202,15 @@ VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t
                                  p.pv.view(0, p.max_len, B), p.pout.view(0, p.max_len, B),
                                  nullptr, padded_options);
       }};
-  const std::size_t n = c.padded ? 3 : 2;
+  // Rotated with the others: the paged call in the padded call's slot when that is not timed.
+  const std::function<void()> paged_call = [&] {
+    fattn::attention_varlen(p.q.view(0, total), paged, cu_view, &cu_view, p.out_paged.view(0, total),
+                            nullptr, o);
+  };
+  if (!c.padded) contenders.pop_back();
+  const std::size_t paged_at = contenders.size();
+  if (c.page) contenders.push_back(paged_call);
+  const std::size_t n = contenders.size();
   const CpuSharing sharing;
   for (int w = 0; w < c.warmup; ++w)
     for (std::size_t i = 0; i < n; ++i) contenders[i]();
@@ -183,6 +227,13 @@ VarlenResult measure(const VarlenConfig& c, const std::string& mix, std::int64_t
   res.padded_ms = c.padded ? median(ms[2]) : 0.0;
   res.loop_over_ragged = median_ratio(ms, 1, 0);
   res.padded_over_ragged = c.padded ? median_ratio(ms, 2, 0) : 0.0;
+  if (c.page) {
+    res.paged_ms = median(ms[paged_at]);
+    res.paged_over_ragged = median_ratio(ms, paged_at, 0);
+    for (std::size_t e = 0; e < static_cast<std::size_t>(total * c.q_heads * D); ++e)
+      res.paged_max_abs_diff = std::max(res.paged_max_abs_diff, static_cast<double>(std::fabs(
+                                            p.out_paged.value(e) - p.out_ragged.value(e))));
+  }
   for (std::size_t e = 0; e < static_cast<std::size_t>(total * c.q_heads * D); ++e)
     res.max_abs_diff = std::max(res.max_abs_diff, static_cast<double>(std::fabs(
                                                       p.out_ragged.value(e) - p.out_loop.value(e))));
@@ -275,27 +326,31 @@ std::vector<VarlenResult> run_varlen_sweep(const VarlenConfig& config) {
 void print_varlen_table(std::FILE* out, const VarlenConfig& c, const std::vector<VarlenResult>& results) {
   std::fprintf(out,
                "\nvarlen prefill, Hq=%lld Hkv=%lld, %s, %d threads, median of %d repetitions "
-               "(the three calls rotated within each); ratios: medians of the per-repetition "
+               "(the calls rotated within each); ratios: medians of the per-repetition "
                "ratios; GFLOP/s: useful (real sequences' visible pairs) over each time\n\n",
                static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads),
                fattn::to_string(c.causal), c.threads, c.reps);
   print_table_header(out, {"mix", "dtype", "D", "seqs", "tokens", "max", "ragged ms", "GFLOP/s",
                            "loop ms", "loop/ragged", "padded ms", "padded/ragged",
-                           "padded useful GFLOP/s", "max diff", "others' cores"});
-  // A column the run did not time (--varlen-no-padded) reads "-".
-  auto cell = [&](const char* format, double value) {
+                           "padded useful GFLOP/s", "paged ms", "paged/ragged", "paged diff",
+                           "max diff", "others' cores"});
+  // A column the run did not time (--varlen-no-padded, --varlen-page 0) reads "-".
+  auto cell = [&](bool timed, const char* format, double value) {
     char text[32] = "-";
-    if (c.padded) std::snprintf(text, sizeof text, format, value);
+    if (timed) std::snprintf(text, sizeof text, format, value);
     return std::string(text);
   };
+  const bool paged = c.page > 0;
   for (const VarlenResult& r : results)
-    std::fprintf(out, "| %s | %s | %lld | %lld | %lld | %lld | %.2f | %.1f | %.2f | %.2fx | %s | %s | %s | %.1e | %.2f%s |\n",
+    std::fprintf(out, "| %s | %s | %lld | %lld | %lld | %lld | %.2f | %.1f | %.2f | %.2fx | %s | %s | %s | %s | %s | %s | %.1e | %.2f%s |\n",
                  r.mix.c_str(), fattn::to_string(r.dtype), static_cast<long long>(r.head_dim),
                  static_cast<long long>(r.sequences), static_cast<long long>(r.tokens),
                  static_cast<long long>(r.max_len), r.ragged_ms, gflops(r.useful_flops, r.ragged_ms),
-                 r.loop_ms, r.loop_over_ragged, cell("%.1f", r.padded_ms).c_str(),
-                 cell("%.2fx", r.padded_over_ragged).c_str(),
-                 cell("%.1f", gflops(r.useful_flops, r.padded_ms)).c_str(), r.max_abs_diff,
+                 r.loop_ms, r.loop_over_ragged, cell(c.padded, "%.1f", r.padded_ms).c_str(),
+                 cell(c.padded, "%.2fx", r.padded_over_ragged).c_str(),
+                 cell(c.padded, "%.1f", gflops(r.useful_flops, r.padded_ms)).c_str(),
+                 cell(paged, "%.2f", r.paged_ms).c_str(), cell(paged, "%.3fx", r.paged_over_ragged).c_str(),
+                 cell(paged, "%.1e", r.paged_max_abs_diff).c_str(), r.max_abs_diff,
                  r.others_cores, r.others_cores > kBusyCores ? " (busy)" : "");
   if (!c.backward) return;
   std::fprintf(out,
@@ -318,7 +373,7 @@ void write_varlen_json(const std::string& path, const VarlenConfig& c,
   nlohmann::json j;
   j["config"] = {{"q_heads", c.q_heads}, {"kv_heads", c.kv_heads}, {"causal", fattn::to_string(c.causal)},
                  {"threads", c.threads}, {"reps", c.reps}, {"warmup", c.warmup}, {"seed", c.seed},
-                 {"backward", c.backward},
+                 {"backward", c.backward}, {"page", c.page},
                  {"date", iso8601_now()}};
   for (const VarlenResult& r : results)
     j["results"].push_back({{"mix", r.mix}, {"dtype", fattn::to_string(r.dtype)}, {"D", r.head_dim},
@@ -329,6 +384,11 @@ void write_varlen_json(const std::string& path, const VarlenConfig& c,
                             {"loop_over_ragged", r.loop_over_ragged},
                             {"padded_over_ragged",
                              c.padded ? nlohmann::json(r.padded_over_ragged) : nlohmann::json()},
+                            {"paged_ms", c.page ? nlohmann::json(r.paged_ms) : nlohmann::json()},
+                            {"paged_over_ragged",
+                             c.page ? nlohmann::json(r.paged_over_ragged) : nlohmann::json()},
+                            {"paged_max_abs_diff",
+                             c.page ? nlohmann::json(r.paged_max_abs_diff) : nlohmann::json()},
                             {"max_abs_diff", r.max_abs_diff}, {"others_cores", r.others_cores},
                             {"backward_ragged_ms", r.backward_ragged_ms},
                             {"backward_loop_ms", r.backward_loop_ms},

@@ -1,6 +1,7 @@
 // fattn-bench --varlen — packed variable-length prefill (attention_varlen): the ragged call
 // beside the per-sequence loop (attention_forward once per sequence, what attention_varlen
-// did before it ran one ragged problem) and the same tokens padded into one dense batch.
+// did before it ran one ragged problem), the same tokens padded into one dense batch, and
+// the same keys on the pages of a paged KV cache (attention_varlen with a block table).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,9 @@ struct VarlenConfig {
   std::int64_t q_heads = 8, kv_heads = 8;
   fattn::Causal causal = fattn::Causal::bottom_right;
   bool padded = true;  // also time the padded dense batch (the slowest of the three)
+  // Also time the same keys on shuffled pages of this many keys (attention_varlen over a
+  // paged KV cache, FlashAttention's block_table; vLLM's pages hold 16); 0: not timed.
+  std::int64_t page = 16;
   bool backward = true;  // also time attention_varlen_backward against the per-sequence loop
   int threads = 0, reps = 7, warmup = 1;
   std::uint64_t seed = 0x5eed;
@@ -33,9 +37,11 @@ struct VarlenResult {
   double useful_flops = 0;  // 4·D per visible (query, key) pair of the real sequences, all heads
   // Median ms of each, timed in turn within each repetition (ragged, loop, padded rotated).
   double ragged_ms = 0, loop_ms = 0, padded_ms = 0;  // padded_ms 0: not timed
+  double paged_ms = 0;  // the keys on pages (VarlenConfig::page); 0: not timed
   // Medians of the per-repetition ratios (robust to a repetition slowed for all three).
-  double loop_over_ragged = 0, padded_over_ragged = 0;
+  double loop_over_ragged = 0, padded_over_ragged = 0, paged_over_ragged = 0;
   double max_abs_diff = 0;  // ragged vs the per-sequence loop, every output element
+  double paged_max_abs_diff = 0;  // paged vs ragged (the same arithmetic: 0)
   // The backward (when timed): attention_varlen_backward against attention_backward once per
   // sequence, alternated; the largest difference over dq, dk, dv.
   double backward_ragged_ms = 0, backward_loop_ms = 0, backward_loop_over_ragged = 0,

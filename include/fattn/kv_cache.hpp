@@ -85,6 +85,26 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                       const TensorView& out, const TensorView* lse, const Options& options = {});
 
+// attention_varlen whose keys are in a KV cache (FlashAttention's flash_attn_varlen_func
+// with block_table and seqused_k: chunked prefill and mixed prefill/decode batches over a
+// serving engine's pages). q, out, lse, cu_seqlens_q and the options as above; sequence b
+// has L_b keys, cache.seqlens[b] where seqlens (B) int32 is given (FlashAttention's
+// seqused_k), else cu_seqlens_k[b+1] − cu_seqlens_k[b]:
+//   paged:  cache.k, cache.v (num_blocks, Hkv, block_size, D) — TensorView::bshd(ptr,
+//           num_blocks, block_size, Hkv, D) — with cache.block_table (B, max_blocks) int32:
+//           key j of sequence b is row j % block_size of page block_table[b][j / block_size]
+//           (the KV cache's rules: block_size a multiple of 16, every page a sequence uses
+//           in [0, num_blocks)); cu_seqlens_k may be null when seqlens is given;
+//   packed: cache.k, cache.v (1, Hkv, total_k, D) as above, cu_seqlens_k required; with
+//           seqlens, sequence b's keys are the first seqlens[b] of its rows.
+// The pages are read where they lie: the fused kernel's pre-pass packs each sequence's K
+// (and V) from them as it does from packed rows, the decode kernel reads them in place.
+// Causal alignment, windows and ALiBi count from each sequence's own L_b keys. Forward
+// only (as FlashAttention's paged varlen).
+void attention_varlen(const TensorView& q, const KvCache& cache, const TensorView& cu_seqlens_q,
+                      const TensorView* cu_seqlens_k, const TensorView& out,
+                      const TensorView* lse, const Options& options = {});
+
 // Gradients of attention_varlen given its out and lse, checked once: the backward kernel on
 // each sequence, a sequence with at least 1/threads of the work on every thread, the others
 // side by side in one parallel section (one thread each); the reference over all at once;

@@ -29,6 +29,13 @@
 //   strides; cu_seqlens_q, cu_seqlens_k (B + 1) int32 offsets. causal: bottom-right per
 //   sequence. out: contiguous (total_q, Hq, D); lse: contiguous (Hq, total_q) (float64 for
 //   float64 inputs, which run the float64 reference).
+// attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+//                          block_table, causal, scale, impl, <variants>) -> (out, lse)
+//   attention_varlen whose keys are in a cache: with block_table (B, max_blocks) int32 the
+//   pages (num_blocks, Hkv, block_size, D) as attention_kvcache's, else packed rows
+//   (total_k, Hkv, D); seqused_k (B) int32 (FlashAttention's): the keys each sequence uses,
+//   else the cu_seqlens_k differences (cu_seqlens_k may be None with seqused_k and pages).
+//   Inference only, as attention_kvcache.
 // attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal,
 //                           scale, impl, <variants>) -> (dq, dk, dv, dsinks), dq, dk and dv
 //   contiguous like q, k and v; dsinks empty without sinks.
@@ -299,6 +306,38 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen(
   return {out, lse};
 }
 
+std::tuple<at::Tensor, at::Tensor> attention_varlen_kvcache(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+    const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& block_table,
+    bool causal, std::optional<double> scale, c10::string_view impl, std::int64_t window_left,
+    std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+    const std::optional<at::Tensor>& sinks) {
+  check_rank(q, "q", 3, "(total_q, heads, head_dim)");
+  const bool paged = block_table.has_value();
+  const char* layout = paged ? "(pages, kv heads, block_size, head_dim)" : "(total_k, kv heads, head_dim)";
+  check_rank(k, "k", paged ? 4 : 3, layout);
+  check_rank(v, "v", paged ? 4 : 3, layout);
+  fattn::Options options = varlen_options(q, causal, scale, impl);
+  const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
+                          alibi_slopes, sinks, &options);
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
+  const fattn::TensorView lse_view = packed_lse_view(lse, "lse");
+  const fattn::TensorView used = seqused_k ? int32_view_of(*seqused_k, "seqused_k") : fattn::TensorView{};
+  const fattn::TensorView table = paged ? int32_view_of(*block_table, "block_table") : fattn::TensorView{};
+  const fattn::TensorView cu_k = cu_seqlens_k ? int32_view_of(*cu_seqlens_k, "cu_seqlens_k") : fattn::TensorView{};
+  const fattn::KvCache cache{paged ? view_of(k, "k") : packed_view(k, "k"),
+                             paged ? view_of(v, "v") : packed_view(v, "v"),
+                             seqused_k ? &used : nullptr, paged ? &table : nullptr};
+  call_fattn([&] {
+    fattn::attention_varlen(packed_view(q, "q"), cache, int32_view_of(cu_seqlens_q, "cu_seqlens_q"),
+                            cu_seqlens_k ? &cu_k : nullptr, packed_view(out, "out"), &lse_view,
+                            options);
+  });
+  return {out, lse};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_varlen_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
@@ -340,6 +379,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_varlen_back
 TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) {
   m.impl("attention_kvcache", &attention_kvcache);
   m.impl("attention_varlen", &attention_varlen);
+  m.impl("attention_varlen_kvcache", &attention_varlen_kvcache);
   m.impl("attention_varlen_backward", &attention_varlen_backward);
 }
 
@@ -349,12 +389,13 @@ TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) {
 }
 #endif
 
-// attention_kvcache has no derivative: an output of a call whose inputs require grad
+// attention_kvcache and attention_varlen_kvcache have no derivative: an output of a call whose inputs require grad
 // raises "derivative ... is not implemented" when differentiated; the in-place append bumps
 // the caches' version counters, so autograd notices tensors it saved being overwritten.
 // (attention_varlen's autograd formula is registered from Python, fattn/_registry.py.)
 TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, Autograd, m) {
   m.impl("attention_kvcache", torch::autograd::autogradNotImplementedFallback());
+  m.impl("attention_varlen_kvcache", torch::autograd::autogradNotImplementedFallback());
 }
 TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, ADInplaceOrView, m) {
   m.impl("attention_kvcache", torch::autograd::autogradNotImplementedInplaceOrViewFallback());

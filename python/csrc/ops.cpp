@@ -264,6 +264,12 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
       ") -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
+      "attention_varlen_kvcache(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+      "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? block_table=None, "
+      "bool causal=False, float? scale=None, str impl=\"auto\", " SEQUENCE_VARIANT_ARGS
+      ") -> (Tensor out, Tensor lse)",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
       "attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, bool causal=False, "
       "float? scale=None, str impl=\"auto\", " SEQUENCE_VARIANT_ARGS

@@ -165,6 +165,21 @@ def _register_kv_ops(ns: str) -> None:
         _check_int32("cu_seqlens_k", cu_seqlens_k)
         return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=lse_dtype(q))
 
+    def fake_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k=None,
+                            block_table=None, causal=False, scale=None, impl="auto",
+                            window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                            sinks=None):
+        _check_rank("q", q, 3, "(total_q, heads, head_dim)")
+        rank = 4 if block_table is not None else 3
+        for name, t in (("k", k), ("v", v)):
+            _check_rank(name, t, rank, "(pages, kv heads, block_size, head_dim)" if rank == 4
+                        else "(total_k, kv heads, head_dim)")
+        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                        ("seqused_k", seqused_k), ("block_table", block_table)):
+            if t is not None:
+                _check_int32(name, t)
+        return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=lse_dtype(q))
+
     def fake_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
                              scale=None, impl="auto", window_left=-1, window_right=-1,
                              softcap=0.0, alibi_slopes=None, sinks=None):
@@ -176,6 +191,7 @@ def _register_kv_ops(ns: str) -> None:
     torch.library.register_fake(f"{ns}::triton_attention_kvcache", fake_kvcache)
     torch.library.register_fake(f"{ns}::attention_varlen", fake_varlen)
     torch.library.register_fake(f"{ns}::attention_varlen_backward", fake_varlen_backward)
+    torch.library.register_fake(f"{ns}::attention_varlen_kvcache", fake_varlen_kvcache)
 
     def setup_context(ctx, inputs, output):
         q, k, v, cu_seqlens_q, cu_seqlens_k, *options = inputs

@@ -202,6 +202,20 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=No
                                       return_lse=True)
 
 
+def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k=None,
+                             block_table=None, causal=False, scale=None, impl="auto",
+                             window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                             sinks=None):
+    """<ns>::attention_varlen_kvcache on CUDA: packed queries against pages or packed rows
+    (the varlen row of the dispatch table: the Triton forward)."""
+    _plan_of("attention_varlen", impl, q, window_left, window_right, softcap, alibi_slopes, sinks)
+    return _triton().attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                              block_table, causal=causal,
+                                              window_left=window_left, window_right=window_right,
+                                              softcap=softcap, sinks=sinks,
+                                              alibi_slopes=alibi_slopes, scale=scale)
+
+
 def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
                        causal_bottom_right=False, scale=None, impl="auto", attn_mask=None,
                        window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
@@ -251,6 +265,7 @@ def register(ns: str) -> None:
 
     kernels = [("attention", dense), ("triton_attention_kvcache", attention_kvcache),
                ("attention_varlen", attention_varlen),
+               ("attention_varlen_kvcache", attention_varlen_kvcache),
                ("attention_backward", dense_backward),
                ("attention_varlen_backward", attention_varlen_backward)]
     # attention_kvcache's CUDA kernel is the C++ operator's where the extension is built with

@@ -6,8 +6,9 @@
                                        max_seqlen_q, max_seqlen_k, causal=True)
 
 Same names, layouts and semantics as ``flash_attn`` 2 (``flash_attn_interface.py``), around
-the operators ``torch.ops.fattn.attention_kvcache`` and ``torch.ops.fattn.attention_varlen``
-(python/csrc/kv_ops.cpp). The tensors are passed to them as strided views: no copies.
+the operators ``torch.ops.fattn.attention_kvcache``, ``torch.ops.fattn.attention_varlen``
+and, for the varlen function over a paged cache (``block_table``, ``seqused_k``),
+``torch.ops.fattn.attention_varlen_kvcache`` (python/csrc/kv_ops.cpp). The tensors are passed to them as strided views: no copies.
 
 These wrappers check what the operators cannot see (Python types, the int32 index tensors'
 dtypes, devices, ranks, FlashAttention's arguments fattn does not support); every size,
@@ -15,8 +16,7 @@ length, offset and block-table entry is checked by the C++ library, before anyth
 written: a call that raises leaves the KV cache as it was.
 
 Errors:
-  NotImplementedError  valid for FlashAttention but not supported by fattn: dropout, a
-                       paged K/V in the varlen function,
+  NotImplementedError  valid for FlashAttention but not supported by fattn: dropout,
                        dtypes other than float32, bfloat16 and float16 (float64 too in the
                        varlen function), devices other than the CPU, inputs requiring grad
                        in flash_attn_with_kvcache
@@ -57,13 +57,15 @@ def _check_tensor_type(fn: str, name: str, t) -> None:
         raise TypeError(f"fattn.{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _check_floats(fn: str, tensors, dtypes, rank: int, layouts) -> None:
-    """Tensor type, rank, one device and one dtype for the attention operands, (name,
-    tensor) pairs; layouts gives each one's dimensions ("(B, Sq, Hq, D)") for the message."""
+def _check_floats(fn: str, tensors, dtypes, rank, layouts) -> None:
+    """Tensor type, rank (one for all, or a dict by name), one device and one dtype for the
+    attention operands, (name, tensor) pairs; layouts gives each one's dimensions ("(B, Sq,
+    Hq, D)") for the message."""
     for name, t in tensors:
         _check_tensor_type(fn, name, t)
-        if t.dim() != rank:
-            raise ValueError(f"fattn.{fn}: {name} must have {rank} dimensions {layouts[name]}, "
+        want = rank[name] if isinstance(rank, dict) else rank
+        if t.dim() != want:
+            raise ValueError(f"fattn.{fn}: {name} must have {want} dimensions {layouts[name]}, "
                              f"got shape {tuple(t.shape)}")
     check_one_device_and_dtype(fn, tensors)
     first_name, first = tensors[0]
@@ -210,38 +212,65 @@ def _longest(cu_seqlens) -> int:
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
 
 
+def _key_lengths(cu_seqlens_k, seqused_k):
+    """The keys of each sequence: seqused_k, or the cu_seqlens_k differences."""
+    if seqused_k is not None:
+        return int(seqused_k.max()) if seqused_k.numel() else 0
+    return _longest(cu_seqlens_k)
+
+
 def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
-            sinks=None):
+            sinks=None, seqused_k=None, cache_op=None):
     fn = "flash_attn_varlen_func"
-    _unsupported(fn,
-                 dropout_p=(dropout_p, dropout_p == 0.0),
-                 block_table=(block_table, block_table is None))
+    _unsupported(fn, dropout_p=(dropout_p, dropout_p == 0.0))
     left, right = window_of(fn, window_size)
-    layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
-    _check_floats(fn, [("q", q), ("k", k), ("v", v)], CPU_KERNEL_DTYPES + (torch.float64,), 3,
-                  layouts)
+    paged = block_table is not None
+    if paged:
+        layouts = {"q": "(total_q, Hq, D)", "k": "(num_blocks, block_size, Hkv, D)",
+                   "v": "(num_blocks, block_size, Hkv, D)"}
+    else:
+        layouts = {"q": "(total_q, Hq, D)", "k": "(total_k, Hkv, D)", "v": "(total_k, Hkv, D)"}
+    _check_floats(fn, [("q", q), ("k", k), ("v", v)], CPU_KERNEL_DTYPES + (torch.float64,),
+                  {"q": 3, "k": 4 if paged else 3, "v": 4 if paged else 3}, layouts)
     if q.device.type == "cuda" and not triton_available():
         refuse_grad(fn, [("q", q), ("k", k), ("v", v)], "fattn's backward pass runs on CUDA "
                                                         "tensors in Triton, and triton is not "
                                                         "installed")
     _check_int32(fn, "cu_seqlens_q", cu_seqlens_q, 1, "(B + 1,)", q.device)
-    _check_int32(fn, "cu_seqlens_k", cu_seqlens_k, 1, "(B + 1,)", q.device)
+    if cu_seqlens_k is not None or not paged or seqused_k is None:  # else not needed
+        _check_int32(fn, "cu_seqlens_k", cu_seqlens_k, 1, "(B + 1,)", q.device)
+    if seqused_k is not None:
+        _check_int32(fn, "seqused_k", seqused_k, 1, "(B,)", q.device)
+    if paged:
+        _check_int32(fn, "block_table", block_table, 2, "(B, max_blocks)", q.device)
     # fattn does not need the maxima, but FlashAttention sizes its grid by them: a value
     # below the longest sequence is a caller's bug. Reading the offsets is data-dependent,
     # so the check runs in eager mode only (not while torch.compile traces).
     if not torch.compiler.is_compiling():
-        for name, given, cu in (("max_seqlen_q", max_seqlen_q, cu_seqlens_q),
-                                ("max_seqlen_k", max_seqlen_k, cu_seqlens_k)):
-            if cu.device.type == "meta":
+        for name, given, longest in (
+                ("max_seqlen_q", max_seqlen_q, lambda: _longest(cu_seqlens_q)),
+                ("max_seqlen_k", max_seqlen_k, lambda: _key_lengths(cu_seqlens_k, seqused_k))):
+            if q.device.type == "meta":
                 continue
-            longest = _longest(cu)
-            if given < longest:
+            most = longest()
+            if given < most:
+                source = ("seqused_k" if name == "max_seqlen_k" and seqused_k is not None
+                          else "cu_seqlens_" + name[-1])
                 raise ValueError(f"fattn.{fn}: {name} = {given} is less than the longest "
-                                 f"sequence in {'cu_seqlens_' + name[-1]}, {longest}")
-    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto",
-                  left, right, float(softcap), alibi_slopes, per_head(sinks, q))
+                                 f"sequence in {source}, {most}")
+    if paged or seqused_k is not None:
+        # Keys in a cache (pages, or packed rows of which seqused_k are used): inference
+        # only, as FlashAttention's paged varlen; an output of inputs that require grad
+        # raises when differentiated.
+        out, lse = cache_op(q, k.transpose(1, 2) if paged else k,
+                            v.transpose(1, 2) if paged else v, cu_seqlens_q, cu_seqlens_k,
+                            seqused_k, block_table, bool(causal), softmax_scale, "auto", left,
+                            right, float(softcap), alibi_slopes, per_head(sinks, q))
+    else:
+        out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto",
+                      left, right, float(softcap), alibi_slopes, per_head(sinks, q))
     # deterministic: fattn's backward always is (each sequence's gradients in a fixed order).
     return (out, lse, None) if return_attn_probs else out
 
@@ -312,9 +341,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None,
-                           sinks=None):
+                           sinks=None, seqused_k=None):
     """Attention over a batch of sequences packed along one axis, without padding
-    (FlashAttention 2's ``flash_attn_varlen_func``; CPU; differentiable).
+    (FlashAttention 2's ``flash_attn_varlen_func``; CPU; differentiable), or against a paged
+    KV cache (``block_table``, ``seqused_k``: chunked prefill and mixed prefill/decode
+    batches; inference only).
 
     q: (total_q, Hq, D), k, v: (total_k, Hkv, D), Hq a multiple of Hkv (MQA/GQA), any
     strides. cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 offsets, from 0, non-decreasing, to
@@ -342,19 +373,32 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     window_size, softcap, alibi_slopes ((Hq) or (B, Hq)) and sinks (Hq, with a gradient):
     FlashAttention's and gpt-oss's semantics, per sequence (README, docs/variants.md).
 
-    Not supported (NotImplementedError naming the argument): dropout_p > 0, block_table
-    (paged K/V).
+    block_table: (B, max_blocks_per_seq) int32: k and v are then a paged cache
+    (num_blocks, block_size, Hkv, D), block_size a multiple of 16 (FlashAttention: 256; vLLM:
+    16), and sequence b's L_b keys are keys [n·block_size, (n+1)·block_size) on page
+    block_table[b, n] — L_b the cu_seqlens_k differences (cu_seqlens_k then counts keys,
+    not rows), or seqused_k[b]. The pages are read where they lie (no gather into a
+    contiguous copy); a table entry a sequence does not reach is never read.
+    seqused_k: (B,) int32: sequence b uses its first seqused_k[b] keys (of its pages, or of
+    its rows in k and v; cu_seqlens_k may then be None with a block_table). With either,
+    the call is inference only (as FlashAttention's paged varlen): its output raises when
+    differentiated. Both are checked on the host (every page a sequence uses in [0,
+    num_blocks), seqused_k[b] within what the sequence holds).
+
+    Not supported (NotImplementedError naming the argument): dropout_p > 0.
     """
     return _varlen(torch.ops.fattn.attention_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k,
                    max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
-                   softcap, alibi_slopes, deterministic, return_attn_probs, block_table, sinks)
+                   softcap, alibi_slopes, deterministic, return_attn_probs, block_table, sinks,
+                   seqused_k, cache_op=torch.ops.fattn.attention_varlen_kvcache)
 
 
 def bind(ops):
     """flash_attn_with_kvcache and flash_attn_varlen_func bound to another build's
     operators (``ops``: ``torch.ops.<namespace>``, e.g. fattn.jit's)."""
     return (functools.partial(_with_kvcache, ops.attention_kvcache),
-            functools.partial(_varlen, ops.attention_varlen))
+            functools.partial(_varlen, ops.attention_varlen,
+                              cache_op=ops.attention_varlen_kvcache))
 
 
 __all__ = ["flash_attn_with_kvcache", "flash_attn_varlen_func"]

@@ -114,6 +114,14 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   detail::ragged_forward(call.p, detail::make_exec(options), options);
 }
 
+void attention_varlen(const TensorView& q, const KvCache& cache, const TensorView& cu_seqlens_q,
+                      const TensorView* cu_seqlens_k, const TensorView& out,
+                      const TensorView* lse, const Options& options) {
+  require_cpu_varlen(q);
+  const detail::VarlenProblem call(q, cache, cu_seqlens_q, cu_seqlens_k, &out, lse, options);
+  detail::ragged_forward(call.p, detail::make_exec(options), options);
+}
+
 void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& dout,
                                const TensorView& lse, const TensorView& cu_seqlens_q,

@@ -112,7 +112,7 @@ void row_scores(const detail::Problem& p, const Views<T>& t, std::int64_t b, std
   const detail::ScoreMods& m = p.mods;
   for (std::int64_t j = row.begin; j < row.end; ++j) {
     const auto at = static_cast<std::size_t>(j - row.begin);
-    const T* k = p.kv_row(t.k, b, hk, j);
+    const T* k = t.k.row(b, hk, j);
     double dot = 0.0;
     for (std::int64_t d = 0; d < p.head_dim; ++d)
       dot += wide(q[d * t.q.dim]) * wide(k[d * t.k.dim]);
@@ -154,7 +154,7 @@ double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, 
   for (std::int64_t j = row.begin; j < row.end; ++j) {
     double& e = row.probs[static_cast<std::size_t>(j - row.begin)];
     e /= sum;
-    const T* v = p.kv_row(t.v, b, hk, j);
+    const T* v = t.v.row(b, hk, j);
     for (std::int64_t d = 0; d < p.head_dim; ++d) out_row[d] += e * wide(v[d * t.v.dim]);
   }
   return m_ref + std::log(sum);

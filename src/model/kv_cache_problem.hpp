@@ -10,6 +10,21 @@
 
 namespace fattn::detail {
 
+// A paged cache's geometry: keys per page, keys a sequence can hold (the table's columns
+// × block_size), pages.
+struct PageGeometry {
+  std::int64_t block_size, capacity, num_blocks;
+};
+// block_table (batch, max_blocks) int32 on `device` (batch from batch_source) with contiguous rows, and the cache
+// k (named k_name: num_blocks, Hkv, block_size, D) of pages of a multiple of 16 keys.
+PageGeometry check_page_table(const TensorView& table, const char* k_name, const TensorView& k,
+                              std::int64_t batch, const char* batch_source, Device device);
+// Every block of the keys[b] keys sequence b uses names a page of the cache (host memory).
+void check_pages_used(const TensorView& table, const char* k_name, const PageGeometry& g,
+                      const std::vector<std::int64_t>& keys);
+// The K and V views' pages (Strided::pages) for a checked table.
+Pages pages_of_table(const TensorView& table, std::int64_t block_size);
+
 struct KvCacheProblem {
   // Validates every argument (throwing fattn::Error) before anything is written.
   KvCacheProblem(const TensorView& q, const KvCache& cache, const TensorView* k_new,

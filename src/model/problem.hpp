@@ -9,22 +9,39 @@
 
 namespace fattn::detail {
 
-// Element (b, h, s, d) of a strided 4-D float tensor.
+// Pages of a paged KV cache: row s of sequence b lies on page
+// table[b · table_stride + s / page_size], at row s % page_size of it.
+struct Pages {
+  const std::int32_t* table = nullptr;  // null: not paged
+  std::int64_t table_stride = 0, page_size = 0;
+};
+
+// Element (b, h, s, d) of a strided 4-D float tensor. A paged view (K and V of a paged
+// cache) finds the rows of sequence b on its pages, `batch` then stepping pages: every
+// reader of a row (the kernels' pre-passes, the decode kernel, the reference) reads a
+// paged cache through row() where it lies, and a reader that steps from one row to the
+// next by `seq` must stay within a page (pages hold a multiple of 16 keys).
 template <class T>
 struct Strided {
   T* data = nullptr;
   std::int64_t batch = 0, head = 0, seq = 0, dim = 0;  // strides in elements
+  Pages pages;
 
   T* row(std::int64_t b, std::int64_t h, std::int64_t s) const {
+    if (pages.table) {
+      const std::int64_t page = pages.table[b * pages.table_stride + s / pages.page_size];
+      return data + page * batch + h * head + (s % pages.page_size) * seq;
+    }
     return data + b * batch + h * head + s * seq;
   }
+  bool paged() const { return pages.table != nullptr; }
 };
 
 // The same view with another element type (the float64 reference reads float64 data
 // through the float pointers a Problem holds).
 template <class T, class U>
 Strided<T> retype(const Strided<U>& s) {
-  return {reinterpret_cast<T*>(s.data), s.batch, s.head, s.seq, s.dim};
+  return {reinterpret_cast<T*>(s.data), s.batch, s.head, s.seq, s.dim, s.pages};
 }
 
 // The same view with its rows starting at row `start` of the sequence axis and batch stride
@@ -40,24 +57,35 @@ Strided<T> rows_from(const Strided<T>& t, std::int64_t start, std::int64_t bytes
   return {data, 0, t.head, t.seq, t.dim};
 }
 
+// Sequence b of a paged view as a view of its own: its row of the page table, table
+// stride 0, so row(b', h, s) reads sequence b's key s for any b' (as rows_from's views).
+template <class T>
+Strided<T> pages_of(const Strided<T>& t, std::int64_t b) {
+  Strided<T> s = t;
+  s.pages.table += b * t.pages.table_stride;
+  s.pages.table_stride = 0;
+  return s;
+}
+
 // A ragged batch (attention_varlen): sequences packed along the sequence axis of a batch-1
 // tensor; sequence b's queries are rows [q_starts[b], q_starts[b + 1]) of q, out and lse,
-// its keys rows [k_starts[b], k_starts[b + 1]) of k and v (FlashAttention's cu_seqlens).
+// its keys rows [k_starts[b], k_starts[b + 1]) of k and v (FlashAttention's cu_seqlens),
+// or the first k_used[b] of them (FlashAttention's seqused_k). With a paged K and V, the
+// keys of sequence b are the first keys_of(b) of its pages (k_starts then count keys, not
+// rows).
 struct Ragged {
   const std::int64_t* q_starts = nullptr;  // [batch + 1]; null: not ragged
   const std::int64_t* k_starts = nullptr;  // [batch + 1]
+  const std::int64_t* k_used = nullptr;    // [batch]; null: the k_starts differences
   // [batch], nonzero where another kernel of the same call computes sequence b (its rows
   // are not this kernel's to read or write); null: none.
   const std::uint8_t* elsewhere = nullptr;
 };
 
-// Where the keys of a KV cache are (attention_kvcache): how many each sequence uses,
-// and, for a paged cache, which page holds each block of block_size keys.
+// How many keys each sequence of a KV cache uses (attention_kvcache); a paged cache's
+// pages are in the K and V views (Strided::pages).
 struct KvPaging {
   const std::int32_t* seqlens = nullptr;      // [batch] keys in use; null: kv_len each
-  const std::int32_t* block_table = nullptr;  // [b * table_stride + n]: page of keys n·bs…
-  std::int64_t table_stride = 0;
-  std::int64_t block_size = 0;  // keys per page; with a table, Strided::batch steps pages
 };
 
 // What changes the scores of a problem beyond Q·Kᵀ·scale (Options' variants), read by
@@ -125,7 +153,6 @@ struct Problem {
 
   // --- visibility: which keys query i of sequence b sees --------------------------------
   // Keys j < keys_of(b) with band_lo_of(b) <= j − i <= band_hi_of(b).
-  bool has_kv_cache() const { return paging.seqlens || paging.block_table; }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   bool is_ragged() const { return ragged.q_starts != nullptr; }
   bool runs_elsewhere(std::int64_t b) const { return ragged.elsewhere && ragged.elsewhere[b]; }
@@ -133,6 +160,7 @@ struct Problem {
     return ragged.q_starts ? ragged.q_starts[b + 1] - ragged.q_starts[b] : q_len;
   }
   std::int64_t keys_of(std::int64_t b) const {
+    if (ragged.k_used) return ragged.k_used[b];
     if (ragged.k_starts) return ragged.k_starts[b + 1] - ragged.k_starts[b];
     return paging.seqlens ? paging.seqlens[b] : kv_len;
   }
@@ -179,8 +207,8 @@ struct Problem {
     s.dout = rows_from(dout, q0, e);
     s.dlse = rows_from(dlse, q0, el);
     s.dq = rows_from(dq, q0, e);
-    s.k = rows_from(k, k0, element_size(kv_dtype()));
-    s.v = rows_from(v, k0, element_size(kv_dtype()));
+    s.k = keys_of_sequence(k, b);
+    s.v = keys_of_sequence(v, b);
     s.dk = rows_from(dk, k0, e);
     s.dv = rows_from(dv, k0, e);
     if (mods.alibi) {  // per-head values: float64 for float64 problems, as the lse
@@ -191,12 +219,12 @@ struct Problem {
     return s;
   }
 
-  // Row of key j of sequence b, kv head h, in K or V (paged or not).
+  // K or V (`t`, in kv_dtype) of sequence b of a ragged problem, as a view of its own
+  // whose sequence 0 is b's keys: its pages, or its rows of the packed tensor.
   template <class T>
-  T* kv_row(const Strided<T>& t, std::int64_t b, std::int64_t h, std::int64_t j) const {
-    if (!paging.block_table) return t.row(b, h, j);
-    const std::int64_t page = paging.block_table[b * paging.table_stride + j / paging.block_size];
-    return t.data + page * t.batch + h * t.head + (j % paging.block_size) * t.seq;
+  Strided<T> keys_of_sequence(const Strided<T>& t, std::int64_t b) const {
+    if (t.paged()) return pages_of(t, b);
+    return rows_from(t, ragged.k_starts[b], element_size(kv_dtype()));
   }
 
   // The keys [kv_begin(q_begin), kv_end(q_end)) that some query in [q_begin, q_end) sees.
@@ -236,6 +264,11 @@ class SequenceOf {
 // out may be null (reference_row checks one row without an output tensor).
 Problem make_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView* out, const TensorView* lse, const Options& options);
+
+// The same for k and v of a paged cache (num_blocks, Hkv, block_size, D): their first
+// dim counts the cache's pages, not q's batch (attention_varlen with a block table).
+Problem make_paged_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView* out, const TensorView* lse, const Options& options);
 
 // For the entries that take k and v of q's dtype only (the backward, varlen): a q8_0 k or
 // v is an error naming `entry`, with `note` saying what takes it.

@@ -170,9 +170,10 @@ struct ForwardExtents {
 };
 
 // make_problem, also handing back the extents it checked (make_backward_problem needs them).
+// kv_pages: k and v are a paged cache, whose first dim counts pages, not q's batch.
 Problem check_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView* out, const TensorView* lse, const Options& options,
-                      ForwardExtents* extents);
+                      ForwardExtents* extents, bool kv_pages = false);
 
 }  // namespace
 
@@ -182,11 +183,17 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView&
   return check_forward(q, k, v, out, lse, options, &extents);
 }
 
+Problem make_paged_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView* out, const TensorView* lse, const Options& options) {
+  ForwardExtents extents;
+  return check_forward(q, k, v, out, lse, options, &extents, true);
+}
+
 namespace {
 
 Problem check_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView* out, const TensorView* lse, const Options& options,
-                      ForwardExtents* extents) {
+                      ForwardExtents* extents, bool kv_pages) {
   const DType dtype = q.dtype;
   const Device device = q.device;
   // k and v: q's dtype, or a q8_0 cache (CPU, float32 q and out).
@@ -201,8 +208,12 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
   const Extent k_extent = extents->k = check_view("k", k, 4, kv_dtype, device);
   const Extent v_extent = extents->v = check_view("v", v, 4, kv_dtype, device);
 
-  expect_size("k", k, 0, "batch", "q.size(0)", q.size(0));
-  expect_size("v", v, 0, "batch", "q.size(0)", q.size(0));
+  if (kv_pages) {
+    expect_size("v", v, 0, "pages", "k.size(0)", k.size(0));
+  } else {
+    expect_size("k", k, 0, "batch", "q.size(0)", q.size(0));
+    expect_size("v", v, 0, "batch", "q.size(0)", q.size(0));
+  }
   expect_size("v", v, 1, "kv heads", "k.size(1)", k.size(1));
   expect_size("v", v, 2, "kv sequence", "k.size(2)", k.size(2));
   if (q.size(1) % k.size(1) != 0) {

@@ -49,23 +49,10 @@ Geometry check_cache(const TensorView& q, const KvCache& cache) {
     expect_size("k_cache", cache.k, 0, "batch", "q.size(0)", batch);
     return g;
   }
-  const TensorView& table = *cache.block_table;
-  check_view("block_table", table, 2, DType::int32, q.device);
-  expect_size("block_table", table, 0, "batch", "q.size(0)", batch);
-  if (g.block_size % 16 != 0) {
-    std::ostringstream m;
-    m << "k_cache.size(2) (block_size, keys per page) must be a multiple of 16 with a "
-         "block_table, got "
-      << g.block_size;
-    fail(m.str());
-  }
-  if (table.stride(1) != 1 && table.size(1) > 1) {
-    std::ostringstream m;
-    m << "block_table.stride(1) must be 1 (contiguous rows), got " << table.stride(1);
-    fail(m.str());
-  }
-  if (!checked_mul(table.size(1), g.block_size, &g.capacity))
-    fail("block_table.size(1) × block_size overflows 64 bits");
+  const PageGeometry pages = check_page_table(*cache.block_table, "k_cache", cache.k, batch, "q.size(0)",
+                                             q.device);
+  g.block_size = pages.block_size;
+  g.capacity = pages.capacity;
   return g;
 }
 
@@ -109,20 +96,9 @@ void check_lengths(const KvCache& cache, const Geometry& g, std::int64_t new_len
 void check_block_table(const KvCache& cache, const Geometry& g,
                        const std::vector<std::int32_t>& lengths) {
   if (!g.paged) return;
-  const TensorView& table = *cache.block_table;
-  for (std::int64_t b = 0; b < g.batch; ++b) {
-    const std::int64_t keys = lengths.empty() ? g.capacity : lengths[static_cast<std::size_t>(b)];
-    for (std::int64_t n = 0; n * g.block_size < keys; ++n) {
-      const std::int64_t page = element(table, b, n);
-      if (page < 0 || page >= g.num_blocks) {
-        std::ostringstream m;
-        m << "block_table[" << b << "][" << n << "] = " << page << " is outside [0, "
-          << g.num_blocks << ") (k_cache.size(0), the cache's pages), and sequence " << b
-          << " uses that block";
-        fail(m.str());
-      }
-    }
-  }
+  std::vector<std::int64_t> keys(lengths.begin(), lengths.end());
+  if (keys.empty()) keys.assign(static_cast<std::size_t>(g.batch), g.capacity);
+  check_pages_used(*cache.block_table, "k_cache", {g.block_size, g.capacity, g.num_blocks}, keys);
 }
 
 // No two sequences append to the same slot of a page.
@@ -156,6 +132,47 @@ void check_append_slots(const KvCache& cache, const Geometry& g,
 }
 
 }  // namespace
+
+PageGeometry check_page_table(const TensorView& table, const char* k_name, const TensorView& k,
+                              std::int64_t batch, const char* batch_source, Device device) {
+  check_view("block_table", table, 2, DType::int32, device);
+  expect_size("block_table", table, 0, "batch", batch_source, batch);
+  PageGeometry g{k.size(2), 0, k.size(0)};
+  if (g.block_size % 16 != 0) {
+    std::ostringstream m;
+    m << k_name << ".size(2) (block_size, keys per page) must be a multiple of 16 with a "
+         "block_table, got "
+      << g.block_size;
+    fail(m.str());
+  }
+  if (table.stride(1) != 1 && table.size(1) > 1) {
+    std::ostringstream m;
+    m << "block_table.stride(1) must be 1 (contiguous rows), got " << table.stride(1);
+    fail(m.str());
+  }
+  if (!checked_mul(table.size(1), g.block_size, &g.capacity))
+    fail("block_table.size(1) × block_size overflows 64 bits");
+  return g;
+}
+
+void check_pages_used(const TensorView& table, const char* k_name, const PageGeometry& g,
+                      const std::vector<std::int64_t>& keys) {
+  for (std::size_t b = 0; b < keys.size(); ++b)
+    for (std::int64_t n = 0; n * g.block_size < keys[b]; ++n) {
+      const std::int64_t page = element(table, static_cast<std::int64_t>(b), n);
+      if (page < 0 || page >= g.num_blocks) {
+        std::ostringstream m;
+        m << "block_table[" << b << "][" << n << "] = " << page << " is outside [0, "
+          << g.num_blocks << ") (" << k_name << ".size(0), the cache's pages), and sequence "
+          << b << " uses that block";
+        fail(m.str());
+      }
+    }
+}
+
+Pages pages_of_table(const TensorView& table, std::int64_t block_size) {
+  return {static_cast<const std::int32_t*>(table.data), table.stride(0), block_size};
+}
 
 KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const TensorView* kn,
                                const TensorView* vn, const TensorView* out, const TensorView* lse,
@@ -253,9 +270,8 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   }
   p.paging.seqlens = lengths.empty() ? nullptr : lengths.data();
   if (g.paged) {
-    p.paging.block_table = static_cast<const std::int32_t*>(cache.block_table->data);
-    p.paging.table_stride = cache.block_table->stride(0);
-    p.paging.block_size = g.block_size;
+    const Pages pages = pages_of_table(*cache.block_table, g.block_size);
+    p.k.pages = p.v.pages = k_cache.pages = v_cache.pages = pages;
   }
 }
 
@@ -270,8 +286,8 @@ void append_as(const KvCacheProblem& c) {
     for (std::int64_t h = 0; h < p.kv_heads; ++h)
       for (std::int64_t t = 0; t < c.new_len; ++t) {
         const std::int64_t j = c.old_lengths[static_cast<std::size_t>(b)] + t;
-        E* kd = p.kv_row(k_cache, b, h, j);
-        E* vd = p.kv_row(v_cache, b, h, j);
+        E* kd = k_cache.row(b, h, j);
+        E* vd = v_cache.row(b, h, j);
         const E* ks = k_new.row(b, h, t);
         const E* vs = v_new.row(b, h, t);
         for (std::int64_t d = 0; d < p.head_dim; ++d) {

@@ -31,11 +31,14 @@ tests run there. The kernel is in forward.py, the band of visible keys in visibi
 scheduling (tile sizes, GQA packing, key splits) in problem.py, its float64 definition in
 reference.py. kvcache_attention is attention_with_kvcache with the operator's arguments
 ((B, H, S, D) views, window_left/right): what torch.ops.fattn.attention_kvcache runs on
-CUDA. Imported on use: triton is optional.
+CUDA; attention_varlen_kvcache the same for torch.ops.fattn.attention_varlen_kvcache
+(varlen queries against a paged cache). Imported on use: triton is optional.
 """
 from .api import (attention, attention_backward, attention_varlen,  # noqa: F401
-                  attention_varlen_backward, attention_with_kvcache, kvcache_attention)
+                  attention_varlen_backward, attention_varlen_kvcache, attention_with_kvcache,
+                  kvcache_attention)
 from .problem import ArgumentError  # noqa: F401
 
 __all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward",
-           "attention_with_kvcache", "kvcache_attention", "ArgumentError"]
+           "attention_varlen_kvcache", "attention_with_kvcache", "kvcache_attention",
+           "ArgumentError"]

@@ -15,10 +15,12 @@ from .problem import (DTYPES, HEAD_DIMS, ArgumentError, Problem, check, check_le
 
 
 def _check_operands(fn, named, rank, layout):
+    """rank: one for all, or a dict by name."""
     for name, t in named:
         check(isinstance(t, torch.Tensor), fn,
               f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        check(t.dim() == rank, fn, f"{name} must have {rank} dimensions {layout[name]}, got "
+        want = rank[name] if isinstance(rank, dict) else rank
+        check(t.dim() == want, fn, f"{name} must have {want} dimensions {layout[name]}, got "
                                    f"shape {tuple(t.shape)}")
     first_name, first = named[0]
     for name, t in named[1:]:
@@ -167,7 +169,7 @@ def _check_offsets(fn, name, cu, total, batch, device):
         check(host[n] >= host[n - 1], fn,
               f"{name} must be non-decreasing, got {name}[{n - 1}] = {host[n - 1]} > "
               f"{name}[{n}] = {host[n]}")
-    check(host[-1] == total, fn,
+    check(total is None or host[-1] == total, fn,  # None: keys on pages
           f"{name}[-1] must equal the packed rows {total}, got {host[-1]}")
     return max((host[n + 1] - host[n] for n in range(len(host) - 1)), default=0)
 
@@ -228,6 +230,85 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         run_forward(p)
     out, lse = p.out[0].transpose(0, 1), p.lse[0]
     return (out, lse) if return_lse else out
+
+
+def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k=None,
+                             block_table=None, causal=False, window_left=-1, window_right=-1,
+                             softcap=0.0, sinks=None, alibi_slopes=None, scale=None,
+                             block_m=None, block_n=None):
+    """The operator attention_varlen_kvcache on the GPU (python/csrc/kv_ops.cpp's schema):
+    packed queries q (total_q, Hq, D) against keys in a cache — pages (num_blocks, Hkv,
+    block_size, D) with block_table (B, max_blocks) int32, or packed rows (total_k, Hkv, D);
+    seqused_k (B,) int32: the keys each sequence uses (else the cu_seqlens_k differences).
+    The same rules as the CPU's, the lengths and pages checked on the device (as
+    kvcache_attention's). Returns out (total_q, Hq, D) and lse (Hq, total_q) float32."""
+    fn = "flash_attn_varlen_func"
+    paged = block_table is not None
+    layout = "(num_blocks, Hkv, block_size, D)" if paged else "(total_k, Hkv, D)"
+    rank = 4 if paged else 3
+    _check_operands(fn, [("q", q), ("k", k), ("v", v)], {"q": 3, "k": rank, "v": rank},
+                    {"q": "(total_q, Hq, D)", "k": layout, "v": layout})
+    check(v.shape == k.shape, fn, f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    total_q, hq, d = q.shape
+    hkv = k.size(1)
+    _check_heads_and_dim(fn, hq, hkv, d, k.size(-1), v.size(-1))
+    longest_q = _check_offsets(fn, "cu_seqlens_q", cu_seqlens_q, total_q, None, q.device)
+    batch = cu_seqlens_q.numel() - 1
+    if seqused_k is not None:
+        check(isinstance(seqused_k, torch.Tensor) and seqused_k.dtype == torch.int32
+              and tuple(seqused_k.shape) == (batch,), fn,
+              f"seqused_k must be an int32 tensor of shape ({batch},), got "
+              f"{getattr(seqused_k, 'dtype', type(seqused_k).__name__)} "
+              f"{tuple(getattr(seqused_k, 'shape', ()))}")
+        check(seqused_k.device == q.device, fn,
+              f"seqused_k is on {seqused_k.device} but q is on {q.device}")
+    if paged:
+        page = k.size(2)
+        check(isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int32
+              and block_table.dim() == 2 and block_table.size(0) == batch, fn,
+              f"block_table must be an int32 tensor of shape ({batch}, pages per sequence), "
+              f"got {getattr(block_table, 'dtype', type(block_table).__name__)} "
+              f"{tuple(getattr(block_table, 'shape', ()))}")
+        check(block_table.device == q.device, fn,
+              f"block_table is on {block_table.device} but q is on {q.device}")
+        check(page > 0 and page % PAGE_MULTIPLE == 0, fn,
+              f"k.size(2) (block_size, keys per page) must be a multiple of {PAGE_MULTIPLE} "
+              f"with a block_table, got {page}")
+        capacity = block_table.size(1) * page
+        if seqused_k is None:
+            check(cu_seqlens_k is not None, fn, "a paged varlen call needs cu_seqlens_k or "
+                                                "seqused_k (the keys of each sequence)")
+            _check_offsets(fn, "cu_seqlens_k", cu_seqlens_k, None, batch, q.device)
+            lengths, lengths_name = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]), "cu_seqlens_k"
+        else:
+            lengths, lengths_name = seqused_k, "seqused_k"
+        _check_cache_indices(fn, lengths, 0, capacity, block_table, k.size(0), page,
+                             lengths_name)
+    else:
+        check(cu_seqlens_k is not None, fn,
+              "cu_seqlens_k must be given for keys packed in k and v (no block_table)")
+        _check_offsets(fn, "cu_seqlens_k", cu_seqlens_k, k.size(0), batch, q.device)
+        capacity = k.size(0)
+        if seqused_k is not None:
+            room = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+            _check_cache_indices(fn, seqused_k, 0, room, None, 0, 1, "seqused_k")
+    check_lengths(fn, total_q=total_q, capacity=capacity)
+    left, right, softcap, sinks, alibi = check_variants(fn, q, window_left, window_right,
+                                                        softcap, sinks, alibi_slopes, batch)
+    out = torch.empty((total_q, hq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+    if batch > 0:
+        keys = (k, v) if paged else (packed(k, batch), packed(v, batch))
+        starts = cu_seqlens_k if cu_seqlens_k is not None else seqused_k  # pages: unused
+        run_forward(Problem(packed(q, batch), *keys, packed(out, batch),
+                            lse.unsqueeze(0).expand(batch, -1, -1), batch=batch,
+                            q_len=longest_q, kv_len=capacity, scale=_scale(scale, d),
+                            causal=2 if causal else 0, window_left=left, window_right=right,
+                            softcap=softcap, alibi=alibi, sinks=sinks,
+                            lengths=3 if seqused_k is not None else 2, seq_q=cu_seqlens_q,
+                            seq_k=starts, seq_used=seqused_k, block_table=block_table,
+                            block_m=block_m, block_n=block_n))
+    return out, lse
 
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
@@ -372,7 +453,8 @@ def _cache_lengths(fn, cache_seqlens, b, device):
 DEVICE_SIDE_CHECKS = ("cuda",)
 
 
-def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page):
+def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
+                         lengths_name="cache_seqlens"):
     """Every length within the cache and every page a sequence uses within k_cache, before
     anything is written. The checks run on the tensors' device. On CUDA their verdict stays
     there: torch._assert_async stops the stream with a device-side assert whose message
@@ -388,11 +470,13 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page):
     if block_table is not None:
         used = (torch.full((b,), capacity, dtype=torch.int64, device=block_table.device)
                 if lengths is None else lengths.to(torch.int64) + new)
+        used = torch.minimum(used, torch.tensor(capacity, device=used.device))
         slots = torch.arange(block_table.size(1), device=block_table.device)
         in_use = slots.view(1, -1) * page < used.view(-1, 1)
         table_bad = ((block_table < 0) | (block_table >= pages)) & in_use
-    length_rule = (f"every cache_seqlens entry with the {new} new keys must fit the cache's "
-                   f"{capacity} positions (and be >= 0)")
+    room = capacity if isinstance(capacity, int) else "its sequence's"
+    length_rule = (f"every {lengths_name} entry" + (f" with the {new} new keys" if new else "")
+                   + f" must fit the cache's {room} positions (and be >= 0)")
     table_rule = (f"every block_table entry a sequence uses must be a page of k_cache (0 to "
                   f"{pages - 1}; flash_attn_with_kvcache's cache_batch_idx entries are "
                   f"checked as these)")
@@ -408,7 +492,7 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page):
         return
     if length_bad is not None and bool(length_bad.any()):
         n = int(length_bad.nonzero()[0, 0])
-        check(False, fn, f"cache_seqlens[{n}] = {int(lengths[n])}: {length_rule}")
+        check(False, fn, f"{lengths_name}[{n}] = {int(lengths[n])}: {length_rule}")
     n, slot = (int(x) for x in table_bad.nonzero()[0])
     check(False, fn, f"block_table[{n}, {slot}] = {int(block_table[n, slot])}: {table_rule}")
 

@@ -57,7 +57,7 @@ def _dkdv_kernel(
     b = (tl.program_id(1) // kv_heads).to(tl.int64)
     hk = tl.program_id(1) % kv_heads
     group = q_heads // kv_heads
-    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
+    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, SEQ_K, b, q_len, kv_len, LENGTHS)
     lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)
     keys = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     key_ok = keys < lk
@@ -129,7 +129,7 @@ def _dq_kernel(
     b = (tl.program_id(1) // q_heads).to(tl.int64)
     head = tl.program_id(1) % q_heads
     hk = head // (q_heads // kv_heads)
-    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
+    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, SEQ_K, b, q_len, kv_len, LENGTHS)
     lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)
     i = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = i < lq

@@ -68,7 +68,7 @@ BACKWARD_CANDIDATES = {
            256: [(32, 16, 4, 3), (32, 16, 8, 2), (32, 32, 8, 2), (64, 16, 8, 2)]},
 }
 _POINTERS = {"LSE": "fp32", "DELTA": "fp32", "MASK": "i1", "COVER": "i8", "SLOPES": "fp32", "SINKS": "fp32",
-             "SEQ_Q": "i32", "SEQ_K": "i32", "TABLE": "i32"}
+             "SEQ_Q": "i32", "SEQ_K": "i32", "SEQ_USED": "i32", "TABLE": "i32"}
 _FLOATS = {"scale", "softcap"}
 
 

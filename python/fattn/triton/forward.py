@@ -10,7 +10,8 @@ that carries only its own work:
   MASK        0 none, 1 boolean, 2 additive attn_mask, with a per-tile cover (0 hidden:
               skipped, 1 unchanged: not read, 2 mixed: read)
   SOFTCAP, ALIBI, SINKS                                     the score modifiers
-  LENGTHS     0 uniform, 1 per-sequence key counts (a KV cache), 2 cu_seqlens (varlen)
+  LENGTHS     0 uniform, 1 per-sequence key counts (a KV cache), 2 cu_seqlens (varlen),
+              3 cu_seqlens and seqused_k (varlen over a cache)
   PAGED       keys looked up in a block table
   PACK_GQA    the query heads of one kv head share a tile (rows = queries × group)
   SPLIT       each program takes one chunk of the keys; partials merged by _combine_kernel
@@ -38,7 +39,7 @@ from .scores import LN2, LOG2E
 
 @triton.jit
 def _forward_kernel(
-        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, TABLE,
+        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_USED, TABLE,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
         sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
         smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
@@ -66,7 +67,7 @@ def _forward_kernel(
         i = r
     b = b.to(tl.int64)
     # --- the sequence's queries and keys -----------------------------------------------
-    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS)
+    q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, SEQ_USED, b, q_len, kv_len, LENGTHS)
     rows = lq * group if PACK_GQA else lq
     row_ok = r < rows
     lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)

@@ -79,9 +79,10 @@ class Problem:
     softcap: float = 0.0
     alibi: torch.Tensor | None = None    # (B|1, Hq) float32 (stride 0 over a broadcast batch)
     sinks: torch.Tensor | None = None    # (Hq,) float32
-    lengths: int = 0            # 0 uniform, 1 seq_k = keys per sequence, 2 cu_seqlens
-    seq_q: torch.Tensor | None = None
+    lengths: int = 0            # 0 uniform, 1 seq_k = keys per sequence, 2 cu_seqlens,
+    seq_q: torch.Tensor | None = None  # 3 cu_seqlens and seq_used keys (seqused_k)
     seq_k: torch.Tensor | None = None
+    seq_used: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
     num_splits: int = 0         # 0: chosen here; 1: no split
     block_m: int | None = None
@@ -250,14 +251,14 @@ def run_forward(p: Problem) -> None:
     # GQA packing: the query heads of one kv head share a tile's K/V loads, where a tile of
     # queries alone would be mostly empty (decode); not with an attn_mask (its cover is per
     # head) nor for varlen (whose sequences have their own lengths)
-    packed = (p.mask is None and p.lengths != 2 and group > 1 and p.q_len * group <= 64
+    packed = (p.mask is None and p.lengths < 2 and group > 1 and p.q_len * group <= 64
               and p.q_len < 16)
     config = tile_config(p.head_dim, packed, p.q.is_cuda, p.block_m, p.block_n)
     rows = p.q_len * group if packed else p.q_len
     tiles_m = triton.cdiv(rows, config.block_m)
     heads = p.kv_heads if packed else p.q_heads
     splits = p.num_splits
-    if p.lengths == 2 or p.mask is not None:
+    if p.lengths >= 2 or p.mask is not None:
         splits = 1
     elif splits == 0:
         splits = choose_splits(tiles_m * p.batch * heads, triton.cdiv(p.kv_len, config.block_n),
@@ -287,6 +288,7 @@ def run_forward(p: Problem) -> None:
         mask if mask is not None else dummy, cover if cover is not None else dummy,
         p.alibi if p.alibi is not None else dummy, p.sinks if p.sinks is not None else dummy,
         p.seq_q if p.seq_q is not None else dummy, p.seq_k if p.seq_k is not None else dummy,
+        p.seq_used if p.seq_used is not None else dummy,
         p.block_table if p.block_table is not None else dummy,
         *p.q.stride(), *p.k.stride(), *p.v.stride(), *o_dst.stride(), *lse_dst.stride(),
         o_split, lse_split, *strides(mask, 4), *strides(cover, 4), *strides(p.alibi, 2),

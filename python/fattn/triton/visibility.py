@@ -48,18 +48,22 @@ def key_range(i_first, i_last, lo, hi, lk, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def sequence(SEQ_Q, SEQ_K, b, q_len, kv_len, LENGTHS: tl.constexpr):
+def sequence(SEQ_Q, SEQ_K, SEQ_USED, b, q_len, kv_len, LENGTHS: tl.constexpr):
     """(first query row, queries, first key row, keys) of sequence b. LENGTHS: 0 every
-    sequence q_len × kv_len; 1 SEQ_K[b] keys (a KV cache); 2 cu_seqlens offsets (packed)."""
+    sequence q_len × kv_len; 1 SEQ_K[b] keys (a KV cache); 2 cu_seqlens offsets (packed);
+    3 as 2, but SEQ_USED[b] keys (FlashAttention's seqused_k: the first of its rows or
+    pages)."""
     q_start = 0
     k_start = 0
     lq = q_len
     lk = kv_len
     if LENGTHS == 1:
         lk = tl.load(SEQ_K + b)
-    if LENGTHS == 2:
+    if LENGTHS >= 2:
         q_start = tl.load(SEQ_Q + b)
         lq = tl.load(SEQ_Q + b + 1) - q_start
         k_start = tl.load(SEQ_K + b)
         lk = tl.load(SEQ_K + b + 1) - k_start
+    if LENGTHS == 3:
+        lk = tl.load(SEQ_USED + b)
     return q_start, lq, k_start, lk

@@ -300,10 +300,11 @@ decltype(auto) with_kv_element_type(const detail::Strided<const float>& t, DType
   return with_element_type(t, dtype, std::forward<F>(f));
 }
 
-// Whether a kernel reads an operand's rows where they are: float32 with contiguous dims.
-// Any other operand is copied, head by head, into float32 rows (copy_head_rows).
+// Whether a kernel reads an operand's rows where they are: float32 with contiguous dims,
+// one sequence's rows `seq` apart (not paged). Any other operand is copied, head by head,
+// into float32 rows (copy_head_rows), each row read where it lies.
 inline bool rows_in_place(const detail::Strided<const float>& t, DType dtype) {
-  return t.dim == 1 && dtype == DType::float32;
+  return t.dim == 1 && dtype == DType::float32 && !t.paged();
 }
 
 // dst[j][d] = t[b][h][j][d] as float for rows [0, n): contiguous dims, rows D apart.

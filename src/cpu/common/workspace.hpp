@@ -252,9 +252,7 @@ struct Workspace : QueryTiling<Workspace<S>, TileOps<S>::Br, TileOps<S>::T::quer
   // V rows of one head, dims contiguous, and the stride between rows.
   const float* v_rows(std::int64_t b, std::int64_t hk, std::int64_t* row_stride) const {
     const float* copy = v_room.empty() ? nullptr : base + v_rows_at + v_room.at(b, hk);
-    const auto v = p.is_ragged()
-                       ? detail::rows_from(p.v, p.ragged.k_starts[b], element_size(p.kv_dtype()))
-                       : p.v;
+    const auto v = p.is_ragged() ? p.keys_of_sequence(p.v, b) : p.v;
     return head_rows(v, b, hk, copy, p.head_dim, row_stride);
   }
   // Scratch slot w: [0, workers) for naive, [0, workers·query_tiles_per_item) for fused.

@@ -221,7 +221,7 @@ struct DecodeOps {
       for (std::int64_t j = 0; j < nj; ++j)
         for (std::int64_t hk = hk_begin; hk < hk_end; ++hk) {
           float* dst = stage + ((hk - hk_begin) * Bk + j) * Dp;
-          convert_row(p.kv_row(e, b, hk, j0 + j), e.dim, D, dst);
+          convert_row(e.row(b, hk, j0 + j), e.dim, D, dst);
           std::fill(dst + D, dst + Dp, 0.0f);
         }
     });
@@ -240,7 +240,7 @@ struct DecodeOps {
                           std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t nj) {
     Rows<E> r{{}, t.seq, t.dim};
     for (int g = 0; g < kGroups; ++g)
-      r.group[g] = g * kKeyGroup < nj ? p.kv_row(t, b, hk, j0 + g * kKeyGroup) : nullptr;
+      r.group[g] = g * kKeyGroup < nj ? t.row(b, hk, j0 + g * kKeyGroup) : nullptr;
     return r;
   }
   // One head's staged rows.
