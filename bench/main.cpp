@@ -15,6 +15,7 @@
 #include "model.hpp"
 #include "report.hpp"
 #include "sweep.hpp"
+#include "dropout_sweep.hpp"
 #include "varlen_sweep.hpp"
 
 namespace {
@@ -129,6 +130,33 @@ int run_varlen(fattn_bench::VarlenConfig config, const SweepConfig& sweep, bool 
   return 0;
 }
 
+// --dropout: dropout_p > 0 against 0 on the fused forward and backward, same run.
+int run_dropout(fattn_bench::DropoutConfig config, const SweepConfig& sweep, bool shape_given,
+                const std::vector<std::string>& causal_names, const std::string& json_path) {
+  if (shape_given) {
+    config.batch = sweep.batch;
+    config.q_heads = sweep.q_heads;
+    config.kv_heads = sweep.kv_heads;
+    config.head_dims = {sweep.head_dim};
+    config.seq_lens = sweep.q_lens;
+  }
+  const std::vector<fattn::Causal> causal = parse_causal(causal_names);
+  if (causal_names != std::vector<std::string>{"both"}) {
+    if (causal.size() != 1) throw CLI::ValidationError("--causal", "--dropout takes one mode");
+    config.causal = causal.front();
+  }
+  config.threads = sweep.threads;
+  config.reps = sweep.reps;
+  config.warmup = sweep.warmup;
+  config.seed = sweep.seed;
+  std::printf("cpu: %s\ndate: %s\nfattn: %s\n", fattn_bench::cpu_model_name().c_str(),
+              fattn_bench::iso8601_now().c_str(), fattn::version());
+  const auto results = fattn_bench::run_dropout_sweep(config);
+  fattn_bench::print_dropout_table(stdout, config, results);
+  if (!json_path.empty()) fattn_bench::write_dropout_json(json_path, config, results);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,6 +266,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--varlen-no-backward", [&](std::int64_t) { varlen_config.backward = false; },
                "--varlen: skip the backward (attention_varlen_backward against the per-sequence loop)");
+  bool dropout = false;
+  fattn_bench::DropoutConfig dropout_config;
+  app.add_flag("--dropout", dropout,
+               "the dropout sweep instead: the fused forward and backward with --dropout-p "
+               "against p = 0 (B 2, H 8, S 512/2048, D 64/128 unless --batch/--heads/--seq/"
+               "--head-dim are given; float32 and bfloat16, or --dropout-dtype)");
+  app.add_option("--dropout-p", dropout_config.p, "--dropout: the dropout probability")
+      ->capture_default_str();
+  app.add_option("--dropout-dtype", dropout_config.dtypes, "--dropout: dtypes")
+      ->transform(CLI::CheckedTransformer(dtypes))->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -255,6 +293,8 @@ int main(int argc, char** argv) {
     config.isa = resolve_isa(isa_name);
     config.isa_automatic = fattn::parse_isa(isa_name) == fattn::Isa::automatic;
     if (config.threads == 0) config.threads = fattn::default_num_threads();
+    if (dropout)
+      return run_dropout(dropout_config, config, seq->count() > 0, causal_names, json_path);
     if (varlen)
       return run_varlen(varlen_config, config, heads->count() > 0, kv_heads->count() > 0,
                         causal_names, json_path);

@@ -152,7 +152,26 @@ struct Options {
   const TensorView* alibi_slopes = nullptr;
   const TensorView* sinks = nullptr;
   const TensorView* attn_mask_scale = nullptr;
+
+  // --- Attention dropout (training; CPU forward and backward) -----------------------------
+  // dropout_p in [0, 1): each normalized probability P[b,h,i,j] is kept with probability
+  // 1 − p and scaled by 1/(1 − p), or dropped, before P·V (torch's SDPA semantics); the lse
+  // is the undropped one. Which are kept is a function of (dropout_seed, dropout_offset,
+  // b, h, i, j) (Philox4x32-10, src/model/dropout.hpp): the backward given the same seed
+  // and offset regenerates the forward's mask, on any thread count. b counts sequences
+  // (attention_varlen: the packed sequence), i and j are within the sequence. Runs on the
+  // fused kernels (impl auto or fused, isa avx512, avx2 or portable) and the reference.
+  double dropout_p = 0.0;
+  std::uint64_t dropout_seed = 0;
+  std::uint32_t dropout_offset = 0;
 };
+
+// The dropout mask the options' dropout_p, dropout_seed and dropout_offset give a call of
+// batch (attention_varlen: sequences) × q_heads × q_len × kv_len: keep[((b·Hq + h)·Sq + i)·Sk
+// + j] = 1 where P[b,h,i,j] survives (every element 1 with dropout_p 0). For tests, and for
+// callers that reproduce fattn's dropout elsewhere (src/model/dropout.hpp defines it).
+void dropout_mask(const Options& options, std::int64_t batch, std::int64_t q_heads,
+                  std::int64_t q_len, std::int64_t kv_len, std::uint8_t* keep);
 
 // The head dims attention_forward and attention_backward take: D in [kMinHeadDim, kMaxHeadDim].
 inline constexpr std::int64_t kMinHeadDim = 16;

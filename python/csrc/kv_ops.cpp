@@ -23,7 +23,8 @@
 //   they were. Inference only: its Autograd kernel refuses to differentiate.
 //
 // attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, impl, window_left,
-//                  window_right, softcap, alibi_slopes, sinks) -> (out, lse)
+//                  window_right, softcap, alibi_slopes, sinks, dropout_p, dropout_seed,
+//                  dropout_offset) -> (out, lse)
 //   the variants per sequence, as attention_kvcache's (alibi_slopes (Hq) or (B, Hq))
 //   FlashAttention's packed layout: q (total_q, Hq, D), k and v (total_k, Hkv, D), any
 //   strides; cu_seqlens_q, cu_seqlens_k (B + 1) int32 offsets. causal: bottom-right per
@@ -282,11 +283,14 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, bool causal, std::optional<double> scale,
     c10::string_view impl, std::int64_t window_left, std::int64_t window_right, double softcap,
-    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks,
+    double dropout_p, const std::optional<at::Tensor>& dropout_seed,
+    std::int64_t dropout_offset) {
   check_packed(q, k, v);
   fattn::Options options = varlen_options(q, causal, scale, impl);
   const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
                           alibi_slopes, sinks, &options);
+  set_dropout(dropout_p, dropout_seed, dropout_offset, &options);
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
   if (q.numel() == 0) return {out, lse};  // no query row
@@ -343,7 +347,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_varlen_back
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, bool causal, std::optional<double> scale,
     c10::string_view impl, std::int64_t window_left, std::int64_t window_right, double softcap,
-    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks,
+    double dropout_p, const std::optional<at::Tensor>& dropout_seed,
+    std::int64_t dropout_offset) {
   check_packed(q, k, v);
   check_rank(dout, "dout", 3, "(total_q, heads, head_dim)");
   check_rank(out, "out", 3, "(total_q, heads, head_dim)");
@@ -351,6 +357,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_varlen_back
   fattn::Options options = varlen_options(q, causal, scale, impl);
   const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
                           alibi_slopes, sinks, &options);
+  set_dropout(dropout_p, dropout_seed, dropout_offset, &options);
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());

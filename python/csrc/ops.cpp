@@ -101,11 +101,15 @@ struct DenseCall {
             bool causal_bottom_right, std::optional<double> scale, c10::string_view impl,
             const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
             std::int64_t window_right, double softcap,
-            const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks)
+            const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks,
+            double dropout_p, const std::optional<at::Tensor>& dropout_seed,
+            std::int64_t dropout_offset)
       : options((check_operands(q, k, v),
                  options_for(q, is_causal, causal_bottom_right, scale, impl))),
         variants(q.scalar_type(), attn_mask, window_left, window_right, softcap, alibi_slopes,
-                 sinks, &options) {}
+                 sinks, &options) {
+    set_dropout(dropout_p, dropout_seed, dropout_offset, &options);
+  }
   DenseCall(const DenseCall&) = delete;
   DenseCall& operator=(const DenseCall&) = delete;
 };
@@ -120,9 +124,11 @@ std::tuple<at::Tensor, at::Tensor> attention(
     bool causal_bottom_right, std::optional<double> scale, c10::string_view impl,
     const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
     std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
-    const std::optional<at::Tensor>& sinks) {
+    const std::optional<at::Tensor>& sinks, double dropout_p,
+    const std::optional<at::Tensor>& dropout_seed, std::int64_t dropout_offset) {
   const DenseCall call(q, k, v, is_causal, causal_bottom_right, scale, impl, attn_mask,
-                       window_left, window_right, softcap, alibi_slopes, sinks);
+                       window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
+                       dropout_seed, dropout_offset);
   const fattn::Options& options = call.options;
   at::Tensor out = empty_output(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
@@ -161,9 +167,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     bool is_causal, bool causal_bottom_right, std::optional<double> scale,
     c10::string_view impl, const std::optional<at::Tensor>& attn_mask, std::int64_t window_left,
     std::int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
-    const std::optional<at::Tensor>& sinks) {
+    const std::optional<at::Tensor>& sinks, double dropout_p,
+    const std::optional<at::Tensor>& dropout_seed, std::int64_t dropout_offset) {
   const DenseCall call(q, k, v, is_causal, causal_bottom_right, scale, impl, attn_mask,
-                       window_left, window_right, softcap, alibi_slopes, sinks);
+                       window_left, window_right, softcap, alibi_slopes, sinks, dropout_p,
+                       dropout_seed, dropout_offset);
   const fattn::Options& options = call.options;
   at::Tensor dq = empty_output(q), dk = empty_output(k), dv = empty_output(v);
   at::Tensor dsinks = at::empty({sinks ? sinks->numel() : 0}, q.options().dtype(lse_dtype(q)));
@@ -223,6 +231,9 @@ std::int64_t backward_extra_bytes(const at::Tensor& q, const at::Tensor& k, cons
   "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, " \
   "Tensor? sinks=None"
 #define VARIANT_ARGS "Tensor? attn_mask=None, " SEQUENCE_VARIANT_ARGS
+// Attention dropout (training): the probability and the Philox stream (seed, offset) that
+// the forward and its backward share.
+#define DROPOUT_ARGS ", float dropout_p=0.0, Tensor? dropout_seed=None, int dropout_offset=0"
 
 TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
 #ifdef FATTN_PYTHON_MODULE
@@ -233,12 +244,12 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, "
       "bool causal_bottom_right=False, float? scale=None, str impl=\"auto\", "
-      VARIANT_ARGS ") -> (Tensor out, Tensor lse)",
+      VARIANT_ARGS DROPOUT_ARGS ") -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor? dlse=None, bool is_causal=False, bool causal_bottom_right=False, "
-      "float? scale=None, str impl=\"auto\", " VARIANT_ARGS
+      "float? scale=None, str impl=\"auto\", " VARIANT_ARGS DROPOUT_ARGS
       ") -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       {at::Tag::pt2_compliant_tag});
   // KV cache and packed variable-length sequences: CPU kernels in kv_ops.cpp (layouts and
@@ -261,7 +272,7 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
   m.def(
       "attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "bool causal=False, float? scale=None, str impl=\"auto\", " SEQUENCE_VARIANT_ARGS
-      ") -> (Tensor out, Tensor lse)",
+      DROPOUT_ARGS ") -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "attention_varlen_kvcache(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
@@ -272,7 +283,7 @@ TORCH_LIBRARY(FATTN_OP_NAMESPACE, m) {
   m.def(
       "attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, bool causal=False, "
-      "float? scale=None, str impl=\"auto\", " SEQUENCE_VARIANT_ARGS
+      "float? scale=None, str impl=\"auto\", " SEQUENCE_VARIANT_ARGS DROPOUT_ARGS
       ") -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       {at::Tag::pt2_compliant_tag});
 }
@@ -298,7 +309,7 @@ std::tuple<at::Tensor, at::Tensor> cuda_attention(
     std::int64_t window_left, std::int64_t window_right, double softcap,
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   return attention(q, k, v, is_causal, causal_bottom_right, scale, impl, std::nullopt,
-                   window_left, window_right, softcap, alibi_slopes, sinks);
+                   window_left, window_right, softcap, alibi_slopes, sinks, 0.0, std::nullopt, 0);
 }
 // The Hopper backward (fattn::cuda_backward_refusal says what it takes; the table asks
 // cuda_dispatch.plan): attention_backward's schema without what it does not take.
@@ -313,7 +324,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_attention_backwa
   auto rows = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
   return attention_backward(rows(dout), rows(q), rows(k), rows(v), rows(out), lse, dlse, is_causal,
                             causal_bottom_right, scale, "auto", std::nullopt, window_left,
-                            window_right, softcap, alibi_slopes, sinks);
+                            window_right, softcap, alibi_slopes, sinks, 0.0, std::nullopt, 0);
 }
 }  // namespace
 
@@ -386,6 +397,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = false;
 #endif
   m.def("version", [] { return std::string(fattn::version()); }, "fattn's C++ library version");
+  m.def(
+      "dropout_mask",
+      [](std::int64_t batch, std::int64_t heads, std::int64_t q_len, std::int64_t kv_len,
+         double p, std::int64_t seed, std::int64_t offset) {
+        fattn::Options options;
+        fattn_torch::set_dropout(p, at::scalar_tensor(seed, at::kLong), offset, &options);
+        at::Tensor keep = at::empty({batch, heads, q_len, kv_len}, at::kBool);
+        try {
+          fattn::dropout_mask(options, batch, heads, q_len, kv_len,
+                              reinterpret_cast<std::uint8_t*>(keep.data_ptr<bool>()));
+        } catch (const fattn::Error& e) {
+          TORCH_CHECK(false, e.what());
+        }
+        return keep;
+      },
+      "the dropout mask (batch, heads, q_len, kv_len) bool of (dropout_p, seed, offset): True "
+      "where a probability survives (src/model/dropout.hpp)");
   m.def(
       "cuda_tma_head_dims",
       [] {

@@ -53,4 +53,22 @@ struct Variants {
   Variants& operator=(const Variants&) = delete;
 };
 
+// Attention dropout (fattn/attention.hpp, Options::dropout_p): the probability, and the
+// stream's seed (a one-element int64 tensor the Python wrappers draw from torch's generator,
+// so that torch.compile traces the draw) and offset (within [0, 2^32)).
+inline void set_dropout(double p, const std::optional<at::Tensor>& seed, std::int64_t offset,
+                        fattn::Options* options) {
+  TORCH_CHECK(offset >= 0 && offset <= 0xffffffffLL,
+              "fattn: dropout_offset must be in [0, 2^32), got ", offset);
+  options->dropout_p = p;
+  options->dropout_offset = static_cast<std::uint32_t>(offset);
+  if (p == 0.0) return;
+  TORCH_CHECK(seed.has_value(), "fattn: dropout_p = ", p, " needs dropout_seed (a one-element "
+              "int64 tensor)");
+  TORCH_CHECK(seed->scalar_type() == at::kLong && seed->numel() == 1,
+              "fattn: dropout_seed must be a one-element int64 tensor, got ",
+              dtype_name(seed->scalar_type()), " with shape ", seed->sizes());
+  options->dropout_seed = static_cast<std::uint64_t>(seed->item<std::int64_t>());
+}
+
 }  // namespace fattn_torch

@@ -38,6 +38,7 @@ from . import jit  # noqa: E402
 from .functional import (  # noqa: E402
     attention_forward,
     backward_extra_bytes,
+    dropout_mask,
     extra_bytes,
     flash_attention,
     flops,
@@ -84,6 +85,7 @@ __all__ = [
     "flops",
     "flash_attn_with_kvcache",
     "flash_attn_varlen_func",
+    "dropout_mask",
     "num_threads",
     "best_cpu_isa",
     "bf16_products",

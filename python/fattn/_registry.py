@@ -65,7 +65,8 @@ def register(ns: str) -> None:
 
     def fake_attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None,
                        impl="auto", attn_mask=None, window_left=-1, window_right=-1,
-                       softcap=0.0, alibi_slopes=None, sinks=None):
+                       softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                       dropout_seed=None, dropout_offset=0):
         check_operands(q, k, v, is_causal, causal_bottom_right)
         b, h, s, _ = q.shape
         return empty_like_output(q), q.new_empty((b, h, s), dtype=lse_dtype(q))
@@ -73,7 +74,8 @@ def register(ns: str) -> None:
     def fake_attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
                                 causal_bottom_right=False, scale=None, impl="auto",
                                 attn_mask=None, window_left=-1, window_right=-1, softcap=0.0,
-                                alibi_slopes=None, sinks=None):
+                                alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=None,
+                                dropout_offset=0):
         check_operands(q, k, v, is_causal, causal_bottom_right)
         dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=lse_dtype(q))
         return empty_like_output(q), empty_like_output(k), empty_like_output(v), dsinks
@@ -85,8 +87,8 @@ def register(ns: str) -> None:
         q, k, v, *options = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = options
-        attn_mask = options[4]
+        ctx.options = options  # with the dropout stream: the backward regenerates its mask
+        attn_mask = options[ATTENTION_OPTION["attn_mask"]]
         if attn_mask is not None and attn_mask.requires_grad:
             raise NotImplementedError(
                 "fattn: attn_mask requires grad, but fattn computes no gradient for the mask; "
@@ -98,11 +100,7 @@ def register(ns: str) -> None:
             grad_out = torch.zeros_like(out)
         op = getattr(torch.ops, ns).attention_backward
         dq, dk, dv, dsinks = op(grad_out, q, k, v, out, lse, grad_lse, *ctx.options)
-        sinks = ctx.options[-1]
-        dsinks = dsinks.to(sinks.dtype) if sinks is not None else None
-        # (is_causal, causal_bottom_right, scale, impl, attn_mask, window_left, window_right,
-        #  softcap, alibi_slopes): no gradient
-        return (dq, dk, dv) + (None,) * (len(ctx.options) - 1) + (dsinks,)
+        return (dq, dk, dv) + _option_grads(ctx.options, ATTENTION_OPTION["sinks"], dsinks)
 
     torch.library.register_autograd(qualname, backward, setup_context=setup_context)
 
@@ -118,6 +116,26 @@ def register(ns: str) -> None:
     from . import cuda_dispatch
     cuda_dispatch.register(ns)
     _registered.add(ns)
+
+
+# Where each option sits among an operator's arguments after its tensors (q, k, v; varlen:
+# and cu_seqlens_q, cu_seqlens_k), as the schemas in python/csrc/ops.cpp order them.
+ATTENTION_OPTION = {name: n for n, name in enumerate(
+    ("is_causal", "causal_bottom_right", "scale", "impl", "attn_mask", "window_left",
+     "window_right", "softcap", "alibi_slopes", "sinks", "dropout_p", "dropout_seed",
+     "dropout_offset"))}
+VARLEN_OPTION = {name: n for n, name in enumerate(
+    ("causal", "scale", "impl", "window_left", "window_right", "softcap", "alibi_slopes",
+     "sinks", "dropout_p", "dropout_seed", "dropout_offset"))}
+
+
+def _option_grads(options, sinks_at, dsinks):
+    """The options' gradients: None but for the sinks (dsinks in their dtype)."""
+    grads = [None] * len(options)
+    sinks = options[sinks_at] if sinks_at < len(options) else None
+    if sinks is not None:
+        grads[sinks_at] = dsinks.to(sinks.dtype)
+    return tuple(grads)
 
 
 def _check_rank(name, t, rank, dims):
@@ -159,7 +177,7 @@ def _register_kv_ops(ns: str) -> None:
 
     def fake_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,
                     impl="auto", window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-                    sinks=None):
+                    sinks=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0):
         check_packed(q, k, v)
         _check_int32("cu_seqlens_q", cu_seqlens_q)
         _check_int32("cu_seqlens_k", cu_seqlens_k)
@@ -182,7 +200,8 @@ def _register_kv_ops(ns: str) -> None:
 
     def fake_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
                              scale=None, impl="auto", window_left=-1, window_right=-1,
-                             softcap=0.0, alibi_slopes=None, sinks=None):
+                             softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                             dropout_seed=None, dropout_offset=0):
         check_packed(q, k, v)
         dsinks = q.new_empty((sinks.numel() if sinks is not None else 0,), dtype=lse_dtype(q))
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
@@ -209,9 +228,8 @@ def _register_kv_ops(ns: str) -> None:
         dq, dk, dv, dsinks = ops.attention_varlen_backward(grad_out, q, k, v, out, lse,
                                                            cu_seqlens_q, cu_seqlens_k,
                                                            *ctx.options)
-        sinks = ctx.options[-1]
-        dsinks = dsinks.to(sinks.dtype) if sinks is not None else None
-        return (dq, dk, dv, None, None) + (None,) * (len(ctx.options) - 1) + (dsinks,)
+        return (dq, dk, dv, None, None) + _option_grads(ctx.options, VARLEN_OPTION["sinks"],
+                                                        dsinks)
 
     torch.library.register_autograd(f"{ns}::attention_varlen", backward,
                                     setup_context=setup_context)

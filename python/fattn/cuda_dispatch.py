@@ -156,11 +156,13 @@ def _triton():
 
 def attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None, impl="auto",
               attn_mask=None, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-              sinks=None, ns="fattn"):
-    """The CUDA kernel of <ns>::attention (the operator's schema; (B, H, S, D) views)."""
+              sinks=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0, ns="fattn"):
+    """The CUDA kernel of <ns>::attention (the operator's schema; (B, H, S, D) views).
+    Dropout runs on the Triton kernels (the C++ ones take none)."""
     chosen = _plan_of("attention", impl, q, window_left, window_right, softcap, alibi_slopes,
                       sinks, attn_mask)
-    if chosen.engine == CUDA_CPP:
+    dropout = dict(dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
+    if chosen.engine == CUDA_CPP and dropout_p == 0.0:
         cpp_impl = impl if impl in CPP_IMPLS else _CPP_IMPL_OF.get(chosen.kernel, "auto")
         return getattr(torch.ops, ns).cuda_attention(q, k, v, is_causal, causal_bottom_right,
                                                      scale, cpp_impl, window_left, window_right,
@@ -170,7 +172,7 @@ def attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None, i
                                  causal_bottom_right=causal_bottom_right,
                                  window_size=(window_left, window_right), softcap=softcap,
                                  sinks=sinks, alibi_slopes=alibi_slopes, scale=scale,
-                                 return_lse=True, out=out)
+                                 return_lse=True, out=out, **dropout)
     return out, lse
 
 
@@ -193,13 +195,15 @@ def attention_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,
                      impl="auto", window_left=-1, window_right=-1, softcap=0.0,
-                     alibi_slopes=None, sinks=None):
+                     alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=None,
+                     dropout_offset=0):
     """<ns>::attention_varlen on CUDA: packed (total, H, D) rows."""
     _plan_of("attention_varlen", impl, q, window_left, window_right, softcap, alibi_slopes, sinks)
     return _triton().attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
                                       window_size=(window_left, window_right), softcap=softcap,
                                       sinks=sinks, alibi_slopes=alibi_slopes, scale=scale,
-                                      return_lse=True)
+                                      return_lse=True, dropout_p=dropout_p,
+                                      dropout_seed=dropout_seed, dropout_offset=dropout_offset)
 
 
 def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k=None,
@@ -219,13 +223,13 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
 def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
                        causal_bottom_right=False, scale=None, impl="auto", attn_mask=None,
                        window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-                       sinks=None, ns="fattn"):
+                       sinks=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0, ns="fattn"):
     """<ns>::attention_backward on CUDA: the C++ Hopper backward where it takes the call, else
-    the Triton backward (both deterministic); dq, dk, dv laid out as the operator lays out
-    outputs like q, k, v."""
+    the Triton backward (both deterministic; dropout: Triton's); dq, dk, dv laid out as the
+    operator lays out outputs like q, k, v."""
     chosen = _plan_of("attention_backward", "auto" if impl in CPP_IMPLS else impl, q,
                       window_left, window_right, softcap, alibi_slopes, sinks, attn_mask)
-    if chosen.engine == CUDA_CPP:
+    if chosen.engine == CUDA_CPP and dropout_p == 0.0:
         return getattr(torch.ops, ns).cuda_attention_backward(
             dout, q, k, v, out, lse, dlse, is_causal, causal_bottom_right, scale, window_left,
             window_right, softcap, alibi_slopes, sinks)
@@ -234,7 +238,7 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
         dout, q, k, v, out, lse, dlse, attn_mask=attn_mask, causal=is_causal,
         causal_bottom_right=causal_bottom_right, window_size=(window_left, window_right),
         softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes, scale=scale, dq=dq, dk=dk,
-        dv=dv)
+        dv=dv, dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
     if dsinks is None:
         dsinks = q.new_empty((0,), dtype=torch.float32)
     return dq, dk, dv, dsinks
@@ -242,14 +246,16 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
                               scale=None, impl="auto", window_left=-1, window_right=-1,
-                              softcap=0.0, alibi_slopes=None, sinks=None):
+                              softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                              dropout_seed=None, dropout_offset=0):
     """<ns>::attention_varlen_backward on CUDA: packed (total, H, D) gradients."""
     _plan_of("attention_varlen_backward", impl, q, window_left, window_right, softcap,
              alibi_slopes, sinks)
     dq, dk, dv, dsinks = _triton().attention_varlen_backward(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=causal,
         window_size=(window_left, window_right), softcap=softcap, sinks=sinks,
-        alibi_slopes=alibi_slopes, scale=scale)
+        alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
+        dropout_offset=dropout_offset)
     if dsinks is None:
         dsinks = q.new_empty((0,), dtype=torch.float32)
     return dq, dk, dv, dsinks

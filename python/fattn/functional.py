@@ -7,7 +7,7 @@ arguments fattn does not support) and then passes the tensors to the operator as
 Errors:
   ValueError           the call is invalid for torch too (mismatched shapes, devices,
                        dtypes, ranks, an unknown layout, GQA heads without enable_gqa)
-  NotImplementedError  valid for torch, but not supported by fattn (yet): dropout_p > 0,
+  NotImplementedError  valid for torch, but not supported by fattn (yet):
                        a mask that requires grad, dtypes other than float32, bfloat16 and float16
                        (float64 on the CPU: the float64 reference, for gradient checks), a
                        device without fattn kernels, gradients of CUDA tensors where
@@ -133,9 +133,7 @@ def _sdpa(op, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         if is_causal:
             raise ValueError(f"fattn.{fn}: attn_mask and is_causal=True together are an error "
                              "in torch too; put the causal limit into the mask or drop the mask")
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 (fattn has no dropout), "
-                                  f"got {dropout_p}")
+    dropout = dropout_stream(fn, dropout_p, query.device)
     rank = query.dim()
     if rank < 2:
         raise ValueError(f"fattn.{fn}: query must have at least 2 dimensions (…, S, D), got "
@@ -159,7 +157,7 @@ def _sdpa(op, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             f"({query.size(-1)}); fattn has no separate value head dim")
     _check_heads(fn, q.size(1), k.size(1), enable_gqa, "enable_gqa=True")
     mask = _mask_as_bhsd(fn, attn_mask, query, key, rank) if attn_mask is not None else None
-    out, _ = op(q, k, v, bool(is_causal), False, scale, "auto", mask)
+    out, _ = op(q, k, v, bool(is_causal), False, scale, "auto", mask, *NO_VARIANTS, *dropout)
     return out.view(query.shape) if rank != 4 else out
 
 
@@ -189,9 +187,7 @@ def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", retu
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"fattn.{fn}: {name} must be a torch.Tensor or None, got "
                             f"{type(t).__name__}")
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 (fattn has no dropout), "
-                                  f"got {dropout_p}")
+    dropout = dropout_stream(fn, dropout_p, q.device)
     if layout not in ("bshd", "bhsd"):
         raise ValueError(f"fattn.{fn}: layout must be 'bshd' (batch, seq, heads, head_dim) or "
                          f"'bhsd' (batch, heads, seq, head_dim), got {layout!r}")
@@ -203,10 +199,38 @@ def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", retu
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     _check_heads(fn, q.size(1), k.size(1), True, "")
     out, lse = op(q, k, v, bool(causal), bool(causal), softmax_scale, "auto", None, left, right,
-                  float(softcap), alibi_slopes, per_head(sinks, q))
+                  float(softcap), alibi_slopes, per_head(sinks, q), *dropout)
     if layout == "bshd":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
+
+
+# The variants' defaults (window_left, window_right, softcap, alibi_slopes, sinks), where a
+# call passes the dropout arguments after them.
+NO_VARIANTS = (-1, -1, 0.0, None, None)
+
+
+def dropout_stream(fn: str, dropout_p, device) -> tuple:
+    """The operator's (dropout_p, dropout_seed, dropout_offset) for one call: p checked in
+    [0, 1); with p > 0 a fresh 64-bit seed drawn from the default generator of the
+    tensors' device, as a one-element int64 tensor there (torch.manual_seed makes the calls
+    reproducible, each call draws a new mask, as torch's dropout does, and torch.compile
+    traces the draw); the forward's autograd formula hands the same (seed, offset) to the
+    backward, which regenerates the mask (src/model/dropout.hpp)."""
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"fattn.{fn}: dropout_p must be in [0, 1), got {dropout_p}")
+    if p == 0.0:
+        return p, None, 0
+    return p, torch.randint(-2**63, 2**63 - 1, (), dtype=torch.int64, device=device), 0
+
+
+def dropout_mask(batch, heads, q_len, kv_len, dropout_p, seed, offset=0):
+    """The dropout mask (batch, heads, q_len, kv_len) bool of a call whose stream is (seed,
+    offset): True where P[b, h, i, j] survives. For tests and for reproducing fattn's dropout
+    elsewhere (b counts varlen's packed sequences; src/model/dropout.hpp defines it)."""
+    return _C.dropout_mask(int(batch), int(heads), int(q_len), int(kv_len), float(dropout_p),
+                           int(seed), int(offset))  # int(): a seed tensor's value too
 
 
 def window_of(fn: str, window_size):
@@ -258,7 +282,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     attn_mask: torch's: boolean (True takes part) or additive in query's dtype, broadcastable
     to (…, Hq, L, S), read where it lies (broadcast dimensions are not expanded). A row
     whose mask hides every key gives 0 (torch's math backend gives NaN there). The mask
-    gets no gradient. dropout_p > 0 raises NotImplementedError.
+    gets no gradient. dropout_p in [0, 1): each probability kept with probability 1 - p
+    and scaled by 1/(1 - p), or dropped, before P·V (torch's semantics; a fresh mask each
+    call from the default generator, the backward regenerating it: fattn.dropout_mask
+    gives it for tests). Pass dropout_p=0.0 outside training, as with torch.
     """
     return _sdpa(torch.ops.fattn.attention, query, key, value, attn_mask, dropout_p, is_causal,
                  scale, enable_gqa)
@@ -278,6 +305,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, layout="bshd",
     softcap·tanh(scores/softcap). alibi_slopes (Hq) or (B, Hq), float32: scores −=
     slope·|i + Sk − Sq − j|. sinks (Hq): one logit per head that joins the softmax
     denominator (gpt-oss); it gets a gradient. The CPU kernels take all of them (CUDA: not yet).
+    dropout_p in [0, 1): attention dropout, as scaled_dot_product_attention's.
     """
     return _flash(torch.ops.fattn.attention, q, k, v, causal=causal,
                   softmax_scale=softmax_scale, layout=layout, return_lse=return_lse,

@@ -16,8 +16,8 @@ length, offset and block-table entry is checked by the C++ library, before anyth
 written: a call that raises leaves the KV cache as it was.
 
 Errors:
-  NotImplementedError  valid for FlashAttention but not supported by fattn: dropout,
-                       dtypes other than float32, bfloat16 and float16 (float64 too in the
+  NotImplementedError  valid for FlashAttention but not supported by fattn: dropout over
+                       a paged cache, dtypes other than float32, bfloat16 and float16 (float64 too in the
                        varlen function), devices other than the CPU, inputs requiring grad
                        in flash_attn_with_kvcache
   ValueError           an invalid call: mismatched devices or dtypes, a wrong rank, an index
@@ -40,8 +40,8 @@ import torch
 from . import rotary
 from ._layouts import PAGE_MULTIPLE
 from .cuda_dispatch import decode_head_dims, triton_available
-from .functional import (CPU_KERNEL_DTYPES, check_one_device_and_dtype, per_head, refuse_grad,
-                         window_of)
+from .functional import (CPU_KERNEL_DTYPES, check_one_device_and_dtype, dropout_stream, per_head,
+                         refuse_grad, window_of)
 
 # The C++ KV-cache and varlen entry points run on the CPU (meta is the fake kernel's); on
 # CUDA the Triton kernels run them where triton is installed, and the C++ decode kernel runs
@@ -224,7 +224,6 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
             sinks=None, seqused_k=None, cache_op=None):
     fn = "flash_attn_varlen_func"
-    _unsupported(fn, dropout_p=(dropout_p, dropout_p == 0.0))
     left, right = window_of(fn, window_size)
     paged = block_table is not None
     if paged:
@@ -260,6 +259,10 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           else "cu_seqlens_" + name[-1])
                 raise ValueError(f"fattn.{fn}: {name} = {given} is less than the longest "
                                  f"sequence in {source}, {most}")
+    dropout = dropout_stream(fn, dropout_p, q.device)
+    if (paged or seqused_k is not None) and dropout[0] != 0.0:
+        raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 with block_table or "
+                                  f"seqused_k (a cache serves inference), got {dropout_p}")
     if paged or seqused_k is not None:
         # Keys in a cache (pages, or packed rows of which seqused_k are used): inference
         # only, as FlashAttention's paged varlen; an output of inputs that require grad
@@ -270,7 +273,7 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             right, float(softcap), alibi_slopes, per_head(sinks, q))
     else:
         out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto",
-                      left, right, float(softcap), alibi_slopes, per_head(sinks, q))
+                      left, right, float(softcap), alibi_slopes, per_head(sinks, q), *dropout)
     # deterministic: fattn's backward always is (each sequence's gradients in a fixed order).
     return (out, lse, None) if return_attn_probs else out
 
@@ -385,7 +388,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     differentiated. Both are checked on the host (every page a sequence uses in [0,
     num_blocks), seqused_k[b] within what the sequence holds).
 
-    Not supported (NotImplementedError naming the argument): dropout_p > 0.
+    dropout_p in [0, 1): attention dropout in training (each probability kept with
+    probability 1 - p and scaled by 1/(1 - p); sequence b's mask counts b as its batch
+    index, fattn.dropout_mask). Not with block_table or seqused_k (NotImplementedError).
     """
     return _varlen(torch.ops.fattn.attention_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k,
                    max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,

@@ -40,12 +40,17 @@ const cpu::Kernels& cpu_kernels(const Options& options, const detail::Problem& p
   if (options.isa == Isa::amx && (sixteen_bit || p.kv_q8_0))
     throw Error(std::string("fattn: isa amx takes float32; ") + to_string(p.kv_dtype()) +
                 " inputs run on avx512, avx2 or portable");
+  if (options.isa == Isa::amx && p.dropout.on())
+    throw Error("fattn: isa amx takes no dropout (its softmax runs among its tile products); "
+                "dropout runs on avx512, avx2 or portable");
   Isa isa = options.isa;
   if (isa == Isa::automatic) {
     isa = direction == Direction::forward ? automatic_cpu_isa(p.kv_len) : best_cpu_isa();
-    // Every AMX CPU has avx512: 16-bit inputs and q8_0 caches run there, and ragged batches
-    // (the AMX kernels take them when isa amx is asked for, but are not measured on them).
-    if (isa == Isa::amx && (sixteen_bit || p.kv_q8_0 || p.is_ragged())) isa = Isa::avx512;
+    // Every AMX CPU has avx512: 16-bit inputs, q8_0 caches and dropout run there, and
+    // ragged batches (the AMX kernels take them when isa amx is asked for, but are not
+    // measured on them).
+    if (isa == Isa::amx && (sixteen_bit || p.kv_q8_0 || p.is_ragged() || p.dropout.on()))
+      isa = Isa::avx512;
   }
   if (options.bf16_products == Bf16Products::bf16_dot && p.dtype == DType::bfloat16 &&
       (isa != Isa::avx512 || !cpu_has_bf16_dot_products()))
@@ -99,8 +104,18 @@ Impl reference_for_float64(Impl impl) {
   return Impl::reference;
 }
 
+// Dropout runs on the fused kernels and the reference (the decode kernel serves inference,
+// the naive one is the unfused baseline).
+void expect_dropout_kernel(Impl impl, const detail::Problem& p) {
+  if (p.dropout.on() && (impl == Impl::naive || impl == Impl::decode))
+    throw Error(std::string("fattn: dropout_p > 0 runs on impl auto, fused or reference, got "
+                            "impl ") + to_string(impl));
+}
+
 Impl resolve(Impl impl, DType dtype, const detail::Problem& p) {
   if (dtype == DType::float64) return reference_for_float64(impl);
+  expect_dropout_kernel(impl, p);
+  if (p.dropout.on() && impl == Impl::automatic) return Impl::fused;
   if (impl != Impl::automatic) return impl;
   const bool short_queries =
       p.q_len <= kDecodeMaxQueries && p.group_size() * p.q_len <= kDecodeMaxRows;
@@ -195,9 +210,12 @@ void run(const detail::Problem& p, const detail::Exec& exec, const DirectionKern
 
 #ifdef FATTN_WITH_CUDA
 // What no CUDA kernel takes (an attn_mask is refused in the CUDA plan, naming the kernel).
-void reject_what_cuda_lacks(const TensorView& q) {
+void reject_what_cuda_lacks(const TensorView& q, const Options& options) {
   if (q.dtype == DType::float64)
     throw Error("fattn: float64 runs only on the CPU reference; q is a float64 cuda tensor");
+  if (options.dropout_p != 0.0)
+    throw Error("fattn: the CUDA C++ kernels take dropout_p = 0; dropout runs on the CPU "
+                "kernels and on fattn's Triton kernels (torch.ops.fattn on CUDA tensors)");
 }
 #endif
 
@@ -207,7 +225,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
                        const TensorView& out, const TensorView* lse, const Options& options) {
 #ifdef FATTN_WITH_CUDA
   if (q.device == Device::cuda) {
-    reject_what_cuda_lacks(q);
+    reject_what_cuda_lacks(q, options);
     return cuda::attention_forward(q, k, v, out, lse, options);
   }
 #endif
@@ -262,7 +280,7 @@ std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorV
                          const Options& options) {
 #ifdef FATTN_WITH_CUDA
   if (q.device == Device::cuda) {
-    reject_what_cuda_lacks(q);
+    reject_what_cuda_lacks(q, options);
     return cuda::extra_bytes(q, k, v, options);
   }
 #endif
@@ -292,7 +310,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView* dsinks) {
 #ifdef FATTN_WITH_CUDA
   if (q.device == Device::cuda) {
-    reject_what_cuda_lacks(q);
+    reject_what_cuda_lacks(q, options);
     return cuda::attention_backward(q, k, v, out, dout, lse, dlse, dq, dk, dv, options, dsinks);
   }
 #endif
@@ -301,6 +319,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
       detail::make_backward_problem(q, k, v, out, dout, lse, dlse, dq, dk, dv, options, dsinks);
   const detail::Exec exec = detail::make_exec(options);
   const Impl impl = resolve_backward(options.impl, q.dtype);
+  expect_dropout_kernel(impl, p);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
   run(p, exec, backward_kernels_of(cpu_kernels(options, p, Direction::backward)), impl);
   if (p.mods.sinks) cpu::sink_gradients(p, exec);
@@ -431,6 +450,7 @@ void run_fused_in_waves(const Problem& p, const std::vector<std::uint8_t>& elsew
 // reference there, a sequence without queries nowhere.
 void ragged_forward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = p.dtype == DType::float64 ? reference_for_float64(options.impl) : options.impl;
+  expect_dropout_kernel(impl, p);
   if (impl == Impl::reference) return cpu::reference_forward(p, exec);
   const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::forward);
   const DirectionKernels direction = forward_kernels_of(kernels);
@@ -507,6 +527,7 @@ void zero_gradients(const Problem& p, const std::vector<std::int64_t>& empty, co
 // (cpu::sink_gradients reads a ragged problem).
 void ragged_backward(const Problem& p, const Exec& exec, const Options& options) {
   const Impl impl = resolve_backward(options.impl, p.dtype);
+  expect_dropout_kernel(impl, p);
   if (impl == Impl::reference) return cpu::reference_backward(p, exec);
   const cpu::Kernels& kernels = cpu_kernels(options, p, Direction::backward);
   const DirectionKernels direction = backward_kernels_of(kernels);

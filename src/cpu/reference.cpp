@@ -131,6 +131,14 @@ void row_scores(const detail::Problem& p, const Views<T>& t, std::int64_t b, std
   }
 }
 
+// The factor dropout gives P[b, h, i, j] before P·V: 1 without dropout, else 1/(1 − p)
+// where the mask keeps it and 0 where it drops it (model/dropout.hpp).
+double dropout_factor(const detail::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
+                      std::int64_t j) {
+  if (!p.dropout.on()) return 1.0;
+  return detail::dropout_keeps(p.dropout, b, h, p.q_heads, i, j) ? 1.0 / (1.0 - p.dropout.p) : 0.0;
+}
+
 // probs ← the row's softmax over its visible keys (and the sink, with sinks; float64),
 // out_row ← Σ_j P_j v_j; returns the logsumexp (−inf for a row that sees no key and has
 // no sink).
@@ -154,8 +162,9 @@ double softmax_row(const detail::Problem& p, const Views<T>& t, std::int64_t b, 
   for (std::int64_t j = row.begin; j < row.end; ++j) {
     double& e = row.probs[static_cast<std::size_t>(j - row.begin)];
     e /= sum;
+    const double kept = e * dropout_factor(p, b, h, i, j);
     const T* v = t.v.row(b, hk, j);
-    for (std::int64_t d = 0; d < p.head_dim; ++d) out_row[d] += e * wide(v[d * t.v.dim]);
+    for (std::int64_t d = 0; d < p.head_dim; ++d) out_row[d] += kept * wide(v[d * t.v.dim]);
   }
   return m_ref + std::log(sum);
 }
@@ -228,16 +237,18 @@ void backward(const detail::Problem& whole, const detail::Exec& exec) {
           const auto at = static_cast<std::size_t>(j - row.begin);
           const T* k = t.k.row(b, hk, j);
           const T* v = t.v.row(b, hk, j);
+          const double factor = dropout_factor(p, b, h, i, j);  // dropout: d out / d P
           double dp = 0.0;
           for (std::int64_t d = 0; d < D; ++d)
             dp += wide(dout[d * t.dout.dim]) * wide(v[d * t.v.dim]);
+          dp *= factor;
           const double ds = row.probs[at] * (dp - delta) * row.cap_grads[at] * p.scale;
           double* dk_row = dk.data() + j * D;
           double* dv_row = dv.data() + j * D;
           for (std::int64_t d = 0; d < D; ++d) {
             dq[static_cast<std::size_t>(d)] += ds * wide(k[d * t.k.dim]);
             dk_row[d] += ds * wide(q[d * t.q.dim]);
-            dv_row[d] += row.probs[at] * wide(dout[d * t.dout.dim]);
+            dv_row[d] += row.probs[at] * factor * wide(dout[d * t.dout.dim]);
           }
         }
         T* dq_out = t.dq.row(b, h, i);

@@ -6,6 +6,7 @@
 
 #include "fattn/attention.hpp"
 #include "fattn/diagnostics.hpp"
+#include "model/dropout.hpp"
 
 namespace fattn::detail {
 
@@ -119,6 +120,7 @@ struct Problem {
   // one, band_lo_of(b) and band_hi_of(b) depend on the sequence's length).
   std::int64_t band_lo = -kUnboundedBand, band_hi = kUnboundedBand;
   ScoreMods mods;
+  Dropout dropout;  // of the probabilities before P·V (model/dropout.hpp); off by default
 
   Strided<const float> q, k, v;
   Strided<float> out;
@@ -195,6 +197,7 @@ struct Problem {
     const std::int64_t q0 = ragged.q_starts[b], k0 = ragged.k_starts[b];
     s.ragged = {};
     s.batch = 1;
+    s.dropout.sequence = b;
     s.q_len = queries_of(b);
     s.kv_len = keys_of(b);
     s.band_lo = band_lo_of(b);

@@ -180,6 +180,9 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   if (options.attn_mask)
     fail("attention_kvcache takes no attn_mask (its keys are each sequence's cache length); "
          "window, softcap, alibi_slopes and sinks it takes");
+  if (options.dropout_p != 0.0)
+    fail("attention_kvcache takes dropout_p = 0 (it serves inference), got " +
+         std::to_string(options.dropout_p));
   const DType dtype = q.dtype;
   const Device device = q.device;
   if (dtype != DType::float32 && dtype != DType::bfloat16 && dtype != DType::float16) {

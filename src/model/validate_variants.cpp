@@ -70,6 +70,19 @@ VariantExtents check_variants(const Options& options, const TensorView& q, Probl
     m << "softcap must be finite and > 0 (0: off), got " << options.softcap;
     fail(m.str());
   }
+  if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
+    std::ostringstream m;
+    m << "dropout_p must be in [0, 1) (0: off), got " << options.dropout_p;
+    fail(m.str());
+  }
+  if (options.dropout_p > 0.0) {
+    Dropout& d = p->dropout;
+    d.p = options.dropout_p;
+    d.threshold = Dropout::threshold_of(d.p);
+    d.scale = static_cast<float>(1.0 / (1.0 - d.p));
+    d.seed = options.dropout_seed;
+    d.offset = options.dropout_offset;
+  }
   const DType per_head = lse_dtype(q.dtype);  // float32 (float64 for float64 problems)
   VariantExtents extents;
   p->window_left = options.window_left;

@@ -119,7 +119,7 @@ def test_compile_flash_attention_and_forward():
 def test_compile_reports_unsupported_arguments():
     q, k, v = qkv(1, 2, 2, 8, 8, 32)
     torch._dynamo.reset()
-    f = torch.compile(lambda q, k, v: fattn.scaled_dot_product_attention(q, k, v, dropout_p=0.5),
+    f = torch.compile(lambda q, k, v: fattn.scaled_dot_product_attention(q, k, v, dropout_p=1.5),
                       backend="eager", fullgraph=True)
-    with pytest.raises(Exception, match="dropout_p must be 0.0"):
+    with pytest.raises(Exception, match=r"dropout_p must be in \[0, 1\)"):
         f(q, k, v)

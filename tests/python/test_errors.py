@@ -21,12 +21,12 @@ def test_attn_mask_with_grad():
         sdpa(q, k, v, attn_mask=mask)
 
 
-def test_dropout():
+def test_dropout_outside_its_range():
     q, k, v = qkv(1, 2, 2, 8, 8, 32)
-    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
-        sdpa(q, k, v, dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
-        fattn.flash_attention(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.0"):
+        sdpa(q, k, v, dropout_p=1.0)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got -0.5"):
+        fattn.flash_attention(q, k, v, dropout_p=-0.5)
 
 
 def test_double_backward():

@@ -463,8 +463,8 @@ def test_varlen_errors():
         f(q, k, v, cu_q, cu_k, 5, 5)
     with pytest.raises(ValueError, match="max_seqlen_k = 4"):
         f(q, k, v, cu_q, cu_k, 6, 4)
-    with pytest.raises(NotImplementedError, match="dropout_p is not supported by fattn"):
-        f(q, k, v, cu_q, cu_k, 6, 5, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        f(q, k, v, cu_q, cu_k, 6, 5, dropout_p=1.0)
     with pytest.raises(ValueError, match=r"k must have 4 dimensions \(num_blocks, block_size, "):
         f(q, k, v, cu_q, cu_k, 6, 5, block_table=int32([[0]]))  # packed k with a table
     with pytest.raises(ValueError, match="cu_seqlens_k.dtype must be torch.int32, got torch.int64"):

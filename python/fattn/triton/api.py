@@ -97,14 +97,39 @@ def _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_s
                    softcap=softcap, alibi=alibi, sinks=sinks, block_m=block_m, block_n=block_n)
 
 
+def _with_dropout(fn, p, dropout_p, dropout_seed, dropout_offset):
+    """p with attention dropout (dropout.py): dropout_p in [0, 1), the stream's 64-bit seed
+    (a one-element int64 tensor, read by the kernels from device memory, as torch's own
+    dropout reads its state: CUDA graphs replay fresh seeds; or an int) and its offset in
+    [0, 2^32)."""
+    check(0.0 <= float(dropout_p) < 1.0, fn, f"dropout_p must be in [0, 1), got {dropout_p}")
+    check(0 <= int(dropout_offset) < 2 ** 32, fn,
+          f"dropout_offset must be in [0, 2^32), got {dropout_offset}")
+    p.dropout_p = float(dropout_p)
+    p.dropout_offset = int(dropout_offset)
+    if p.dropout_p == 0.0:
+        return p
+    check(dropout_seed is not None, fn, f"dropout_p = {dropout_p} needs dropout_seed")
+    if not isinstance(dropout_seed, torch.Tensor):
+        dropout_seed = torch.tensor(int(dropout_seed), dtype=torch.int64)
+    check(dropout_seed.dtype == torch.int64 and dropout_seed.numel() == 1, fn,
+          f"dropout_seed must be an int or a one-element int64 tensor, got "
+          f"{dropout_seed.dtype} {tuple(dropout_seed.shape)}")
+    p.dropout_seed = dropout_seed.reshape(1).to(p.q.device)
+    return p
+
+
 def attention(q, k, v, attn_mask=None, causal=False, causal_bottom_right=False,
               window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, scale=None,
-              return_lse=False, out=None, block_m=None, block_n=None):
+              return_lse=False, out=None, block_m=None, block_n=None, dropout_p=0.0,
+              dropout_seed=None, dropout_offset=0):
     """softmax(q·kᵀ·scale [+ variants]) v for (B, H, S, D) tensors (see the package's
     docstring). `out` (optional): a (B, Hq, Sq, D) tensor of q's dtype to write into;
-    block_m/block_n override the tile sizes (tests)."""
+    block_m/block_n override the tile sizes (tests). dropout_p > 0: attention dropout with
+    the stream (dropout_seed, dropout_offset), the CPU kernels' mask (dropout.py)."""
     p = _dense_problem("attention", q, k, v, attn_mask, causal, causal_bottom_right,
                        window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n)
+    _with_dropout("attention", p, dropout_p, dropout_seed, dropout_offset)
     run_forward(p)
     return (p.out, p.lse) if return_lse else p.out
 
@@ -127,7 +152,8 @@ def _check_gradient_inputs(fn, p, dout, out, lse, dlse, lse_shape, packed_shape=
 def attention_backward(dout, q, k, v, out, lse, dlse=None, attn_mask=None, causal=False,
                        causal_bottom_right=False, window_size=(-1, -1), softcap=0.0,
                        sinks=None, alibi_slopes=None, scale=None, dq=None, dk=None, dv=None,
-                       block_m=None, block_n=None, tiles=None):
+                       block_m=None, block_n=None, tiles=None, dropout_p=0.0, dropout_seed=None,
+                       dropout_offset=0):
     """The gradients of attention(q, k, v, ...) -> (out, lse) given dout and optionally
     dlse (the logsumexp's gradient): (dq, dk, dv, dsinks), dsinks float32 of sinks' shape
     (None without sinks). The options must be the forward's; out and lse its results.
@@ -138,6 +164,7 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, attn_mask=None, causa
     fn = "attention_backward"
     p = _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_size,
                        softcap, sinks, alibi_slopes, scale, out, block_m, block_n, lse=lse)
+    _with_dropout(fn, p, dropout_p, dropout_seed, dropout_offset)
     if tiles is not None:
         def power_of_two(x, least):
             return isinstance(x, int) and x >= least and x & (x - 1) == 0
@@ -217,7 +244,7 @@ def packed(t, batch):
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                      causal=False, window_size=(-1, -1), softcap=0.0, sinks=None,
                      alibi_slopes=None, scale=None, return_lse=False, out=None, block_m=None,
-                     block_n=None):
+                     block_n=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0):
     """Sequences packed along one axis (FlashAttention's flash_attn_varlen_func): q
     (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k (B + 1,) int32 offsets.
     causal and the window are aligned bottom-right per sequence. Returns out (total_q, Hq,
@@ -226,6 +253,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     p = _varlen_problem("attention_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, causal, window_size, softcap, sinks, alibi_slopes, scale,
                         out, block_m, block_n)
+    _with_dropout("attention_varlen", p, dropout_p, dropout_seed, dropout_offset)
     if p.batch > 0:
         run_forward(p)
     out, lse = p.out[0].transpose(0, 1), p.lse[0]
@@ -313,13 +341,15 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False,
                               window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None,
-                              scale=None, block_m=None, block_n=None):
+                              scale=None, block_m=None, block_n=None, dropout_p=0.0,
+                              dropout_seed=None, dropout_offset=0):
     """The gradients of attention_varlen (its options; out and lse (Hq, total_q) its
     results): (dq, dk, dv, dsinks), packed as q, k, v."""
     fn = "attention_varlen_backward"
     p = _varlen_problem(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal,
                         window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n,
                         lse=lse if isinstance(lse, torch.Tensor) and lse.dim() == 2 else None)
+    _with_dropout(fn, p, dropout_p, dropout_seed, dropout_offset)
     _check_gradient_inputs(fn, p, dout, out, lse, None, (q.size(1), q.size(0)),
                            packed_shape=tuple(q.shape))
     grads = tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))

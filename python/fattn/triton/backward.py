@@ -11,6 +11,7 @@ Both recompute the probabilities from the forward's logsumexp, p = 2^(s − lse�
 the forward's score tile (scores.modify: softcap, ALiBi, the mask's cover, the band), so
 every variant the forward takes has its gradient:
   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP − Δ)  with Δ = rowsum(dO ∘ O) − dlse,
+  with dropout dV = (P ∘ F)ᵀ·dO and dP = (dO·Vᵀ) ∘ F, F the mask's factors (dropout.py),
   through the softcap dS ← dS·(1 − tanh²),  dQ = scale·dS·K,  dK = scale·dSᵀ·Q.
 P and dS are rounded to the inputs' dtype for their products with 16-bit inputs, as in
 FlashAttention. The sinks' gradient, −Σ_rows e^(sink − lse)·Δ, is a torch reduction
@@ -22,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import scores, visibility
+from . import dropout, scores, visibility
 from .scores import LOG2E
 
 
@@ -45,8 +46,10 @@ def _dkdv_kernel(
         sdob, sdoh, sdos, sdod, slb, slh, sls, sdkb, sdkh, sdks, sdkd, sdvb, sdvh, sdvs, sdvd,
         smb, smh, sms, smk, scb, sch, scm, scn, sab, sah,
         q_heads, kv_heads, q_len, kv_len, head_dim, scale, softcap, window_left, window_right,
+        SEED, dropout_offset, dropout_threshold, dropout_scale,
         CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
-        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, LENGTHS: tl.constexpr,
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+        LENGTHS: tl.constexpr,
         PRECISION: tl.constexpr, UPCAST: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     # The tile is [keys, queries]: Sᵀ = K·Qᵀ, so Pᵀ and dSᵀ come out of their products
@@ -100,8 +103,14 @@ def _dkdv_kernel(
                                      mask_rows, smk, cover, CAUSAL, WINDOW, MASK_KIND,
                                      SOFTCAP, ALIBI)
                 p = tl.exp2(s - lse2[None, :])
-                dv += scores.dot(p.to(v.dtype), do, PRECISION, UPCAST)
-                dp = scores.dot(v, tl.trans(do), PRECISION, UPCAST)
+                if DROPOUT:  # dV of the dropped P; dP through the mask and 1/(1 − p)
+                    f = dropout.factors(tl.load(SEED), dropout_offset, dropout_threshold, dropout_scale,
+                                        b * q_heads + head, i[None, :], keys[:, None])
+                    dv += scores.dot((p * f).to(v.dtype), do, PRECISION, UPCAST)
+                    dp = scores.dot(v, tl.trans(do), PRECISION, UPCAST) * f
+                else:
+                    dv += scores.dot(p.to(v.dtype), do, PRECISION, UPCAST)
+                    dp = scores.dot(v, tl.trans(do), PRECISION, UPCAST)
                 ds = p * (dp - delta[None, :])
                 if SOFTCAP:
                     ds = ds * (1.0 - t * t)
@@ -121,8 +130,10 @@ def _dq_kernel(
         sdob, sdoh, sdos, sdod, slb, slh, sls, sdqb, sdqh, sdqs, sdqd,
         smb, smh, sms, smk, scb, sch, scm, scn, sab, sah,
         q_heads, kv_heads, q_len, kv_len, head_dim, scale, softcap, window_left, window_right,
+        SEED, dropout_offset, dropout_threshold, dropout_scale,
         CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
-        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, LENGTHS: tl.constexpr,
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+        LENGTHS: tl.constexpr,
         PRECISION: tl.constexpr, UPCAST: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     tile = tl.program_id(0)
@@ -164,6 +175,10 @@ def _dq_kernel(
                                  ALIBI)
             p = tl.exp2(s - lse2[:, None])
             dp = scores.dot(do, tl.trans(v), PRECISION, UPCAST)
+            if DROPOUT:
+                dp = dp * dropout.factors(tl.load(SEED), dropout_offset, dropout_threshold,
+                                          dropout_scale, b * q_heads + head, i[:, None],
+                                          keys[None, :])
             ds = p * (dp - delta[:, None])
             if SOFTCAP:
                 ds = ds * (1.0 - t * t)

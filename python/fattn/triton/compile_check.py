@@ -30,7 +30,7 @@ from . import backward, forward, problem
 # The policy combinations compiled, named as the calls that use them; launch options as
 # problem.tile_config gives them (num_warps 4, num_stages 3: Triton's defaults)
 BASE = dict(CAUSAL=0, WINDOW=False, MASK_KIND=0, SOFTCAP=False, ALIBI=False, SINKS_ON=False,
-            LENGTHS=0, PAGED=False, PACK_GQA=False, SPLIT=False, PRECISION="tf32x3",
+            DROPOUT=False, LENGTHS=0, PAGED=False, PACK_GQA=False, SPLIT=False, PRECISION="tf32x3",
             UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128)
 COMBINATIONS = [  # (name, dtype, constexprs over BASE)
     ("plain", "fp16", {}),
@@ -42,12 +42,15 @@ COMBINATIONS = [  # (name, dtype, constexprs over BASE)
     ("float32_tf32", "fp32", dict(PRECISION="tf32", BLOCK_D=64)),
     ("d256_two_chains", "bf16", dict(CAUSAL=2, BLOCK_D=256, BLOCK_N=32)),
     ("varlen", "fp16", dict(LENGTHS=2, CAUSAL=2, WINDOW=True)),
+    ("dropout", "bf16", dict(DROPOUT=True, CAUSAL=1)),
+    ("varlen_paged_seqused", "fp16", dict(LENGTHS=3, PAGED=True, CAUSAL=2)),
     ("decode_paged_split", "bf16", dict(LENGTHS=1, PAGED=True, PACK_GQA=True, SPLIT=True,
                                         CAUSAL=2, BLOCK_M=16)),
 ]
 # the backward's kernels: (name, dtype, constexprs), each at problem.BACKWARD_TILES' tiles
 # and launch options for its BLOCK_D
-BACKWARD_BASE = dict(CAUSAL=0, WINDOW=False, MASK_KIND=0, SOFTCAP=False, ALIBI=False, LENGTHS=0,
+BACKWARD_BASE = dict(CAUSAL=0, WINDOW=False, MASK_KIND=0, SOFTCAP=False, ALIBI=False,
+                     DROPOUT=False, LENGTHS=0,
                      PRECISION="tf32x3", UPCAST=False, BLOCK_D=128)
 BACKWARD = [
     ("plain", "bf16", {}),
@@ -55,6 +58,7 @@ BACKWARD = [
     ("d64_causal", "fp16", dict(CAUSAL=1, BLOCK_D=64)),
     ("d256_window", "bf16", dict(CAUSAL=2, WINDOW=True, BLOCK_D=256)),
     ("varlen_float32", "fp32", dict(LENGTHS=2, CAUSAL=2, BLOCK_D=64)),
+    ("dropout", "bf16", dict(DROPOUT=True, CAUSAL=1)),
 ]
 # --backward-sweep: candidate (block_m, block_n, num_warps, num_stages) per kernel and
 # BLOCK_D, compiled in float16 (what problem.BACKWARD_TILES was chosen from)
@@ -68,8 +72,8 @@ BACKWARD_CANDIDATES = {
            256: [(32, 16, 4, 3), (32, 16, 8, 2), (32, 32, 8, 2), (64, 16, 8, 2)]},
 }
 _POINTERS = {"LSE": "fp32", "DELTA": "fp32", "MASK": "i1", "COVER": "i8", "SLOPES": "fp32", "SINKS": "fp32",
-             "SEQ_Q": "i32", "SEQ_K": "i32", "SEQ_USED": "i32", "TABLE": "i32"}
-_FLOATS = {"scale", "softcap"}
+             "SEQ_Q": "i32", "SEQ_K": "i32", "SEQ_USED": "i32", "TABLE": "i32", "SEED": "i64"}
+_FLOATS = {"scale", "softcap", "dropout_scale"}
 
 
 def _signature(fn, dtype, constexprs):
@@ -126,9 +130,13 @@ def product_transposes(ttgir: str) -> int:
 
 
 def _forward_compiled(dtype, over, target, num_warps=4, num_stages=3):
-    """The forward kernel at BASE with `over`'s constexprs."""
-    signature, values = _signature(forward._forward_kernel, dtype, {**BASE, **over})
-    return triton.compile(ASTSource(forward._forward_kernel, signature, values), target=target,
+    """The forward kernel at BASE with `over`'s constexprs: the one with dropout's and
+    seqused_k's arguments where the combination takes them (problem.run_forward's choice)."""
+    constexprs = {**BASE, **over}
+    full = constexprs["DROPOUT"] or constexprs["LENGTHS"] == 3
+    kernel = forward._forward_full_kernel if full else forward._forward_kernel
+    signature, values = _signature(kernel, dtype, constexprs)
+    return triton.compile(ASTSource(kernel, signature, values), target=target,
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
@@ -182,7 +190,8 @@ def compile_named(name: str, arch: int = 90) -> list:
         for combo, dtype, over in BACKWARD:
             if combo == combination:
                 constexprs = {**BACKWARD_BASE, **over}
-                tiles = zip(("dkdv", "dq"), problem.backward_tiles(constexprs["BLOCK_D"]))
+                tiles = zip(("dkdv", "dq"), problem.backward_tiles(constexprs["BLOCK_D"],
+                                                                    dropout=constexprs["DROPOUT"]))
                 return [_backward_compiled(kernel_name, dtype, constexprs, config, target)
                         for kernel_name, config in tiles]
     elif name in REDUCTIONS:
@@ -228,7 +237,8 @@ def compile_all(arch: int = 90, num_warps: int = 4, num_stages: int = 3):
                          seconds=round(time.perf_counter() - start, 2), **_report(kernel, arch)))
     for name, dtype, over in BACKWARD:
         constexprs = {**BACKWARD_BASE, **over}
-        tiles = dict(zip(("dkdv", "dq"), problem.backward_tiles(constexprs["BLOCK_D"])))
+        tiles = dict(zip(("dkdv", "dq"), problem.backward_tiles(constexprs["BLOCK_D"],
+                                                                dropout=constexprs["DROPOUT"])))
         for kernel_name, config in tiles.items():
             rows.append(dict(kernel=kernel_name, combination=name, dtype=dtype,
                              **_compile_backward(kernel_name, dtype, constexprs, config,

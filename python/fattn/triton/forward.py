@@ -10,6 +10,7 @@ that carries only its own work:
   MASK        0 none, 1 boolean, 2 additive attn_mask, with a per-tile cover (0 hidden:
               skipped, 1 unchanged: not read, 2 mixed: read)
   SOFTCAP, ALIBI, SINKS                                     the score modifiers
+  DROPOUT     the probabilities P·V takes are dropped (dropout.py), not packed GQA
   LENGTHS     0 uniform, 1 per-sequence key counts (a KV cache), 2 cu_seqlens (varlen),
               3 cu_seqlens and seqused_k (varlen over a cache)
   PAGED       keys looked up in a block table
@@ -32,14 +33,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import scores, visibility
+from . import dropout, scores, visibility
 
 from .scores import LN2, LOG2E
 
 
 @triton.jit
 def _forward_kernel(
-        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_USED, TABLE,
+        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, TABLE,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
         sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
         smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
@@ -50,6 +51,67 @@ def _forward_kernel(
         LENGTHS: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr,
         SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Every call without dropout or seqused_k: the arguments of the kernel the H200 run
+    verified, whose machine code is kept (fattn/dispatch/verified.json)."""
+    forward_tile(
+        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_K, TABLE,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
+        smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
+        q_heads, kv_heads, q_len, kv_len, head_dim, block_size, num_splits,
+        scale, softcap, window_left, window_right, 0, 0, 0, 1.0,
+        CAUSAL, WINDOW, MASK_KIND, SOFTCAP, ALIBI, SINKS_ON, False, LENGTHS, PAGED, PACK_GQA,
+        SPLIT, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def _forward_full_kernel(
+        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_USED, TABLE,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
+        smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
+        q_heads, kv_heads, q_len, kv_len, head_dim, block_size, num_splits,
+        scale, softcap, window_left, window_right,
+        SEED, dropout_offset, dropout_threshold, dropout_scale,
+        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS_ON: tl.constexpr,
+        DROPOUT: tl.constexpr,
+        LENGTHS: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr,
+        SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Calls with dropout (its stream: the seed at SEED in device memory, offset,
+    threshold, scale) or seqused_k (SEQ_USED, LENGTHS 3)."""
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    forward_tile(
+        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_USED, TABLE,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
+        smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
+        q_heads, kv_heads, q_len, kv_len, head_dim, block_size, num_splits,
+        scale, softcap, window_left, window_right,
+        seed, dropout_offset, dropout_threshold, dropout_scale,
+        CAUSAL, WINDOW, MASK_KIND, SOFTCAP, ALIBI, SINKS_ON, DROPOUT, LENGTHS, PAGED, PACK_GQA,
+        SPLIT, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def forward_tile(
+        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_USED, TABLE,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
+        smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
+        q_heads, kv_heads, q_len, kv_len, head_dim, block_size, num_splits,
+        scale, softcap, window_left, window_right,
+        seed, dropout_offset, dropout_threshold, dropout_scale,
+        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS_ON: tl.constexpr,
+        DROPOUT: tl.constexpr,
+        LENGTHS: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr,
+        SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program's tile of the forward (both kernels above)."""
     tile = tl.program_id(0)
     split = tl.program_id(2)
     group = q_heads // kv_heads
@@ -151,6 +213,9 @@ def _forward_kernel(
             p = tl.exp2(s - m_ref[:, None])
             alpha = tl.exp2(m - m_ref)
             l = l * alpha + tl.sum(p, 1)
+            if DROPOUT:  # P·V takes the dropped probabilities; l keeps the undropped sum
+                p = p * dropout.factors(seed, dropout_offset, dropout_threshold, dropout_scale,
+                                        b * q_heads + head, i[:, None], keys[None, :])
             v = tl.load(v_ptr[:, None] + dims[None, :] * svd,
                         mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
             acc = acc * alpha[:, None] + scores.dot(p.to(v.dtype), v, PRECISION, UPCAST)

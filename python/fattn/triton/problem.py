@@ -84,6 +84,9 @@ class Problem:
     seq_k: torch.Tensor | None = None
     seq_used: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
+    dropout_p: float = 0.0      # attention dropout (dropout.py), its stream (seed, offset)
+    dropout_seed: torch.Tensor | None = None  # (1,) int64 on the device
+    dropout_offset: int = 0
     num_splits: int = 0         # 0: chosen here; 1: no split
     block_m: int | None = None
     block_n: int | None = None
@@ -242,6 +245,16 @@ def launch_options(config: TileConfig) -> dict:
                               ("num_stages", config.num_stages)) if v is not None}
 
 
+def dropout_args(p: Problem, dummy) -> tuple:
+    """The kernels' (SEED, offset, threshold, scale) of p's dropout (dummy: a pointer for
+    SEED without dropout, never read)."""
+    from .dropout import threshold_of
+    if p.dropout_p == 0.0:
+        return dummy, 0, 0, 1.0
+    return (p.dropout_seed, int(p.dropout_offset), threshold_of(p.dropout_p),
+            1.0 / (1.0 - p.dropout_p))
+
+
 def run_forward(p: Problem) -> None:
     """Launches the forward kernel (and the split combine) for a validated Problem,
     writing p.out and p.lse."""
@@ -251,7 +264,8 @@ def run_forward(p: Problem) -> None:
     # GQA packing: the query heads of one kv head share a tile's K/V loads, where a tile of
     # queries alone would be mostly empty (decode); not with an attn_mask (its cover is per
     # head) nor for varlen (whose sequences have their own lengths)
-    packed = (p.mask is None and p.lengths < 2 and group > 1 and p.q_len * group <= 64
+    packed = (p.mask is None and p.lengths < 2 and p.dropout_p == 0.0 and group > 1
+              and p.q_len * group <= 64
               and p.q_len < 16)
     config = tile_config(p.head_dim, packed, p.q.is_cuda, p.block_m, p.block_n)
     rows = p.q_len * group if packed else p.q_len
@@ -283,21 +297,27 @@ def run_forward(p: Problem) -> None:
     def strides(t, n):
         return t.stride() if t is not None else (0,) * n
 
-    kernels._forward_kernel[(tiles_m, p.batch * heads, splits)](
+    # The kernel the GPU run verified (forward.py) where the call has no dropout and no
+    # seqused_k; the one that takes them otherwise.
+    full = p.dropout_p > 0.0 or p.lengths == 3
+    extra = ((p.seq_used if p.seq_used is not None else dummy,) if full else ())
+    kernel = kernels._forward_full_kernel if full else kernels._forward_kernel
+    kernel[(tiles_m, p.batch * heads, splits)](
         p.q, p.k, p.v, o_dst, lse_dst,
         mask if mask is not None else dummy, cover if cover is not None else dummy,
         p.alibi if p.alibi is not None else dummy, p.sinks if p.sinks is not None else dummy,
         p.seq_q if p.seq_q is not None else dummy, p.seq_k if p.seq_k is not None else dummy,
-        p.seq_used if p.seq_used is not None else dummy,
-        p.block_table if p.block_table is not None else dummy,
+        *extra, p.block_table if p.block_table is not None else dummy,
         *p.q.stride(), *p.k.stride(), *p.v.stride(), *o_dst.stride(), *lse_dst.stride(),
         o_split, lse_split, *strides(mask, 4), *strides(cover, 4), *strides(p.alibi, 2),
         p.block_table.stride(0) if p.block_table is not None else 0,
         p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim,
         p.k.size(2) if p.block_table is not None else 1, splits,
         float(p.scale), float(p.softcap) or 1.0, p.window_left, p.window_right,
+        *(dropout_args(p, dummy) if full else ()),
         CAUSAL=p.causal, WINDOW=p.window_left >= 0 or p.window_right >= 0, MASK_KIND=mask_kind,
         SOFTCAP=p.softcap != 0.0, ALIBI=p.alibi is not None, SINKS_ON=p.sinks is not None,
+        **(dict(DROPOUT=p.dropout_p > 0.0) if full else {}),
         LENGTHS=p.lengths, PAGED=p.block_table is not None, PACK_GQA=packed,
         SPLIT=splits > 1, PRECISION=precision, UPCAST=upcast,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
@@ -328,7 +348,18 @@ BACKWARD_TILES = {
 }
 
 
-def backward_tiles(head_dim: int, block_m=None, block_n=None, tiles=None):
+# The dK/dV kernel's tiles with dropout (its Philox words in registers beside dK and dV):
+# the default tiles spill there (ptxas for sm_90a, bfloat16, 2026-12-06: 16 bytes at D = 64,
+# 108 at 128, 24 at 256); half the queries (or, at D = 256, the keys) per program spill
+# none. The dQ kernel's tiles do not spill with dropout.
+BACKWARD_DROPOUT_DKDV = {
+    64: TileConfig(16, 128, num_warps=8, num_stages=3),
+    128: TileConfig(16, 64, num_warps=8, num_stages=2),
+    256: TileConfig(16, 16, num_warps=8, num_stages=2),
+}
+
+
+def backward_tiles(head_dim: int, block_m=None, block_n=None, tiles=None, dropout=False):
     """(dK/dV tile, dQ tile) for head_dim: BACKWARD_TILES' row of the padded head dim;
     block_m/block_n override both kernels' sizes (tests: tile edges), tiles =
     ((block_m, block_n, num_warps, num_stages) of dK/dV, the same of dQ) replaces them
@@ -336,7 +367,10 @@ def backward_tiles(head_dim: int, block_m=None, block_n=None, tiles=None):
     if tiles is not None:
         return tuple(TileConfig(*t) for t in tiles)
     padded = max(16, triton.next_power_of_2(head_dim))
-    dkdv, dq = BACKWARD_TILES[min(d for d in BACKWARD_TILES if d >= padded)]
+    row = min(d for d in BACKWARD_TILES if d >= padded)
+    dkdv, dq = BACKWARD_TILES[row]
+    if dropout:
+        dkdv = BACKWARD_DROPOUT_DKDV[row]
     return (dataclasses.replace(dkdv, block_m=block_m or dkdv.block_m,
                                 block_n=block_n or dkdv.block_n),
             dataclasses.replace(dq, block_m=block_m or dq.block_m,
@@ -388,7 +422,8 @@ def run_backward(p: Problem, dout, dlse, dq, dk, dv):
         dv.zero_()
         return dsinks
     precision, upcast = _precision(p)
-    dkdv_tiles, dq_tiles = backward_tiles(p.head_dim, p.block_m, p.block_n, p.backward_tiles)
+    dkdv_tiles, dq_tiles = backward_tiles(p.head_dim, p.block_m, p.block_n, p.backward_tiles,
+                                          dropout=p.dropout_p > 0.0)
     block_d = max(16, triton.next_power_of_2(p.head_dim))
     dummy = lse
 
@@ -406,9 +441,9 @@ def run_backward(p: Problem, dout, dlse, dq, dk, dv):
     common = dict(CAUSAL=p.causal, WINDOW=p.window_left >= 0 or p.window_right >= 0,
                   MASK_KIND=0 if p.mask is None else (1 if p.mask.dtype == torch.bool else 2),
                   SOFTCAP=p.softcap != 0.0, ALIBI=p.alibi is not None, LENGTHS=p.lengths,
-                  PRECISION=precision, UPCAST=upcast, BLOCK_D=block_d)
+                  DROPOUT=p.dropout_p > 0.0, PRECISION=precision, UPCAST=upcast, BLOCK_D=block_d)
     scalars = (p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, float(p.scale),
-               float(p.softcap) or 1.0, p.window_left, p.window_right)
+               float(p.softcap) or 1.0, p.window_left, p.window_right, *dropout_args(p, lse))
     pointers, strides = variant_args(dkdv_tiles)
     kernels_bwd._dkdv_kernel[(triton.cdiv(p.kv_len, dkdv_tiles.block_n), p.batch * p.kv_heads)](
         p.q, p.k, p.v, dout, lse, delta, dk, dv, *pointers,

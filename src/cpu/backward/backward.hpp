@@ -19,6 +19,7 @@
 
 #include "cpu/backward/loop.hpp"
 #include "cpu/backward/workspace.hpp"
+#include "cpu/common/dropout.hpp"
 #include "cpu/forward/naive.hpp"
 #include "cpu/common/score_mods.hpp"
 
@@ -189,9 +190,25 @@ struct FmaBackwardMainloop {
     Bwd::probs_from_lse(t.st, v.key.rows_padded, ws.lse2(v.x.index));
   }
   // dst ← dP = V·dOᵀ;  dst ← dS = P ∘ (dP − Δ), through the softcap, 0 outside the band
+  // With dropout (factors F: 1/(1 − p) where the mask keeps P, else 0), in one pass over the
+  // mask: dS = P ∘ (F ∘ V·dOᵀ − Δ), and st ← P ∘ F, the probabilities dV's product takes.
   bool grads(ItemState& t, const Visit& v) const {
     Ops::scores_tile(t.v_panels, v.key.j0, v.key.nj, ws.dot(v.x.index), ws.p.head_dim, t.tile.dst);
-    Bwd::grad_scores(t.st, t.tile.dst, v.key.rows_padded, ws.delta(v.x.index));
+    const detail::Dropout& d = ws.p.dropout;
+    if (d.on()) {
+      using vec = typename S::vec;
+      const float* delta = ws.delta(v.x.index);
+      DropoutOps<S>::each(d, d.head_stream(v.x.b, v.x.h, ws.p.q_heads), v.x.i0, Ops::Br, v.key.j0,
+                          v.key.nj, [&](std::int64_t j, std::int64_t r, vec f) {
+                            float* dp = t.tile.dst + j * Ops::Br + r;
+                            float* pr = t.st + j * Ops::Br + r;
+                            const vec p = S::load(pr);
+                            S::store(dp, p * (S::load(dp) * f - S::load(delta + r)));
+                            S::store(pr, p * f);
+                          });
+    } else {
+      Bwd::grad_scores(t.st, t.tile.dst, v.key.rows_padded, ws.delta(v.x.index));
+    }
     if (t.cap) Bwd::multiply(t.tile.dst, t.cap, v.key.nj);
     if (v.edge) Ops::mask_tile(t.tile.dst, v.key.nj, *v.edge, 0.0f);
     return true;

@@ -8,6 +8,7 @@
 //                       softcap, ALiBi, attn_mask                   (score_mods.hpp)
 //                       mask the tiles an edge of the band crosses  (mask_tile)
 //                       m, l, st ← online softmax                   (softmax_update)
+//                       st ← st ∘ dropout mask / (1 − p)            (DropoutOps)
 //                       ot ← alpha·ot + Vᵀ·st                       (pv_accumulate)
 //   with sinks: the sink joins m and l                               (add_sink)
 //   out ← otᵀ / l, lse ← ln(2)·(m + log2 l)
@@ -25,6 +26,7 @@
 
 #include <algorithm>
 
+#include "cpu/common/dropout.hpp"
 #include "cpu/common/score_mods.hpp"
 #include "cpu/common/workspace.hpp"
 #include "cpu/forward/loop.hpp"
@@ -143,6 +145,12 @@ struct FusedPass {
     mainloop.scores(head, j0, nj, tile[s], edge[s], before >= 0 ? &tile[before] : nullptr);
     Mods::finish_scores(p, pairs[s], cover[s], scores_hide_band ? edge[s] : nullptr, tile[s].st);
     mainloop.softmax(tile[s], nj, edge[s]);
+    // Dropout on the probabilities P·V takes (m and l keep the undropped sums); the AMX
+    // mainloop, whose softmax runs among its products, is not asked (cpu_kernels).
+    if constexpr (!kSoftmaxAmongProducts)
+      if (p.dropout.on())
+        DropoutOps<S>::apply(p.dropout, p.dropout.head_stream(q[s].b, q[s].h, p.q_heads),
+                             q[s].i0, Ops::Br, j0, nj, Ops::Br, tile[s].st);
     return true;
   }
   void pv_step(std::int64_t j0, int x, int n_live) {
