@@ -12,6 +12,7 @@
 #include "ceilings.hpp"
 #include "contention.hpp"
 #include "report.hpp"
+#include "timing.hpp"
 
 namespace fattn_bench {
 namespace {
@@ -40,18 +41,6 @@ struct Tensor {
     return fattn::TensorView::bhsd(data, B, H, S, D, dtype);
   }
 };
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const std::size_t n = x.size();
-  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
-double milliseconds(const std::function<void()>& run) {
-  const auto t0 = std::chrono::steady_clock::now();
-  run();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // (median ms of a, median ms of b, median of the per-repetition ratios b / a), the two
 // alternated, the first of each repetition alternating too.

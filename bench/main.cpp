@@ -106,16 +106,15 @@ fattn_bench::DecodeConfig quick_decode(fattn_bench::DecodeConfig c) {
   return c;
 }
 
-// --varlen: the packed variable-length sweep, before (and without) the ceilings, which it
-// does not report against; the other processes' CPU use is in each row.
-int run_varlen(fattn_bench::VarlenConfig config, const SweepConfig& sweep, bool heads_given,
-               bool kv_heads_given, const std::vector<std::string>& causal_names,
-               const std::string& json_path) {
-  if (heads_given) config.q_heads = sweep.q_heads;
-  config.kv_heads = kv_heads_given ? sweep.kv_heads : config.q_heads;
+// The run options a side sweep (--varlen, --dropout) takes from the command line: one
+// causal mode (where given), threads, repetitions, warm-up runs, seed; then the header
+// lines of its report.
+template <class Config>
+void take_run_options(Config& config, const SweepConfig& sweep,
+                      const std::vector<std::string>& causal_names, const char* mode) {
   const std::vector<fattn::Causal> causal = parse_causal(causal_names);
   if (causal_names != std::vector<std::string>{"both"}) {
-    if (causal.size() != 1) throw CLI::ValidationError("--causal", "--varlen takes one mode");
+    if (causal.size() != 1) throw CLI::ValidationError("--causal", std::string(mode) + " takes one mode");
     config.causal = causal.front();
   }
   config.threads = sweep.threads;
@@ -124,6 +123,16 @@ int run_varlen(fattn_bench::VarlenConfig config, const SweepConfig& sweep, bool 
   config.seed = sweep.seed;
   std::printf("cpu: %s\ndate: %s\nfattn: %s\n", fattn_bench::cpu_model_name().c_str(),
               fattn_bench::iso8601_now().c_str(), fattn::version());
+}
+
+// --varlen: the packed variable-length sweep, before (and without) the ceilings, which it
+// does not report against; the other processes' CPU use is in each row.
+int run_varlen(fattn_bench::VarlenConfig config, const SweepConfig& sweep, bool heads_given,
+               bool kv_heads_given, const std::vector<std::string>& causal_names,
+               const std::string& json_path) {
+  if (heads_given) config.q_heads = sweep.q_heads;
+  config.kv_heads = kv_heads_given ? sweep.kv_heads : config.q_heads;
+  take_run_options(config, sweep, causal_names, "--varlen");
   const auto results = fattn_bench::run_varlen_sweep(config);
   fattn_bench::print_varlen_table(stdout, config, results);
   if (!json_path.empty()) fattn_bench::write_varlen_json(json_path, config, results);
@@ -140,17 +149,7 @@ int run_dropout(fattn_bench::DropoutConfig config, const SweepConfig& sweep, boo
     config.head_dims = {sweep.head_dim};
     config.seq_lens = sweep.q_lens;
   }
-  const std::vector<fattn::Causal> causal = parse_causal(causal_names);
-  if (causal_names != std::vector<std::string>{"both"}) {
-    if (causal.size() != 1) throw CLI::ValidationError("--causal", "--dropout takes one mode");
-    config.causal = causal.front();
-  }
-  config.threads = sweep.threads;
-  config.reps = sweep.reps;
-  config.warmup = sweep.warmup;
-  config.seed = sweep.seed;
-  std::printf("cpu: %s\ndate: %s\nfattn: %s\n", fattn_bench::cpu_model_name().c_str(),
-              fattn_bench::iso8601_now().c_str(), fattn::version());
+  take_run_options(config, sweep, causal_names, "--dropout");
   const auto results = fattn_bench::run_dropout_sweep(config);
   fattn_bench::print_dropout_table(stdout, config, results);
   if (!json_path.empty()) fattn_bench::write_dropout_json(json_path, config, results);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 namespace fattn_bench {
 
@@ -11,5 +12,10 @@ struct Timing {
 
 // Runs `run` `warmup` times untimed, then `reps` times timed one by one.
 Timing time_runs(const std::function<void()>& run, int warmup, int reps);
+
+// The wall-clock milliseconds of one run, and the median of some (the sweeps that alternate
+// or rotate their contenders time each run with these).
+double milliseconds(const std::function<void()>& run);
+double median(std::vector<double> values);
 
 }  // namespace fattn_bench

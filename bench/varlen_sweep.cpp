@@ -16,6 +16,7 @@
 #include "fattn/kv_cache.hpp"
 #include "inputs.hpp"
 #include "report.hpp"
+#include "timing.hpp"
 
 namespace fattn_bench {
 namespace {
@@ -133,18 +134,6 @@ struct Point {
     return t;
   }
 };
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const std::size_t n = x.size();
-  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
-double milliseconds(const std::function<void()>& run) {
-  const auto t0 = std::chrono::steady_clock::now();
-  run();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // The first n contenders timed `reps` times, rotated within each repetition so that no
 // contender always runs first: ms[contender][repetition].

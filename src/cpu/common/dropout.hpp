@@ -13,26 +13,28 @@ namespace fattn::cpu {
 template <class S>
 struct DropoutOps {
   using vec = typename S::vec;
-  using uvec = typename S::uvec;
-  using wide = typename S::uwide;
+  // 32-bit lanes as int32 vectors: every operation on them below is a bit operation, an
+  // intrinsic's unsigned product or a comparison of 16-bit values, so the sign never matters.
+  using ivec = typename S::ivec;
   static constexpr int L = S::lanes;
 
-  static uvec splat(std::uint32_t x) {
-    uvec v;
-    for (int i = 0; i < L; ++i) v[i] = x;
+  static ivec splat(std::uint32_t x) {
+    ivec v;
+    for (int i = 0; i < L; ++i) v[i] = static_cast<std::int32_t>(x);
     return v;
   }
-  // (high, low) 32 bits of a · m, lane by lane: two 32×32→64 products of the even and
-  // the odd lanes, blended (the vector extensions' widening to 64-bit lanes and back cost
-  // the dropout 2.4× its Philox arithmetic: docs/perf-log.md, "attention dropout").
-  [[gnu::always_inline]] static void mulhilo(uvec a, std::uint32_t m, uvec& hi, uvec& lo) {
+  // (high, low) 32 bits of the unsigned a · m, lane by lane: two 32×32→64 products of the
+  // even and the odd lanes, blended (GCC's vector extensions widened to 64-bit lanes and
+  // back, and cost the dropout 2.4× its Philox arithmetic: docs/perf-log.md, "attention
+  // dropout"); the portable build lane by lane.
+  [[gnu::always_inline]] static void mulhilo(ivec a, std::uint32_t m, ivec& hi, ivec& lo) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
       const __m512i av = reinterpret_cast<__m512i>(a), mv = _mm512_set1_epi32(static_cast<int>(m));
       const __m512i even = _mm512_mul_epu32(av, mv);
       const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(av, 32), mv);
-      hi = reinterpret_cast<uvec>(_mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd));
-      lo = reinterpret_cast<uvec>(_mm512_mullo_epi32(av, mv));
+      hi = reinterpret_cast<ivec>(_mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd));
+      lo = reinterpret_cast<ivec>(_mm512_mullo_epi32(av, mv));
       return;
     }
 #endif
@@ -41,29 +43,31 @@ struct DropoutOps {
       const __m256i av = reinterpret_cast<__m256i>(a), mv = _mm256_set1_epi32(static_cast<int>(m));
       const __m256i even = _mm256_mul_epu32(av, mv);
       const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(av, 32), mv);
-      hi = reinterpret_cast<uvec>(_mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA));
-      lo = reinterpret_cast<uvec>(_mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA));
+      hi = reinterpret_cast<ivec>(_mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA));
+      lo = reinterpret_cast<ivec>(_mm256_mullo_epi32(av, mv));
       return;
     }
 #endif
-    const wide product = __builtin_convertvector(a, wide) * std::uint64_t{m};
-    hi = __builtin_convertvector(product >> 32, uvec);
-    lo = a * m;
+    for (int i = 0; i < L; ++i) {
+      const std::uint64_t product = std::uint64_t{static_cast<std::uint32_t>(a[i])} * m;
+      hi[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(product >> 32));
+      lo[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(product));
+    }
   }
   // Philox4x32-10 of N counters at once, c[w][n] word w of counter n (lane by lane): the
   // N chains interleave, where one chain waits on each round's products.
   template <int N>
-  [[gnu::always_inline]] static void philox(std::uint64_t seed, uvec (&c)[4][N]) {
+  [[gnu::always_inline]] static void philox(std::uint64_t seed, ivec (&c)[4][N]) {
     std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
 #pragma GCC unroll 10
     for (int r = 0; r < detail::Philox::kRounds; ++r) {
 #pragma GCC unroll 4
       for (int n = 0; n < N; ++n) {
-        uvec hi_a, lo_a, hi_b, lo_b;
+        ivec hi_a, lo_a, hi_b, lo_b;
         mulhilo(c[0][n], detail::Philox::kMulA, hi_a, lo_a);
         mulhilo(c[2][n], detail::Philox::kMulB, hi_b, lo_b);
-        c[0][n] = hi_b ^ c[1][n] ^ k0;
-        c[2][n] = hi_a ^ c[3][n] ^ k1;
+        c[0][n] = hi_b ^ c[1][n] ^ static_cast<std::int32_t>(k0);
+        c[2][n] = hi_a ^ c[3][n] ^ static_cast<std::int32_t>(k1);
         c[1][n] = lo_b;
         c[3][n] = lo_a;
       }
@@ -85,13 +89,13 @@ struct DropoutOps {
                                           std::int64_t i0, std::int64_t rows_padded,
                                           std::int64_t j0, std::int64_t nj, F&& f) {
     constexpr int kKeys = detail::Dropout::kKeysPerCall;
-    const uvec threshold = splat(d.threshold), low = splat(0xffffu);
-    const uvec scale = reinterpret_cast<uvec>(S::splat(d.scale));
-    uvec lane;
-    for (int i = 0; i < L; ++i) lane[i] = static_cast<std::uint32_t>(i);
+    const ivec threshold = splat(d.threshold), low = splat(0xffffu);
+    const ivec scale = reinterpret_cast<ivec>(S::splat(d.scale));
+    ivec lane;
+    for (int i = 0; i < L; ++i) lane[i] = i;
     for (std::int64_t r0 = 0; r0 < rows_padded; r0 += kChains * L) {
       for (std::int64_t g = j0 / kKeys; g * kKeys < j0 + nj; ++g) {
-        uvec c[4][kChains];
+        ivec c[4][kChains];
         for (int n = 0; n < kChains; ++n) {
           c[0][n] = splat(static_cast<std::uint32_t>(i0 + r0 + n * L)) + lane;
           c[1][n] = splat(static_cast<std::uint32_t>(g));
@@ -106,8 +110,8 @@ struct DropoutOps {
           for (int k = 0; k < kKeys; ++k) {
             const std::int64_t j = g * kKeys + k - j0;
             if (j < 0 || j >= nj) continue;
-            const uvec draw = (k & 1) ? c[k >> 1][n] >> 16 : c[k >> 1][n] & low;
-            f(j, r, reinterpret_cast<vec>(scale & reinterpret_cast<uvec>(draw >= threshold)));
+            const ivec draw = ((k & 1) ? c[k >> 1][n] >> 16 : c[k >> 1][n]) & low;
+            f(j, r, reinterpret_cast<vec>(scale & (draw >= threshold)));
           }
         }
       }

@@ -25,30 +25,22 @@ template <>
 struct VectorTypes<64> {
   typedef float vec __attribute__((vector_size(64)));
   typedef std::int32_t ivec __attribute__((vector_size(64)));
-  typedef std::uint32_t uvec __attribute__((vector_size(64)));
-  typedef std::uint64_t uwide __attribute__((vector_size(128)));  // uvec's lanes widened
 };
 template <>
 struct VectorTypes<32> {
   typedef float vec __attribute__((vector_size(32)));
   typedef std::int32_t ivec __attribute__((vector_size(32)));
-  typedef std::uint32_t uvec __attribute__((vector_size(32)));
-  typedef std::uint64_t uwide __attribute__((vector_size(64)));  // uvec's lanes widened
 };
 template <>
 struct VectorTypes<16> {
   typedef float vec __attribute__((vector_size(16)));
   typedef std::int32_t ivec __attribute__((vector_size(16)));
-  typedef std::uint32_t uvec __attribute__((vector_size(16)));
-  typedef std::uint64_t uwide __attribute__((vector_size(32)));  // uvec's lanes widened
 };
 
 template <int Bytes>
 struct Simd {
   using vec = typename VectorTypes<Bytes>::vec;
   using ivec = typename VectorTypes<Bytes>::ivec;
-  using uvec = typename VectorTypes<Bytes>::uvec;
-  using uwide = typename VectorTypes<Bytes>::uwide;
   static constexpr int lanes = Bytes / static_cast<int>(sizeof(float));
   static constexpr int alignment = Bytes;
 
