@@ -15,8 +15,9 @@ namespace fattn::detail {
 struct PageGeometry {
   std::int64_t block_size, capacity, num_blocks;
 };
-// block_table (batch, max_blocks) int32 on `device` (batch from batch_source) with contiguous rows, and the cache
-// k (named k_name: num_blocks, Hkv, block_size, D) of pages of a multiple of 16 keys.
+// block_table (batch, max_blocks) int32 on `device` (batch from batch_source) with
+// contiguous rows, and the cache k (named k_name: num_blocks, Hkv, block_size, D) of pages
+// of a multiple of 16 keys.
 PageGeometry check_page_table(const TensorView& table, const char* k_name, const TensorView& k,
                               std::int64_t batch, const char* batch_source, Device device);
 // Every block of the keys[b] keys sequence b uses names a page of the cache (host memory).

@@ -49,8 +49,8 @@ Geometry check_cache(const TensorView& q, const KvCache& cache) {
     expect_size("k_cache", cache.k, 0, "batch", "q.size(0)", batch);
     return g;
   }
-  const PageGeometry pages = check_page_table(*cache.block_table, "k_cache", cache.k, batch, "q.size(0)",
-                                             q.device);
+  const PageGeometry pages =
+      check_page_table(*cache.block_table, "k_cache", cache.k, batch, "q.size(0)", q.device);
   g.block_size = pages.block_size;
   g.capacity = pages.capacity;
   return g;

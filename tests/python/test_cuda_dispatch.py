@@ -39,6 +39,7 @@ def gpu_path():
         lib.impl("attention_varlen", cuda_dispatch.attention_varlen, "CPU")
         lib.impl("attention_backward", cuda_dispatch.attention_backward, "CPU")
         lib.impl("attention_varlen_backward", cuda_dispatch.attention_varlen_backward, "CPU")
+        lib.impl("attention_varlen_kvcache", cuda_dispatch.attention_varlen_kvcache, "CPU")
     try:
         yield
     finally:
@@ -416,6 +417,57 @@ def test_flash_attn_varlen_func(gpu_path):
     ref, ref_lse = reference.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu.cpu(), cu.cpu(),
                                               causal=True)
     assert_matches(out, lse, ref, ref_lse)
+
+
+def test_flash_attn_varlen_func_over_pages(gpu_path):
+    """flash_attn_varlen_func with block_table and seqused_k on the operator's CUDA kernel
+    (the Triton forward): the keys on shuffled pages of 16."""
+    lengths = [3, 0, 21]
+    cu = torch.tensor([0, 3, 3, 24], dtype=torch.int32)
+    q, k, v = inputs(24, 4, 32, seed=1), inputs(24, 2, 32, seed=2), inputs(24, 2, 32, seed=3)
+    pages = [(0, 0, 3), (2, 3, 19), (2, 19, 24)]  # (sequence, first key, end) a page
+    order = [3, 1, 4]
+    kc = torch.full((5, 16, 2, 32), float("nan"), device=DEVICE)
+    vc = kc.clone()
+    table = torch.full((3, 2), -1, dtype=torch.int32)
+    seen = {0: 0, 2: 0}
+    for (b, first, end), page in zip(pages, order):
+        kc[page, :end - first] = k[first:end]
+        vc[page, :end - first] = v[first:end]
+        table[b, seen[b]] = page
+        seen[b] += 1
+    used = torch.tensor(lengths, dtype=torch.int32)
+    with torch.no_grad():
+        out = fattn.flash_attn_varlen_func(q, kc, vc, cu.to(DEVICE), None, 21, 21, causal=True,
+                                           block_table=table.to(DEVICE),
+                                           seqused_k=used.to(DEVICE))
+    ref, ref_lse = reference.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu, cu, causal=True)
+    assert (out.cpu().double() - ref).abs().max().item() <= TOL * max(1.0, ref.abs().max().item())
+
+
+def test_sdpa_dropout_through_autograd(gpu_path):
+    """dropout_p on the operator's CUDA kernels (the Triton forward and backward; the C++
+    kernels take no dropout): the stream drawn from the device's generator, the mask
+    fattn.dropout_mask gives, gradients through autograd."""
+    q = inputs(1, 4, 23, 32, seed=1).requires_grad_()
+    k = inputs(1, 2, 31, 32, seed=2).requires_grad_()
+    v = inputs(1, 2, 31, 32, seed=3).requires_grad_()
+    dout = inputs(1, 4, 23, 32, seed=5)
+    p = 0.3
+    torch.manual_seed(8)
+    _, seed, offset = fattn.functional.dropout_stream("test", p, q.device)
+    torch.manual_seed(8)
+    out = fattn.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = fattn.dropout_mask(1, 4, 23, 31, p, int(seed), offset).double()
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    kk, vv = (t.repeat_interleave(2, 1) for t in leaves[1:])
+    probs = torch.softmax(leaves[0] @ kk.transpose(-1, -2) / 32 ** 0.5, -1)
+    ref = (probs * keep / (1 - p)) @ vv
+    ref_grads = torch.autograd.grad(ref, leaves, dout.cpu().double())
+    assert (out.detach().cpu().double() - ref).abs().max().item() <= 5e-5 * max(1.0, ref.abs().max().item())
+    for got, want in zip(grads, ref_grads):
+        assert (got.cpu().double() - want).abs().max().item() <= 5e-5 * max(1.0, want.abs().max().item())
 
 
 def test_sdpa_gradients_through_autograd(gpu_path):

@@ -190,8 +190,9 @@ struct FmaBackwardMainloop {
     Bwd::probs_from_lse(t.st, v.key.rows_padded, ws.lse2(v.x.index));
   }
   // dst ← dP = V·dOᵀ;  dst ← dS = P ∘ (dP − Δ), through the softcap, 0 outside the band
-  // With dropout (factors F: 1/(1 − p) where the mask keeps P, else 0), in one pass over the
-  // mask: dS = P ∘ (F ∘ V·dOᵀ − Δ), and st ← P ∘ F, the probabilities dV's product takes.
+  // With dropout (factors F: 1/(1 − p) where the mask keeps P, else 0), in one pass over
+  // the mask: dS = P ∘ (F ∘ V·dOᵀ − Δ), and st ← P ∘ F, the probabilities dV's product
+  // takes.
   bool grads(ItemState& t, const Visit& v) const {
     Ops::scores_tile(t.v_panels, v.key.j0, v.key.nj, ws.dot(v.x.index), ws.p.head_dim, t.tile.dst);
     const detail::Dropout& d = ws.p.dropout;

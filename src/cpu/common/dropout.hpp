@@ -33,7 +33,8 @@ struct DropoutOps {
       const __m512i av = reinterpret_cast<__m512i>(a), mv = _mm512_set1_epi32(static_cast<int>(m));
       const __m512i even = _mm512_mul_epu32(av, mv);
       const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(av, 32), mv);
-      hi = reinterpret_cast<ivec>(_mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd));
+      hi = reinterpret_cast<ivec>(
+          _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd));
       lo = reinterpret_cast<ivec>(_mm512_mullo_epi32(av, mv));
       return;
     }
@@ -58,7 +59,8 @@ struct DropoutOps {
   // N chains interleave, where one chain waits on each round's products.
   template <int N>
   [[gnu::always_inline]] static void philox(std::uint64_t seed, ivec (&c)[4][N]) {
-    std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
+    std::uint32_t k0 = static_cast<std::uint32_t>(seed);
+    std::uint32_t k1 = static_cast<std::uint32_t>(seed >> 32);
 #pragma GCC unroll 10
     for (int r = 0; r < detail::Philox::kRounds; ++r) {
 #pragma GCC unroll 4
