@@ -8,7 +8,8 @@
 Same names, layouts and semantics as ``flash_attn`` 2 (``flash_attn_interface.py``), around
 the operators ``torch.ops.fattn.attention_kvcache``, ``torch.ops.fattn.attention_varlen``
 and, for the varlen function over a paged cache (``block_table``, ``seqused_k``),
-``torch.ops.fattn.attention_varlen_kvcache`` (python/csrc/kv_ops.cpp). The tensors are passed to them as strided views: no copies.
+``torch.ops.fattn.attention_varlen_kvcache`` (python/csrc/kv_ops.cpp). The tensors are
+passed to them as strided views: no copies.
 
 These wrappers check what the operators cannot see (Python types, the int32 index tensors'
 dtypes, devices, ranks, FlashAttention's arguments fattn does not support); every size,
@@ -17,9 +18,9 @@ written: a call that raises leaves the KV cache as it was.
 
 Errors:
   NotImplementedError  valid for FlashAttention but not supported by fattn: dropout over
-                       a paged cache, dtypes other than float32, bfloat16 and float16 (float64 too in the
-                       varlen function), devices other than the CPU, inputs requiring grad
-                       in flash_attn_with_kvcache
+                       a paged cache, dtypes other than float32, bfloat16 and float16
+                       (float64 too in the varlen function), devices other than the CPU,
+                       inputs requiring grad in flash_attn_with_kvcache
   ValueError           an invalid call: mismatched devices or dtypes, a wrong rank, an index
                        tensor that is not int32, max_seqlen_q/k below the longest sequence
   TypeError            an argument that is not a tensor (or an int where one is allowed)
@@ -259,21 +260,21 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           else "cu_seqlens_" + name[-1])
                 raise ValueError(f"fattn.{fn}: {name} = {given} is less than the longest "
                                  f"sequence in {source}, {most}")
-    dropout = dropout_stream(fn, dropout_p, q.device)
-    if (paged or seqused_k is not None) and dropout[0] != 0.0:
-        raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 with block_table or "
-                                  f"seqused_k (a cache serves inference), got {dropout_p}")
     if paged or seqused_k is not None:
         # Keys in a cache (pages, or packed rows of which seqused_k are used): inference
         # only, as FlashAttention's paged varlen; an output of inputs that require grad
-        # raises when differentiated.
+        # raises when differentiated. No dropout, refused before a seed is drawn.
+        if dropout_p != 0.0:
+            raise NotImplementedError(f"fattn.{fn}: dropout_p must be 0.0 with block_table or "
+                                      f"seqused_k (a cache serves inference), got {dropout_p}")
         out, lse = cache_op(q, k.transpose(1, 2) if paged else k,
                             v.transpose(1, 2) if paged else v, cu_seqlens_q, cu_seqlens_k,
                             seqused_k, block_table, bool(causal), softmax_scale, "auto", left,
                             right, float(softcap), alibi_slopes, per_head(sinks, q))
     else:
         out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto",
-                      left, right, float(softcap), alibi_slopes, per_head(sinks, q), *dropout)
+                      left, right, float(softcap), alibi_slopes, per_head(sinks, q),
+                      *dropout_stream(fn, dropout_p, q.device))
     # deterministic: fattn's backward always is (each sequence's gradients in a fixed order).
     return (out, lse, None) if return_attn_probs else out
 

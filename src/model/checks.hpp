@@ -40,6 +40,8 @@ struct VariantExtents {
 };
 VariantExtents check_variants(const Options& options, const TensorView& q, Problem* p);
 bool has_variants(const Options& options);
+// Options' dropout_p (checked in [0, 1)), its threshold and scale, and the stream.
+Dropout checked_dropout(const Options& options);
 std::string variant_names(const Options& options);  // "attn_mask, softcap": those set
 
 inline DType lse_dtype(DType dtype) {

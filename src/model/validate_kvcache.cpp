@@ -23,10 +23,11 @@ std::int32_t element(const TensorView& t, std::int64_t i, std::int64_t j = 0) {
 }
 
 // Cache capacity per sequence, in keys, and whether the block table is valid for the keys
-// each sequence will hold.
+// each sequence will hold. A contiguous cache is one page of S_cache keys per sequence.
 struct Geometry {
   bool paged;
-  std::int64_t batch, kv_heads, block_size, capacity, num_blocks;
+  std::int64_t batch, kv_heads;
+  PageGeometry pages;
 };
 
 Geometry check_cache(const TensorView& q, const KvCache& cache) {
@@ -43,17 +44,12 @@ Geometry check_cache(const TensorView& q, const KvCache& cache) {
       << ", got " << q.size(1);
     fail(m.str());
   }
-  Geometry g{cache.block_table != nullptr, batch, kv_heads, cache.k.size(2), cache.k.size(2),
-             cache.k.size(0)};
-  if (!g.paged) {
+  if (!cache.block_table) {
     expect_size("k_cache", cache.k, 0, "batch", "q.size(0)", batch);
-    return g;
+    return {false, batch, kv_heads, {cache.k.size(2), cache.k.size(2), cache.k.size(0)}};
   }
-  const PageGeometry pages =
-      check_page_table(*cache.block_table, "k_cache", cache.k, batch, "q.size(0)", q.device);
-  g.block_size = pages.block_size;
-  g.capacity = pages.capacity;
-  return g;
+  return {true, batch, kv_heads,
+          check_page_table(*cache.block_table, "k_cache", cache.k, batch, "q.size(0)", q.device)};
 }
 
 // The seqlens view: (B) int32 on q's device; required with an append.
@@ -80,10 +76,11 @@ void check_lengths(const KvCache& cache, const Geometry& g, std::int64_t new_len
       m << "seqlens[" << b << "] must be >= 0, got " << before;
       fail(m.str());
     }
-    if (after > g.capacity || after > std::numeric_limits<std::int32_t>::max()) {
+    if (after > g.pages.capacity || after > std::numeric_limits<std::int32_t>::max()) {
       std::ostringstream m;
       m << "seqlens[" << b << "] + k_new.size(2) = " << before << " + " << new_len << " = "
-        << after << " keys exceed the cache's capacity of " << g.capacity << " keys per sequence ("
+        << after << " keys exceed the cache's capacity of " << g.pages.capacity
+        << " keys per sequence ("
         << (g.paged ? "block_table.size(1) × block_size" : "k_cache.size(2)") << ")";
       fail(m.str());
     }
@@ -97,8 +94,8 @@ void check_block_table(const KvCache& cache, const Geometry& g,
                        const std::vector<std::int32_t>& lengths) {
   if (!g.paged) return;
   std::vector<std::int64_t> keys(lengths.begin(), lengths.end());
-  if (keys.empty()) keys.assign(static_cast<std::size_t>(g.batch), g.capacity);
-  check_pages_used(*cache.block_table, "k_cache", {g.block_size, g.capacity, g.num_blocks}, keys);
+  if (keys.empty()) keys.assign(static_cast<std::size_t>(g.batch), g.pages.capacity);
+  check_pages_used(*cache.block_table, "k_cache", g.pages, keys);
 }
 
 // No two sequences append to the same slot of a page.
@@ -111,10 +108,10 @@ void check_append_slots(const KvCache& cache, const Geometry& g,
   std::vector<Slots> writes;
   for (std::int64_t b = 0; b < g.batch; ++b) {
     const std::int64_t begin = old_lengths[static_cast<std::size_t>(b)], end = begin + new_len;
-    for (std::int64_t j = begin; j < end; j = (j / g.block_size + 1) * g.block_size)
-      writes.push_back({element(*cache.block_table, b, j / g.block_size), j % g.block_size,
-                        std::min(end, (j / g.block_size + 1) * g.block_size) - 1 -
-                            j / g.block_size * g.block_size,
+    const std::int64_t bs = g.pages.block_size;
+    for (std::int64_t j = begin; j < end; j = (j / bs + 1) * bs)
+      writes.push_back({element(*cache.block_table, b, j / bs), j % bs,
+                        std::min(end, (j / bs + 1) * bs) - 1 - j / bs * bs,
                         b});
   }
   std::sort(writes.begin(), writes.end(), [](const Slots& x, const Slots& y) {
@@ -252,7 +249,7 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   p.q_heads = q.size(1);
   p.kv_heads = g.kv_heads;
   p.q_len = q.size(2);
-  p.kv_len = g.capacity;
+  p.kv_len = g.pages.capacity;
   p.head_dim = q.size(3);
   p.scale = checked_scale(options, p.head_dim);
   p.causal = options.causal;
@@ -273,7 +270,7 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   }
   p.paging.seqlens = lengths.empty() ? nullptr : lengths.data();
   if (g.paged) {
-    const Pages pages = pages_of_table(*cache.block_table, g.block_size);
+    const Pages pages = pages_of_table(*cache.block_table, g.pages.block_size);
     p.k.pages = p.v.pages = k_cache.pages = v_cache.pages = pages;
   }
 }

@@ -62,6 +62,22 @@ Extent check_mask(const TensorView& mask, const Problem& p, DType dtype, Device 
 
 }  // namespace
 
+Dropout checked_dropout(const Options& options) {
+  if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
+    std::ostringstream m;
+    m << "dropout_p must be in [0, 1) (0: off), got " << options.dropout_p;
+    fail(m.str());
+  }
+  Dropout d;
+  if (options.dropout_p == 0.0) return d;
+  d.p = options.dropout_p;
+  d.threshold = Dropout::threshold_of(d.p);
+  d.scale = static_cast<float>(1.0 / (1.0 - d.p));
+  d.seed = options.dropout_seed;
+  d.offset = options.dropout_offset;
+  return d;
+}
+
 VariantExtents check_variants(const Options& options, const TensorView& q, Problem* p) {
   expect_window_side("window_left", options.window_left);
   expect_window_side("window_right", options.window_right);
@@ -70,19 +86,7 @@ VariantExtents check_variants(const Options& options, const TensorView& q, Probl
     m << "softcap must be finite and > 0 (0: off), got " << options.softcap;
     fail(m.str());
   }
-  if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
-    std::ostringstream m;
-    m << "dropout_p must be in [0, 1) (0: off), got " << options.dropout_p;
-    fail(m.str());
-  }
-  if (options.dropout_p > 0.0) {
-    Dropout& d = p->dropout;
-    d.p = options.dropout_p;
-    d.threshold = Dropout::threshold_of(d.p);
-    d.scale = static_cast<float>(1.0 / (1.0 - d.p));
-    d.seed = options.dropout_seed;
-    d.offset = options.dropout_offset;
-  }
+  p->dropout = checked_dropout(options);
   const DType per_head = lse_dtype(q.dtype);  // float32 (float64 for float64 problems)
   VariantExtents extents;
   p->window_left = options.window_left;

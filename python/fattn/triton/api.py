@@ -292,17 +292,7 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
               f"seqused_k is on {seqused_k.device} but q is on {q.device}")
     if paged:
         page = k.size(2)
-        check(isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int32
-              and block_table.dim() == 2 and block_table.size(0) == batch, fn,
-              f"block_table must be an int32 tensor of shape ({batch}, pages per sequence), "
-              f"got {getattr(block_table, 'dtype', type(block_table).__name__)} "
-              f"{tuple(getattr(block_table, 'shape', ()))}")
-        check(block_table.device == q.device, fn,
-              f"block_table is on {block_table.device} but q is on {q.device}")
-        check(page > 0 and page % PAGE_MULTIPLE == 0, fn,
-              f"k.size(2) (block_size, keys per page) must be a multiple of {PAGE_MULTIPLE} "
-              f"with a block_table, got {page}")
-        capacity = block_table.size(1) * page
+        capacity = _check_page_table(fn, block_table, batch, "k", page, q.device)
         if seqused_k is None:
             check(cu_seqlens_k is not None, fn, "a paged varlen call needs cu_seqlens_k or "
                                                 "seqused_k (the keys of each sequence)")
@@ -417,19 +407,7 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
           f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     page = k_cache.size(2)
     if paged:
-        check(isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int32
-              and block_table.dim() == 2, fn,
-              "block_table must be an int32 tensor of shape (B, pages per sequence), got "
-              f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
-              f"{tuple(getattr(block_table, 'shape', ()))}")
-        check(block_table.size(0) == b, fn,
-              f"block_table.size(0) must be the batch {b}, got {block_table.size(0)}")
-        check(block_table.device == q.device, fn,
-              f"block_table is on {block_table.device} but q is on {q.device}")
-        check(page > 0 and page % PAGE_MULTIPLE == 0, fn,
-              f"k_cache.size(2) (block_size, keys per page) must be a multiple of "
-              f"{PAGE_MULTIPLE} with a paged cache, got {page}")
-        capacity = block_table.size(1) * page
+        capacity = _check_page_table(fn, block_table, b, "k_cache", page, q.device)
     else:
         check(k_cache.size(0) == b, fn,
               f"k_cache.size(0) must be the batch {b}, got {k_cache.size(0)}")
@@ -460,6 +438,25 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
                         block_table=block_table, num_splits=num_splits, block_m=block_m,
                         block_n=block_n))
     return out, lse
+
+
+def _check_page_table(fn, block_table, batch, cache_name, page, device):
+    """block_table (batch, pages per sequence) int32 on q's device, pages of a multiple of
+    PAGE_MULTIPLE keys (the cache named cache_name's size(2)); returns the keys a sequence
+    can hold."""
+    check(isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int32
+          and block_table.dim() == 2, fn,
+          "block_table must be an int32 tensor of shape (B, pages per sequence), got "
+          f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
+          f"{tuple(getattr(block_table, 'shape', ()))}")
+    check(block_table.size(0) == batch, fn,
+          f"block_table.size(0) must be the batch {batch}, got {block_table.size(0)}")
+    check(block_table.device == device, fn,
+          f"block_table is on {block_table.device} but q is on {device}")
+    check(page > 0 and page % PAGE_MULTIPLE == 0, fn,
+          f"{cache_name}.size(2) (block_size, keys per page) must be a multiple of "
+          f"{PAGE_MULTIPLE} with a paged cache, got {page}")
+    return block_table.size(1) * page
 
 
 def _cache_lengths(fn, cache_seqlens, b, device):
