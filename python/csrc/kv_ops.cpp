@@ -327,6 +327,7 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen_kvcache(
                           alibi_slopes, sinks, &options);
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
+  if (q.numel() == 0) return {out, lse};  // no query row (as attention_varlen)
   const fattn::TensorView lse_view = packed_lse_view(lse, "lse");
   const fattn::TensorView used = seqused_k ? int32_view_of(*seqused_k, "seqused_k") : fattn::TensorView{};
   const fattn::TensorView table = paged ? int32_view_of(*block_table, "block_table") : fattn::TensorView{};

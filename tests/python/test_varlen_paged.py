@@ -201,6 +201,15 @@ def test_paged_errors_name_the_argument():
         varlen_kvcache_op(q, kc.transpose(1, 2), vc.transpose(1, 2), cu_q, block_table=table)
 
 
+def test_paged_without_queries():
+    """A batch with no query row gives empty outputs, as the packed call does."""
+    _, kc, vc, _, cu_k, table = _small_paged()
+    q = torch.randn(0, 4, 32)
+    out, lse, _ = fattn.flash_attn_varlen_func(q, kc, vc, int32([0, 0, 0]), cu_k, 0, 20,
+                                               block_table=table, return_attn_probs=True)
+    assert out.shape == (0, 4, 32) and lse.shape == (4, 0)
+
+
 def test_paged_is_inference_only():
     q, kc, vc, cu_q, cu_k, table = _small_paged()
     q.requires_grad_()
