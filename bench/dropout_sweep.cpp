@@ -73,6 +73,7 @@ DropoutResult measure(const DropoutConfig& c, fattn::DType dtype, std::int64_t S
   none.causal = c.causal;
   none.num_threads = c.threads;
   none.impl = fattn::Impl::fused;
+  none.isa = c.isa;
   fattn::Options dropped = none;
   dropped.dropout_p = c.p;
   dropped.dropout_seed = c.seed;
@@ -125,10 +126,10 @@ std::vector<DropoutResult> run_dropout_sweep(const DropoutConfig& config) {
 void print_dropout_table(std::FILE* out, const DropoutConfig& c,
                          const std::vector<DropoutResult>& results) {
   std::fprintf(out,
-               "\ndropout p=%.2f against p=0, fused, B=%lld Hq=%lld Hkv=%lld, %s, %d threads, "
+               "\ndropout p=%.2f against p=0, fused (isa %s), B=%lld Hq=%lld Hkv=%lld, %s, %d threads, "
                "median of %d repetitions (alternated); ratio: median of the per-repetition "
                "ratios (dropout / none)\n\n",
-               c.p, static_cast<long long>(c.batch), static_cast<long long>(c.q_heads),
+               c.p, fattn::to_string(c.isa), static_cast<long long>(c.batch), static_cast<long long>(c.q_heads),
                static_cast<long long>(c.kv_heads), fattn::to_string(c.causal), c.threads, c.reps);
   print_table_header(out, {"dtype", "D", "S", "forward ms", "with dropout", "ratio",
                            "backward ms", "with dropout", "ratio", "kept", "others' cores"});
@@ -143,7 +144,7 @@ void print_dropout_table(std::FILE* out, const DropoutConfig& c,
 void write_dropout_json(const std::string& path, const DropoutConfig& c,
                         const std::vector<DropoutResult>& results) {
   nlohmann::json j;
-  j["config"] = {{"dropout_p", c.p}, {"batch", c.batch}, {"q_heads", c.q_heads},
+  j["config"] = {{"dropout_p", c.p}, {"isa", fattn::to_string(c.isa)}, {"batch", c.batch}, {"q_heads", c.q_heads},
                  {"kv_heads", c.kv_heads}, {"causal", fattn::to_string(c.causal)},
                  {"threads", c.threads}, {"reps", c.reps}, {"warmup", c.warmup},
                  {"cpu", cpu_model_name()}, {"fattn", fattn::version()}, {"date", iso8601_now()}};

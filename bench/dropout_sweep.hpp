@@ -19,6 +19,7 @@ struct DropoutConfig {
   std::vector<std::int64_t> head_dims{64, 128};
   std::vector<fattn::DType> dtypes{fattn::DType::float32, fattn::DType::bfloat16};
   fattn::Causal causal = fattn::Causal::none;
+  fattn::Isa isa = fattn::Isa::automatic;  // --isa: the kernels' instruction set
   int threads = 0, reps = 7, warmup = 1;
   std::uint64_t seed = 0x5eed;
 };

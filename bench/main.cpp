@@ -150,6 +150,7 @@ int run_dropout(fattn_bench::DropoutConfig config, const SweepConfig& sweep, boo
     config.seq_lens = sweep.q_lens;
   }
   take_run_options(config, sweep, causal_names, "--dropout");
+  if (!sweep.isa_automatic) config.isa = sweep.isa;
   const auto results = fattn_bench::run_dropout_sweep(config);
   fattn_bench::print_dropout_table(stdout, config, results);
   if (!json_path.empty()) fattn_bench::write_dropout_json(json_path, config, results);
