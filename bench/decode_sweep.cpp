@@ -12,6 +12,7 @@
 #include "accuracy.hpp"
 #include "fattn/kv_cache.hpp"
 #include "inputs.hpp"
+#include "read_bandwidth.hpp"
 #include "report.hpp"
 #include "timing.hpp"
 
@@ -108,8 +109,21 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   options.impl = impl;
   options.isa = c.isa;
   options.num_threads = c.threads;
-  const Timing t = time_runs(
-      [&] { fattn::attention_forward(p.q.view, p.k.view, p.v.view, p.out.view, nullptr, options); }, c.warmup, c.reps);
+  auto decode = [&] { fattn::attention_forward(p.q.view, p.k.view, p.v.view, p.out.view, nullptr, options); };
+  const std::int64_t cache_bytes_each = cache_bytes(p.B * p.Hkv * p.Sk * p.D, p.k.view.dtype);
+  const std::vector<Region> cache{{p.k.view.data, cache_bytes_each}, {p.v.view.data, cache_bytes_each}};
+  std::int64_t cache_read_bytes = 0;
+  auto read_cache = [&] { cache_read_bytes = read_regions_once(c.read_isa, c.threads, cache); };
+  // The decode and the read stream over its cache in turn, run by run: on a shared machine
+  // both see the same phases of the memory's speed.
+  for (int i = 0; i < c.warmup; ++i) decode(), read_cache();
+  std::vector<double> decode_ms, read_ms;
+  for (int i = 0; i < c.reps; ++i) {
+    decode_ms.push_back(milliseconds(decode));
+    read_ms.push_back(milliseconds(read_cache));
+  }
+  const Timing t{median(decode_ms), *std::min_element(decode_ms.begin(), decode_ms.end()),
+                 *std::max_element(decode_ms.begin(), decode_ms.end())};
   DecodeResult r;
   r.impl = impl;
   r.dtype = c.dtype;
@@ -120,6 +134,8 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.gbs = static_cast<double>(r.kv_bytes) / t.median_ms * kGigaPerMilli;
   r.pct_read_bandwidth = 100.0 * r.gbs / ceilings.read_bandwidth_gbs;
   r.pct_bandwidth = 100.0 * r.gbs / ceilings.bandwidth_gbs;
+  r.cache_read_gbs = static_cast<double>(cache_read_bytes) / median(read_ms) * kGigaPerMilli;
+  r.pct_cache_read = 100.0 * r.gbs / r.cache_read_gbs;
   std::int64_t pairs = 0;  // bottom-right causal: query i sees Sk − Sq + i + 1 keys
   for (std::int64_t i = 0; i < p.Sq; ++i) pairs += std::clamp<std::int64_t>(p.Sk - p.Sq + i + 1, 0, p.Sk);
   r.flops = 4 * p.B * p.Hq * pairs * p.D;
@@ -185,10 +201,12 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
                m.ceilings.threads, m.ceilings.read_bandwidth_gbs,
                m.ceilings.read_bandwidth_one_thread_gbs, m.ceilings.bandwidth_gbs,
                m.ceilings.fma_peak_gflops, m.ceilings.bf16_dot_peak_gflops);
-  // % read: of the read bandwidth on all threads, decode's roof; % triad: of the triad.
+  // % read: of the read bandwidth on all threads, decode's roof (best of 5 over a fresh
+  // buffer); cache GB/s: a read stream over the point's own K and V, its runs alternated
+  // with the decode's (medians), and % cache: the decode's share of it; % triad: of the triad.
   // % peak: of the peak of the instructions the kernel runs ("dot": VDPBF16PS).
   print_table_header(out, {"B", "Hkv", "D", "Sq", "Sk", "K+V MiB", "decode ms", "GB/s", "% read",
-                           "% triad", "GFLOP/s", "% peak", "extra KiB", "fused ms", "fused/decode",
+                           "cache GB/s", "% cache", "% triad", "GFLOP/s", "% peak", "extra KiB", "fused ms", "fused/decode",
                            "max err"});
   for (const DecodeResult& r : results) {
     if (r.impl != fattn::Impl::decode) continue;
@@ -203,12 +221,13 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
       std::snprintf(ratio, sizeof ratio, "%.2fx", fused->ms_median / r.ms_median);
     }
     std::fprintf(out,
-                 "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.0f %% | "
-                 "%.0f | %.0f %%%s | %.0f | %s | %s | %.1e |\n",
+                 "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.1f | %.0f %% | "
+                 "%.0f %% | %.0f | %.0f %%%s | %.0f | %s | %s | %.1e |\n",
                  static_cast<long long>(r.batch), static_cast<long long>(r.kv_heads),
                  static_cast<long long>(r.head_dim), static_cast<long long>(r.q_len),
                  static_cast<long long>(r.kv_len), static_cast<double>(r.kv_bytes) / (1 << 20),
-                 r.ms_median, r.gbs, r.pct_read_bandwidth, r.pct_bandwidth, r.gflops, r.pct_roof,
+                 r.ms_median, r.gbs, r.pct_read_bandwidth, r.cache_read_gbs, r.pct_cache_read,
+                 r.pct_bandwidth, r.gflops, r.pct_roof,
                  roof_mark(r.roof), static_cast<double>(r.extra_bytes) / 1024, fused_ms, ratio,
                  r.max_abs_err);
   }
@@ -226,6 +245,8 @@ void write_decode_json(const std::string& path, const Machine& m,
                              {"ms_median", r.ms_median}, {"ms_min", r.ms_min},
                              {"ms_max", r.ms_max}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
                              {"pct_read_bandwidth", r.pct_read_bandwidth},
+                             {"cache_read_gbs", r.cache_read_gbs},
+                             {"pct_cache_read", r.pct_cache_read},
                              {"pct_bandwidth", r.pct_bandwidth}, {"flops", r.flops},
                              {"gflops", r.gflops}, {"pct_fma_peak", r.pct_fma_peak},
                              {"roof", r.roof}, {"pct_roof", r.pct_roof},

@@ -23,6 +23,7 @@ struct DecodeConfig {
   std::int64_t fused_max_keys = 16384;
   int threads = 0, reps = 5, warmup = 1;
   fattn::Isa isa = fattn::Isa::automatic;
+  fattn::Isa read_isa = fattn::Isa::avx2;  // the loads of the read stream over the cache (the ceilings')
   fattn::DType dtype = fattn::DType::float32;  // of q, the cache and the output
   std::uint64_t seed = 0x5eed;
 };
@@ -36,6 +37,9 @@ struct DecodeResult {
   double gbs = 0;             // kv_bytes / median time
   double pct_read_bandwidth = 0;  // against the read bandwidth (all threads) of the same run
   double pct_bandwidth = 0;       // against the DRAM triad of the same run
+  // A read stream over this point's own K and V (the cache's memory), its runs alternated
+  // with the decode's: GB/s (median) and the decode's share of it.
+  double cache_read_gbs = 0, pct_cache_read = 0;
   std::int64_t flops = 0;     // 4·D per (query row, key) pair
   double gflops = 0, pct_fma_peak = 0;
   std::string roof = "fma";  // the peak of the instructions it runs (roof_for, ceilings.hpp)

@@ -229,7 +229,8 @@ int main(int argc, char** argv) {
   app.add_flag("--decode", decode,
                "the decode sweep instead: short queries against a (B, S, Hkv, D) KV cache, "
                "decode and fused kernels, causal bottom-right, GB/s against the read bandwidth "
-               "(all threads) and the triad");
+               "(all threads), a read stream over the point's own K and V (alternated with the "
+               "decode, run by run) and the triad");
   app.add_option("--decode-batch", decode_config.batches, "--decode: batch sizes")
       ->capture_default_str()->check(CLI::PositiveNumber)->delimiter(',');
   app.add_option("--decode-kv-heads", decode_config.kv_heads, "--decode: kv heads Hkv")
@@ -330,6 +331,7 @@ int main(int argc, char** argv) {
       decode_config.reps = config.reps;
       decode_config.warmup = config.warmup;
       decode_config.isa = config.isa_automatic ? fattn::Isa::automatic : config.isa;
+      decode_config.read_isa = config.isa;
       decode_config.seed = config.seed;
       decode_config.dtype = config.dtype;
       if (quick) decode_config = quick_decode(decode_config);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -83,6 +84,29 @@ double measure_gbs(const ReadLoops& loops, std::int64_t bytes, int threads) {
 }
 
 }  // namespace
+
+std::int64_t read_regions_once(fattn::Isa isa, int threads, const std::vector<Region>& regions) {
+  const ReadLoops& loops = loops_for(isa);
+  const std::int64_t step_bytes = std::int64_t{threads} * loops.floats_per_step *
+                                  static_cast<std::int64_t>(sizeof(float));
+  std::int64_t bytes_read = 0;
+  float checksum = 0.0f;
+  for (const Region& region : regions) {
+    const auto address = reinterpret_cast<std::uintptr_t>(region.data);
+    const std::int64_t skip = static_cast<std::int64_t>((kAlignment - address % kAlignment) % kAlignment);
+    const std::int64_t bytes = std::max<std::int64_t>(0, region.bytes - skip) / step_bytes * step_bytes;
+    const float* first = reinterpret_cast<const float*>(static_cast<const char*>(region.data) + skip);
+    const std::int64_t count = bytes / static_cast<std::int64_t>(sizeof(float));
+#pragma omp parallel num_threads(threads) reduction(+ : checksum)
+    {
+      const Slice mine = thread_slice(count, threads, omp_get_thread_num());
+      checksum += loops.read(first + mine.begin, mine.count);
+    }
+    bytes_read += bytes;
+  }
+  g_read_sink = checksum;
+  return bytes_read;
+}
 
 std::int64_t available_memory_bytes() {
   std::ifstream meminfo("/proc/meminfo");

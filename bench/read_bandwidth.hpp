@@ -29,6 +29,17 @@ struct ReadBandwidth {
 ReadBandwidth measure_read_bandwidth(fattn::Isa isa, int threads,
                                      const std::vector<CacheLevel>& caches);
 
+// A memory region a kernel reads (a KV cache's K or V).
+struct Region {
+  const void* data;
+  std::int64_t bytes;
+};
+// One read-only pass over `regions` on `threads` threads (each its slice of each region),
+// with the loads of `isa`: the read stream over the very memory a kernel reads, timed
+// beside it (decode_sweep.cpp). Each region is read from its first 64-byte boundary, in
+// whole steps of the loop; the bytes read are returned.
+std::int64_t read_regions_once(fattn::Isa isa, int threads, const std::vector<Region>& regions);
+
 // MemAvailable from /proc/meminfo in bytes; 0 if unknown.
 std::int64_t available_memory_bytes();
 

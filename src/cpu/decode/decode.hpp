@@ -5,7 +5,8 @@
 // of the keys: cpu/decode/workspace.hpp). For its rows (every query head of a group at
 // once, cpu/decode/ops.hpp), in the tile layout chosen for the item (cpu/decode/worker.hpp):
 //   for each key tile, for each kv head:
-//        next ← the next head's tile, asked of memory during this one's compute (Prefetch)
+//        next ← its share of the next key tile (every head's K rows, then V rows, in the
+//               order they lie in memory), asked of memory during its scores (Prefetch)
 //        st ← qs·Kᵀ                 (tile_scores: from the key rows for ≤ 4 rows, else
 //                                    through the transposed tile; items of 48 rows or
 //                                    more: the query rows along the lanes instead,

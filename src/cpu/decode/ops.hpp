@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -92,52 +93,67 @@ struct DecodeOps {
     }
   }
 
-  // Asks the memory for the rows of the key tile a worker reads next (K, then V), a few
-  // rows at a time between blocks of the current tile's compute: the loads of one tile
-  // overlap the arithmetic of the one before, where the hardware prefetchers alone left
-  // the core waiting after each tile (decode, Sk = 64k: 23 → 31 GB/s, docs/perf-log.md).
+  // Asks the memory for the rows a worker reads next, a few rows at a time between blocks
+  // of the current compute: the loads of one tile overlap the arithmetic of the one before,
+  // where the hardware prefetchers alone left the core waiting after each tile (decode,
+  // Sk = 64k: 23 → 31 GB/s, docs/perf-log.md). The rows come as up to two spans (K's,
+  // then V's), each the rows of some kv heads over some keys, asked for in the order they
+  // lie in memory (a (B, S, Hkv, D) cache: key by key, every head of a key); a unit of
+  // work asks for its share of them (`quota`) by its end.
   struct Prefetch {
     static constexpr std::int64_t kLineBytes = 64;
     // Rows asked for after each 16×16 block of the transpose: 2 rows (32.5 GB/s), 4 (30.6),
     // 8 (30.1), 16 (27.0); the rows left a line per dim of the scores (issue_line).
     static constexpr std::int64_t kRowsPerBlock = 2;
-    // ... and after each block of direct scores (cpu/decode/direct.hpp; 24 blocks per
-    // tile at 4 rows), rows of this many cache lines in all: the bytes, not the rows,
-    // set the best pace. Sq = 1, GQA 4:1, D = 128, 64k keys, 2 threads, dev-zen5, FA's
-    // (B, S, H, D) cache: bfloat16 (4 lines a row) 16 lines 24-25 GB/s, 32: 28-29;
-    // float32 (8 lines a row) 32 lines 28-31, 64: 28. (B, H, S, D): bfloat16 16 lines
-    // 33 GB/s, 32: 32-33.
-    // An AVX2 block (cpu/decode/direct_avx2.hpp) covers half the keys of an AVX-512 one
-    // (8/R, not 16/R): half the lines keep the same lines per key. Forced AVX2 on dev-zen5,
-    // Sq = 1, 32k keys, 1 thread, median ms of two rounds, float32 / bfloat16: 8 lines
-    // 29-38 / 15-21, 16: 26-32 / 13-17, 32: 28-33 / 14-20, 64: 29-39 / 16-18.
-    static constexpr std::int64_t kLinesPerDirectBlock = L == 16 ? 32 : 16;
-    // The tiles' rows as bytes: a 16-bit row is half a float32 row's lines, a q8_0 row
-    // 17/64 of them.
-    Rows<char> k{}, v{};
-    std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of 2·rows (K's, then V's)
-    std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
-    std::int64_t rows_per_direct_block = 0;
-
+    // ... and after each block of direct scores (cpu/decode/direct.hpp, direct_avx2.hpp)
+    // an equal part of the unit's share (spread). A fixed 32 lines a block left half of a
+    // float32 share (8 lines a row) to one burst at the scores' end: spread evenly, decode
+    // (B 1 and 8, Hq 32, Hkv 8, D 128, 8k-32k keys, 2 threads, dev-zen4) read 85 → 93 % and
+    // 76 → 82 % of a read stream over the same memory; bfloat16 (4 lines a row, which the
+    // fixed pace already spread) 88 → 86 % (docs/perf-log.md, 2026-12-06).
+    // Rows [0, keys) of `heads` kv heads of K or V as bytes: head x's row j at
+    // rows.row(j) + x·head_bytes; key by key where a key's heads lie closer together than a
+    // head's keys, else head by head.
+    struct Span {
+      Rows<char> rows{};
+      std::int64_t head_bytes = 0, heads = 0, keys = 0;
+      bool keys_outer = true;
+      std::int64_t count() const { return heads * keys; }
+      const char* row(std::int64_t i) const {
+        const std::int64_t j = keys_outer ? i / heads : i % keys, x = keys_outer ? i % heads : i / keys;
+        return rows.row(j) + x * head_bytes;
+      }
+    };
     template <class E>
-    static Rows<char> bytes_of(const Rows<E>& r) {
-      Rows<char> b{{}, r.stride * static_cast<std::int64_t>(sizeof(E)), 0};
-      for (int g = 0; g < kGroups; ++g) b.group[g] = reinterpret_cast<const char*>(r.group[g]);
-      return b;
+    static Span span_of(const Rows<E>& r, std::int64_t head_stride, std::int64_t heads, std::int64_t keys) {
+      Span s{{{}, r.stride * static_cast<std::int64_t>(sizeof(E)), 0},
+             head_stride * static_cast<std::int64_t>(sizeof(E)), heads, keys,
+             std::abs(head_stride) < std::abs(r.stride)};
+      for (int g = 0; g < kGroups; ++g) s.rows.group[g] = reinterpret_cast<const char*>(r.group[g]);
+      return s;
     }
-    template <class E>
-    Prefetch(const Rows<E>& k_rows, const Rows<E>& v_rows, std::int64_t n, std::int64_t dims)
-        : k(bytes_of(k_rows)), v(bytes_of(v_rows)), rows(n),
-          row_bytes(row_bytes_of<E>(dims)),
-          rows_per_direct_block(std::max<std::int64_t>(1, kLinesPerDirectBlock * kLineBytes / row_bytes)) {}
+
+    Span first, second;
+    std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of rows (first's, then second's)
+    std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
+    std::int64_t quota = 0;    // rows the unit running now asks for by its end (issue_rest)
+    std::int64_t rows_per_direct_block = 1;
+
+    Prefetch(const Span& a, const Span& b, std::int64_t bytes_per_row)
+        : first(a), second(b), rows(a.count() + b.count()), row_bytes(bytes_per_row), quota(rows) {}
     Prefetch() = default;
 
+    // The units of a phase ask for equal shares: unit x of n stops at (x + 1)/n of the rows.
+    void share(int x, int n) { quota = rows * (x + 1) / n; }
+    const char* row(std::int64_t i) const {
+      return i < first.count() ? first.row(i) : second.row(i - first.count());
+    }
     // Every line of a row: every other line (the adjacent-line prefetcher's pair) was
     // slower, 31.2 → 24.1 GB/s.
     [[gnu::always_inline]] void issue(std::int64_t n) {
-      for (; n > 0 && next < 2 * rows; --n, ++next) {
-        const char* row = next < rows ? k.row(next) : v.row(next - rows);
-        for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) __builtin_prefetch(row + d, 0, 3);
+      for (; n > 0 && next < rows; --n, ++next) {
+        const char* r = row(next);
+        for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) __builtin_prefetch(r + d, 0, 3);
       }
     }
     // One line, the next of the row being asked for: called once per dim of a score block,
@@ -146,17 +162,19 @@ struct DecodeOps {
     // samples on the burst's loop; evenly, 348-355 → 388 GFLOP/s; Sq = 4, key lanes,
     // 166-181 → 184-195 (docs/perf-log.md, "query rows along the lanes").
     [[gnu::always_inline]] void issue_line() {
-      if (next >= 2 * rows) return;
-      const char* row = next < rows ? k.row(next) : v.row(next - rows);
-      __builtin_prefetch(row + line_at, 0, 3);
+      if (next >= rows) return;
+      __builtin_prefetch(row(next) + line_at, 0, 3);
       line_at += kLineBytes;
       if (line_at >= row_bytes) line_at = 0, ++next;
     }
     void issue_rest() {
       line_at = 0;  // a row begun by issue_line is asked for whole again
-      issue(left());
+      issue(quota - next);
     }
-    std::int64_t left() const { return 2 * rows - next; }  // rows not yet asked for
+    // The rest of the unit's share over its next `blocks` blocks of direct scores.
+    void spread(std::int64_t blocks) {
+      rows_per_direct_block = std::max<std::int64_t>(1, (quota - next + blocks - 1) / std::max<std::int64_t>(blocks, 1));
+    }
     void issue_after_direct_block() { issue(rows_per_direct_block); }
   };
 

@@ -208,6 +208,8 @@ struct DecodePass {
   RowKeys<S> keys;
   std::int64_t nj = 0;
   typename Layout::Step step;
+  // The next key tile's rows, asked of memory in equal shares during the heads' scores.
+  typename Ops::Prefetch next{};
 
   // Each row's visible keys of [j0, j0 + Bk); the tile staged where tiles are staged.
   // Every head of the item sees the tile.
@@ -220,13 +222,13 @@ struct DecodePass {
       keys.visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
     }
     tiles.prepare(it, j0, nj);
+    next = tiles.next_tile(it, j0, kv_end);
     return static_cast<int>(it.hk_end - it.hk_begin);
   }
-  // Head hk_begin + x; the next head's tile (or the first head's next tile) asked of
-  // memory during its scores.
-  bool softmax_step(std::int64_t j0, int x, int) {
+  // Head hk_begin + x; its share of the next tile asked of memory during its scores.
+  bool softmax_step(std::int64_t j0, int x, int n) {
     const std::int64_t hk = it.hk_begin + x;
-    typename Ops::Prefetch next = tiles.next(it, hk, j0, kv_end);
+    next.share(x, n);
     return Layout::softmax_step(c, it, hk, c.state(x), tiles.k_rows(it, hk, j0, nj), j0, nj, keys,
                                 next, &step);
   }

@@ -203,15 +203,16 @@ struct TilesInCache {
                                         std::int64_t nj) const {
     return Ops::in_cache(p, v, it.b, hk, j0, nj);
   }
-  // The rows read after kv head hk's tile at j0: the next head's, or after the item's
-  // last head the first head's next tile (none after the item's last tile).
-  typename Ops::Prefetch next(const Item& it, std::int64_t hk, std::int64_t j0,
-                              std::int64_t kv_end) const {
-    const bool wraps = hk + 1 == it.hk_end;
-    const std::int64_t head = wraps ? it.hk_begin : hk + 1, j = wraps ? j0 + Ops::Bk : j0;
-    const std::int64_t rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
+  // The rows of the item's next key tile (after the one at j0, none past kv_end): every
+  // head's K rows, then every head's V rows, each in the order they lie in memory.
+  typename Ops::Prefetch next_tile(const Item& it, std::int64_t j0, std::int64_t kv_end) const {
+    using Prefetch = typename Ops::Prefetch;
+    const std::int64_t j = j0 + Ops::Bk, rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
     if (rows <= 0) return {};
-    return {k_rows(it, head, j, rows), v_rows(it, head, j, rows), rows, p.head_dim};
+    const std::int64_t heads = it.hk_end - it.hk_begin;
+    return {Prefetch::span_of(k_rows(it, it.hk_begin, j, rows), k.head, heads, rows),
+            Prefetch::span_of(v_rows(it, it.hk_begin, j, rows), v.head, heads, rows),
+            row_bytes_of<E>(p.head_dim)};
   }
 };
 
@@ -235,9 +236,7 @@ struct StagedTiles {
                                             std::int64_t) const {
     return Ops::staged(v_stage, hk - it.hk_begin, p.head_dim);
   }
-  typename Ops::Prefetch next(const Item&, std::int64_t, std::int64_t, std::int64_t) const {
-    return {};
-  }
+  typename Ops::Prefetch next_tile(const Item&, std::int64_t, std::int64_t) const { return {}; }
 };
 
 }  // namespace fattn::cpu
