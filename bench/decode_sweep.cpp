@@ -5,6 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <random>
+#include <numeric>
+#include <limits>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -88,14 +92,66 @@ struct Stored {
 struct Problem {
   std::int64_t B, Hq, Hkv, D, Sq, Sk;
   Stored q, k, v, out;
+  // A paged cache: k and v (B·Sk/page pages, page, Hkv, D), sequence b's key j on page
+  // table[b][j / page]; page 0: k and v (B, Sk, Hkv, D).
+  std::int64_t page = 0;
+  std::vector<std::int32_t> table;
+  fattn::TensorView table_view;
+
+  // The cache's memory as the (B, Sk, Hkv, D) tensor a contiguous cache would be (shapes for
+  // the plan and the working-memory count; a paged cache's keys are not in this order).
+  fattn::TensorView contiguous(const Stored& t) const {
+    return fattn::TensorView::bshd(t.view.data, B, Sk, Hkv, D, t.view.dtype);
+  }
+  // Element d of key j of kv head h of sequence b.
+  float kv_at(const Stored& t, std::int64_t b, std::int64_t j, std::int64_t h, std::int64_t d) const {
+    const std::int64_t row = page ? table[static_cast<std::size_t>(b * (Sk / page) + j / page)] * page + j % page
+                                  : b * Sk + j;
+    return t.at((row * Hkv + h) * D + d);
+  }
 };
+
+// Sequence b's keys on pages in a shuffled order (a serving engine's cache after a while).
+void page_the_cache(Problem& p, std::uint64_t seed) {
+  const std::int64_t pages = p.B * (p.Sk / p.page);
+  p.table.resize(static_cast<std::size_t>(pages));
+  std::iota(p.table.begin(), p.table.end(), 0);
+  std::shuffle(p.table.begin(), p.table.end(), std::mt19937_64(seed));
+  p.table_view = fattn::TensorView::int32_matrix(p.table.data(), p.B, p.Sk / p.page);
+}
+
+// Row (b, h, i) of the output in float64, from the cache element by element (any layout).
+void reference_row(const Problem& p, double scale, std::int64_t b, std::int64_t h, std::int64_t i,
+                   double* row) {
+  const std::int64_t hk = h / (p.Hq / p.Hkv), keys = p.Sk - p.Sq + i + 1;  // bottom-right
+  std::vector<double> s(static_cast<std::size_t>(keys));
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < keys; ++j) {
+    double dot = 0.0;
+    for (std::int64_t d = 0; d < p.D; ++d)
+      dot += static_cast<double>(p.q.at(((b * p.Sq + i) * p.Hq + h) * p.D + d)) * p.kv_at(p.k, b, j, hk, d);
+    s[static_cast<std::size_t>(j)] = dot * scale;
+    m = std::max(m, dot * scale);
+  }
+  double l = 0.0;
+  std::fill(row, row + p.D, 0.0);
+  for (std::int64_t j = 0; j < keys; ++j) {
+    const double w = std::exp(s[static_cast<std::size_t>(j)] - m);
+    l += w;
+    for (std::int64_t d = 0; d < p.D; ++d) row[d] += w * p.kv_at(p.v, b, j, hk, d);
+  }
+  for (std::int64_t d = 0; d < p.D; ++d) row[d] /= l;
+}
 
 double sampled_error(const Problem& p, const fattn::Options& options) {
   double err = 0.0;
   std::vector<double> row(static_cast<std::size_t>(p.D));
   const std::int64_t samples[][3] = {{0, 0, p.Sq - 1}, {p.B - 1, p.Hq - 1, 0}, {p.B / 2, p.Hq / 2, p.Sq / 2}};
   for (const auto& s : samples) {
-    fattn::reference_row(p.q.view, p.k.view, p.v.view, options, s[0], s[1], s[2], row.data());
+    if (p.page)
+      reference_row(p, 1.0 / std::sqrt(static_cast<double>(p.D)), s[0], s[1], s[2], row.data());
+    else
+      fattn::reference_row(p.q.view, p.k.view, p.v.view, options, s[0], s[1], s[2], row.data());
     const std::int64_t first = ((s[0] * p.Sq + s[2]) * p.Hq + s[1]) * p.D;
     for (std::int64_t d = 0; d < p.D; ++d)
       err = worse(err, p.out.at(first + d), row[static_cast<std::size_t>(d)]);
@@ -109,7 +165,11 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   options.impl = impl;
   options.isa = c.isa;
   options.num_threads = c.threads;
-  auto decode = [&] { fattn::attention_forward(p.q.view, p.k.view, p.v.view, p.out.view, nullptr, options); };
+  const fattn::KvCache paged{p.k.view, p.v.view, nullptr, &p.table_view};
+  auto decode = [&] {
+    if (p.page) return fattn::attention_kvcache(p.q.view, paged, nullptr, nullptr, p.out.view, nullptr, options);
+    fattn::attention_forward(p.q.view, p.k.view, p.v.view, p.out.view, nullptr, options);
+  };
   const std::int64_t cache_bytes_each = cache_bytes(p.B * p.Hkv * p.Sk * p.D, p.k.view.dtype);
   const std::vector<Region> cache{{p.k.view.data, cache_bytes_each}, {p.v.view.data, cache_bytes_each}};
   std::int64_t cache_read_bytes = 0;
@@ -128,6 +188,7 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.impl = impl;
   r.dtype = c.dtype;
   r.batch = p.B, r.q_heads = p.Hq, r.kv_heads = p.Hkv, r.head_dim = p.D, r.q_len = p.Sq, r.kv_len = p.Sk;
+  r.page = p.page;
   r.ms_median = t.median_ms, r.ms_min = t.min_ms, r.ms_max = t.max_ms;
   r.kv_bytes = 2 * cache_bytes(p.B * p.Hkv * p.Sk * p.D, p.k.view.dtype);
   constexpr double kGigaPerMilli = 1e-6;
@@ -141,10 +202,12 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.flops = 4 * p.B * p.Hq * pairs * p.D;
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
-  const Roof roof = roof_for(fattn::forward_plan(p.q.view, p.k.view, p.v.view, options), ceilings);
+  const fattn::TensorView k = p.contiguous(p.k), v = p.contiguous(p.v);
+  const Roof roof = roof_for(fattn::forward_plan(p.q.view, k, v, options), ceilings);
   r.roof = roof.name;
   r.pct_roof = 100.0 * r.gflops / roof.gflops;
-  r.extra_bytes = fattn::extra_bytes(p.q.view, p.k.view, p.v.view, options);
+  r.extra_bytes = p.page ? fattn::kvcache_extra_bytes(p.q.view, paged, nullptr, options)
+                         : fattn::extra_bytes(p.q.view, k, v, options);
   r.max_abs_err = sampled_error(p, options);
   return r;
 }
@@ -167,9 +230,21 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
                          static_cast<long long>(D), static_cast<long long>(Sk), kv_gib);
             continue;
           }
+          if (c.page && Sk % c.page != 0) {
+            std::fprintf(stderr, "skipping Sk=%lld: not a whole number of pages of %lld keys\n",
+                         static_cast<long long>(Sk), static_cast<long long>(c.page));
+            continue;
+          }
           Problem p{B, c.q_heads, Hkv, D, 0, Sk};
-          p.k.allocate(B, Sk, Hkv, D, cache);
-          p.v.allocate(B, Sk, Hkv, D, cache);
+          p.page = c.page;
+          if (p.page) {  // pages of `page` keys, as many as the contiguous cache's keys
+            p.k.allocate(B * Sk / p.page, p.page, Hkv, D, cache);
+            p.v.allocate(B * Sk / p.page, p.page, Hkv, D, cache);
+            page_the_cache(p, c.seed + 4);
+          } else {
+            p.k.allocate(B, Sk, Hkv, D, cache);
+            p.v.allocate(B, Sk, Hkv, D, cache);
+          }
           p.k.fill(c.seed + 1);
           p.v.fill(c.seed + 2);
           for (std::int64_t Sq : c.q_lens) {
@@ -179,7 +254,7 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
             p.out.allocate(B, Sq, c.q_heads, D, rows);
             p.out.poison();
             for (fattn::Impl impl : c.impls) {
-              if (impl == fattn::Impl::fused && Sk > c.fused_max_keys) continue;
+              if (impl == fattn::Impl::fused && (Sk > c.fused_max_keys || p.page)) continue;
               std::fprintf(stderr, "B=%lld Hkv=%lld D=%lld Sq=%lld Sk=%lld %s ...\n",
                            static_cast<long long>(B), static_cast<long long>(Hkv),
                            static_cast<long long>(D), static_cast<long long>(Sq),
@@ -193,11 +268,14 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
 
 void print_decode_table(std::FILE* out, const Machine& m, const std::vector<DecodeResult>& results) {
   std::fprintf(out,
-               "\nDecode sweep: %s, Hq=%lld, causal bottom-right, (B, S, H, D) cache, %d threads; "
+               "\nDecode sweep: %s, Hq=%lld, causal bottom-right, %s, %d threads; "
                "DRAM read bandwidth %.1f GB/s (1 thread %.1f), triad %.1f GB/s, FMA peak %.0f "
                "GFLOP/s, bf16 dot peak %.0f GFLOP/s (0: none; same run)\n",
                results.empty() ? "-" : fattn::to_string(results.front().dtype),
                results.empty() ? 0LL : static_cast<long long>(results.front().q_heads),
+               results.empty() || !results.front().page
+                   ? "(B, S, H, D) cache"
+                   : ("paged cache, shuffled pages of " + std::to_string(results.front().page) + " keys").c_str(),
                m.ceilings.threads, m.ceilings.read_bandwidth_gbs,
                m.ceilings.read_bandwidth_one_thread_gbs, m.ceilings.bandwidth_gbs,
                m.ceilings.fma_peak_gflops, m.ceilings.bf16_dot_peak_gflops);
@@ -241,7 +319,7 @@ void write_decode_json(const std::string& path, const Machine& m,
   for (const DecodeResult& r : results)
     doc["decode"].push_back({{"impl", fattn::to_string(r.impl)}, {"dtype", fattn::to_string(r.dtype)}, {"B", r.batch}, {"Hq", r.q_heads},
                              {"Hkv", r.kv_heads}, {"D", r.head_dim}, {"Sq", r.q_len},
-                             {"Sk", r.kv_len}, {"causal", "bottom_right"},
+                             {"Sk", r.kv_len}, {"page", r.page}, {"causal", "bottom_right"},
                              {"ms_median", r.ms_median}, {"ms_min", r.ms_min},
                              {"ms_max", r.ms_max}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
                              {"pct_read_bandwidth", r.pct_read_bandwidth},

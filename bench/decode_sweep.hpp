@@ -21,6 +21,9 @@ struct DecodeConfig {
   // which packs all of K first, runs only up to fused_max_keys keys (time).
   double max_kv_gib = 6.0;
   std::int64_t fused_max_keys = 16384;
+  // > 0: the cache on shuffled pages of this many keys (a paged KV cache, a multiple of 16,
+  // read through attention_kvcache's block table; the decode kernel alone); 0: contiguous.
+  std::int64_t page = 0;
   int threads = 0, reps = 5, warmup = 1;
   fattn::Isa isa = fattn::Isa::automatic;
   fattn::Isa read_isa = fattn::Isa::avx2;  // the loads of the read stream over the cache (the ceilings')
@@ -32,6 +35,7 @@ struct DecodeResult {
   fattn::Impl impl = fattn::Impl::decode;
   fattn::DType dtype = fattn::DType::float32;
   std::int64_t batch = 0, q_heads = 0, kv_heads = 0, head_dim = 0, q_len = 0, kv_len = 0;
+  std::int64_t page = 0;  // keys per page of a paged cache (0: contiguous)
   double ms_median = 0, ms_min = 0, ms_max = 0;
   std::int64_t kv_bytes = 0;  // K and V read once per call, in their dtype
   double gbs = 0;             // kv_bytes / median time

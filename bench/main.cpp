@@ -244,6 +244,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-kv-gib", decode_config.max_kv_gib,
                  "--decode: skip points whose K and V exceed this many GiB")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--decode-page", decode_config.page,
+                 "--decode: the cache on shuffled pages of this many keys (a paged KV cache through "
+                 "attention_kvcache's block table, a multiple of 16; the decode kernel alone); 0: "
+                 "contiguous")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--fused-max-keys", decode_config.fused_max_keys,
                  "--decode: run the fused kernel beside decode up to this many keys")
       ->capture_default_str()->check(CLI::NonNegativeNumber);

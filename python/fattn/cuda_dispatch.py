@@ -62,14 +62,16 @@ def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
          head_dim: int | None = None, dtype: torch.dtype | None = None,
          capability: tuple[int, int] | None = None, attn_mask: bool = False,
          window: tuple[int, int] | None = None, softcap: bool = False, alibi: bool = False,
-         sinks: bool = False, warn: bool = False) -> dispatch.Plan:
+         sinks: bool = False, warn: bool = False, dropout: bool = False,
+         seqused_k: bool = False) -> dispatch.Plan:
     """The GPU kernel of an operator's call: entry "attention", "attention_kvcache",
     "attention_varlen", "attention_backward" or "attention_varlen_backward"; impl as the
     operator's; variants: the call has a window, softcap, ALiBi or sinks (give window,
     softcap, alibi, sinks for the exact ones; variants alone stands for a left window);
-    head_dim, dtype and the device's compute capability (major, minor). Answers without a
-    GPU (for capability (9, 0), say). warn: the once-per-process warning for an unverified
-    kernel (what the operators do)."""
+    head_dim, dtype and the device's compute capability (major, minor); dropout: dropout_p
+    > 0; seqused_k: a varlen call's seqused_k given. Answers without a GPU (for capability
+    (9, 0), say). warn: the once-per-process warning for an unverified kernel (what the
+    operators do)."""
     if entry not in ENTRIES:
         raise ValueError(f"fattn: entry must be one of {', '.join(ENTRIES)}, got {entry!r}")
     if impl in CPP_IMPLS:
@@ -82,7 +84,7 @@ def plan(entry: str = "attention", impl: str = "auto", variants: bool = False,
         window = (0, -1) if variants and not (softcap or alibi or sinks) else (-1, -1)
     call = dispatch.Call(ENTRIES[entry], dispatch.dtype_name(dtype or torch.float16), head_dim,
                          dispatch.architecture_of(capability), tuple(window), softcap, alibi,
-                         sinks, attn_mask)
+                         sinks, attn_mask, dropout=dropout, seqused_k=seqused_k)
     return _plan_cached(call, impl, warn)
 
 
@@ -129,14 +131,14 @@ def kvcache_planner(major, minor, dtype, head_dim, window_left, window_right, so
 
 # --- the operators' CUDA kernels -----------------------------------------------------------
 def _plan_of(entry, impl, q, window_left, window_right, softcap, alibi_slopes, sinks,
-             attn_mask=None):
+             attn_mask=None, dropout_p=0.0, seqused_k=None):
     """The plan of an operator's call on q's device, warning where its kernel is unverified."""
     if q.is_cuda:
         _tell_cpp_what_is_verified(_capability(q))
     return plan(entry, impl, head_dim=q.size(-1), dtype=q.dtype, capability=_capability(q),
                 attn_mask=attn_mask is not None, window=(window_left, window_right),
                 softcap=softcap != 0.0, alibi=alibi_slopes is not None, sinks=sinks is not None,
-                warn=True)
+                warn=True, dropout=dropout_p > 0.0, seqused_k=seqused_k is not None)
 
 
 # The C++ operator's impl for a kernel the plan chose: its Impl::automatic runs the table's
@@ -160,7 +162,7 @@ def attention(q, k, v, is_causal=False, causal_bottom_right=False, scale=None, i
     """The CUDA kernel of <ns>::attention (the operator's schema; (B, H, S, D) views).
     Dropout runs on the Triton kernels (the C++ ones take none)."""
     chosen = _plan_of("attention", impl, q, window_left, window_right, softcap, alibi_slopes,
-                      sinks, attn_mask)
+                      sinks, attn_mask, dropout_p)
     dropout = dict(dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
     if chosen.engine == CUDA_CPP and dropout_p == 0.0:
         cpp_impl = impl if impl in CPP_IMPLS else _CPP_IMPL_OF.get(chosen.kernel, "auto")
@@ -198,7 +200,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=No
                      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=None,
                      dropout_offset=0):
     """<ns>::attention_varlen on CUDA: packed (total, H, D) rows."""
-    _plan_of("attention_varlen", impl, q, window_left, window_right, softcap, alibi_slopes, sinks)
+    _plan_of("attention_varlen", impl, q, window_left, window_right, softcap, alibi_slopes, sinks,
+             dropout_p=dropout_p)
     return _triton().attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
                                       window_size=(window_left, window_right), softcap=softcap,
                                       sinks=sinks, alibi_slopes=alibi_slopes, scale=scale,
@@ -212,7 +215,8 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
                              sinks=None):
     """<ns>::attention_varlen_kvcache on CUDA: packed queries against pages or packed rows
     (the varlen row of the dispatch table: the Triton forward)."""
-    _plan_of("attention_varlen", impl, q, window_left, window_right, softcap, alibi_slopes, sinks)
+    _plan_of("attention_varlen", impl, q, window_left, window_right, softcap, alibi_slopes, sinks,
+             seqused_k=seqused_k)
     return _triton().attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                               block_table, causal=causal,
                                               window_left=window_left, window_right=window_right,
@@ -228,7 +232,7 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, is_causal=False,
     the Triton backward (both deterministic; dropout: Triton's); dq, dk, dv laid out as the
     operator lays out outputs like q, k, v."""
     chosen = _plan_of("attention_backward", "auto" if impl in CPP_IMPLS else impl, q,
-                      window_left, window_right, softcap, alibi_slopes, sinks, attn_mask)
+                      window_left, window_right, softcap, alibi_slopes, sinks, attn_mask, dropout_p)
     if chosen.engine == CUDA_CPP and dropout_p == 0.0:
         return getattr(torch.ops, ns).cuda_attention_backward(
             dout, q, k, v, out, lse, dlse, is_causal, causal_bottom_right, scale, window_left,
@@ -250,7 +254,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                               dropout_seed=None, dropout_offset=0):
     """<ns>::attention_varlen_backward on CUDA: packed (total, H, D) gradients."""
     _plan_of("attention_varlen_backward", impl, q, window_left, window_right, softcap,
-             alibi_slopes, sinks)
+             alibi_slopes, sinks, dropout_p=dropout_p)
     dq, dk, dv, dsinks = _triton().attention_varlen_backward(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=causal,
         window_size=(window_left, window_right), softcap=softcap, sinks=sinks,

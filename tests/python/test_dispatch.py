@@ -218,7 +218,8 @@ def test_unverified_prefers_a_kernel_a_gpu_has_run(monkeypatch):
     default only where no other candidate takes the call."""
     fake_world(monkeypatch, {}, [])
     assert [k for k, spec in dispatch.kernels().items() if spec["gpu_run"] is None] == [
-        "fused_tma_variants", "decode", "backward_tma"]
+        "fused_tma_variants", "decode", "backward_tma", "triton_forward_full",
+        "triton_backward_dropout"]
     assert dispatch.plan(hopper_call(entry="backward"), warn=False).kernel == "triton_backward"
     assert dispatch.plan(hopper_call(entry="kvcache", architecture="sm_80"),
                          warn=False).kernel == "triton_kvcache"
@@ -226,3 +227,26 @@ def test_unverified_prefers_a_kernel_a_gpu_has_run(monkeypatch):
     monkeypatch.setattr(dispatch.engines, "triton_refusal", lambda call: "no triton here")
     chosen = dispatch.plan(hopper_call(entry="backward"), warn=False)
     assert chosen.kernel == "backward_tma" and "no GPU has ever run it" in chosen.why
+
+
+def test_dropout_and_seqused_k_plan_their_own_kernels():
+    """A call with dropout, or a varlen call with seqused_k, runs the Triton kernels that take
+    their arguments: plan() names those (their own machine code, unverified until a GPU run
+    records it, so the warning says so), not the entry's plain kernel; a C++ kernel named
+    by impl= refuses dropout."""
+    hopper = dict(dtype=torch.bfloat16, head_dim=128, capability=(9, 0))
+    for entry, kernel in (("attention", "triton_forward_full"),
+                          ("attention_varlen", "triton_forward_full"),
+                          ("attention_backward", "triton_backward_dropout"),
+                          ("attention_varlen_backward", "triton_backward_dropout")):
+        chosen = cuda_dispatch.plan(entry, dropout=True, **hopper)
+        assert (chosen.kernel, chosen.engine, chosen.verified) == (kernel, "triton", False), entry
+    assert cuda_dispatch.plan("attention_varlen", seqused_k=True, **hopper).kernel == "triton_forward_full"
+    assert cuda_dispatch.plan("attention_varlen", **hopper).kernel == "triton_varlen"
+    assert dispatch.row_for(hopper_call(dropout=True, attn_mask=True))["candidates"] == [
+        "triton_forward_full"]
+    assert dispatch.row_for(hopper_call())["candidates"][0] == "fused_tma"
+    with pytest.warns(RuntimeWarning, match="triton_forward_full runs this forward call"):
+        cuda_dispatch.plan("attention", dropout=True, warn=True, **hopper)
+    with pytest.raises(NotImplementedError, match="the C.. kernels take no dropout"):
+        cuda_dispatch.plan("attention", impl="fused_tma", dropout=True, **hopper)

@@ -34,7 +34,8 @@ _TABLE = load_table()
 class Call:
     """What the dispatch needs to know of a call. dtype: a name of DTYPES; architecture:
     sm_<major><minor> of the device (None: no GPU, as for CPU tensors in tests); window:
-    (left, right), -1 for none."""
+    (left, right), -1 for none; dropout: dropout_p > 0; seqused_k: a varlen call's
+    seqused_k given (the features a table row may need)."""
     entry: str
     dtype: str
     head_dim: int | None = None
@@ -45,6 +46,8 @@ class Call:
     sinks: bool = False
     attn_mask: bool = False
     allow_tf32: bool = False
+    dropout: bool = False
+    seqused_k: bool = False
 
     @property
     def variants(self) -> bool:
@@ -91,6 +94,9 @@ def row_for(call: Call) -> dict:
     if call.entry not in _TABLE["entries"]:
         raise ValueError(f"entry must be one of {', '.join(ENTRIES)}, got {call.entry!r}")
     for row in _TABLE["entries"][call.entry]:
+        # a row with "needs": calls with one of those features alone (their own kernel)
+        if "needs" in row and not any(getattr(call, feature) for feature in row["needs"]):
+            continue
         if row["architectures"] != "*" and call.architecture not in row["architectures"]:
             continue
         if not _matches(call.dtype, row["dtypes"]) or not _matches(call.head_dim, row["head_dims"]):

@@ -29,8 +29,13 @@ def cpp_refusal(kernel: str, call) -> str:
                            call.sinks, call.attn_mask, call.allow_tf32)
 
 
+NO_CPP_DROPOUT = "the C++ kernels take no dropout (the Triton ones do)"
+
+
 def refusal(kernel: str, call) -> str:
     """"" where the kernel takes the call, else why not."""
     from . import kernels
     engine = kernels()[kernel]["engine"]
-    return triton_refusal(call) if engine == "triton" else cpp_refusal(kernel, call)
+    if engine == "triton":
+        return triton_refusal(call)
+    return NO_CPP_DROPOUT if call.dropout else cpp_refusal(kernel, call)

@@ -30,7 +30,7 @@ ARCHITECTURES = ("sm_80", "sm_90")  # the ones the C++ build compiles machine co
 
 def describe(row: dict) -> str:
     """A row's match, in words."""
-    parts = []
+    parts = [" or ".join(row["needs"])] if "needs" in row else []
     if row["dtypes"] != "*":
         parts.append("/".join(row["dtypes"]))
     if row["head_dims"] != "*":

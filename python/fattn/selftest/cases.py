@@ -10,13 +10,16 @@ import torch
 from fattn import dispatch
 
 SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DROPOUT_SEED = 4321
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One call. q_lens/k_lens: per sequence (dense: all equal); kvcache: k_lens are the
     cache lengths before the append of new_keys keys, page the keys per page (0: one
-    contiguous cache per sequence). causal: None, "top_left" or "bottom_right"."""
+    contiguous cache per sequence). causal: None, "top_left" or "bottom_right". dropout:
+    dropout_p (the stream (DROPOUT_SEED + seed, 0)); seqused: a varlen case whose sequences
+    use the first 3/4 of their keys (seqused_k)."""
     entry: str
     label: str
     dtype: torch.dtype
@@ -35,6 +38,8 @@ class Case:
     new_keys: int = 0
     page: int = 0
     seed: int = 0
+    dropout: float = 0.0
+    seqused: bool = False
 
     @property
     def name(self) -> str:
@@ -47,7 +52,16 @@ class Case:
     def call(self, arch: str | None) -> dispatch.Call:
         return dispatch.Call(self.entry, dispatch.dtype_name(self.dtype), self.head_dim, arch,
                              self.window, self.softcap != 0.0, self.alibi, self.sinks,
-                             self.mask, self.tf32)
+                             self.mask, self.tf32, dropout=self.dropout > 0,
+                             seqused_k=self.seqused)
+
+    @property
+    def dropout_seed(self) -> int:
+        return DROPOUT_SEED + self.seed
+
+    def used_keys(self) -> tuple[int, ...]:
+        """The keys each sequence uses: its k_lens, or 3/4 of them with seqused."""
+        return tuple(max(1, 3 * n // 4) for n in self.k_lens) if self.seqused else self.k_lens
 
 
 def _variant_fields(label: str, window: int) -> dict:
@@ -58,6 +72,8 @@ def _variant_fields(label: str, window: int) -> dict:
             "sliding_window": {"causal": "bottom_right", "window": (window, 0)},
             "softcap": {"softcap": 5.0}, "alibi": {"alibi": True}, "sinks": {"sinks": True},
             "mask": {"mask": True},
+            "dropout": {"causal": "top_left", "dropout": 0.2},
+            "seqused_k": {"causal": "bottom_right", "seqused": True},
             "everything": {"causal": "bottom_right", "window": (window, 0), "softcap": 5.0,
                            "alibi": True, "sinks": True}}[label]
 
@@ -73,15 +89,16 @@ def forward_cases(gpu: bool, quick: bool) -> list[Case]:
                               128: ["plain", "causal", "causal_bottom_right", "window",
                                     "sliding_window", "softcap", "alibi", "sinks",
                                     "everything", "mask"],
-                              256: ["plain", "causal_bottom_right", "everything"]},
+                              256: ["plain", "causal_bottom_right", "everything", "dropout"]},
              torch.float16: {64: ["plain", "causal", "everything"],
                              128: ["plain", "causal_bottom_right", "window", "everything"],
                              256: ["causal", "everything"]}}
     if quick:
         plans = {torch.bfloat16: {64: ["causal", "everything"],
-                                  128: ["plain", "causal", "everything"]}}
+                                  128: ["plain", "causal", "everything", "dropout"]}}
     if not gpu:
-        plans = {torch.bfloat16: {64: ["plain", "causal_bottom_right", "everything", "mask"]}}
+        plans = {torch.bfloat16: {64: ["plain", "causal_bottom_right", "everything", "mask",
+                                       "dropout"]}}
     cases = []
     for dtype, plan in plans.items():
         for d, labels in plan.items():
@@ -106,9 +123,10 @@ def varlen_cases(gpu: bool, quick: bool) -> list[Case]:
     specs = [  # dtype, head dim, label, key lengths
         (torch.bfloat16, 128, "causal_bottom_right", longer), (torch.float16, 64, "plain", lens),
         (torch.bfloat16, 128, "plain", lens), (torch.float16, 128, "sliding_window", lens),
-        (torch.bfloat16, 64, "everything", lens)]
+        (torch.bfloat16, 64, "everything", lens), (torch.float16, 128, "dropout", lens),
+        (torch.bfloat16, 64, "seqused_k", longer)]
     if quick or not gpu:
-        specs = [specs[0], specs[4]] if gpu else [specs[0]]
+        specs = [specs[0], specs[4], specs[5], specs[6]] if gpu else [specs[0], specs[5], specs[6]]
     return [Case("varlen", label, dtype, d, hq, hkv, lens, k_lens, seed=n,
                  **_variant_fields(label, w))
             for n, (dtype, d, label, k_lens) in enumerate(specs)]
@@ -148,18 +166,23 @@ def backward_cases(gpu: bool, quick: bool) -> list[Case]:
     b, hq, hkv, s, w = (2, 8, 2, 1024, 256) if gpu else (1, 4, 2, 64, 16)
     specs = [(dtype, d, label) for dtype in (torch.bfloat16, torch.float16)
              for d in (64, 128) for label in ("plain", "causal")]
-    specs += [(torch.bfloat16, 128, "everything"), (torch.float16, 64, "everything")]
+    specs += [(torch.bfloat16, 128, "everything"), (torch.float16, 64, "everything"),
+              (torch.bfloat16, 128, "dropout")]
     if quick:
-        specs = [(torch.bfloat16, 128, "causal"), (torch.bfloat16, 128, "everything")]
+        specs = [(torch.bfloat16, 128, "causal"), (torch.bfloat16, 128, "everything"),
+                 (torch.bfloat16, 128, "dropout")]
     if not gpu:
-        specs = [(torch.bfloat16, 64, "causal"), (torch.float16, 64, "everything")]
+        specs = [(torch.bfloat16, 64, "causal"), (torch.float16, 64, "everything"),
+                 (torch.bfloat16, 64, "dropout")]
     cases = [Case("backward", label, dtype, d, hq, hkv, (s,) * b, (s,) * b, seed=n,
                   **_variant_fields(label, w)) for n, (dtype, d, label) in enumerate(specs)]
     lens = (1000, 17, 1100) if gpu else (30, 7, 50)
-    packed = [(torch.bfloat16, 128, "causal"), (torch.float16, 64, "plain")]
+    packed = [(torch.bfloat16, 128, "causal"), (torch.float16, 64, "dropout"),
+              (torch.float16, 64, "plain")]
     cases += [Case("varlen_backward", label, dtype, d, hq, hkv, lens, lens, seed=n,
-                   **({"causal": "bottom_right"} if label == "causal" else {}))
-              for n, (dtype, d, label) in enumerate(packed[:1] if quick or not gpu else packed)]
+                   **({"causal": "bottom_right"} if label == "causal" else
+                      _variant_fields(label, w)))
+              for n, (dtype, d, label) in enumerate(packed[:2] if quick or not gpu else packed)]
     return cases
 
 

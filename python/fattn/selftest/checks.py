@@ -95,6 +95,12 @@ def _flags(case: Case) -> dict:
             "softcap": case.softcap}
 
 
+def _dropout(case: Case) -> dict:
+    """The dropout arguments of fattn.triton's functions (none without dropout)."""
+    return {"dropout_p": case.dropout, "dropout_seed": case.dropout_seed,
+            "dropout_offset": 0} if case.dropout else {}
+
+
 def forced_forward(kernel: str, impl: str | None, case: Case, inp: Inputs):
     """(out, lse) of the dense forward on the kernel."""
     causal, bottom_right = case.causal is not None, case.causal == "bottom_right"
@@ -102,7 +108,7 @@ def forced_forward(kernel: str, impl: str | None, case: Case, inp: Inputs):
         return _triton().attention(inp.q, inp.k, inp.v, attn_mask=inp.mask, causal=causal,
                                    causal_bottom_right=bottom_right, window_size=case.window,
                                    softcap=case.softcap, sinks=inp.sinks,
-                                   alibi_slopes=inp.slopes, return_lse=True)
+                                   alibi_slopes=inp.slopes, return_lse=True, **_dropout(case))
     with only_verified(kernel, architecture()):
         return torch.ops.fattn.cuda_attention(inp.q, inp.k, inp.v, causal, bottom_right, None,
                                               impl, *case.window, case.softcap, inp.slopes,
@@ -110,10 +116,16 @@ def forced_forward(kernel: str, impl: str | None, case: Case, inp: Inputs):
 
 
 def forced_varlen(kernel: str, impl: str | None, case: Case, inp: Inputs):
+    if case.seqused:  # the packed keys as one page per sequence's rows, seqused_k the keys used
+        return _triton().attention_varlen_kvcache(
+            inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, inp.seqused, None,
+            causal=case.causal is not None, window_left=case.window[0],
+            window_right=case.window[1], softcap=case.softcap, sinks=inp.sinks,
+            alibi_slopes=inp.slopes)
     return _triton().attention_varlen(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k,
                                       causal=case.causal is not None, window_size=case.window,
                                       softcap=case.softcap, sinks=inp.sinks,
-                                      alibi_slopes=inp.slopes, return_lse=True)
+                                      alibi_slopes=inp.slopes, return_lse=True, **_dropout(case))
 
 
 def forced_kvcache(kernel: str, impl: str | None, case: Case, inp: Inputs):
@@ -136,12 +148,12 @@ def forced_backward(kernel: str, case: Case, inp: Inputs, out, lse):
         return _triton().attention_varlen_backward(
             inp.dout, inp.q, inp.k, inp.v, out, lse, inp.cu_q, inp.cu_k, causal=causal,
             window_size=case.window, softcap=case.softcap, sinks=inp.sinks,
-            alibi_slopes=inp.slopes)
+            alibi_slopes=inp.slopes, **_dropout(case))
     if dispatch.kernels()[kernel]["engine"] == TRITON:
         return _triton().attention_backward(
             inp.dout, inp.q, inp.k, inp.v, out, lse, attn_mask=inp.mask, causal=causal,
             causal_bottom_right=bottom_right, window_size=case.window, softcap=case.softcap,
-            sinks=inp.sinks, alibi_slopes=inp.slopes)
+            sinks=inp.sinks, alibi_slopes=inp.slopes, **_dropout(case))
     return torch.ops.fattn.cuda_attention_backward(inp.dout, inp.q, inp.k, inp.v, out, lse,
                                                    None, causal, bottom_right, None,
                                                    *case.window, case.softcap, inp.slopes,

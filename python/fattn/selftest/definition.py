@@ -2,6 +2,7 @@
 torch computes it in the dtype (whose error sets the bound)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -57,18 +58,24 @@ def definition(q, k, v, case: Case, inp: Inputs, exact: bool, causal=None):
     else:
         lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    if case.dropout:  # torch's placement: on the normalized probabilities (lse undropped)
+        p = p * inp.keep.to(p.dtype) / (1.0 - case.dropout)
     return torch.matmul(p.to(work), v), lse
 
 
 def packed_definition(q, k, v, case: Case, inp: Inputs, exact: bool):
-    """definition() per packed sequence (bottom-right aligned): out (total_q, Hq, D), lse
-    (Hq, total_q)."""
+    """definition() per packed sequence (bottom-right aligned; with seqused, over the keys
+    each sequence uses; with dropout, sequence n's mask is batch n's): out (total_q, Hq, D),
+    lse (Hq, total_q)."""
     outs, lses = [], []
-    cq, ck = inp.cu_q.tolist(), inp.cu_k.tolist()
+    cq, ck, used = inp.cu_q.tolist(), inp.cu_k.tolist(), case.used_keys()
     for n in range(len(cq) - 1):
-        rows = ((q, cq[n], cq[n + 1]), (k, ck[n], ck[n + 1]), (v, ck[n], ck[n + 1]))
+        end = ck[n] + used[n]
+        rows = ((q, cq[n], cq[n + 1]), (k, ck[n], end), (v, ck[n], end))
         one = [t[lo:hi].transpose(0, 1).unsqueeze(0) for t, lo, hi in rows]
-        o, lse = definition(*one, case, inp, exact, causal=case.causal and "bottom_right")
+        keep = None if inp.keep is None else inp.keep[n:n + 1, :, :cq[n + 1] - cq[n], :used[n]]
+        o, lse = definition(*one, case, dataclasses.replace(inp, keep=keep), exact,
+                            causal=case.causal and "bottom_right")
         outs.append(o[0].transpose(0, 1))
         lses.append(lse[0])
     return torch.cat(outs, 0), torch.cat(lses, 1)

@@ -31,6 +31,8 @@ class Inputs:
     v_new: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
+    keep: torch.Tensor | None = None     # dropout: (B, Hq, Sq, Sk) bool, True where P survives
+    seqused: torch.Tensor | None = None  # varlen with seqused_k: (B,) int32
 
 
 class Draw:
@@ -57,7 +59,15 @@ def dense_inputs(case: Case) -> Inputs:
     k, v = (draw(b, sk, case.kv_heads, d, dtype=case.dtype).transpose(1, 2) for _ in range(2))
     mask = draw(b, 1, sq, sk) > -0.5 if case.mask else None  # about 30 % of the pairs hidden
     return Inputs(q, k, v, dout=draw(b, sq, case.heads, d, dtype=case.dtype).transpose(1, 2),
-                  mask=mask, **_variant_tensors(case, draw))
+                  mask=mask, keep=_keep(case, b, sq, sk), **_variant_tensors(case, draw))
+
+
+def _keep(case: Case, b: int, sq: int, sk: int) -> torch.Tensor | None:
+    """The mask fattn's kernels draw for the case's dropout stream (fattn.dropout_mask)."""
+    if not case.dropout:
+        return None
+    import fattn
+    return fattn.dropout_mask(b, case.heads, sq, sk, case.dropout, case.dropout_seed, 0).to(device())
 
 
 def _offsets(lens) -> torch.Tensor:
@@ -72,6 +82,9 @@ def varlen_inputs(case: Case) -> Inputs:
                   draw(tk, case.kv_heads, d, dtype=case.dtype),
                   dout=draw(tq, case.heads, d, dtype=case.dtype),
                   cu_q=_offsets(case.q_lens), cu_k=_offsets(case.k_lens),
+                  keep=_keep(case, len(case.q_lens), max(case.q_lens), max(case.k_lens)),
+                  seqused=torch.tensor(case.used_keys(), dtype=torch.int32, device=device())
+                  if case.seqused else None,
                   **_variant_tensors(case, draw))
 
 

@@ -201,22 +201,13 @@ struct DirectScores {
     keys(q, R, Dp, k, j, nj, st_stride, factor, st);
   }
 
-  // The blocks `scores` runs for `rows` rows and nj keys (rows_block's, per block of rows).
-  static std::int64_t blocks(std::int64_t rows, std::int64_t nj) {
-    std::int64_t n = 0, r = 0;
-    for (; r + 4 <= rows; r += 4) n += nj / (kSums / 4);
-    if (r + 2 <= rows) n += nj / (kSums / 2), r += 2;
-    if (r < rows) n += nj / kSums;
-    return n;
-  }
-
   // st[r][j] = factor · q[r]·k[j] for rows ≤ 4·n (in blocks of 4, then 2, then 1 rows); the
   // rows of `next` spread over the blocks.
   template <class Prefetch>
   static void scores(const Query* q, std::int64_t rows, std::int64_t Dp, const Rows& k,
                      std::int64_t nj, std::int64_t st_stride, float factor, float* st,
                      Prefetch& next) {
-    next.spread(blocks(rows, nj));
+    next.spread(direct_score_blocks(rows, nj, kSums));
     std::int64_t r = 0;
     for (; r + 4 <= rows; r += 4)
       rows_block<4>(q + r * Dp, Dp, k, nj, st_stride, factor, st + r * st_stride, next);

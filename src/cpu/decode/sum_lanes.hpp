@@ -4,6 +4,8 @@
 
 #include "cpu/common/isa_target.hpp"
 
+#include <cstdint>
+
 #if defined(FATTN_AVX)
 #include <immintrin.h>
 
@@ -71,6 +73,17 @@ template <int kRows, class Vec>
     return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], kEven),
                          _mm512_shuffle_f32x4(d[0], d[1], kOdd));
   }
+}
+
+// The blocks a direct-scores pass runs (direct.hpp, direct_avx2.hpp): `rows` rows in blocks
+// of 4, then 2, then 1, each block over nj keys `sums`/R at a time (the last keys one by
+// one outside the blocks).
+inline std::int64_t direct_score_blocks(std::int64_t rows, std::int64_t nj, int sums) {
+  std::int64_t n = 0, r = 0;
+  for (; r + 4 <= rows; r += 4) n += nj / (sums / 4);
+  if (r + 2 <= rows) n += nj / (sums / 2), r += 2;
+  if (r < rows) n += nj / sums;
+  return n;
 }
 
 }  // namespace
