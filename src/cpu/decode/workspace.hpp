@@ -24,8 +24,12 @@ struct DecodeWorkspace {
   static constexpr std::int64_t kRowTile = 64;
   // A work item takes each key tile of K and V for several kv heads at once (in place,
   // or staged in address order in a (B, S, Hkv, D) cache: stage_rows) and keeps their
-  // running states (qs, os, m, l) side by side: as many heads as their tiles and states
-  // fit this many floats (1 MiB, half of L2).
+  // running states (qs, os, m, l) side by side: as many heads as their states (and
+  // staged tiles, where staged) fit this many floats (1 MiB, half of L2). Read in place,
+  // the tiles take no room: an item whose heads cover only part of each key's row (MHA,
+  // 32 kv heads: 10 heads a item when the staging room counted) reads 5 KB of every 16 KB
+  // and decoded 14-16 GB/s where all 32 heads, reading whole rows, decode 19-20
+  // (dev-zen4, docs/perf-log.md 2026-12-06).
   static constexpr std::int64_t kItemFloats = 262144;
   // Split the keys until there are this many items per worker (load balance across the
   // dynamic schedule) ...
@@ -74,8 +78,8 @@ struct DecodeWorkspace {
     qb_at = head.take(dot_bf16 ? n.div_up(tile_rows * Dp, 2) : 0);  // two bfloat16 per float
     head_floats = head.end;
     const std::int64_t stage_floats = Ops::Bk * Dp;  // one head's key tile of K or V
-    heads_per_item = std::clamp<std::int64_t>(kItemFloats / (head_floats + 2 * stage_floats), 1,
-                                              p.kv_heads);
+    const std::int64_t item_head_floats = head_floats + (in_place ? 0 : 2 * stage_floats);
+    heads_per_item = std::clamp<std::int64_t>(kItemFloats / item_head_floats, 1, p.kv_heads);
     head_groups = n.div_up(p.kv_heads, heads_per_item);
     Layout worker;
     kt_at = worker.take(D * Ops::Bk);
