@@ -174,6 +174,30 @@ inline float q8_0_scale(const std::uint8_t* block) {
 #endif
 }
 
+// S::lanes int8 values of a q8_0 block from `values` on, widened and times the block's
+// scale (already in every lane): d·q, exact in float32 (11 + 8 significant bits).
+template <class S>
+typename S::vec q8_0_lanes(const std::int8_t* values, typename S::vec scale) {
+#if defined(FATTN_AVX512)
+  if constexpr (S::lanes == 16) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
+  }
+#endif
+#if defined(FATTN_AVX)
+  if constexpr (S::lanes == 8) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(values));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
+  }
+#endif
+  typename S::vec v;
+  for (int i = 0; i < S::lanes; ++i) v[i] = scale[i] * static_cast<float>(values[i]);
+  return v;
+}
+inline const std::int8_t* q8_0_values(const std::uint8_t* block) {
+  return reinterpret_cast<const std::int8_t*>(block + sizeof(std::uint16_t));
+}
+
 // S::lanes values of a row from value d on (contiguous dims; d a multiple of S::lanes):
 // load_vec at row + d, or for a q8_0 row the lanes of block d / 32 widened, d·q. The
 // decode kernel reads its cache rows in place through this; convert_row widens whole rows.
@@ -183,24 +207,27 @@ typename S::vec load_row_vec(const E* row, std::int64_t d) {
     return load_vec<S>(row + d);
   } else {
     const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues);
-    const auto* values =
-        reinterpret_cast<const std::int8_t*>(block + sizeof(std::uint16_t)) + d % kQ8_0BlockValues;
-#if defined(FATTN_AVX512)
-    if constexpr (S::lanes == 16) {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values));
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(q8_0_scale(block)));
+    return q8_0_lanes<S>(q8_0_values(block) + d % kQ8_0BlockValues, S::splat(q8_0_scale(block)));
+  }
+}
+
+// N vectors of load_row_vec from value d on; of a q8_0 row, whole blocks (d and N lanes a
+// whole number of blocks) with each block's scale widened once, not once per vector.
+template <class S, int N, class E>
+void load_row_vecs(const E* row, std::int64_t d, typename S::vec (&out)[N]) {
+  constexpr int kPerBlock = static_cast<int>(kQ8_0BlockValues) / S::lanes;
+  if constexpr (std::is_same_v<E, Q8_0> && kPerBlock > 0 && N % kPerBlock == 0) {
+#pragma GCC unroll 8
+    for (int b = 0; b < N / kPerBlock; ++b) {
+      const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues + b);
+      const typename S::vec scale = S::splat(q8_0_scale(block));
+#pragma GCC unroll 8
+      for (int u = 0; u < kPerBlock; ++u)
+        out[b * kPerBlock + u] = q8_0_lanes<S>(q8_0_values(block) + u * S::lanes, scale);
     }
-#endif
-#if defined(FATTN_AVX)
-    if constexpr (S::lanes == 8) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(values));
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(q8_0_scale(block)));
-    }
-#endif
-    const float scale = q8_0_scale(block);
-    typename S::vec v;
-    for (int i = 0; i < S::lanes; ++i) v[i] = scale * static_cast<float>(values[i]);
-    return v;
+  } else {
+#pragma GCC unroll 8
+    for (int u = 0; u < N; ++u) out[u] = load_row_vec<S>(row, d + u * S::lanes);
   }
 }
 

@@ -302,7 +302,7 @@ struct DecodeOps {
                           std::int64_t nj, float* kt, float* st, Prefetch& next) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
-      if (rows <= kDirectRows && k.dim_stride == 1) {
+      if (rows <= direct_rows<E>() && k.dim_stride == 1) {
 #if defined(FATTN_AVX512_BF16)
         // The AVX512-BF16 table runs a bfloat16 cache's scores on vdpbf16ps (bf16.hpp);
         // the split pairs serve the AVX-512 table, where the FMA choice sends bfloat16.
@@ -316,6 +316,9 @@ struct DecodeOps {
           SplitBf16Products::split_pairs(qs, rows, padded_dim(D), kt);
           DirectScores<Rows<E>, SplitBf16Products>::scores(kt, rows, padded_dim(D), k, nj, Bk,
                                                            1.0f, st, next);
+        } else if constexpr (std::is_same_v<E, Q8_0>) {
+          DirectScores<Rows<E>, Q8_0Products>::scores(qs, rows, padded_dim(D), k, nj, Bk, 1.0f,
+                                                      st, next);
         } else {
           DirectScores<Rows<E>, FmaProducts<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk,
                                                         1.0f, st, next);
@@ -339,6 +342,15 @@ struct DecodeOps {
   // Rows up to which the scores skip the transpose (cpu/decode/direct.hpp): its compute at
   // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
   static constexpr std::int64_t kDirectRows = 4;
+  // ... on AVX-512 by the cache's element type: 8 rows (GQA 8:1, in two blocks of 4) for
+  // float32 and q8_0, whose widening or FMAs cost the transpose more than a second pass
+  // over the tile's rows from L1/L2 costs: float32 Sk 32k, B 8 71-74 → 57-65 ms; q8_0
+  // keys in L3 (Sk 2k) 0.43 → 0.30 ms; 16-bit caches mixed (bfloat16 B 1 32k 3.3-5.2 →
+  // 3.7-4.8 ms, float16 B 8 32k 43-44 → 49), so 4 (dev-zen4, docs/perf-log.md 2026-12-06).
+  template <class E>
+  static constexpr std::int64_t direct_rows() {
+    return std::is_same_v<E, float> || std::is_same_v<E, Q8_0> ? 2 * kDirectRows : kDirectRows;
+  }
 
   // Across the lanes: with AVX-512 / AVX2 in a tree of shuffles (4 / 3 steps, not 15 / 7
   // scalar ones), the same tree for the max and the sum.
@@ -401,8 +413,7 @@ struct DecodeOps {
       const std::int64_t j1 = std::min<std::int64_t>(nj, j0 + kKeyGroup);
       for (std::int64_t j = j0; j < j1; ++j, vrow += v.stride) {
         vec vv[NDV];
-#pragma GCC unroll 8
-        for (int u = 0; u < NDV; ++u) vv[u] = load_row_vec<S>(vrow, d0 + u * L);
+        load_row_vecs<S>(vrow, d0, vv);
         rank1_update<S>(acc, [=](int r) { return p[r * Bk + j]; }, vv,
                         [=](int r) { return Masked && j >= visible[r]; });
       }
