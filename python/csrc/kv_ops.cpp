@@ -64,11 +64,7 @@
 #include <ATen/cuda/CUDAContext.h>  // the device's compute capability
 #endif
 
-#ifndef FATTN_OP_NAMESPACE
-#define FATTN_OP_NAMESPACE fattn
-#endif
-#define FATTN_STRINGIFY_(x) #x
-#define FATTN_STRINGIFY(x) FATTN_STRINGIFY_(x)
+#include "op_namespace.hpp"
 
 namespace {
 

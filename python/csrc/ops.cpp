@@ -14,7 +14,7 @@
 // Errors: every problem is reported as a RuntimeError whose message starts "fattn: "
 // (the library's fattn::Error messages pass through unchanged).
 #include <torch/extension.h>
-#include <pybind11/stl.h>  // std::vector<std::string> <-> list of str
+#include <pybind11/stl.h>  // std::vector <-> list
 
 #include <cstdint>
 #include <limits>
@@ -32,11 +32,7 @@
 #include "cuda_seam.hpp"
 #include "kvcache_planner.hpp"
 
-#ifndef FATTN_OP_NAMESPACE
-#define FATTN_OP_NAMESPACE fattn
-#endif
-#define FATTN_STRINGIFY_(x) #x
-#define FATTN_STRINGIFY(x) FATTN_STRINGIFY_(x)
+#include "op_namespace.hpp"
 
 namespace {
 
@@ -414,33 +410,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "the dropout mask (batch, heads, q_len, kv_len) bool of (dropout_p, seed, offset): True "
       "where a probability survives (src/model/dropout.hpp)");
-  m.def(
-      "cuda_tma_head_dims",
-      [] {
-        pybind11::list dims;
-        for (int d : fattn::cuda_tma_head_dims()) dims.append(d);
-        return dims;
-      },
-      "the head dims this build's Hopper TMA kernel (fused_tma) is compiled for (empty without "
-      "the CUDA backend or its sm_90a kernels)");
-  m.def(
-      "cuda_decode_head_dims",
-      [] {
-        pybind11::list dims;
-        for (int d : fattn::cuda_decode_head_dims()) dims.append(d);
-        return dims;
-      },
-      "the head dims this build's CUDA decode kernel is compiled for (empty without the CUDA "
-      "backend); multiples of 8 up to the largest run on it");
-  m.def(
-      "cuda_backward_head_dims",
-      [] {
-        pybind11::list dims;
-        for (int d : fattn::cuda_backward_head_dims()) dims.append(d);
-        return dims;
-      },
-      "the head dims this build's Hopper backward is compiled for (empty without the CUDA "
-      "backend or its sm_90a kernels); smaller ones run on the next one");
+  m.def("cuda_tma_head_dims", &fattn::cuda_tma_head_dims,
+        "the head dims this build's Hopper TMA kernel (fused_tma) is compiled for (empty without "
+        "the CUDA backend or its sm_90a kernels)");
+  m.def("cuda_decode_head_dims", &fattn::cuda_decode_head_dims,
+        "the head dims this build's CUDA decode kernel is compiled for (empty without the CUDA "
+        "backend); multiples of 8 up to the largest run on it");
+  m.def("cuda_backward_head_dims", &fattn::cuda_backward_head_dims,
+        "the head dims this build's Hopper backward is compiled for (empty without the CUDA "
+        "backend or its sm_90a kernels); smaller ones run on the next one");
   m.def("cuda_refusal", &cuda_refusal, pybind11::arg("kernel"), pybind11::arg("entry"),
         pybind11::arg("dtype"), pybind11::arg("head_dim"), pybind11::arg("major"),
         pybind11::arg("minor"), pybind11::arg("window_left"), pybind11::arg("window_right"),

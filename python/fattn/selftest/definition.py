@@ -7,25 +7,9 @@ import math
 
 import torch
 
+from .._visibility import visible_pairs
 from .cases import Case
 from .inputs import Inputs
-
-
-def visible(sq: int, sk: int, causal: str | None, window, on) -> torch.Tensor:
-    """(Sq, Sk) bool: key j visible to query i (fattn.triton.reference.visible_pairs on the
-    device): the causal limit and the window aligned bottom-right unless causal is
-    "top_left"."""
-    align = 0 if causal == "top_left" else sk - sq
-    diagonal = (torch.arange(sk, device=on).view(1, -1) - torch.arange(sq, device=on).view(-1, 1))
-    seen = torch.ones(sq, sk, dtype=torch.bool, device=on)
-    if causal is not None:
-        seen &= diagonal <= align
-    left, right = window
-    if right >= 0:
-        seen &= diagonal <= align + right
-    if left >= 0:
-        seen &= diagonal >= align - left
-    return seen
 
 
 def definition(q, k, v, case: Case, inp: Inputs, exact: bool, causal=None):
@@ -50,7 +34,7 @@ def definition(q, k, v, case: Case, inp: Inputs, exact: bool, causal=None):
         s = s - inp.slopes.to(soft).view(1, hq, 1, 1) * distance
     if inp.mask is not None:
         s = s.masked_fill(~inp.mask, float("-inf"))
-    s = s.masked_fill(~visible(sq, sk, causal or case.causal, case.window, q.device),
+    s = s.masked_fill(~visible_pairs(sq, sk, causal or case.causal, case.window, q.device),
                       float("-inf"))
     if inp.sinks is not None:
         sink = inp.sinks.to(soft).view(1, hq, 1, 1).expand(b, hq, sq, 1)

@@ -9,7 +9,7 @@ import torch
 
 from .cases import Case
 from .checks import forced_backward, forced_forward, tf32_mode
-from .definition import visible
+from .._visibility import visible_pairs
 from .environment import triton_unusable
 from .inputs import Inputs, dense_inputs
 
@@ -63,7 +63,7 @@ def time_kernel(kernel: str, impl: str | None, case: Case) -> dict:
     with tf32_mode(big.tf32), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         inp = dense_inputs(big)
-        pairs = visible(s, s, big.causal, big.window, inp.q.device).sum().item()
+        pairs = visible_pairs(s, s, big.causal, big.window, inp.q.device).sum().item()
         flops = 4.0 * b * h * big.head_dim * pairs * (2.5 if big.entry == "backward" else 1.0)
         sdpa_pairs = s * (s + 1) / 2 if big.causal else s * s
         sdpa_flops = flops * sdpa_pairs / pairs

@@ -12,20 +12,7 @@ import math
 
 import torch
 
-
-def visible_pairs(sq, sk, causal=None, window_size=(-1, -1)):
-    """(Sq, Sk) bool: key j visible to query i. causal: None, "top_left", "bottom_right"."""
-    align = 0 if causal == "top_left" else sk - sq
-    diagonal = torch.arange(sk).view(1, -1) - torch.arange(sq).view(-1, 1)
-    visible = torch.ones(sq, sk, dtype=torch.bool)
-    if causal is not None:
-        visible &= diagonal <= align
-    left, right = window_size
-    if right >= 0:
-        visible &= diagonal <= align + right
-    if left >= 0:
-        visible &= diagonal >= align - left
-    return visible
+from .._visibility import visible_pairs  # noqa: F401  (the tests read it here)
 
 
 def attention(q, k, v, attn_mask=None, causal=None, window_size=(-1, -1), softcap=0.0,
@@ -47,7 +34,7 @@ def attention(q, k, v, attn_mask=None, causal=None, window_size=(-1, -1), softca
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
             else s + attn_mask.double()
-    s = s.masked_fill(~visible_pairs(sq, sk, causal, window_size), float("-inf"))
+    s = s.masked_fill(~visible_pairs(sq, sk, causal, window_size, s.device), float("-inf"))
     if sinks is not None:
         sink = sinks.double().view(1, hq, 1, 1).expand(b, hq, sq, 1)
         lse = torch.logsumexp(torch.cat([s, sink], dim=-1), dim=-1)
