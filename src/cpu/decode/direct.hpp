@@ -1,8 +1,9 @@
 // fattn — the decode kernel's scores for a few query rows, straight from the key rows.
 //
 // With few rows (4; 8 for float32 and q8_0 keys: DecodeOps::direct_rows) a key tile's
-// transpose (cpu/decode/ops.hpp, transpose_keys: 64 shuffles per 16×16 block) costs more than the products it feeds (R FMAs per 16
-// elements). Here each key row is multiplied where it lies, dims along the lanes:
+// transpose (cpu/decode/ops.hpp, transpose_keys: 64 shuffles per 16×16 block) costs more
+// than the products it feeds (R FMAs per 16 elements). Here each key row is multiplied
+// where it lies, dims along the lanes:
 //   acc[r][k] += qs[r][d..d+15] · k[j + k][d..d+15]     R rows × 16/R keys, over d
 //   st[r][j + k] = Σ lanes acc[r][k]                    16 sums at once (sum_lanes.hpp)
 // With AVX512-BF16 and a bfloat16 cache the products are vdpbf16ps on the query rows' own
@@ -106,8 +107,7 @@ struct SplitBf16Products {
 
 // FmaProducts for q8_0 key rows a whole block (32 dims) a step: the block's float16 scale
 // widened once where FmaProducts widened it for each 16 of its values; each half's 16
-// int8 widened (vpmovsxbd, vcvtdq2ps) and scaled, d·q exact in float32, so the same
-// floats as load_row_vec. A q8_0 row's dims are a whole number of blocks: never half.
+// int8 widened and scaled by q8_0_lanes, the same floats as load_row_vec. A q8_0 row's dims are a whole number of blocks: never half.
 struct Q8_0Products {
   using Query = float;
   struct Operand {
@@ -117,10 +117,9 @@ struct Q8_0Products {
   static Operand load(const float* q, bool) { return {_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16)}; }
   static Operand load_key(const Q8_0* row, std::int64_t d, bool) {
     const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues);
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + sizeof(std::uint16_t)));
     const __m512 scale = _mm512_set1_ps(q8_0_scale(block));
-    return {_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), scale),
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), scale)};
+    return {q8_0_lanes<Simd<64>>(q8_0_values(block), scale),
+            q8_0_lanes<Simd<64>>(q8_0_values(block) + 16, scale)};
   }
   static __m512 add_products(__m512 acc, Operand q, Operand k) {
     return _mm512_fmadd_ps(q.hi, k.hi, _mm512_fmadd_ps(q.lo, k.lo, acc));
