@@ -238,31 +238,6 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   run(p, exec, forward_kernels_of(cpu_kernels(options, p, Direction::forward)), impl);
 }
 
-std::vector<int> cuda_tma_head_dims() {
-#ifdef FATTN_WITH_CUDA
-  return cuda::tma_head_dims();
-#else
-  return {};
-#endif
-}
-
-std::string cuda_backward_refusal(const TensorView& q, const TensorView& k, const Options& options) {
-#ifdef FATTN_WITH_CUDA
-  return cuda::backward_refusal(q, k, options);
-#else
-  (void)q, (void)k, (void)options;
-  return "this build of fattn has no CUDA backend (rebuild with -DFATTN_CUDA=ON)";
-#endif
-}
-
-std::vector<int> cuda_backward_head_dims() {
-#ifdef FATTN_WITH_CUDA
-  return cuda::backward_head_dims();
-#else
-  return {};
-#endif
-}
-
 ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options) {
   if (q.device == Device::cuda)

@@ -5,12 +5,10 @@
 #include "model/kv_cache_problem.hpp"
 #include "model/varlen_problem.hpp"
 #include "api/workspace_cache.hpp"
-#include "fattn/cuda_refusal.hpp"
 #include "fattn/kv_cache.hpp"
 
 #ifdef FATTN_WITH_CUDA
 #include "cuda/decode.hpp"
-#include "cuda/table_choice.hpp"
 #endif
 
 namespace fattn {
@@ -46,36 +44,6 @@ void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorVi
       detail::decode_workspace_floats(kernels, call.p, exec, options), to_string(Impl::decode));
   call.append();
   kernels.decode(call.p, exec, workspace.get(), options.kv_splits);
-}
-
-std::string cuda_kvcache_refusal(const TensorView& q, const KvCache& cache,
-                                 const TensorView* k_new, const TensorView* v_new,
-                                 const Options& options) {
-#ifdef FATTN_WITH_CUDA
-  return cuda::decode_refusal(q, cache, k_new, v_new, options);
-#else
-  (void)q, (void)cache, (void)k_new, (void)v_new, (void)options;
-  return "this build of fattn has no CUDA backend (rebuild with -DFATTN_CUDA=ON)";
-#endif
-}
-
-std::string cuda_kvcache_kernel(const TensorView& q, const KvCache& cache,
-                                const TensorView* k_new, const TensorView* v_new,
-                                const Options& options) {
-#ifdef FATTN_WITH_CUDA
-  return cuda::kvcache_kernel(q, cache, k_new, v_new, options);
-#else
-  (void)q, (void)cache, (void)k_new, (void)v_new, (void)options;
-  return {};
-#endif
-}
-
-std::vector<int> cuda_decode_head_dims() {
-#ifdef FATTN_WITH_CUDA
-  return cuda::decode_head_dims();
-#else
-  return {};
-#endif
 }
 
 std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,

@@ -1,4 +1,5 @@
 // fattn — names of the enumerations, and the tensor-view constructors.
+#include <cstddef>
 #include <string>
 
 #include "fattn/attention.hpp"
@@ -6,25 +7,72 @@
 
 namespace fattn {
 
-const char* to_string(DType dtype) {
-  switch (dtype) {
-    case DType::float32: return "float32";
-    case DType::float16: return "float16";
-    case DType::bfloat16: return "bfloat16";
-    case DType::float64: return "float64";
-    case DType::int32: return "int32";
-    case DType::boolean: return "bool";
-    case DType::q8_0: return "q8_0";
-  }
-  return "unknown dtype";
+namespace {
+
+// One table per enumeration: its values and their names, for to_string and the parsers
+// (whose errors list the names from here).
+template <class E>
+struct Named {
+  E value;
+  const char* name;
+};
+
+constexpr Named<DType> kDTypes[] = {
+    {DType::float32, "float32"}, {DType::float16, "float16"}, {DType::bfloat16, "bfloat16"},
+    {DType::float64, "float64"}, {DType::int32, "int32"},     {DType::boolean, "bool"},
+    {DType::q8_0, "q8_0"}};
+constexpr Named<Device> kDevices[] = {{Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
+constexpr Named<Causal> kCausals[] = {
+    {Causal::none, "none"}, {Causal::top_left, "top_left"}, {Causal::bottom_right, "bottom_right"}};
+constexpr Named<Impl> kImpls[] = {{Impl::automatic, "auto"}, {Impl::reference, "reference"},
+                                  {Impl::naive, "naive"},    {Impl::fused, "fused"},
+                                  {Impl::decode, "decode"}};
+constexpr Named<Isa> kIsas[] = {{Isa::automatic, "auto"}, {Isa::amx, "amx"},
+                                {Isa::avx512, "avx512"},  {Isa::avx2, "avx2"},
+                                {Isa::portable, "portable"}};
+constexpr Named<Bf16Products> kBf16Products[] = {{Bf16Products::automatic, "auto"},
+                                                 {Bf16Products::bf16_dot, "bf16_dot"},
+                                                 {Bf16Products::fma, "fma"}};
+constexpr Named<Products> kProducts[] = {{Products::float64, "float64"},
+                                         {Products::fma, "fma"},
+                                         {Products::bf16_dot, "bf16_dot"},
+                                         {Products::amx, "amx"}};
+
+template <class E, std::size_t N>
+const char* name_in(const Named<E> (&table)[N], E value, const char* unknown) {
+  for (const Named<E>& n : table)
+    if (n.value == value) return n.name;
+  return unknown;
 }
 
-const char* to_string(Device device) {
-  switch (device) {
-    case Device::cpu: return "cpu";
-    case Device::cuda: return "cuda";
-  }
-  return "unknown device";
+// The value named `name`, or an Error naming the argument (`what`) and every name it takes.
+template <class E, std::size_t N>
+E parse_in(const Named<E> (&table)[N], const std::string& name, const char* what) {
+  for (const Named<E>& n : table)
+    if (name == n.name) return n.value;
+  std::string names;
+  for (const Named<E>& n : table) names += (names.empty() ? "" : ", ") + std::string(n.name);
+  throw Error("fattn: " + std::string(what) + " must be one of " + names + "; got '" + name + "'");
+}
+
+}  // namespace
+
+const char* to_string(DType dtype) { return name_in(kDTypes, dtype, "unknown dtype"); }
+const char* to_string(Device device) { return name_in(kDevices, device, "unknown device"); }
+const char* to_string(Causal causal) { return name_in(kCausals, causal, "unknown causal"); }
+const char* to_string(Impl impl) { return name_in(kImpls, impl, "unknown impl"); }
+const char* to_string(Isa isa) { return name_in(kIsas, isa, "unknown isa"); }
+const char* to_string(Bf16Products products) {
+  return name_in(kBf16Products, products, "unknown bf16 products");
+}
+const char* to_string(Products products) {
+  return name_in(kProducts, products, "unknown products");
+}
+
+Impl parse_impl(const std::string& name) { return parse_in(kImpls, name, "impl"); }
+Isa parse_isa(const std::string& name) { return parse_in(kIsas, name, "isa"); }
+Bf16Products parse_bf16_products(const std::string& name) {
+  return parse_in(kBf16Products, name, "bf16 products");
 }
 
 int element_size(DType dtype) {
@@ -38,75 +86,6 @@ int element_size(DType dtype) {
     case DType::q8_0: return 1;  // q8_0 strides count bytes
   }
   return 0;
-}
-
-const char* to_string(Causal causal) {
-  switch (causal) {
-    case Causal::none: return "none";
-    case Causal::top_left: return "top_left";
-    case Causal::bottom_right: return "bottom_right";
-  }
-  return "unknown causal";
-}
-
-const char* to_string(Impl impl) {
-  switch (impl) {
-    case Impl::automatic: return "auto";
-    case Impl::reference: return "reference";
-    case Impl::naive: return "naive";
-    case Impl::fused: return "fused";
-    case Impl::decode: return "decode";
-  }
-  return "unknown impl";
-}
-
-const char* to_string(Isa isa) {
-  switch (isa) {
-    case Isa::automatic: return "auto";
-    case Isa::amx: return "amx";
-    case Isa::avx512: return "avx512";
-    case Isa::avx2: return "avx2";
-    case Isa::portable: return "portable";
-  }
-  return "unknown isa";
-}
-
-const char* to_string(Bf16Products products) {
-  switch (products) {
-    case Bf16Products::automatic: return "auto";
-    case Bf16Products::bf16_dot: return "bf16_dot";
-    case Bf16Products::fma: return "fma";
-  }
-  return "unknown bf16 products";
-}
-
-const char* to_string(Products products) {
-  switch (products) {
-    case Products::float64: return "float64";
-    case Products::fma: return "fma";
-    case Products::bf16_dot: return "bf16_dot";
-    case Products::amx: return "amx";
-  }
-  return "unknown products";
-}
-
-Impl parse_impl(const std::string& name) {
-  for (Impl i : {Impl::automatic, Impl::reference, Impl::naive, Impl::fused, Impl::decode})
-    if (name == to_string(i)) return i;
-  throw Error("fattn: impl must be one of auto, reference, naive, fused, decode; got '" + name +
-              "'");
-}
-
-Isa parse_isa(const std::string& name) {
-  for (Isa i : {Isa::automatic, Isa::amx, Isa::avx512, Isa::avx2, Isa::portable})
-    if (name == to_string(i)) return i;
-  throw Error("fattn: isa must be one of auto, amx, avx512, avx2, portable; got '" + name + "'");
-}
-
-Bf16Products parse_bf16_products(const std::string& name) {
-  for (Bf16Products p : {Bf16Products::automatic, Bf16Products::bf16_dot, Bf16Products::fma})
-    if (name == to_string(p)) return p;
-  throw Error("fattn: bf16 products must be one of auto, bf16_dot, fma; got '" + name + "'");
 }
 
 namespace {

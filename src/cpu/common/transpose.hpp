@@ -7,28 +7,57 @@
 #include "cpu/common/isa_target.hpp"
 
 #if defined(FATTN_AVX)
+#include <cstdint>
+
 #include <immintrin.h>
 
 namespace fattn::cpu {
 namespace {  // each unit's own copy, built with its own instructions
 
-// r[k][j] ← r[j][k] for 8 vectors of 8 floats: rows interleaved by float, then by float
-// pair, then the 128-bit halves exchanged; 24 shuffles, the fewest AVX2 has for 8×8.
+// The shuffles of the first two stages, one name for both widths (within each 128-bit lane:
+// floats, then float pairs, of two rows interleaved).
+inline __m256 unpack_lo(__m256 x, __m256 y) { return _mm256_unpacklo_ps(x, y); }
+inline __m256 unpack_hi(__m256 x, __m256 y) { return _mm256_unpackhi_ps(x, y); }
+inline __m256 unpack_lo_pairs(__m256 x, __m256 y) {
+  return _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(x), _mm256_castps_pd(y)));
+}
+inline __m256 unpack_hi_pairs(__m256 x, __m256 y) {
+  return _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(x), _mm256_castps_pd(y)));
+}
+#if defined(FATTN_AVX512)
+inline __m512 unpack_lo(__m512 x, __m512 y) { return _mm512_unpacklo_ps(x, y); }
+inline __m512 unpack_hi(__m512 x, __m512 y) { return _mm512_unpackhi_ps(x, y); }
+inline __m512 unpack_lo_pairs(__m512 x, __m512 y) {
+  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+}
+inline __m512 unpack_hi_pairs(__m512 x, __m512 y) {
+  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+}
+#endif
+
+// The first two stages of an N×N transpose (N = 8 or 16 rows of N floats): pairs of rows
+// interleaved by float, then by float pair. After them b[4g + c], 128-bit lane L, holds
+// column 4L + c of rows 4g .. 4g+3; the last stage gathers the lanes across row groups.
+template <int N, class V>
+inline void interleave_row_quads(const V* r, V* b) {
+  V a[N];
+  for (int k = 0; k < N / 2; ++k) {
+    a[2 * k] = unpack_lo(r[2 * k], r[2 * k + 1]);
+    a[2 * k + 1] = unpack_hi(r[2 * k], r[2 * k + 1]);
+  }
+  for (int g = 0; g < N / 4; ++g) {
+    b[4 * g + 0] = unpack_lo_pairs(a[4 * g], a[4 * g + 2]);
+    b[4 * g + 1] = unpack_hi_pairs(a[4 * g], a[4 * g + 2]);
+    b[4 * g + 2] = unpack_lo_pairs(a[4 * g + 1], a[4 * g + 3]);
+    b[4 * g + 3] = unpack_hi_pairs(a[4 * g + 1], a[4 * g + 3]);
+  }
+}
+
+// r[k][j] ← r[j][k] for 8 vectors of 8 floats: the two stages above, then the 128-bit
+// halves exchanged; 24 shuffles, the fewest AVX2 has for 8×8.
 inline void transpose8x8(__m256 r[8]) {
-  __m256 a[8], b[8];
-  for (int k = 0; k < 4; ++k) {
-    a[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    a[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-  }
-  // b[4g + c], 128-bit half h: column 4h + c of rows 4g .. 4g+3.
-  for (int g = 0; g < 2; ++g) {
-    const __m256d lo0 = _mm256_castps_pd(a[4 * g]), hi0 = _mm256_castps_pd(a[4 * g + 1]);
-    const __m256d lo1 = _mm256_castps_pd(a[4 * g + 2]), hi1 = _mm256_castps_pd(a[4 * g + 3]);
-    b[4 * g + 0] = _mm256_castpd_ps(_mm256_unpacklo_pd(lo0, lo1));
-    b[4 * g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(lo0, lo1));
-    b[4 * g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(hi0, hi1));
-    b[4 * g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(hi0, hi1));
-  }
+  __m256 b[8];
+  interleave_row_quads<8>(r, b);
   constexpr int kLowHalves = 0x20, kHighHalves = 0x31;
   for (int c = 0; c < 4; ++c) {
     r[c] = _mm256_permute2f128_ps(b[c], b[4 + c], kLowHalves);
@@ -36,35 +65,13 @@ inline void transpose8x8(__m256 r[8]) {
   }
 }
 
-}  // namespace
-}  // namespace fattn::cpu
-#endif
-
 #if defined(FATTN_AVX512)
-#include <cstdint>
-
-#include <immintrin.h>
-
-namespace fattn::cpu {
-
-// r[k][j] ← r[j][k]. Four stages of 16 shuffles: pairs of rows interleaved by float,
-// then by float pair (every 128-bit lane then holds 4 rows of one column quad), then the
-// lanes gathered across the four row groups with two rounds of shuffle_f32x4.
+// r[k][j] ← r[j][k]. Four stages of 16 shuffles: the two above (every 128-bit lane then
+// holds 4 rows of one column quad), then the lanes gathered across the four row groups
+// with two rounds of shuffle_f32x4.
 inline void transpose16x16(__m512 r[16]) {
-  __m512 a[16], b[16];
-  for (int k = 0; k < 8; ++k) {
-    a[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    a[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-  }
-  // b[4g + c], 128-bit lane L: column 4L + c of rows 4g .. 4g+3.
-  for (int g = 0; g < 4; ++g) {
-    const __m512d lo0 = _mm512_castps_pd(a[4 * g]), hi0 = _mm512_castps_pd(a[4 * g + 1]);
-    const __m512d lo1 = _mm512_castps_pd(a[4 * g + 2]), hi1 = _mm512_castps_pd(a[4 * g + 3]);
-    b[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
-    b[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
-    b[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
-    b[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
-  }
+  __m512 b[16];
+  interleave_row_quads<16>(r, b);
   constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
   for (int c = 0; c < 4; ++c) {
     const __m512 s01_even = _mm512_shuffle_f32x4(b[c], b[4 + c], kEven);   // lanes 0, 2
@@ -88,6 +95,8 @@ inline void transpose_block16(const float* src, std::int64_t src_stride, float* 
   transpose16x16(r);
   for (int k = 0; k < 16; ++k) _mm512_storeu_ps(dst + k * dst_stride, r[k]);
 }
+#endif
 
+}  // namespace
 }  // namespace fattn::cpu
 #endif
