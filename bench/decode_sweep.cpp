@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <random>
@@ -85,6 +86,15 @@ struct Stored {
 
   float at(std::int64_t e) const {
     const auto i = static_cast<std::size_t>(e);
+    if (view.dtype == fattn::DType::q8_0) {  // value d·q of its block (rows of D values)
+      const std::int64_t D = view.size(3), d = e % D;
+      const std::uint8_t* block = blocks.data() + (e / D) * fattn::q8_0_row_bytes(D) +
+                                  d / fattn::kQ8_0BlockValues * fattn::kQ8_0BlockBytes;
+      std::uint16_t scale;
+      std::memcpy(&scale, block, sizeof scale);
+      const auto q = static_cast<std::int8_t>(block[sizeof scale + d % fattn::kQ8_0BlockValues]);
+      return fattn::from_16bit(scale, fattn::DType::float16) * static_cast<float>(q);
+    }
     return view.dtype == fattn::DType::float32 ? values[i] : fattn::from_16bit(bits[i], view.dtype);
   }
 };

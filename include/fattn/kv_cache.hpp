@@ -33,7 +33,9 @@ struct KvCache {
 // L_b = seqlens[b] + S_new keys; causal bottom_right aligns query Sq−1 with key L_b − 1
 // (chunked prefill: the new queries are the last tokens), top_left query i with key i.
 //   q, out: (B, Hq, Sq, D), Hq a multiple of Hkv; lse: (B, Hq, Sq) float32 or null.
-//   q, the caches, k_new, v_new and out share one dtype: float32, bfloat16 or float16.
+//   q, the caches, k_new, v_new and out share one dtype: float32, bfloat16 or float16; or
+//   the caches are q8_0 (CPU; fattn's int8 format, DType::q8_0) with float32 q, k_new, v_new
+//   and out, the append quantizing each new row (quantize_q8_0) into its slot.
 // Impl::automatic and Impl::decode run the decode kernel (cpu/decode/decode.hpp), Impl::reference
 // the float64 reference; options.kv_splits sets its key splits. Every argument is
 // checked before anything is written: a call that throws leaves the cache as it was.

@@ -28,6 +28,9 @@ void expect_size(const char* name, const TensorView& t, int dim, const char* mea
                  const std::string& source, std::int64_t expected);
 // An output must not have two index tuples at one address.
 void expect_no_self_overlap(const char* name, const TensorView& t);
+// K and V's dtype: q's, or q8_0 for a CPU call with float32 q (where only one of them is q8_0,
+// the other's check_view against it says so).
+DType kv_dtype_of(const TensorView& q, const TensorView& k, const TensorView& v);
 void expect_disjoint(const char* out_name, Extent out, const char* in_name, Extent in);
 void expect_head_dim(std::int64_t head_dim);  // q.size(3) in [kMinHeadDim, kMaxHeadDim]
 // The scale (default 1/sqrt(D)), checked finite, and the thread options.

@@ -98,6 +98,17 @@ void expect_size(const char* name, const TensorView& t, int dim, const char* mea
   fail(m.str());
 }
 
+DType kv_dtype_of(const TensorView& q, const TensorView& k, const TensorView& v) {
+  if (k.dtype != DType::q8_0 && v.dtype != DType::q8_0) return q.dtype;
+  if (q.device != Device::cpu)
+    fail(std::string("k and v of dtype q8_0 are read by the CPU kernels only; q is on ") +
+         to_string(q.device));
+  if (q.dtype != DType::float32)
+    fail(std::string("q must have dtype float32 with k and v of dtype q8_0, got ") +
+         to_string(q.dtype));
+  return DType::q8_0;
+}
+
 // An output must not have two index tuples at one address: sorted by stride,
 // each dimension must step over everything the smaller ones span.
 void expect_no_self_overlap(const char* name, const TensorView& t) {
@@ -108,6 +119,10 @@ void expect_no_self_overlap(const char* name, const TensorView& t) {
   std::int64_t span = 1;  // offsets [0, span) are reachable by the smaller dimensions
   for (int n = 0; n < t.rank; ++n) {
     const int d = order[n];
+    if (t.dtype == DType::q8_0 && d == 3) {  // a q8_0 row: its bytes, dims contiguous
+      span = q8_0_row_bytes(t.size(3));
+      continue;
+    }
     if (t.size(d) == 1) continue;
     if (t.stride(d) < span) {
       std::ostringstream m;
@@ -196,14 +211,8 @@ Problem check_forward(const TensorView& q, const TensorView& k, const TensorView
                       ForwardExtents* extents, bool kv_pages) {
   const DType dtype = q.dtype;
   const Device device = q.device;
-  // k and v: q's dtype, or a q8_0 cache (CPU, float32 q and out).
-  const bool kv_q8_0 = k.dtype == DType::q8_0 || v.dtype == DType::q8_0;
-  if (kv_q8_0 && device != Device::cpu)
-    fail(std::string("k and v of dtype q8_0 are read by the CPU kernels only; q is on ") +
-         to_string(device));
-  if (kv_q8_0 && dtype != DType::float32)
-    fail(std::string("q must have dtype float32 with k and v of dtype q8_0, got ") + to_string(dtype));
-  const DType kv_dtype = kv_q8_0 ? DType::q8_0 : dtype;
+  const DType kv_dtype = kv_dtype_of(q, k, v);
+  const bool kv_q8_0 = kv_dtype == DType::q8_0;
   const Extent q_extent = extents->q = check_view("q", q, 4, dtype, device);
   const Extent k_extent = extents->k = check_view("k", k, 4, kv_dtype, device);
   const Extent v_extent = extents->v = check_view("v", v, 4, kv_dtype, device);

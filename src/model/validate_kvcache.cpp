@@ -30,10 +30,10 @@ struct Geometry {
   PageGeometry pages;
 };
 
-Geometry check_cache(const TensorView& q, const KvCache& cache) {
+Geometry check_cache(const TensorView& q, const KvCache& cache, DType kv_dtype) {
   const std::int64_t batch = q.size(0), head_dim = q.size(3);
-  check_view("k_cache", cache.k, 4, q.dtype, q.device);
-  check_view("v_cache", cache.v, 4, q.dtype, q.device);
+  check_view("k_cache", cache.k, 4, kv_dtype, q.device);
+  check_view("v_cache", cache.v, 4, kv_dtype, q.device);
   for (int d = 0; d < 4; ++d)
     expect_size("v_cache", cache.v, d, "as k_cache", dim_name("k_cache", d), cache.k.size(d));
   expect_size("k_cache", cache.k, 3, "head dim", "q.size(3)", head_dim);
@@ -191,11 +191,13 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   }
   const Extent q_extent = check_view("q", q, 4, dtype, device);
   expect_head_dim(q.size(3));
-  const Geometry g = check_cache(q, cache);
+  // The cache: q's dtype, or q8_0 (float32 q, k_new, v_new and out; the append quantizes).
+  const DType kv_dtype = kv_dtype_of(q, cache.k, cache.v);
+  const Geometry g = check_cache(q, cache, kv_dtype);
   if ((kn == nullptr) != (vn == nullptr)) fail("k_new and v_new must be given together");
   std::vector<Named> inputs{{"q", q_extent},
-                            {"k_cache", check_view("k_cache", cache.k, 4, dtype, device)},
-                            {"v_cache", check_view("v_cache", cache.v, 4, dtype, device)}};
+                            {"k_cache", check_view("k_cache", cache.k, 4, kv_dtype, device)},
+                            {"v_cache", check_view("v_cache", cache.v, 4, kv_dtype, device)}};
   if (kn) {
     inputs.push_back({"k_new", check_view("k_new", *kn, 4, dtype, device)});
     inputs.push_back({"v_new", check_view("v_new", *vn, 4, dtype, device)});
@@ -254,6 +256,7 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   p.scale = checked_scale(options, p.head_dim);
   p.causal = options.causal;
   p.dtype = dtype;
+  p.kv_q8_0 = kv_dtype == DType::q8_0;
   const VariantExtents variants = check_variants(options, q, &p);
   expect_disjoint("out", out_extent, "alibi_slopes", variants.alibi);
   expect_disjoint("out", out_extent, "sinks", variants.sinks);
@@ -297,7 +300,28 @@ void append_as(const KvCacheProblem& c) {
       }
 }
 
+// Quantizes each new key and value row (float32) into its q8_0 cache row: fattn's
+// quantize_q8_0, ggml's rounding, as llama.cpp's copy of new tokens into a Q8_0 cache.
+void append_quantized(const KvCacheProblem& c) {
+  const Problem& p = c.p;
+  const Strided<std::uint8_t> k_cache = retype<std::uint8_t>(c.k_cache),
+                              v_cache = retype<std::uint8_t>(c.v_cache);
+  std::vector<float> row(static_cast<std::size_t>(p.head_dim));
+  auto quantize = [&](const float* src, std::int64_t dim_stride, std::uint8_t* dst) {
+    for (std::int64_t d = 0; d < p.head_dim; ++d) row[static_cast<std::size_t>(d)] = src[d * dim_stride];
+    quantize_q8_0(row.data(), p.head_dim, dst);
+  };
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    for (std::int64_t h = 0; h < p.kv_heads; ++h)
+      for (std::int64_t t = 0; t < c.new_len; ++t) {
+        const std::int64_t j = c.old_lengths[static_cast<std::size_t>(b)] + t;
+        quantize(c.k_new.row(b, h, t), c.k_new.dim, k_cache.row(b, h, j));
+        quantize(c.v_new.row(b, h, t), c.v_new.dim, v_cache.row(b, h, j));
+      }
+}
+
 void KvCacheProblem::append() const {
+  if (p.kv_q8_0) return append_quantized(*this);
   if (element_size(p.dtype) == 2) return append_as<std::uint16_t>(*this);
   append_as<float>(*this);
 }
