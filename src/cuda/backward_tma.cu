@@ -5,8 +5,8 @@
 #include <cuda_fp16.h>
 
 #include "cuda/backward_tma.cuh"
-#include "cuda/fused_tma.cuh"  // tma_data_type, encode_or_fail
 #include "cuda/launchers.hpp"
+#include "cuda/tma_host.hpp"
 
 namespace fattn::cuda {
 namespace {

@@ -36,12 +36,12 @@
 
 #include "cuda/backward_params.hpp"
 #include "cuda/common.cuh"
-#include "cuda/fused_wgmma.cuh"  // pack_probs, pv_done
-#include "cuda/score_mods.cuh"   // softcapped
+#include "cuda/score_mods.cuh"  // softcapped
 #include "cuda/tile_config.hpp"
 #include "cuda/tma.cuh"
 #include "cuda/visibility.cuh"
 #include "cuda/wgmma.cuh"
+#include "cuda/wgmma_consumer.cuh"  // pack_probs, pv_done
 
 namespace fattn::cuda {
 

@@ -10,7 +10,7 @@
 //                    each warp takes the split's key tiles in turn through its own ring of
 //                    cp.async stages (row addresses per key: page lookup, or the new keys,
 //                    read from k_new/v_new and not from the cache being written);
-//                    S = Q·Kᵀ and O += P·V on mma.sync (fused_mma.cuh's warp products,
+//                    S = Q·Kᵀ and O += P·V on mma.sync (mma_warp.cuh's warp products,
 //                    16 rows: GQA packs the query heads of the kv head into them), the
 //                    variants and the band per key (SequenceBand), the online softmax
 //                    (warp_softmax.cuh);
@@ -28,7 +28,7 @@
 #include "cuda/decode.hpp"
 #include "cuda/decode_params.hpp"
 #include "cuda/decode_tiles.hpp"
-#include "cuda/fused_mma.cuh"
+#include "cuda/mma_warp.cuh"
 #include "cuda/score_mods.cuh"
 #include "cuda/warp_softmax.cuh"
 
@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(DecodeTiles::kThreads, 1)
   const int k_frag = (lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
   const int v_frag = (lane % 8 + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8;
 
-  float o[1][kDB][4];  // one 16-row slice (fused_mma.cuh's products take slices)
+  float o[1][kDB][4];  // one 16-row slice (mma_warp.cuh's products take slices)
   WarpRows stats;
   stats.start();
 #pragma unroll

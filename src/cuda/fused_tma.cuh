@@ -1,6 +1,6 @@
 // fattn — fused attention for float16 / bfloat16 on Hopper with the bulk tensor copy engine
 // (TMA) and warp specialization (sm_90a): FlashAttention-3's producer/consumer structure
-// around fused_wgmma.cuh's pipelined schedule.
+// around wgmma_consumer.cuh's pipelined schedule.
 //
 // Why: fused_wgmma stages K and V with cp.async, 16 bytes per thread per row, into the
 // no-swizzle core-matrix layout; on the H100 it was L2-bound (L2 throughput 90 %, tensor
@@ -37,13 +37,14 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.hpp"
-#include "cuda/fused_wgmma.cuh"
 #include "cuda/host_checks.hpp"
 #include "cuda/tensor_map.hpp"
+#include "cuda/tma_host.hpp"
 #include "cuda/tile_config.hpp"
 #include "cuda/tma.cuh"
 #include "cuda/warp_softmax.cuh"
 #include "cuda/wgmma.cuh"
+#include "cuda/wgmma_consumer.cuh"
 
 namespace fattn::cuda {
 
@@ -119,7 +120,7 @@ __device__ __forceinline__ bool consumers_see_nonfinite(const void* tile, int ct
   return named_sync_or(1, kThreads, bad);
 }
 
-// Where pv_visible_keys (fused_wgmma.cuh) finds V's values in the swizzled layout, as element
+// Where pv_visible_keys (wgmma_consumer.cuh) finds V's values in the swizzled layout, as element
 // offsets (sw128_offset / 2): columns 2t, 2t + 1 of the key's row, then columns 8d + 2t, +1 in
 // chunk d % 8 XOR key % 8 of panel d / 8.
 template <int kBc>
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
           [&](TileDone) {},
           [&](KeyDesc, int j) { return k_desc(j % S::kStages); },
           [&](ValueDesc, int j) { return v_desc(j % S::kStages); },
-          // Whether V_j must skip the tensor cores (fused_wgmma.cuh): uniform over the consumers.
+          // Whether V_j must skip the tensor cores (wgmma_consumer.cuh): uniform over the consumers.
           [&](NeedsVisibleKeysOnly, int j) {
             return this_warp.template crosses_diagonal<S::kBr>(p, first + j) &&
                    consumers_see_nonfinite<T, S::kTileBytes, S::kConsumerThreads>(
@@ -448,26 +449,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
   }
 }
 
-// The host side: the tensor maps of Q, K and V (tensor_map.hpp), then the launch.
-template <class T>
-constexpr CUtensorMapDataType tma_data_type() {
-  return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-}
-
-// `kernel`: the kernel's name in the error.
-inline void encode_or_fail(CUtensorMap* map, CUtensorMapDataType type,
-                           const HeadTensorGeometry& g, std::uint32_t box_rows, const char* name,
-                           const char* kernel = "fused_tma") {
-  const CUresult r = encode_head_tile_map(map, type, g, box_rows);
-  if (r == CUDA_ERROR_NOT_FOUND)
-    fail(std::string("the ") + kernel + " CUDA kernel needs the driver's cuTensorMapEncodeTiled, which this "
-         "driver does not provide");
-  if (r != CUDA_SUCCESS)
-    fail(std::string("the ") + kernel + " CUDA kernel could not describe " + name +
-         " as a TMA tensor map (cuTensorMapEncodeTiled returned " + std::to_string(static_cast<int>(r)) +
-         "; its data pointer must be 16-byte aligned and its strides multiples of 16 bytes)");
-}
-
+// The host side: the tensor maps of Q, K and V (tma_host.hpp), then the launch.
 // The tensor maps of one instantiation's boxes: Q in tiles of Br rows, K and V of Bc.
 template <class T, int D, int kRing>
 TmaMaps tma_maps(const Params& p) {

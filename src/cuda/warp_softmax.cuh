@@ -69,7 +69,7 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kN][4], const Params& 
 // all; a warp vote, so the branch is uniform): after the first tiles of a long row
 // the max rarely moves.
 // The two halves of softmax_update, for a kernel that must rescale o later than it
-// computes the probabilities (fused_wgmma.cuh's pipelined schedule, where the last
+// computes the probabilities (wgmma_consumer.cuh's pipelined schedule, where the last
 // tile's P·V is still adding into o meanwhile): softmax_scores updates m, l and s and
 // returns alpha per row half; rescale_rows applies it.
 template <int kN>
