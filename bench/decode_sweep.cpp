@@ -213,7 +213,10 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.gflops = static_cast<double>(r.flops) / t.median_ms * kGigaPerMilli;
   r.pct_fma_peak = 100.0 * r.gflops / ceilings.fma_peak_gflops;
   const fattn::TensorView k = p.contiguous(p.k), v = p.contiguous(p.v);
-  const Roof roof = roof_for(fattn::forward_plan(p.q.view, k, v, options), ceilings);
+  const fattn::ForwardPlan plan = p.page ? fattn::kvcache_plan(p.q.view, paged, nullptr, options)
+                                          : fattn::forward_plan(p.q.view, k, v, options);
+  r.plan = plan.decode;
+  const Roof roof = roof_for(plan, ceilings);
   r.roof = roof.name;
   r.pct_roof = 100.0 * r.gflops / roof.gflops;
   r.extra_bytes = p.page ? fattn::kvcache_extra_bytes(p.q.view, paged, nullptr, options)
@@ -295,7 +298,7 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
   // % peak: of the peak of the instructions the kernel runs ("dot": VDPBF16PS).
   print_table_header(out, {"B", "Hkv", "D", "Sq", "Sk", "K+V MiB", "decode ms", "GB/s", "% read",
                            "cache GB/s", "% cache", "% triad", "GFLOP/s", "% peak", "extra KiB", "fused ms", "fused/decode",
-                           "max err"});
+                           "max err", "plan: scores, kv heads an item, key chunks"});
   for (const DecodeResult& r : results) {
     if (r.impl != fattn::Impl::decode) continue;
     const DecodeResult* fused = nullptr;
@@ -310,14 +313,15 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
     }
     std::fprintf(out,
                  "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.1f | %.0f %% | "
-                 "%.0f %% | %.0f | %.0f %%%s | %.0f | %s | %s | %.1e |\n",
+                 "%.0f %% | %.0f | %.0f %%%s | %.0f | %s | %s | %.1e | %s, %lld, %lld%s |\n",
                  static_cast<long long>(r.batch), static_cast<long long>(r.kv_heads),
                  static_cast<long long>(r.head_dim), static_cast<long long>(r.q_len),
                  static_cast<long long>(r.kv_len), static_cast<double>(r.kv_bytes) / (1 << 20),
                  r.ms_median, r.gbs, r.pct_read_bandwidth, r.cache_read_gbs, r.pct_cache_read,
                  r.pct_bandwidth, r.gflops, r.pct_roof,
                  roof_mark(r.roof), static_cast<double>(r.extra_bytes) / 1024, fused_ms, ratio,
-                 r.max_abs_err);
+                 r.max_abs_err, r.plan.scores.c_str(), static_cast<long long>(r.plan.heads_per_item),
+                 static_cast<long long>(r.plan.splits), r.plan.reads_in_place ? "" : ", staged");
   }
 }
 
@@ -338,7 +342,12 @@ void write_decode_json(const std::string& path, const Machine& m,
                              {"pct_bandwidth", r.pct_bandwidth}, {"flops", r.flops},
                              {"gflops", r.gflops}, {"pct_fma_peak", r.pct_fma_peak},
                              {"roof", r.roof}, {"pct_roof", r.pct_roof},
-                             {"extra_bytes", r.extra_bytes}, {"max_abs_err_sampled", r.max_abs_err}});
+                             {"extra_bytes", r.extra_bytes}, {"max_abs_err_sampled", r.max_abs_err},
+                             {"plan", {{"scores", r.plan.scores}, {"reads_in_place", r.plan.reads_in_place},
+                                       {"key_tile", r.plan.key_tile}, {"rows", r.plan.rows},
+                                       {"heads_per_item", r.plan.heads_per_item},
+                                       {"splits", r.plan.splits}, {"items", r.plan.items},
+                                       {"reason", r.plan.reason}}}});
   std::ofstream file(path);
   file << doc.dump(2) << '\n';
   if (!file) throw std::runtime_error("cannot write " + path);

@@ -50,6 +50,7 @@ struct DecodeResult {
   double pct_roof = 0;       // gflops / that peak × 100
   std::int64_t extra_bytes = 0;  // working memory (fattn::extra_bytes)
   double max_abs_err = 0;        // sampled rows against the float64 reference
+  fattn::DecodePlan plan;        // what the decode kernel did (forward_plan / kvcache_plan)
 };
 
 std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& config, const Ceilings& ceilings);

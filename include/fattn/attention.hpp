@@ -226,6 +226,22 @@ std::int64_t backward_extra_bytes(const TensorView& q, const TensorView& k, cons
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options = {});
 
+// How the decode kernel cuts and reads one call (ForwardPlan::decode where impl is decode).
+struct DecodePlan {
+  // How a key tile's scores are computed: "direct" (each key row multiplied where it lies,
+  // for a few query rows), "transposed" (the tile transposed first), "query_lanes" (the
+  // query rows along the vector lanes, for many rows); "bf16_dot " before it where a
+  // bfloat16 cache runs on vdpbf16ps.
+  std::string scores;
+  bool reads_in_place = false;      // K and V read where they lie (else staged as float32)
+  std::int64_t key_tile = 0;        // keys per tile
+  std::int64_t rows = 0;            // query rows per kv head: Sq × (Hq / Hkv)
+  std::int64_t heads_per_item = 0;  // kv heads a work item takes each key tile for
+  std::int64_t splits = 0;          // key chunks per sequence (split-KV)
+  std::int64_t items = 0;           // work items: batch × head groups × row tiles × splits
+  std::string reason;               // the rules and the numbers behind the fields above
+};
+
 // What attention_forward runs for these inputs and options on this CPU: the kernel
 // (automatic resolved), the instruction set of its table (the reference: portable) and
 // what its products run on. Checks its arguments as attention_forward does; CPU tensors
@@ -237,6 +253,7 @@ struct ForwardPlan {
   // Why bfloat16 inputs on avx512 take these products (bf16_products_choice()'s reason,
   // or the option that forced them); empty for other inputs.
   std::string products_reason;
+  DecodePlan decode;  // where impl is decode (scores empty otherwise)
 };
 ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorView& v,
                          const Options& options = {});

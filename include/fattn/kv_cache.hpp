@@ -62,6 +62,13 @@ std::string cuda_kvcache_refusal(const TensorView& q, const KvCache& cache,
 // backend); any multiple of 8 up to the largest runs on the next one.
 std::vector<int> cuda_decode_head_dims();
 
+// What attention_kvcache runs for these arguments on this CPU (checked as it checks them,
+// nothing written): the decode kernel's instruction set, products and plan (ForwardPlan::
+// decode: the scores' form, the cache read in place or staged, heads an item, key chunks,
+// and why), or the reference. CPU tensors only.
+ForwardPlan kvcache_plan(const TensorView& q, const KvCache& cache, const TensorView* k_new,
+                         const Options& options = {});
+
 // Bytes of working memory attention_kvcache allocates for these arguments.
 std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,
                                  const TensorView* k_new, const Options& options = {});

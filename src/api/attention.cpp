@@ -246,9 +246,7 @@ ForwardPlan forward_plan(const TensorView& q, const TensorView& k, const TensorV
   const detail::Problem p = detail::make_problem(q, k, v, nullptr, nullptr, options);
   const Impl impl = resolve(options.impl, q.dtype, p);
   if (impl == Impl::reference) return {impl, Isa::portable, Products::float64};
-  const cpu::Kernels& kernels = detail::forward_kernels(options, p);
-  const Products products = kernels.products(p, impl);
-  return {impl, kernels.isa, products, bf16_products_reason(options, kernels, p, products)};
+  return detail::cpu_forward_plan(detail::forward_kernels(options, p), p, impl, options);
 }
 
 std::int64_t extra_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -337,6 +335,15 @@ namespace detail {
 
 const cpu::Kernels& forward_kernels(const Options& options, const Problem& p) {
   return cpu_kernels(options, p, Direction::forward);
+}
+
+ForwardPlan cpu_forward_plan(const cpu::Kernels& kernels, const Problem& p, Impl impl,
+                             const Options& options) {
+  const Products products = kernels.products(p, impl);
+  ForwardPlan plan{impl, kernels.isa, products, bf16_products_reason(options, kernels, p, products), {}};
+  if (impl == Impl::decode)
+    plan.decode = kernels.decode_plan(p, make_exec(options).workers, options.kv_splits);
+  return plan;
 }
 
 // run(b, one, memory) for each sequence b of `shared` in one parallel section, one worker

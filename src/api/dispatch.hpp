@@ -13,6 +13,11 @@ namespace fattn::detail {
 // The CPU kernels for a forward problem under these options (an ISA the CPU lacks is an Error).
 const cpu::Kernels& forward_kernels(const Options& options, const Problem& p);
 
+// How a forward problem runs on these kernels, as ForwardPlan says it: the products and why
+// (bfloat16 on avx512), and the decode kernel's plan where impl is decode.
+ForwardPlan cpu_forward_plan(const cpu::Kernels& kernels, const Problem& p, Impl impl,
+                             const Options& options);
+
 // Runs a validated ragged forward problem (attention_varlen) under these options.
 void ragged_forward(const Problem& p, const Exec& exec, const Options& options);
 

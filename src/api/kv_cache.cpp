@@ -63,6 +63,17 @@ std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,
          static_cast<std::int64_t>(sizeof(float));
 }
 
+ForwardPlan kvcache_plan(const TensorView& q, const KvCache& cache, const TensorView* k_new,
+                         const Options& options) {
+  const Impl impl = kvcache_impl(options.impl);
+  if (q.device == Device::cuda)
+    throw Error("fattn: kvcache_plan describes the CPU kernels; q is on cuda");
+  const detail::KvCacheProblem call(q, cache, k_new, k_new, nullptr, nullptr, options);
+  if (impl == Impl::reference) return {impl, Isa::portable, Products::float64, {}, {}};
+  return detail::cpu_forward_plan(detail::forward_kernels(options, call.p), call.p, Impl::decode,
+                                  options);
+}
+
 namespace {
 
 // The packed sequences run on the CPU kernels (python/fattn routes cuda tensors to Triton).

@@ -34,6 +34,8 @@ struct Kernels {
                                           std::int64_t splits);
   void (*decode)(const detail::Problem& p, const detail::Exec& exec, float* workspace,
                  std::int64_t splits);
+  // How decode cuts and reads this problem (ForwardPlan::decode).
+  DecodePlan (*decode_plan)(const detail::Problem& p, int workers, std::int64_t splits);
   // What the forward's products run on in kernel `impl` (naive, fused or decode).
   Products (*products)(const detail::Problem& p, Impl impl);
   // The table whose forward and backward kernels run where this one's return false (null:

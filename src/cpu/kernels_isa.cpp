@@ -85,6 +85,7 @@ Products products(const detail::Problem& p, Impl impl) {
 const Kernels FATTN_KERNELS = {Isa::FATTN_ISA,     TileOps<S>::Br, workspace_floats,
                                fused,              naive,          backward_workspace_floats,
                                backward,           backward_naive, decode_workspace_floats,
-                               decode_forward<S>,  products,       nullptr};
+                               decode_forward<S>,  decode_plan<S>, products,
+                               nullptr};
 
 }  // namespace fattn::cpu

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/checks.hpp"
 #include "model/problem.hpp"
 #include "fattn/kv_cache.hpp"
 
@@ -14,6 +15,7 @@ namespace fattn::detail {
 // × block_size), pages.
 struct PageGeometry {
   std::int64_t block_size, capacity, num_blocks;
+  Extent table;  // the block table's bytes (empty for a contiguous cache)
 };
 // block_table (batch, max_blocks) int32 on `device` (batch from batch_source) with
 // contiguous rows, and the cache k (named k_name: num_blocks, Hkv, block_size, D) of pages

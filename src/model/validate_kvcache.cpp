@@ -28,12 +28,13 @@ struct Geometry {
   bool paged;
   std::int64_t batch, kv_heads;
   PageGeometry pages;
+  Extent k, v;  // the caches' bytes
 };
 
 Geometry check_cache(const TensorView& q, const KvCache& cache, DType kv_dtype) {
   const std::int64_t batch = q.size(0), head_dim = q.size(3);
-  check_view("k_cache", cache.k, 4, kv_dtype, q.device);
-  check_view("v_cache", cache.v, 4, kv_dtype, q.device);
+  const Extent k = check_view("k_cache", cache.k, 4, kv_dtype, q.device);
+  const Extent v = check_view("v_cache", cache.v, 4, kv_dtype, q.device);
   for (int d = 0; d < 4; ++d)
     expect_size("v_cache", cache.v, d, "as k_cache", dim_name("k_cache", d), cache.k.size(d));
   expect_size("k_cache", cache.k, 3, "head dim", "q.size(3)", head_dim);
@@ -46,21 +47,23 @@ Geometry check_cache(const TensorView& q, const KvCache& cache, DType kv_dtype) 
   }
   if (!cache.block_table) {
     expect_size("k_cache", cache.k, 0, "batch", "q.size(0)", batch);
-    return {false, batch, kv_heads, {cache.k.size(2), cache.k.size(2), cache.k.size(0)}};
+    return {false, batch, kv_heads, {cache.k.size(2), cache.k.size(2), cache.k.size(0), {0, 0}}, k, v};
   }
   return {true, batch, kv_heads,
-          check_page_table(*cache.block_table, "k_cache", cache.k, batch, "q.size(0)", q.device)};
+          check_page_table(*cache.block_table, "k_cache", cache.k, batch, "q.size(0)", q.device), k, v};
 }
 
-// The seqlens view: (B) int32 on q's device; required with an append.
-void check_seqlens_view(const KvCache& cache, const Geometry& g, std::int64_t new_len,
-                        Device device) {
+// The seqlens view: (B) int32 on q's device; required with an append. Its bytes (empty
+// without seqlens).
+Extent check_seqlens_view(const KvCache& cache, const Geometry& g, std::int64_t new_len,
+                          Device device) {
   if (!cache.seqlens) {
     if (new_len > 0) fail("k_new and v_new need seqlens: the position at which to append");
-    return;
+    return {0, 0};
   }
-  check_view("seqlens", *cache.seqlens, 1, DType::int32, device);
+  const Extent extent = check_view("seqlens", *cache.seqlens, 1, DType::int32, device);
   expect_size("seqlens", *cache.seqlens, 0, "batch", "q.size(0)", g.batch);
+  return extent;
 }
 
 // Keys per sequence before and after the append: seqlens[b] >= 0 and
@@ -132,9 +135,9 @@ void check_append_slots(const KvCache& cache, const Geometry& g,
 
 PageGeometry check_page_table(const TensorView& table, const char* k_name, const TensorView& k,
                               std::int64_t batch, const char* batch_source, Device device) {
-  check_view("block_table", table, 2, DType::int32, device);
+  const Extent extent = check_view("block_table", table, 2, DType::int32, device);
   expect_size("block_table", table, 0, "batch", batch_source, batch);
-  PageGeometry g{k.size(2), 0, k.size(0)};
+  PageGeometry g{k.size(2), 0, k.size(0), extent};
   if (g.block_size % 16 != 0) {
     std::ostringstream m;
     m << k_name << ".size(2) (block_size, keys per page) must be a multiple of 16 with a "
@@ -195,9 +198,7 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
   const DType kv_dtype = kv_dtype_of(q, cache.k, cache.v);
   const Geometry g = check_cache(q, cache, kv_dtype);
   if ((kn == nullptr) != (vn == nullptr)) fail("k_new and v_new must be given together");
-  std::vector<Named> inputs{{"q", q_extent},
-                            {"k_cache", check_view("k_cache", cache.k, 4, kv_dtype, device)},
-                            {"v_cache", check_view("v_cache", cache.v, 4, kv_dtype, device)}};
+  std::vector<Named> inputs{{"q", q_extent}, {"k_cache", g.k}, {"v_cache", g.v}};
   if (kn) {
     inputs.push_back({"k_new", check_view("k_new", *kn, 4, dtype, device)});
     inputs.push_back({"v_new", check_view("v_new", *vn, 4, dtype, device)});
@@ -217,7 +218,7 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
       for (std::size_t n = 3; n < 5; ++n)  // k_new, v_new
         expect_disjoint(inputs[c].name, inputs[c].extent, inputs[n].name, inputs[n].extent);
   }
-  check_seqlens_view(cache, g, new_len, device);
+  const Extent seqlens_extent = check_seqlens_view(cache, g, new_len, device);
   // On the CPU the lengths and the block table are read and checked here; on CUDA they
   // stay on the device, where the kernels check them (cuda/decode.cuh) without the host
   // waiting for the GPU.
@@ -226,11 +227,8 @@ KvCacheProblem::KvCacheProblem(const TensorView& q, const KvCache& cache, const 
     check_block_table(cache, g, lengths);
     check_append_slots(cache, g, old_lengths, new_len);
   }
-  if (cache.seqlens)
-    inputs.push_back({"seqlens", check_view("seqlens", *cache.seqlens, 1, DType::int32, device)});
-  if (cache.block_table)
-    inputs.push_back(
-        {"block_table", check_view("block_table", *cache.block_table, 2, DType::int32, device)});
+  if (cache.seqlens) inputs.push_back({"seqlens", seqlens_extent});
+  if (cache.block_table) inputs.push_back({"block_table", g.pages.table});
   Extent out_extent{0, 0};
   if (out) {
     out_extent = check_view("out", *out, 4, dtype, device);

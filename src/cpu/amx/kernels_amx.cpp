@@ -47,6 +47,7 @@ Products products(const detail::Problem&, Impl impl) {
 const Kernels amx_kernels = {Isa::amx,             AmxOps<S>::Br,         workspace_floats,
                              amx_fused_forward<S>, amx_naive_forward<S>,  backward_workspace_floats,
                              amx_fused_backward<S>, amx_naive_backward<S>, decode_workspace_floats,
-                             decode_forward<S>,    products,              &avx512_kernels};
+                             decode_forward<S>,    decode_plan<S>,        products,
+                             &avx512_kernels};
 
 }  // namespace fattn::cpu

@@ -120,13 +120,17 @@ struct DecodeScoresBf16 {
         [&] { next.issue_line(); }, factor, st, Bk);
   }
 
+  // Whether tile_scores takes the key rows where they lie for `rows` rows (forward_plan
+  // reports it): up to DecodeOps::kDirectRows, as the float32 scores of 16-bit keys.
+  static constexpr bool direct_scores(std::int64_t rows) { return rows <= Ops::kDirectRows; }
+
   // Scores of one key tile against `rows` query rows (their bits qb, Dp per row): straight
   // from the key rows for a few rows, else through the pair tile in kt's memory (Dp/2
   // pairs per key, within kt's D·Bk floats). k's dims are contiguous (read in place).
   static void tile_scores(const std::uint16_t* qb, float factor, std::int64_t rows, std::int64_t D,
                           const Rows& k, std::int64_t nj, float* kt, float* st, Prefetch& next) {
     const std::int64_t Dp = Ops::padded_dim(D);
-    if (rows <= Ops::kDirectRows) {
+    if (direct_scores(rows)) {
       DirectScores<Rows, DotBf16Products>::scores(qb, rows, Dp, k, nj, Bk, factor, st, next);
     } else {
       auto* kp = reinterpret_cast<std::uint32_t*>(kt);

@@ -39,6 +39,7 @@
 
 #include "model/parallel.hpp"
 #include "model/problem.hpp"
+#include "cpu/decode/plan.hpp"
 #include "cpu/decode/worker.hpp"
 #include "cpu/decode/workspace.hpp"
 

@@ -302,7 +302,7 @@ struct DecodeOps {
                           std::int64_t nj, float* kt, float* st, Prefetch& next) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
-      if (rows <= direct_rows<E>() && k.dim_stride == 1) {
+      if (direct_scores<E>(rows, k.dim_stride == 1)) {
 #if defined(FATTN_AVX512_BF16)
         // The AVX512-BF16 table runs a bfloat16 cache's scores on vdpbf16ps (bf16.hpp);
         // the split pairs serve the AVX-512 table, where the FMA choice sends bfloat16.
@@ -329,7 +329,7 @@ struct DecodeOps {
     }
 #elif defined(FATTN_AVX)
     if constexpr (L == 8) {
-      if (rows <= kDirectRows && k.dim_stride == 1) {
+      if (direct_scores<E>(rows, k.dim_stride == 1)) {
         DirectScoresAvx2<Rows<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);
         next.issue_rest();
         return;
@@ -350,6 +350,18 @@ struct DecodeOps {
   template <class E>
   static constexpr std::int64_t direct_rows() {
     return std::is_same_v<E, float> || std::is_same_v<E, Q8_0> ? 2 * kDirectRows : kDirectRows;
+  }
+  // Whether tile_scores multiplies the key rows where they lie for `rows` query rows (keys
+  // of element type E, their dims contiguous or not), rather than through the transposed
+  // tile: the rule tile_scores follows and forward_plan reports.
+  template <class E>
+  static constexpr bool direct_scores(std::int64_t rows, bool dims_contiguous) {
+#if defined(FATTN_AVX512)
+    if constexpr (L == 16) return dims_contiguous && rows <= direct_rows<E>();
+#elif defined(FATTN_AVX)
+    if constexpr (L == 8) return dims_contiguous && rows <= kDirectRows;
+#endif
+    return false;
   }
 
   // Across the lanes: with AVX-512 / AVX2 in a tree of shuffles (4 / 3 steps, not 15 / 7

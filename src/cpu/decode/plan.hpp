@@ -1,0 +1,87 @@
+// fattn — what the decode kernel does with one problem, in words and numbers
+// (fattn::DecodePlan, ForwardPlan::decode): how the scores of a key tile are computed,
+// whether the cache is read in place, how the work is cut into items and key chunks, and
+// the rules behind each choice. Every field is read from the objects the kernel itself
+// runs on (DecodeWorkspace, DecodeOps::direct_scores, DecodeScoresBf16::direct_scores).
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "model/problem.hpp"
+#include "cpu/common/elements.hpp"
+#include "cpu/decode/bf16.hpp"
+#include "cpu/decode/ops.hpp"
+#include "cpu/decode/workspace.hpp"
+
+namespace fattn::cpu {
+
+template <class S>
+DecodePlan decode_plan(const detail::Problem& p, int workers, std::int64_t requested_splits) {
+  using Ops = DecodeOps<S>;
+  using Workspace = DecodeWorkspace<S>;
+  const Workspace ws(p, workers, requested_splits);
+  DecodePlan plan;
+  plan.reads_in_place = ws.in_place;
+  plan.key_tile = Ops::Bk;
+  plan.rows = ws.rows;
+  plan.heads_per_item = ws.heads_per_item;
+  plan.splits = ws.splits;
+  plan.items = ws.items;
+
+  // The scores of a full row tile (ws.tile_rows rows), as DecodeWorker::scores picks them.
+  const DType keys = ws.in_place ? p.kv_dtype() : DType::float32;  // staged tiles: float32
+  const bool dims_contiguous = !ws.in_place || p.k.dim == 1;
+  bool direct = false;
+  std::int64_t direct_up_to = 0;
+  auto direct_for = [&](auto element) {
+    using E = decltype(element);
+    direct = Ops::template direct_scores<E>(ws.tile_rows, dims_contiguous);
+    for (std::int64_t r = 1; r <= 64 && Ops::template direct_scores<E>(r, dims_contiguous); ++r)
+      direct_up_to = r;
+  };
+  std::string products;
+#if defined(FATTN_AVX512_BF16)
+  if (ws.dot_bf16 && ws.in_place && keys == DType::bfloat16) {
+    products = "bf16_dot ";
+    direct = DecodeScoresBf16<S>::direct_scores(ws.tile_rows);
+    for (std::int64_t r = 1; r <= 64 && DecodeScoresBf16<S>::direct_scores(r); ++r) direct_up_to = r;
+  } else
+#endif
+  {
+    switch (keys) {
+      case DType::float16: direct_for(Float16{}); break;
+      case DType::bfloat16: direct_for(BFloat16{}); break;
+      case DType::q8_0: direct_for(Q8_0{}); break;
+      default: direct_for(0.0f); break;
+    }
+  }
+  plan.scores = products + (ws.query_lanes ? "query_lanes" : direct ? "direct" : "transposed");
+
+  std::ostringstream why;
+  why << plan.scores << ": " << ws.tile_rows << " rows a tile (";
+  if (ws.query_lanes)
+    why << "48 or more take the query rows along the lanes";
+  else if (direct_up_to > 0)
+    why << "up to " << direct_up_to << " take the key rows where they lie, more a transposed tile";
+  else
+    why << "this instruction set transposes every tile";
+  why << "); " << (ws.in_place ? "K and V read in place" : "K and V staged as float32 tile by tile")
+      << " (" << (ws.in_place ? "contiguous dims, whole vectors" : "strided dims, a head dim not a "
+                  "whole number of vectors, or a q8_0 cache under the query-lane tiles")
+      << "); " << ws.heads_per_item << " of " << p.kv_heads << " kv heads an item (their states"
+      << (ws.in_place ? "" : " and staged tiles") << " within " << Workspace::kItemFloats
+      << " floats); ";
+  if (requested_splits > 0)
+    why << ws.splits << " key chunks as asked (kv_splits " << requested_splits
+        << ", at most one per key tile)";
+  else
+    why << ws.splits << " key chunks: " << ws.items / ws.splits << " items (batch × head groups × "
+        << "row tiles) for " << workers << " workers, " << Workspace::kItemsPerWorker
+        << " a worker wanted, chunks of at least " << Workspace::kMinChunkKeys << " keys";
+  plan.reason = why.str();
+  return plan;
+}
+
+}  // namespace fattn::cpu

@@ -1,0 +1,132 @@
+// fattn tests — what forward_plan and kvcache_plan say the decode kernel does
+// (ForwardPlan::decode): the scores' form by rows and element type on each instruction set,
+// the cache read in place or staged, the work items and key chunks (consistent with each
+// other and with kv_splits), and a reason that names them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fattn/fattn.hpp"
+#include "util/cpu_variants.hpp"
+
+namespace fattn_test {
+namespace {
+
+using fattn::DType;
+using fattn::KvCache;
+using fattn::TensorView;
+using ::testing::HasSubstr;
+
+struct Shape {
+  std::int64_t B, Hq, Hkv, Sq, Sk, D;
+};
+
+// The plan of a decode call over (B, S, H, D) float32 data (the values are never read).
+struct Call {
+  Shape s;
+  std::vector<float> q, k, v;
+  TensorView qv, kv, vv;
+  explicit Call(const Shape& shape, DType dtype = DType::float32)
+      : s(shape),
+        q(static_cast<std::size_t>(shape.B * shape.Sq * shape.Hq * shape.D)),
+        k(static_cast<std::size_t>(shape.B * shape.Sk * shape.Hkv * shape.D)),
+        v(k.size()) {
+    qv = TensorView::bshd(q.data(), s.B, s.Sq, s.Hq, s.D, dtype);
+    kv = TensorView::bshd(k.data(), s.B, s.Sk, s.Hkv, s.D, dtype);
+    vv = TensorView::bshd(v.data(), s.B, s.Sk, s.Hkv, s.D, dtype);
+  }
+  fattn::DecodePlan plan(Isa isa, std::int64_t splits = 0, int threads = 2) const {
+    fattn::Options o;
+    o.impl = Impl::decode;
+    o.isa = isa;
+    o.kv_splits = static_cast<int>(splits);
+    o.num_threads = threads;
+    o.causal = fattn::Causal::bottom_right;
+    const fattn::ForwardPlan p = fattn::forward_plan(qv, kv, vv, o);
+    EXPECT_EQ(p.impl, Impl::decode);
+    return p.decode;
+  }
+};
+
+// items = batch × head groups × row tiles × splits, whatever the shape.
+void expect_consistent(const fattn::DecodePlan& d, const Shape& s) {
+  const std::int64_t head_groups = (s.Hkv + d.heads_per_item - 1) / d.heads_per_item;
+  const std::int64_t row_tiles = (d.rows + 63) / 64;
+  EXPECT_EQ(d.rows, s.Sq * (s.Hq / s.Hkv));
+  EXPECT_EQ(d.items, s.B * head_groups * row_tiles * d.splits);
+  EXPECT_GE(d.heads_per_item, 1);
+  EXPECT_LE(d.heads_per_item, s.Hkv);
+  EXPECT_GT(d.key_tile, 0);
+  EXPECT_THAT(d.reason, HasSubstr(d.scores));
+}
+
+TEST(DecodePlan, ScoresByRowsAndInstructionSet) {
+  const Shape gqa4{1, 32, 8, 1, 4096, 128}, gqa8{1, 32, 4, 1, 4096, 128}, sq16{1, 32, 8, 16, 4096, 128};
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable}) {
+    if (!fattn::cpu_supports(isa)) continue;
+    SCOPED_TRACE(fattn::to_string(isa));
+    const Call four(gqa4), eight(gqa8), many(sq16);
+    const fattn::DecodePlan d4 = four.plan(isa), d8 = eight.plan(isa), d64 = many.plan(isa);
+    for (const auto& [d, s] : {std::pair{d4, gqa4}, std::pair{d8, gqa8}, std::pair{d64, sq16}})
+      expect_consistent(d, s);
+    EXPECT_TRUE(d4.reads_in_place);
+    // 4 rows: straight from the key rows where vectors allow; the portable table transposes.
+    EXPECT_EQ(d4.scores, isa == Isa::portable ? "transposed" : "direct");
+    // 8 rows (GQA 8): float32 keys stay direct on AVX-512 only.
+    EXPECT_EQ(d8.scores, isa == Isa::avx512 ? "direct" : "transposed");
+    // 64 rows: the query rows along the lanes on AVX-512.
+    if (isa == Isa::avx512) EXPECT_EQ(d64.scores, "query_lanes");
+  }
+}
+
+TEST(DecodePlan, SplitsByRuleOrAsAsked) {
+  const Shape one{1, 32, 8, 1, 32768, 128};
+  const Call call(one);
+  const fattn::DecodePlan rule = call.plan(fattn::best_cpu_isa() == Isa::amx ? Isa::avx512 : fattn::best_cpu_isa());
+  // One sequence, all 8 kv heads in one item: the keys are cut so that each worker gets
+  // several items.
+  EXPECT_GT(rule.splits, 1);
+  EXPECT_THAT(rule.reason, HasSubstr("key chunks: "));
+  const fattn::DecodePlan asked = call.plan(Isa::portable, 3);
+  EXPECT_EQ(asked.splits, 3);
+  EXPECT_THAT(asked.reason, HasSubstr("as asked (kv_splits 3"));
+  expect_consistent(asked, one);
+}
+
+TEST(DecodePlan, StagedWhereDimsAreStrided) {
+  const Shape s{2, 8, 2, 1, 256, 64};
+  Call call(s);
+  call.kv.strides[3] = 2;  // every other float: the dims are not contiguous
+  call.kv.strides[0] *= 2, call.kv.strides[1] *= 2, call.kv.strides[2] *= 2;
+  call.k.resize(call.k.size() * 2);
+  call.kv.data = call.k.data();
+  const fattn::DecodePlan d = call.plan(Isa::portable);
+  EXPECT_FALSE(d.reads_in_place);
+  EXPECT_THAT(d.reason, HasSubstr("staged as float32"));
+}
+
+TEST(DecodePlan, KvCachePlanOfAPagedQ8_0Cache) {
+  const std::int64_t B = 2, Hq = 16, Hkv = 4, D = 64, pages = 8, block = 16;
+  std::vector<float> q(static_cast<std::size_t>(B * Hq * D));
+  std::vector<std::uint8_t> k(static_cast<std::size_t>(pages * block * Hkv * fattn::q8_0_row_bytes(D))), v(k);
+  std::vector<std::int32_t> table{0, 1, 2, 3, 4, 5, 6, 7};
+  const TensorView qv = TensorView::bshd(q.data(), B, 1, Hq, D);
+  const TensorView t = TensorView::int32_matrix(table.data(), B, 4);
+  const KvCache cache{TensorView::bshd(k.data(), pages, block, Hkv, D, DType::q8_0),
+                      TensorView::bshd(v.data(), pages, block, Hkv, D, DType::q8_0), nullptr, &t};
+  fattn::Options o;
+  o.isa = Isa::portable;
+  const fattn::ForwardPlan p = fattn::kvcache_plan(qv, cache, nullptr, o);
+  EXPECT_EQ(p.impl, Impl::decode);
+  EXPECT_EQ(p.decode.rows, 4);
+  EXPECT_TRUE(p.decode.reads_in_place);
+  EXPECT_EQ(p.decode.scores, "transposed");
+  o.impl = Impl::reference;
+  EXPECT_TRUE(fattn::kvcache_plan(qv, cache, nullptr, o).decode.scores.empty());
+}
+
+}  // namespace
+}  // namespace fattn_test
