@@ -206,6 +206,42 @@ std::int64_t extra_bytes(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
 }
 
+// What the CPU operator runs for this call (fattn::forward_plan) as a dict: impl, isa,
+// products and why, and the decode kernel's plan where it runs (None otherwise).
+pybind11::dict forward_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            bool is_causal, bool causal_bottom_right, const std::string& impl,
+                            std::int64_t kv_splits) {
+  check_operands(q, k, v);
+  fattn::Options options = options_for(q, is_causal, causal_bottom_right, std::nullopt, impl);
+  options.kv_splits = static_cast<int>(kv_splits);
+  fattn::ForwardPlan plan;
+  try {
+    plan = fattn::forward_plan(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), options);
+  } catch (const fattn::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  pybind11::dict d;
+  d["impl"] = std::string(fattn::to_string(plan.impl));
+  d["isa"] = std::string(fattn::to_string(plan.isa));
+  d["products"] = std::string(fattn::to_string(plan.products));
+  d["products_reason"] = plan.products_reason;
+  if (plan.decode.scores.empty()) {
+    d["decode"] = pybind11::none();
+  } else {
+    pybind11::dict decode;
+    decode["scores"] = plan.decode.scores;
+    decode["reads_in_place"] = plan.decode.reads_in_place;
+    decode["key_tile"] = plan.decode.key_tile;
+    decode["rows"] = plan.decode.rows;
+    decode["heads_per_item"] = plan.decode.heads_per_item;
+    decode["splits"] = plan.decode.splits;
+    decode["items"] = plan.decode.items;
+    decode["reason"] = plan.decode.reason;
+    d["decode"] = decode;
+  }
+  return d;
+}
+
 std::int64_t backward_extra_bytes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   bool is_causal, bool causal_bottom_right,
                                   const std::string& impl) {
@@ -502,6 +538,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("is_causal") = false, pybind11::arg("causal_bottom_right") = false,
         pybind11::arg("impl") = "auto",
         "bytes of working memory the operator allocates for this call");
+  m.def("forward_plan", &forward_plan, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+        pybind11::arg("is_causal") = false, pybind11::arg("causal_bottom_right") = false,
+        pybind11::arg("impl") = "auto", pybind11::arg("kv_splits") = 0,
+        "what the CPU operator runs for this call: impl, isa, products (and why), and the "
+        "decode kernel's plan where it runs");
   m.def("release_cached_memory", &fattn::release_cached_memory,
         "frees the working memory fattn's CPU kernels keep between calls");
   m.def("backward_extra_bytes", &backward_extra_bytes, pybind11::arg("q"), pybind11::arg("k"),

@@ -68,6 +68,18 @@ def best_cpu_isa() -> str:
     return _C.best_cpu_isa()
 
 
+def forward_plan(q, k, v, is_causal: bool = False, causal_bottom_right: bool = False,
+                 impl: str = "auto", kv_splits: int = 0) -> dict:
+    """What fattn's CPU operator runs for attention(q, k, v) — q (B, Hq, Sq, D), k and v
+    (B, Hkv, Sk, D), CPU tensors — on this machine, checked as the call would be: ``impl``
+    (auto resolved), ``isa``, ``products`` and ``products_reason``, and ``decode``, where the
+    decode kernel runs (few query rows against many keys), how it cuts and reads the call:
+    ``scores`` ("direct", "transposed", "query_lanes"; "bf16_dot ..." on vdpbf16ps),
+    ``reads_in_place``, ``key_tile``, ``rows`` (query rows per kv head), ``heads_per_item``,
+    ``splits`` (key chunks), ``items`` and the ``reason`` for each; None otherwise."""
+    return _C.forward_plan(q, k, v, is_causal, causal_bottom_right, impl, kv_splits)
+
+
 def bf16_products() -> tuple[str, str]:
     """(products, reason): what bfloat16 inputs on avx512 multiply on in this process —
     "bf16_dot" (vdpbf16ps) or "fma" (widened to float32 FMAs) — and why: FATTN_CPU_BF16
@@ -89,6 +101,7 @@ __all__ = [
     "num_threads",
     "best_cpu_isa",
     "bf16_products",
+    "forward_plan",
     "release_cached_memory",
     "jit",
     "__version__",
