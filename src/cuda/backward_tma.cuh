@@ -112,10 +112,34 @@ struct BackwardMaps {
   CUtensorMap q, k, v, dout;
 };
 
+// One tile of rows [row0, row0 + kRows) of (head, batch) of `map` into `dst`: one copy per
+// 64-column panel, completing on `bar`.
+template <int kRows, int kPanels>
+__device__ __forceinline__ void load_tile(unsigned char* dst, const CUtensorMap* map,
+                                          std::uint64_t* bar, int row0, int head, int b) {
+#pragma unroll
+  for (int panel = 0; panel < kPanels; ++panel)
+    tma_load_4d(dst + panel * sw128_panel_bytes<kRows>(), map, bar, panel * kPanelCols, row0, head, b);
+}
+
 // Shared memory of a gradient block, from a 1024-aligned base: a resident pair of tiles of
 // kResidentRows rows (K and V, or Q and dO), kStages stages of a streamed pair of kStreamRows
 // rows each, kScalars floats per stage (the key blocks' lse_log2 and delta of the tile), then
 // the barriers: resident_full, full[kStages], empty[kStages].
+// This thread's place in the block: its index, warp, lane and warpgroup (0: the producer).
+struct ThreadPlace {
+  int tid, warp, lane, warpgroup;
+};
+__device__ __forceinline__ ThreadPlace thread_place() {
+  const int tid = static_cast<int>(threadIdx.x);
+  return {tid, tid / 32, tid % 32, tid / 128};
+}
+
+// Where a streamed pair's tiles start: their first row and their head.
+struct TileAt {
+  int row, head;
+};
+
 template <int kD, int kResidentRows, int kStreamRows, int kStages, int kScalars>
 struct PairRing {
   static constexpr int kPanels = kD / kPanelCols;
@@ -146,6 +170,38 @@ struct PairRing {
   __device__ __forceinline__ std::uint64_t* empty(int stage) const {
     return resident_full() + 1 + kStages + stage;
   }
+  // The producer's side, by one thread: the resident pair (tiles of `first` and `second` at
+  // rows [row, row + kResidentRows) of (head, b)), then streamed pair t (kStreamRows rows)
+  // into stage t % kStages once the consumers have freed it (wait_free: the stage's previous
+  // use released, for any producer thread that writes into stage t).
+  __device__ __forceinline__ void load_resident(const CUtensorMap* first, const CUtensorMap* second,
+                                                int row, int head, int b) const {
+    mbar_arrive_expect_tx(resident_full(), 2 * kResidentBytes);
+    load_tile<kResidentRows, kPanels>(resident(0), first, resident_full(), row, head, b);
+    load_tile<kResidentRows, kPanels>(resident(1), second, resident_full(), row, head, b);
+  }
+  __device__ __forceinline__ void wait_free(int t) const {
+    mbar_wait(empty(t % kStages), ((t / kStages) & 1) ^ 1);
+  }
+  // where(t): the pair's {row, head}, asked once the stage is free.
+  template <class Where>
+  __device__ __forceinline__ void load_streamed(int t, const CUtensorMap* first,
+                                                const CUtensorMap* second, Where where,
+                                                int b) const {
+    const int s = t % kStages;
+    wait_free(t);
+    mbar_arrive_expect_tx(full(s), 2 * kStreamBytes);
+    const TileAt at = where(t);
+    load_tile<kStreamRows, kPanels>(streamed(s, 0), first, full(s), at.row, at.head, b);
+    load_tile<kStreamRows, kPanels>(streamed(s, 1), second, full(s), at.row, at.head, b);
+  }
+
+  // The ring in the block's dynamic shared memory (aligned to the 128-byte swizzle's atom).
+  static __device__ __forceinline__ PairRing in_dynamic_shared() {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    return PairRing{aligned_smem(smem_raw)};
+  }
+
   // By one thread, before the block's first __syncthreads: `full_arrivals` per streamed
   // stage, one per consumer warpgroup on each empty barrier.
   __device__ __forceinline__ void init_barriers(int full_arrivals, int consumers) const {
@@ -157,16 +213,6 @@ struct PairRing {
     mbar_init_fence();
   }
 };
-
-// One tile of rows [row0, row0 + kRows) of (head, batch) of `map` into `dst`: one copy per
-// 64-column panel, completing on `bar`.
-template <int kRows, int kPanels>
-__device__ __forceinline__ void load_tile(unsigned char* dst, const CUtensorMap* map,
-                                          std::uint64_t* bar, int row0, int head, int b) {
-#pragma unroll
-  for (int panel = 0; panel < kPanels; ++panel)
-    tma_load_4d(dst + panel * sw128_panel_bytes<kRows>(), map, bar, panel * kPanelCols, row0, head, b);
-}
 
 // Where thread `lane` of warp `warp` (of its warpgroup) finds its accumulator elements: block
 // n, element e holds row 16·warp + lane/4 + 8·(e/2), column 8n + 2·(lane%4) + e%2 (wgmma.cuh).
@@ -269,13 +315,10 @@ template <class T, int kD, bool kScoreMods>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_key_blocks_kernel(const BackwardParams bp, const __grid_constant__ BackwardMaps maps) {
   using S = KeyBlockShape<kD>;
-  using Ring = typename S::Ring;
   constexpr int kStages = S::kTiles.stages;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const Ring ring{aligned_smem(smem_raw)};
+  const auto ring = S::Ring::in_dynamic_shared();
   const Params& p = bp.p;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32, lane = tid % 32, warpgroup = warp / 4;
+  const auto [tid, warp, lane, warpgroup] = thread_place();
   // (batch, kv head) fastest, then the key block: every head's first blocks (the ones a causal
   // band gives the most query tiles) start first.
   const int bh_count = p.batch * p.kv_heads;
@@ -296,22 +339,15 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     setmaxnreg_dec<kBackwardProducerRegs>();
     if (steps == 0) return;
     if (tid == 0) {
-      mbar_arrive_expect_tx(ring.resident_full(), 2 * Ring::kResidentBytes);
-      load_tile<S::kKeys, Ring::kPanels>(ring.resident(0), &maps.k, ring.resident_full(), k0, kv_head, b);
-      load_tile<S::kKeys, Ring::kPanels>(ring.resident(1), &maps.v, ring.resident_full(), k0, kv_head, b);
+      ring.load_resident(&maps.k, &maps.v, k0, kv_head, b);
 #pragma unroll 1
-      for (int t = 0; t < steps; ++t) {
-        const int s = t % kStages;
-        mbar_wait(ring.empty(s), ((t / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(ring.full(s), 2 * Ring::kStreamBytes);
-        load_tile<S::kRows, Ring::kPanels>(ring.streamed(s, 0), &maps.q, ring.full(s), step_q0(t), step_head(t), b);
-        load_tile<S::kRows, Ring::kPanels>(ring.streamed(s, 1), &maps.dout, ring.full(s), step_q0(t), step_head(t), b);
-      }
+      for (int t = 0; t < steps; ++t)
+        ring.load_streamed(t, &maps.q, &maps.dout, [&](int u) { return TileAt{step_q0(u), step_head(u)}; }, b);
     } else if (warp == 1) {
 #pragma unroll 1
       for (int t = 0; t < steps; ++t) {
         const int s = t % kStages;
-        mbar_wait(ring.empty(s), ((t / kStages) & 1) ^ 1);
+        ring.wait_free(t);
         const long long row0 = (static_cast<long long>(b) * p.q_heads + step_head(t)) * bp.rows_pad + step_q0(t);
         float* scalars = ring.scalars(s);
         for (int r = lane; r < S::kRows; r += 32) {
@@ -425,13 +461,10 @@ template <class T, int kD, bool kScoreMods>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_query_blocks_kernel(const BackwardParams bp, const __grid_constant__ BackwardMaps maps) {
   using S = QueryBlockShape<kD>;
-  using Ring = typename S::Ring;
   constexpr int kStages = S::kTiles.stages;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const Ring ring{aligned_smem(smem_raw)};
+  const auto ring = S::Ring::in_dynamic_shared();
   const Params& p = bp.p;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32, lane = tid % 32, warpgroup = warp / 4;
+  const auto [tid, warp, lane, warpgroup] = thread_place();
   // With an upper band edge the last tiles see the most keys: they start first.
   const int tiles_q = (p.q_len + S::kRows - 1) / S::kRows;
   const int bh_count = p.batch * p.q_heads;  // (batch, head) fastest, as the key blocks
@@ -451,18 +484,10 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   if (warpgroup == 0) {
     setmaxnreg_dec<kBackwardProducerRegs>();
     if (tid == 0 && steps > 0) {
-      mbar_arrive_expect_tx(ring.resident_full(), 2 * Ring::kResidentBytes);
-      load_tile<S::kRows, Ring::kPanels>(ring.resident(0), &maps.q, ring.resident_full(), q0, h, b);
-      load_tile<S::kRows, Ring::kPanels>(ring.resident(1), &maps.dout, ring.resident_full(), q0, h, b);
+      ring.load_resident(&maps.q, &maps.dout, q0, h, b);
 #pragma unroll 1
-      for (int t = 0; t < steps; ++t) {
-        const int s = t % kStages;
-        const int key0 = (first + t) * S::kKeys;
-        mbar_wait(ring.empty(s), ((t / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(ring.full(s), 2 * Ring::kStreamBytes);
-        load_tile<S::kKeys, Ring::kPanels>(ring.streamed(s, 0), &maps.k, ring.full(s), key0, kv_head, b);
-        load_tile<S::kKeys, Ring::kPanels>(ring.streamed(s, 1), &maps.v, ring.full(s), key0, kv_head, b);
-      }
+      for (int t = 0; t < steps; ++t)
+        ring.load_streamed(t, &maps.k, &maps.v, [&](int u) { return TileAt{(first + u) * S::kKeys, kv_head}; }, b);
     }
     return;
   }
