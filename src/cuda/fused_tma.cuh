@@ -147,6 +147,23 @@ __device__ __forceinline__ void pv_visible_keys_sw128(WgmmaWarp<T, kD, kBc, kVar
   named_sync(1, 32 * kWarps);
 }
 
+// The producer's load of one K or V tile into the ring: ring slot `slot` (stage slot % kStages,
+// once the consumers have released the tile that was there, slot - kStages) ← kBc rows from
+// row_of() of (kv_head, b) of `map`, completing on the stage's full barrier.
+template <class S, class RowOf>
+__device__ __forceinline__ void load_ring_tile(const CUtensorMap* map, unsigned char* ring,
+                                               std::uint64_t* full, std::uint64_t* empty, int slot,
+                                               RowOf row_of, int kv_head, int b) {
+  const int s = slot % S::kStages;
+  mbar_wait(empty + s, ((slot / S::kStages) & 1) ^ 1);
+  mbar_arrive_expect_tx(full + s, S::kTileBytes);
+  unsigned char* const dst = ring + s * S::kTileBytes;
+#pragma unroll
+  for (int panel = 0; panel < S::kPanels; ++panel)
+    tma_load_4d(dst + panel * sw128_panel_bytes<S::kBc>(), map, full + s, panel * kPanelCols,
+                row_of(), kv_head, b);
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 
 // kVariants: the instantiation that takes a lower band edge, softcap, ALiBi and sinks
@@ -207,14 +224,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
       // tile that was there (j - kStages).
       auto load = [&](const CUtensorMap* map, unsigned char* ring, std::uint64_t* full,
                       std::uint64_t* empty, int j) {
-        const int s = j % S::kStages;
-        mbar_wait(empty + s, ((j / S::kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(full + s, S::kTileBytes);
-        unsigned char* const dst = ring + s * S::kTileBytes;
-#pragma unroll
-        for (int panel = 0; panel < S::kPanels; ++panel)
-          tma_load_4d(dst + panel * sw128_panel_bytes<S::kBc>(), map, full + s, panel * kPanelCols,
-                      (first + j) * S::kBc, c.kv_head, c.b);
+        load_ring_tile<S>(map, ring, full, empty, j, [&] { return (first + j) * S::kBc; }, c.kv_head, c.b);
       };
       load(&maps.k, smem + S::kKOffset, k_full, k_empty, 0);
 #pragma unroll 1
@@ -354,14 +364,7 @@ __global__ void __launch_bounds__(TmaShape<T, kD, kRing>::kThreads, 1)
       if (tiles == 0) continue;  // the consumers skip it too
       auto load = [&](const CUtensorMap* map, unsigned char* ring, std::uint64_t* full,
                       std::uint64_t* empty, int j) {
-        const int slot = base + j, s = slot % S::kStages;
-        mbar_wait(empty + s, ((slot / S::kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(full + s, S::kTileBytes);
-        unsigned char* const dst = ring + s * S::kTileBytes;
-#pragma unroll
-        for (int panel = 0; panel < S::kPanels; ++panel)
-          tma_load_4d(dst + panel * sw128_panel_bytes<S::kBc>(), map, full + s, panel * kPanelCols,
-                      j * S::kBc, c.kv_head, c.b);
+        load_ring_tile<S>(map, ring, full, empty, base + j, [&] { return j * S::kBc; }, c.kv_head, c.b);
       };
       load(&maps.k, smem + S::kKOffset, k_full, k_empty, 0);  // needs no Q: before the wait
       mbar_wait(q_empty, (q_uses & 1) ^ 1);  // the consumers are done with the last unit's Q
