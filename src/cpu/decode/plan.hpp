@@ -33,20 +33,23 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, std::int64_t reque
   // The scores of a full row tile (ws.tile_rows rows), as DecodeWorker::scores picks them.
   const DType keys = ws.in_place ? p.kv_dtype() : DType::float32;  // staged tiles: float32
   const bool dims_contiguous = !ws.in_place || p.k.dim == 1;
+  // direct_for_rows(rows): the kernel's own rule; direct_up_to: the most rows it takes
+  // directly, up to a row tile's.
   bool direct = false;
   std::int64_t direct_up_to = 0;
+  auto follow = [&](auto direct_for_rows) {
+    direct = direct_for_rows(ws.tile_rows);
+    for (std::int64_t r = 1; r <= Workspace::kRowTile && direct_for_rows(r); ++r) direct_up_to = r;
+  };
   auto direct_for = [&](auto element) {
     using E = decltype(element);
-    direct = Ops::template direct_scores<E>(ws.tile_rows, dims_contiguous);
-    for (std::int64_t r = 1; r <= 64 && Ops::template direct_scores<E>(r, dims_contiguous); ++r)
-      direct_up_to = r;
+    follow([&](std::int64_t rows) { return Ops::template direct_scores<E>(rows, dims_contiguous); });
   };
   std::string products;
 #if defined(FATTN_AVX512_BF16)
   if (ws.dot_bf16 && ws.in_place && keys == DType::bfloat16) {
     products = "bf16_dot ";
-    direct = DecodeScoresBf16<S>::direct_scores(ws.tile_rows);
-    for (std::int64_t r = 1; r <= 64 && DecodeScoresBf16<S>::direct_scores(r); ++r) direct_up_to = r;
+    follow([](std::int64_t rows) { return DecodeScoresBf16<S>::direct_scores(rows); });
   } else
 #endif
   {
