@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: the C++ suite (Release, CUDA code compiled where nvcc exists), the ggml
 # backend's tests and ggml's test-backend-ops against it, the same suite under ASan+UBSan, a consumer project built against the installed CMake
-# package, the PyTorch package's pytest suite (scripts/test_python.sh), README's PyTorch
+# package, the PyTorch package's pytest suite (scripts/test_python.sh), a sample of
+# FlashAttention's own test file against fattn (scripts/fa-tests.sh), README's PyTorch
 # install line in a fresh clone and virtual environment (scripts/check_install.sh), and
 # REPORT.md regenerated from the committed results (scripts/report.sh --from results/report).
 # Usage: scripts/test.sh [--no-sanitizers] [--no-python]
@@ -117,6 +118,21 @@ if [ "$python" = 1 ]; then
      FATTN_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 "$py" -m pytest -q -p no:cacheprovider \
        tests/python/test_accuracy.py tests/python/test_fuzz.py tests/python/test_16bit.py \
        tests/python/test_variants.py tests/python/test_backward.py tests/python/test_kvcache.py)
+  fi
+  phase "FlashAttention's own tests on fattn (a sample: dropout, paged varlen)"
+  # FlashAttention's tests/test_flash_attn.py from the pinned flash-attn source package, on
+  # the CPU against fattn.flash_attn_interface (scripts/fa-tests.sh): of each of its test
+  # functions with dropout (p 0.17) or a paged KV cache, one case in 10,000 and at least
+  # one. About 3 minutes, half of it collecting the file's 510,000 cases. Without a
+  # package registry or a cache: said, and skipped.
+  set +e
+  scripts/fa-tests.sh --sample 10000 -k "0.17 or varlen_causal"
+  fa_status=$?
+  set -e
+  if [ "$fa_status" = 3 ]; then
+    echo "flash-attn's source is unavailable (no package registry, no cache): its tests did not run" >&2
+  elif [ "$fa_status" != 0 ]; then
+    exit "$fa_status"
   fi
   phase "README's PyTorch install line (fresh clone, fresh venv)"
   scripts/check_install.sh

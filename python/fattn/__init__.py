@@ -7,6 +7,7 @@
     out = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
                                         cache_seqlens=lens, causal=True)  # KV cache, in place
     out = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)  # packed sequences
+    out = fattn.flash_attn_func(q, k, v, dropout_p=0.1, causal=True)  # FlashAttention 2's names
     out, lse = torch.ops.fattn.attention(q, k, v, is_causal, causal_bottom_right, scale, impl)
     out = fattn.scaled_dot_product_attention(q, k, v, attn_mask=mask)     # masks, and:
     out = fattn.flash_attention(q, k, v, window_size=(w, 0), softcap=30.0, sinks=sinks)
@@ -43,6 +44,13 @@ from .functional import (  # noqa: E402
     flash_attention,
     flops,
     scaled_dot_product_attention,
+)
+from .flash_attn_interface import (  # noqa: E402
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
 )
 from .kvcache import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402
 
@@ -95,8 +103,13 @@ __all__ = [
     "extra_bytes",
     "backward_extra_bytes",
     "flops",
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
     "flash_attn_with_kvcache",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
     "dropout_mask",
     "num_threads",
     "best_cpu_isa",

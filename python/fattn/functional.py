@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from . import _C, cuda_dispatch
+from . import _attn_probs, _C, cuda_dispatch
 from ._layouts import lse_dtype
 
 # Device types with a fattn kernel in this build: the CPU, the fake kernel (meta), and
@@ -179,8 +179,10 @@ def _mask_as_bhsd(fn, attn_mask, query, key, rank):
 
 
 def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", return_lse=False,
-           dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
-    fn = "flash_attention"
+           dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+           fn="flash_attention", return_attn_probs=False):
+    """flash_attention; with return_attn_probs (FlashAttention's flash_attn_func) it returns
+    (out, lse, S_dmask), S_dmask None without dropout (fattn._attn_probs)."""
     _check_tensors(fn, (("q", q), ("k", k), ("v", v)))
     left, right = window_of(fn, window_size)
     for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
@@ -200,8 +202,14 @@ def _flash(op, q, k, v, *, causal=False, softmax_scale=None, layout="bshd", retu
     _check_heads(fn, q.size(1), k.size(1), True, "")
     out, lse = op(q, k, v, bool(causal), bool(causal), softmax_scale, "auto", None, left, right,
                   float(softcap), alibi_slopes, per_head(sinks, q), *dropout)
+    probs = None
+    if return_attn_probs and dropout[0] > 0.0:
+        probs = _attn_probs.dense(q, k, dropout, softmax_scale, causal, (left, right),
+                                  float(softcap), alibi_slopes)
     if layout == "bshd":
         out = out.transpose(1, 2)
+    if return_attn_probs:
+        return out, lse, probs
     return (out, lse) if return_lse else out
 
 

@@ -38,7 +38,7 @@ import functools
 
 import torch
 
-from . import rotary
+from . import _attn_probs, rotary
 from ._layouts import PAGE_MULTIPLE
 from .cuda_dispatch import decode_head_dims, triton_available
 from .functional import (CPU_KERNEL_DTYPES, check_one_device_and_dtype, dropout_stream, per_head,
@@ -272,9 +272,14 @@ def _varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             seqused_k, block_table, bool(causal), softmax_scale, "auto", left,
                             right, float(softcap), alibi_slopes, per_head(sinks, q))
     else:
+        stream = dropout_stream(fn, dropout_p, q.device)
         out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale, "auto",
-                      left, right, float(softcap), alibi_slopes, per_head(sinks, q),
-                      *dropout_stream(fn, dropout_p, q.device))
+                      left, right, float(softcap), alibi_slopes, per_head(sinks, q), *stream)
+        if return_attn_probs and stream[0] > 0.0:
+            probs = _attn_probs.varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, stream, softmax_scale, causal,
+                                       (left, right), float(softcap), alibi_slopes)
+            return out, lse, probs
     # deterministic: fattn's backward always is (each sequence's gradients in a fixed order).
     return (out, lse, None) if return_attn_probs else out
 
@@ -369,10 +374,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     deterministic, so ``deterministic`` changes nothing.
 
     Returns out (total_q, Hq, D). With return_attn_probs=True it returns
-    (out, softmax_lse, None): softmax_lse is the (Hq, total_q) logsumexp of the scaled
+    (out, softmax_lse, S_dmask): softmax_lse is the (Hq, total_q) logsumexp of the scaled
     scores (float32; float64 for float64 inputs), which carries no gradient (as in
-    FlashAttention), and fattn never forms the attention probabilities, so the third
-    element, FlashAttention's S_dmask, is None.
+    FlashAttention); S_dmask, with dropout_p > 0, FlashAttention's (B, Hq, max_seqlen_q,
+    max_seqlen_k) (each rounded up to a multiple of 128) probabilities of sequence b at
+    [b, :, :Sq_b, :Sk_b], negated where dropout dropped them (formed after the call from
+    the logsumexp and the call's mask: fattn._attn_probs), else None.
 
     window_size, softcap, alibi_slopes ((Hq) or (B, Hq)) and sinks (Hq, with a gradient):
     FlashAttention's and gpt-oss's semantics, per sequence (README, docs/variants.md).

@@ -1,17 +1,14 @@
 """The float64 definition beside the Triton kernel: what fattn.triton computes, written
 plainly with torch operations (no tiles, no online softmax), for its tests.
 
-Scores in Options' order, as src/cpu/reference.cpp: scale·q·kᵀ, softcap (c·tanh(s/c)),
-ALiBi (−slope·|i + Sk − Sq − j|), attn_mask (boolean: False hides; additive: added), then
-the band (causal limit and window) decides which keys take part; a sink per head joins the
-softmax's denominator. A row that sees no key (and has no sink) gives 0, logsumexp −inf.
+The scores are fattn._scores' (scale·q·kᵀ, softcap, ALiBi, attn_mask, then the band, in
+Options' order as src/cpu/reference.cpp); a sink per head joins the softmax's denominator. A row that sees no key (and has no sink) gives 0, logsumexp −inf.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .._scores import scores
 from .._visibility import visible_pairs  # noqa: F401  (the tests read it here)
 
 
@@ -19,22 +16,9 @@ def attention(q, k, v, attn_mask=None, causal=None, window_size=(-1, -1), softca
               sinks=None, alibi_slopes=None, scale=None):
     """float64 (out, lse) for (B, Hq, Sq, D) q and (B, Hkv, Sk, D) k, v (any dtype)."""
     q, k, v = q.double(), k.double(), v.double()
-    b, hq, sq, d = q.shape
-    sk = k.size(2)
-    k = k.repeat_interleave(hq // k.size(1), dim=1)
+    b, hq, sq, _ = q.shape
     v = v.repeat_interleave(hq // v.size(1), dim=1)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    s = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    if alibi_slopes is not None:
-        slopes = alibi_slopes.double().expand(b, hq).reshape(b, hq, 1, 1)
-        distance = (torch.arange(sq).view(-1, 1) + sk - sq - torch.arange(sk).view(1, -1)).abs()
-        s = s - slopes * distance.double()
-    if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else s + attn_mask.double()
-    s = s.masked_fill(~visible_pairs(sq, sk, causal, window_size, s.device), float("-inf"))
+    s = scores(q, k, scale, causal, window_size, softcap, alibi_slopes, attn_mask)
     if sinks is not None:
         sink = sinks.double().view(1, hq, 1, 1).expand(b, hq, sq, 1)
         lse = torch.logsumexp(torch.cat([s, sink], dim=-1), dim=-1)

@@ -1,0 +1,19 @@
+"""fattn's FlashAttention 2 functions, and the one helper FlashAttention's test file takes
+from its interface module."""
+from fattn._attn_probs import key_block
+from fattn.flash_attn_interface import (  # noqa: F401
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+)
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal):
+    """The key-block width FlashAttention's test undoes S_dmask's scaling with
+    (normalize_flash_attn_S): fattn's S_dmask is scaled as FlashAttention's kernel leaves
+    it, over the blocks of fattn._attn_probs.key_block (S_dmask exists only with dropout)."""
+    return key_block(head_dim)
