@@ -1,12 +1,4 @@
 """The `flash_attn` package FlashAttention's test file imports, answered by fattn: its
 functions are fattn.flash_attn_interface's (fattn's own code; only this name is borrowed,
 so FlashAttention's tests run unchanged against fattn). Used by scripts/fa-tests.sh only."""
-from .flash_attn_interface import (  # noqa: F401
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-)
+from .flash_attn_interface import *  # noqa: F401,F403  (FlashAttention's seven functions)

@@ -1,15 +1,8 @@
 """fattn's FlashAttention 2 functions, and the one helper FlashAttention's test file takes
 from its interface module."""
 from fattn._attn_probs import key_block
-from fattn.flash_attn_interface import (  # noqa: F401
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-)
+from fattn.flash_attn_interface import *  # noqa: F401,F403
+from fattn.flash_attn_interface import __all__  # noqa: F401  (star-imports take these)
 
 
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
