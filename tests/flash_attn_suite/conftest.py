@@ -1,13 +1,18 @@
 """FlashAttention's test file on the CPU against fattn (scripts/fa-tests.sh): the file's
 CUDA queries answered as a 16 GiB sm_80 GPU would answer them (so its
 own "reference implementation OOM" skips apply to sequences of 2048 and more), and a
-deterministic sample of its cases (FATTN_FA_SAMPLE)."""
+deterministic sample of its cases (FATTN_FA_SAMPLE). FATTN_FA_PATH=triton: fattn's Triton
+kernels under Triton's interpreter instead of its CPU kernels (flash_attn/_triton_path.py)."""
 import os
 import types
 import zlib
 
 import pytest
-import torch
+
+if os.environ.get("FATTN_FA_PATH") == "triton":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import torch  # noqa: E402
 
 torch.cuda.get_device_capability = lambda device=None: (8, 0)
 torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(

@@ -20,6 +20,7 @@ def main():
     ap.add_argument("--sample", type=int, default=1)
     ap.add_argument("--select", default="")
     ap.add_argument("--machine", default=platform.node())
+    ap.add_argument("--path", default="cpu")
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
     per_test = collections.defaultdict(collections.Counter)
@@ -47,7 +48,7 @@ def main():
         "date": datetime.date.today().isoformat(), "machine": a.machine,
         "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "fattn": fattn.__version__, "commit": commit,
-        "sample": f"1 in {a.sample}", "select": a.select or None,
+        "path": a.path, "sample": f"1 in {a.sample}", "select": a.select or None,
         "cases": sum(totals.values()), "passed": totals["passed"], "failed": totals["failed"],
         "skipped": totals["skipped"], "skipped_by_reason": dict(skips.most_common()),
         "per_test": {k: dict(v) for k, v in sorted(per_test.items())}, "failures": failures,
