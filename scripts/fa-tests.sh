@@ -3,9 +3,12 @@
 # package on PyPI) run on the CPU against fattn's FlashAttention 2 functions
 # (fattn.flash_attn_interface), unchanged but for its device: "cuda" becomes "cpu", and its
 # CUDA queries answer as a 16 GiB sm_80 GPU (tests/flash_attn_suite/conftest.py).
-#   scripts/fa-tests.sh [--sample N] [-k EXPR] [--path cpu|triton] [--json FILE] [--machine NAME]
+#   scripts/fa-tests.sh [--sample N] [-k EXPR] [--tests "NAME ..."] [--path cpu|triton]
+#                       [--json FILE] [--machine NAME]
 #     --sample N   one case in N, the same cases every run (a hash of the case id); 1: all
 #     -k EXPR      pytest's selection (e.g. "dropout or paged")
+#     --tests NAMES  only these test functions of the file (collecting all 510,000 cases
+#                  takes about 90 s on 2 cores; a few small functions, seconds)
 #     --path P     cpu: fattn's functions on CPU tensors (its CPU kernels; the default);
 #                  triton: the same functions on fattn's Triton kernels (the CUDA tensors'
 #                  path) under Triton's interpreter: slow, for a few small cases
@@ -19,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 version=2.8.3   # flash-attn, whose tests/test_flash_attn.py this runs
-sample=1 select="" json="" machine=$(hostname -s) path=cpu
+sample=1 select="" json="" machine=$(hostname -s) path=cpu tests=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sample) sample=$2; shift 2 ;;
@@ -27,7 +30,8 @@ while [ $# -gt 0 ]; do
     --json) json=$2; shift 2 ;;
     --machine) machine=$2; shift 2 ;;
     --path) path=$2; shift 2 ;;
-    *) echo "usage: scripts/fa-tests.sh [--sample N] [-k EXPR] [--path cpu|triton] [--json FILE] [--machine NAME]" >&2
+    --tests) tests=$2; shift 2 ;;
+    *) echo "usage: scripts/fa-tests.sh [--sample N] [-k EXPR] [--tests \"NAME ...\"] [--path cpu|triton] [--json FILE] [--machine NAME]" >&2
        exit 2 ;;
   esac
 done
@@ -74,10 +78,15 @@ sed -e 's/device = "cuda"/device = "cpu"/g; s/device="cuda"/device="cpu"/g' \
 cp tests/flash_attn_suite/conftest.py "$run/conftest.py"
 args=(-q -p no:cacheprovider --junitxml "$run/junit.xml" -o junit_family=xunit1)
 [ -n "$select" ] && args+=(-k "$select")
+targets=(test_flash_attn.py)
+if [ -n "$tests" ]; then
+  targets=()
+  for name in $tests; do targets+=("test_flash_attn.py::$name"); done
+fi
 status=0
 (cd "$run" && FATTN_FA_SOURCE=$src FATTN_FA_SAMPLE=$sample FATTN_FA_PATH=$path \
    PYTHONPATH="$repo/tests/flash_attn_suite${PYTHONPATH:+:$PYTHONPATH}" \
-   "$py" -m pytest "${args[@]}" test_flash_attn.py) || status=$?
+   "$py" -m pytest "${args[@]}" "${targets[@]}") || status=$?
 if [ -n "$json" ]; then
   "$py" tests/flash_attn_suite/summary.py "$run/junit.xml" --version "$version" \
     --sample "$sample" --select "$select" --machine "$machine" --path "$path" --json "$json"
