@@ -49,45 +49,41 @@ def _signed(q, k, keep, scale, causal, window_size, softcap, alibi_slopes):
     return torch.where(keep, probs, -probs)
 
 
+def _fill(sequences, batch, hq, max_q, max_k, q, stream, scale, causal, window_size, softcap,
+          alibi_slopes):
+    """S_dmask (batch, Hq, max_q, max_k rounded) with sequence n's (q (Hq, sq, D), k (Hkv,
+    sk, D)) at [n, :, :sq, :sk], its mask counting n as its batch index (as the kernels
+    do); zero elsewhere. q: the call's, for dtype and device."""
+    p, seed, offset = stream
+    keep = _C.dropout_mask(batch, hq, max_q, max_k, p, int(seed), int(offset)).to(q.device)
+    out = torch.zeros(batch, hq, _rounded(max_q), _rounded(max_k), dtype=q.dtype,
+                      device=q.device)
+    for n, (q_n, k_n) in enumerate(sequences):
+        sq, sk = q_n.size(1), k_n.size(1)
+        slopes = alibi_slopes[n] if alibi_slopes is not None and alibi_slopes.dim() == 2 \
+            else alibi_slopes
+        out[n, :, :sq, :sk] = _signed(q_n, k_n, keep[n, :, :sq, :sk], scale,
+                                      "bottom_right" if causal else None, window_size,
+                                      softcap, slopes)
+    return out
+
+
 @torch.no_grad()
 def dense(q, k, stream, scale, causal, window_size, softcap, alibi_slopes):
     """S_dmask of a dense call: q (B, Hq, Sq, D), k (B, Hkv, Sk, D),
     stream (p, seed, offset) as the operator took it, causal aligned bottom-right."""
     b, hq, sq, _ = q.shape
-    sk = k.size(2)
-    p, seed, offset = stream
-    keep = _C.dropout_mask(b, hq, sq, sk, p, int(seed), int(offset)).to(q.device)
-    out = torch.zeros(b, hq, _rounded(sq), _rounded(sk), dtype=q.dtype,
-                      device=q.device)
-    for n in range(b):
-        slopes = alibi_slopes[n] if alibi_slopes is not None and alibi_slopes.dim() == 2 \
-            else alibi_slopes
-        out[n, :, :sq, :sk] = _signed(q[n], k[n], keep[n], scale,
-                                      "bottom_right" if causal else None, window_size,
-                                      softcap, slopes)
-    return out
+    return _fill(((q[n], k[n]) for n in range(b)), b, hq, sq, k.size(2), q, stream, scale,
+                 causal, window_size, softcap, alibi_slopes)
 
 
 @torch.no_grad()
 def varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream, scale,
            causal, window_size, softcap, alibi_slopes):
-    """S_dmask of a packed call: q (total_q, Hq, D), k (total_k, Hkv, D);
-    sequence n's probabilities at [n, :, :Sq_n, :Sk_n], its mask counting n as its batch
-    index (as the kernels do)."""
+    """S_dmask of a packed call: q (total_q, Hq, D), k (total_k, Hkv, D); sequence n's
+    probabilities at [n, :, :Sq_n, :Sk_n]."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    batch, hq = len(cq) - 1, q.size(1)
-    p, seed, offset = stream
-    keep = _C.dropout_mask(batch, hq, max_seqlen_q, max_seqlen_k, p, int(seed),
-                          int(offset)).to(q.device)
-    out = torch.zeros(batch, hq, _rounded(max_seqlen_q), _rounded(max_seqlen_k),
-                      dtype=q.dtype, device=q.device)
-    for n in range(batch):
-        sq, sk = cq[n + 1] - cq[n], ck[n + 1] - ck[n]
-        slopes = alibi_slopes[n] if alibi_slopes is not None and alibi_slopes.dim() == 2 \
-            else alibi_slopes
-        out[n, :, :sq, :sk] = _signed(q[cq[n]:cq[n + 1]].transpose(0, 1),
-                                      k[ck[n]:ck[n + 1]].transpose(0, 1),
-                                      keep[n, :, :sq, :sk], scale,
-                                      "bottom_right" if causal else None, window_size,
-                                      softcap, slopes)
-    return out
+    sequences = ((q[cq[n]:cq[n + 1]].transpose(0, 1), k[ck[n]:ck[n + 1]].transpose(0, 1))
+                 for n in range(len(cq) - 1))
+    return _fill(sequences, len(cq) - 1, q.size(1), max_seqlen_q, max_seqlen_k, q, stream,
+                 scale, causal, window_size, softcap, alibi_slopes)

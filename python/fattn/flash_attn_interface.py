@@ -34,14 +34,20 @@ def _unpack(fn: str, name: str, packed, parts: int, layout: str):
     return packed.unbind(-3)
 
 
+def _dense(fn, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+           return_attn_probs):
+    return _flash(torch.ops.fattn.attention, q, k, v, causal=causal,
+                  softmax_scale=softmax_scale, dropout_p=dropout_p, window_size=window_size,
+                  softcap=softcap, alibi_slopes=alibi_slopes, fn=fn,
+                  return_attn_probs=return_attn_probs)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False):
     """FlashAttention's flash_attn_func: q (B, Sq, Hq, D), k, v (B, Sk, Hkv, D)."""
-    return _flash(torch.ops.fattn.attention, q, k, v, causal=causal,
-                  softmax_scale=softmax_scale, dropout_p=dropout_p, window_size=window_size,
-                  softcap=softcap, alibi_slopes=alibi_slopes, fn="flash_attn_func",
-                  return_attn_probs=return_attn_probs)
+    return _dense("flash_attn_func", q, k, v, dropout_p, softmax_scale, causal, window_size,
+                  softcap, alibi_slopes, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -50,10 +56,8 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """FlashAttention's flash_attn_qkvpacked_func: qkv (B, S, 3, H, D)."""
     fn = "flash_attn_qkvpacked_func"
     q, k, v = _unpack(fn, "qkv", qkv, 3, "(B, S, 3, H, D)")
-    return _flash(torch.ops.fattn.attention, q, k, v, causal=causal,
-                  softmax_scale=softmax_scale, dropout_p=dropout_p, window_size=window_size,
-                  softcap=softcap, alibi_slopes=alibi_slopes, fn=fn,
-                  return_attn_probs=return_attn_probs)
+    return _dense(fn, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -62,10 +66,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     """FlashAttention's flash_attn_kvpacked_func: q (B, Sq, Hq, D), kv (B, Sk, 2, Hkv, D)."""
     fn = "flash_attn_kvpacked_func"
     k, v = _unpack(fn, "kv", kv, 2, "(B, Sk, 2, Hkv, D)")
-    return _flash(torch.ops.fattn.attention, q, k, v, causal=causal,
-                  softmax_scale=softmax_scale, dropout_p=dropout_p, window_size=window_size,
-                  softcap=softcap, alibi_slopes=alibi_slopes, fn=fn,
-                  return_attn_probs=return_attn_probs)
+    return _dense(fn, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,

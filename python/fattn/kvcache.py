@@ -378,8 +378,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scores (float32; float64 for float64 inputs), which carries no gradient (as in
     FlashAttention); S_dmask, with dropout_p > 0, FlashAttention's (B, Hq, max_seqlen_q,
     max_seqlen_k) (each rounded up to a multiple of 128) probabilities of sequence b at
-    [b, :, :Sq_b, :Sk_b], negated where dropout dropped them (formed after the call from
-    the logsumexp and the call's mask: fattn._attn_probs), else None.
+    [b, :, :Sq_b, :Sk_b], scaled as FlashAttention's kernel leaves them, negated where
+    dropout dropped them (formed after the call from the scores and the call's mask:
+    fattn._attn_probs), else None.
 
     window_size, softcap, alibi_slopes ((Hq) or (B, Hq)) and sinks (Hq, with a gradient):
     FlashAttention's and gpt-oss's semantics, per sequence (README, docs/variants.md).

@@ -2,7 +2,8 @@
 plainly with torch operations (no tiles, no online softmax), for its tests.
 
 The scores are fattn._scores' (scale·q·kᵀ, softcap, ALiBi, attn_mask, then the band, in
-Options' order as src/cpu/reference.cpp); a sink per head joins the softmax's denominator. A row that sees no key (and has no sink) gives 0, logsumexp −inf.
+Options' order as src/cpu/reference.cpp); a sink per head joins the softmax's denominator.
+A row that sees no key (and has no sink) gives 0, logsumexp −inf.
 """
 from __future__ import annotations
 
