@@ -169,8 +169,11 @@ double sampled_error(const Problem& p, const fattn::Options& options) {
   return err;
 }
 
-DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p, fattn::Impl impl) {
+DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p, fattn::Impl impl,
+                     int prefetch_tiles, int kv_splits) {
   fattn::Options options;
+  options.decode_prefetch_tiles = prefetch_tiles;
+  options.kv_splits = kv_splits;
   options.causal = fattn::Causal::bottom_right;
   options.impl = impl;
   options.isa = c.isa;
@@ -199,6 +202,7 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.dtype = c.dtype;
   r.batch = p.B, r.q_heads = p.Hq, r.kv_heads = p.Hkv, r.head_dim = p.D, r.q_len = p.Sq, r.kv_len = p.Sk;
   r.page = p.page;
+  r.prefetch_tiles_asked = prefetch_tiles, r.kv_splits_asked = kv_splits;
   r.ms_median = t.median_ms, r.ms_min = t.min_ms, r.ms_max = t.max_ms;
   r.kv_bytes = 2 * cache_bytes(p.B * p.Hkv * p.Sk * p.D, p.k.view.dtype);
   constexpr double kGigaPerMilli = 1e-6;
@@ -272,7 +276,13 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
                            static_cast<long long>(B), static_cast<long long>(Hkv),
                            static_cast<long long>(D), static_cast<long long>(Sq),
                            static_cast<long long>(Sk), fattn::to_string(impl));
-              results.push_back(measure(c, ceilings, p, impl));
+              if (impl != fattn::Impl::decode) {  // the schedule options are the decode kernel's
+                results.push_back(measure(c, ceilings, p, impl, -1, 0));
+                continue;
+              }
+              for (int prefetch_tiles : c.prefetch_tiles)
+                for (int kv_splits : c.kv_splits)
+                  results.push_back(measure(c, ceilings, p, impl, prefetch_tiles, kv_splits));
             }
           }
         }
@@ -298,7 +308,7 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
   // % peak: of the peak of the instructions the kernel runs ("dot": VDPBF16PS).
   print_table_header(out, {"B", "Hkv", "D", "Sq", "Sk", "K+V MiB", "decode ms", "GB/s", "% read",
                            "cache GB/s", "% cache", "% triad", "GFLOP/s", "% peak", "extra KiB", "fused ms", "fused/decode",
-                           "max err", "plan: scores, kv heads an item, key chunks"});
+                           "max err", "plan: scores, kv heads an item, key chunks, prefetch tiles"});
   for (const DecodeResult& r : results) {
     if (r.impl != fattn::Impl::decode) continue;
     const DecodeResult* fused = nullptr;
@@ -313,7 +323,7 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
     }
     std::fprintf(out,
                  "| %lld | %lld | %lld | %lld | %lld | %.0f | %.3f | %.1f | %.0f %% | %.1f | %.0f %% | "
-                 "%.0f %% | %.0f | %.0f %%%s | %.0f | %s | %s | %.1e | %s, %lld, %lld%s |\n",
+                 "%.0f %% | %.0f | %.0f %%%s | %.0f | %s | %s | %.1e | %s, %lld, %lld, %d%s |\n",
                  static_cast<long long>(r.batch), static_cast<long long>(r.kv_heads),
                  static_cast<long long>(r.head_dim), static_cast<long long>(r.q_len),
                  static_cast<long long>(r.kv_len), static_cast<double>(r.kv_bytes) / (1 << 20),
@@ -321,7 +331,8 @@ void print_decode_table(std::FILE* out, const Machine& m, const std::vector<Deco
                  r.pct_bandwidth, r.gflops, r.pct_roof,
                  roof_mark(r.roof), static_cast<double>(r.extra_bytes) / 1024, fused_ms, ratio,
                  r.max_abs_err, r.plan.scores.c_str(), static_cast<long long>(r.plan.heads_per_item),
-                 static_cast<long long>(r.plan.splits), r.plan.reads_in_place ? "" : ", staged");
+                 static_cast<long long>(r.plan.splits), r.plan.prefetch_tiles,
+                 r.plan.reads_in_place ? "" : ", staged");
   }
 }
 
@@ -334,6 +345,7 @@ void write_decode_json(const std::string& path, const Machine& m,
     doc["decode"].push_back({{"impl", fattn::to_string(r.impl)}, {"dtype", fattn::to_string(r.dtype)}, {"B", r.batch}, {"Hq", r.q_heads},
                              {"Hkv", r.kv_heads}, {"D", r.head_dim}, {"Sq", r.q_len},
                              {"Sk", r.kv_len}, {"page", r.page}, {"causal", "bottom_right"},
+                             {"decode_prefetch_tiles", r.prefetch_tiles_asked}, {"kv_splits", r.kv_splits_asked},
                              {"ms_median", r.ms_median}, {"ms_min", r.ms_min},
                              {"ms_max", r.ms_max}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
                              {"pct_read_bandwidth", r.pct_read_bandwidth},
@@ -347,6 +359,7 @@ void write_decode_json(const std::string& path, const Machine& m,
                                        {"key_tile", r.plan.key_tile}, {"rows", r.plan.rows},
                                        {"heads_per_item", r.plan.heads_per_item},
                                        {"splits", r.plan.splits}, {"items", r.plan.items},
+                                       {"prefetch_tiles", r.plan.prefetch_tiles},
                                        {"reason", r.plan.reason}}}});
   std::ofstream file(path);
   file << doc.dump(2) << '\n';

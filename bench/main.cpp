@@ -249,6 +249,14 @@ int main(int argc, char** argv) {
                  "attention_kvcache's block table, a multiple of 16; the decode kernel alone); 0: "
                  "contiguous")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--decode-prefetch-tiles", decode_config.prefetch_tiles,
+                 "--decode: the decode kernel's software prefetch distance in key tiles, each a "
+                 "point of the sweep (Options::decode_prefetch_tiles; -1: its choice, 0: none)")
+      ->capture_default_str()->check(CLI::Range(-1, fattn::kMaxDecodePrefetchTiles))->delimiter(',');
+  app.add_option("--decode-kv-splits", decode_config.kv_splits,
+                 "--decode: the decode kernel's key chunks per sequence, each a point of the sweep "
+                 "(Options::kv_splits; 0: its choice)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber)->delimiter(',');
   app.add_option("--fused-max-keys", decode_config.fused_max_keys,
                  "--decode: run the fused kernel beside decode up to this many keys")
       ->capture_default_str()->check(CLI::NonNegativeNumber);

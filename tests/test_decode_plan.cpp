@@ -38,8 +38,9 @@ struct Call {
     kv = TensorView::bshd(k.data(), s.B, s.Sk, s.Hkv, s.D, dtype);
     vv = TensorView::bshd(v.data(), s.B, s.Sk, s.Hkv, s.D, dtype);
   }
-  fattn::DecodePlan plan(Isa isa, std::int64_t splits = 0, int threads = 2) const {
+  fattn::DecodePlan plan(Isa isa, std::int64_t splits = 0, int threads = 2, int prefetch_tiles = -1) const {
     fattn::Options o;
+    o.decode_prefetch_tiles = prefetch_tiles;
     o.impl = Impl::decode;
     o.isa = isa;
     o.kv_splits = static_cast<int>(splits);
@@ -96,6 +97,22 @@ TEST(DecodePlan, SplitsByRuleOrAsAsked) {
   expect_consistent(asked, one);
 }
 
+TEST(DecodePlan, PrefetchDistanceByDefaultOrAsAsked) {
+  const Call call(Shape{1, 32, 8, 1, 32768, 128});
+  const Isa isa = fattn::best_cpu_isa() == Isa::amx ? Isa::avx512 : fattn::best_cpu_isa();
+  const fattn::DecodePlan chosen = call.plan(isa);
+  EXPECT_EQ(chosen.prefetch_tiles, 1);
+  EXPECT_THAT(chosen.reason, HasSubstr("the rows 1 key tile ahead asked of memory"));
+  EXPECT_THAT(chosen.reason, HasSubstr("the measured default"));
+  const fattn::DecodePlan none = call.plan(isa, 0, 2, 0);
+  EXPECT_EQ(none.prefetch_tiles, 0);
+  EXPECT_THAT(none.reason, HasSubstr("the hardware prefetchers alone"));
+  const fattn::DecodePlan far = call.plan(isa, 0, 2, 3);
+  EXPECT_EQ(far.prefetch_tiles, 3);
+  EXPECT_THAT(far.reason, HasSubstr("3 key tiles ahead"));
+  EXPECT_THAT(far.reason, HasSubstr("as asked"));
+}
+
 TEST(DecodePlan, StagedWhereDimsAreStrided) {
   const Shape s{2, 8, 2, 1, 256, 64};
   Call call(s);
@@ -106,6 +123,8 @@ TEST(DecodePlan, StagedWhereDimsAreStrided) {
   const fattn::DecodePlan d = call.plan(Isa::portable);
   EXPECT_FALSE(d.reads_in_place);
   EXPECT_THAT(d.reason, HasSubstr("staged as float32"));
+  EXPECT_EQ(d.prefetch_tiles, 0);  // staged tiles: nothing to ask for ahead
+  EXPECT_THAT(d.reason, HasSubstr("no software prefetch (staged tiles)"));
 }
 
 TEST(DecodePlan, KvCachePlanOfAPagedQ8_0Cache) {

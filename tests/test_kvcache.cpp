@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "util/checks.hpp"
 #include "util/cpu_variants.hpp"
@@ -28,6 +29,7 @@ struct CacheCase {
   int splits = 0;
   int threads = 0;
   const char* tag = "";
+  int prefetch_tiles = -1;            // Options::decode_prefetch_tiles
 };
 
 std::string case_name(const CacheCase& c) {
@@ -106,6 +108,7 @@ Call run_kvcache(const CacheCase& c, Cache& cache, const Tensor& q, const Tensor
   o.isa = isa;
   o.num_threads = c.threads;
   o.kv_splits = c.splits;
+  o.decode_prefetch_tiles = c.prefetch_tiles;
   fattn::attention_kvcache(q.view(), kv, k_new ? k_new->view_ptr() : nullptr,
                            v_new ? v_new->view_ptr() : nullptr, call.r.out.view(),
                            call.r.lse.view_ptr(), o);
@@ -269,6 +272,27 @@ TEST(KvCache, PagedEqualsContiguousBitForBit) {
     }
 }
 
+// The prefetch distance moves no bit: contiguous and paged (the rows asked for past a
+// chunk's end never looked up), keys along the lanes and query rows along them.
+TEST(KvCache, SameBitsAtEveryPrefetchDistance) {
+  for (std::int64_t block_size : {0, 32})
+    for (std::int64_t Sq : {1, 16}) {
+      CacheCase c = split(contiguous(2, 8, 2, Sq, 1024, 64, {1000, 333}, kBR), 3);
+      if (block_size) c = paged(c, block_size);
+      Rng rng(test_seed());
+      Cache cache = make_cache(c, rng);
+      const Tensor q = make_input(Layout::bhsd, c.B, c.Hq, c.Sq, c.D, rng);
+      const Call chosen = run_default(c, cache, q);
+      for (int tiles = 0; tiles <= fattn::kMaxDecodePrefetchTiles; ++tiles) {
+        c.prefetch_tiles = tiles;
+        const Call got = run_default(c, cache, q);
+        EXPECT_TRUE(bitwise_equal(chosen.r.out, got.r.out))
+            << "block_size " << block_size << ", Sq " << Sq << ", prefetch tiles " << tiles;
+        EXPECT_TRUE(bitwise_equal(chosen.r.lse, got.r.lse));
+      }
+    }
+}
+
 TEST(KvCache, SameBitsEveryRun) {
   const CacheCase c = split(contiguous(1, 32, 8, 1, 20000, 128, {20000}), 0, 2);
   Rng rng(test_seed());
@@ -413,6 +437,13 @@ TEST(KvCache, OtherErrors) {
   bad_splits.kv_splits = -1;
   EXPECT_THAT(error_of([&] { fattn::attention_kvcache(qv, {kv, vv, &s}, nullptr, nullptr, ov, nullptr, bad_splits); }),
               HasSubstr("kv_splits must be >= 0"));
+  for (int tiles : {-2, fattn::kMaxDecodePrefetchTiles + 1}) {
+    Options bad_prefetch;
+    bad_prefetch.decode_prefetch_tiles = tiles;
+    EXPECT_THAT(error_of([&] { fattn::attention_kvcache(qv, {kv, vv, &s}, nullptr, nullptr, ov, nullptr, bad_prefetch); }),
+                HasSubstr("decode_prefetch_tiles must be -1 (chosen by fattn) or 0 to 4, got " +
+                          std::to_string(tiles)));
+  }
 }
 
 // ---- variable-length prefill ---------------------------------------------------------------

@@ -119,6 +119,12 @@ struct Options {
   // the thread count; n > 0 asks for n chunks per sequence (1: no split). Results are
   // the same bits on every run with the same threads and splits.
   int kv_splits = 0;
+  // The CPU decode kernel's software prefetch distance, in key tiles: while it computes a
+  // key tile it asks memory for the rows of the tile this many ahead (every kv head of its
+  // item, K then V, in address order). -1 chooses (DecodePlan::prefetch_tiles says what
+  // and why); 0 leaves the streaming to the hardware prefetchers; 1 to 4 for the
+  // benchmark that measures the choice. The results are the same bits for every value.
+  int decode_prefetch_tiles = -1;
   // The CUDA decode kernel's cp.async ring depth per warp: 0 chooses (the deepest of 3
   // the device's shared memory takes); 2 to 4 for the benchmark that measures the choice.
   int decode_stages = 0;
@@ -176,6 +182,8 @@ void dropout_mask(const Options& options, std::int64_t batch, std::int64_t q_hea
 // The head dims attention_forward and attention_backward take: D in [kMinHeadDim, kMaxHeadDim].
 inline constexpr std::int64_t kMinHeadDim = 16;
 inline constexpr std::int64_t kMaxHeadDim = 256;
+// The farthest Options::decode_prefetch_tiles takes.
+inline constexpr int kMaxDecodePrefetchTiles = 4;
 
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32
 // Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA). D in [16, 256]. lse may be null.
@@ -238,6 +246,7 @@ struct DecodePlan {
   std::int64_t rows = 0;            // query rows per kv head: Sq × (Hq / Hkv)
   std::int64_t heads_per_item = 0;  // kv heads a work item takes each key tile for
   std::int64_t splits = 0;          // key chunks per sequence (split-KV)
+  int prefetch_tiles = 0;           // key tiles ahead its software prefetch asks for (0: none)
   std::int64_t items = 0;           // work items: batch × head groups × row tiles × splits
   std::string reason;               // the rules and the numbers behind the fields above
 };

@@ -191,7 +191,7 @@ void run_decode(const detail::Problem& p, const detail::Exec& exec, const Option
   const cpu::Kernels& kernels = detail::forward_kernels(options, p);
   const detail::WorkspaceLease workspace(
       detail::decode_workspace_floats(kernels, p, exec, options), to_string(Impl::decode));
-  kernels.decode(p, exec, workspace.get(), options.kv_splits);
+  kernels.decode(p, exec, workspace.get(), cpu::DecodeRequest::of(options));
 }
 
 // Runs the naive or fused kernel of a pass (not the reference) in its leased working memory.
@@ -342,7 +342,7 @@ ForwardPlan cpu_forward_plan(const cpu::Kernels& kernels, const Problem& p, Impl
   const Products products = kernels.products(p, impl);
   ForwardPlan plan{impl, kernels.isa, products, bf16_products_reason(options, kernels, p, products), {}};
   if (impl == Impl::decode)
-    plan.decode = kernels.decode_plan(p, make_exec(options).workers, options.kv_splits);
+    plan.decode = kernels.decode_plan(p, make_exec(options).workers, cpu::DecodeRequest::of(options));
   return plan;
 }
 
@@ -467,7 +467,7 @@ void ragged_forward(const Problem& p, const Exec& exec, const Options& options) 
     return run_side_by_side(exec, schedule.shared, slice, "forward", to_string(Impl::fused),
                             [&](std::int64_t b, const Exec& on_one, float* memory) {
                               if (decoded(b))
-                                kernels.decode(p.sequence(b), on_one, memory, options.kv_splits);
+                                kernels.decode(p.sequence(b), on_one, memory, cpu::DecodeRequest::of(options));
                               else
                                 direction.run(false, p.sequence(b), on_one, memory);
                             });
@@ -542,7 +542,7 @@ void ragged_backward(const Problem& p, const Exec& exec, const Options& options)
 
 std::int64_t decode_workspace_floats(const cpu::Kernels& kernels, const Problem& p,
                                      const Exec& exec, const Options& options) {
-  const std::int64_t floats = kernels.decode_workspace_floats(p, exec.workers, options.kv_splits);
+  const std::int64_t floats = kernels.decode_workspace_floats(p, exec.workers, cpu::DecodeRequest::of(options));
   std::int64_t bytes = 0;
   if (floats < 0 || !checked_mul(floats, sizeof(float), &bytes))
     throw Error(

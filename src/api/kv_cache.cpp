@@ -43,7 +43,7 @@ void attention_kvcache(const TensorView& q, const KvCache& cache, const TensorVi
   const detail::WorkspaceLease workspace(
       detail::decode_workspace_floats(kernels, call.p, exec, options), to_string(Impl::decode));
   call.append();
-  kernels.decode(call.p, exec, workspace.get(), options.kv_splits);
+  kernels.decode(call.p, exec, workspace.get(), cpu::DecodeRequest::of(options));
 }
 
 std::int64_t kvcache_extra_bytes(const TensorView& q, const KvCache& cache,

@@ -15,6 +15,14 @@ namespace fattn::cpu {
 // table's fallback kernel, which rewrites every output, in the same working memory.
 using KernelFn = bool (*)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
 
+// What a call asks of the decode kernel's schedule: Options::kv_splits and
+// Options::decode_prefetch_tiles as given (0 and -1: the kernel chooses).
+struct DecodeRequest {
+  std::int64_t splits = 0;
+  int prefetch_tiles = -1;
+  static DecodeRequest of(const Options& o) { return {o.kv_splits, o.decode_prefetch_tiles}; }
+};
+
 struct Kernels {
   Isa isa;
   int query_tile;  // Br: query rows per work item
@@ -29,13 +37,13 @@ struct Kernels {
   std::int64_t (*backward_workspace_floats)(const detail::Problem& p, bool naive, int workers);
   KernelFn fused_backward;
   KernelFn naive_backward;
-  // The decode kernel (cpu/decode/decode.hpp) with `splits` key chunks per sequence (0: its rule).
+  // The decode kernel (cpu/decode/decode.hpp), scheduled as `request` asks.
   std::int64_t (*decode_workspace_floats)(const detail::Problem& p, int workers,
-                                          std::int64_t splits);
+                                          const DecodeRequest& request);
   void (*decode)(const detail::Problem& p, const detail::Exec& exec, float* workspace,
-                 std::int64_t splits);
+                 const DecodeRequest& request);
   // How decode cuts and reads this problem (ForwardPlan::decode).
-  DecodePlan (*decode_plan)(const detail::Problem& p, int workers, std::int64_t splits);
+  DecodePlan (*decode_plan)(const detail::Problem& p, int workers, const DecodeRequest& request);
   // What the forward's products run on in kernel `impl` (naive, fused or decode).
   Products (*products)(const detail::Problem& p, Impl impl);
   // The table whose forward and backward kernels run where this one's return false (null:

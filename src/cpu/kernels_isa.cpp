@@ -69,8 +69,8 @@ bool backward_naive(const detail::Problem& p, const detail::Exec& exec, float* m
   return true;
 }
 
-std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std::int64_t splits) {
-  return DecodeWorkspace<S>(p, workers, splits).total;
+std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, const DecodeRequest& request) {
+  return DecodeWorkspace<S>(p, workers, request).total;
 }
 
 // bfloat16 dot products where fused() and the decode kernel take them (the decode kernel

@@ -166,6 +166,12 @@ double checked_scale(const Options& options, std::int64_t head_dim) {
     m << "kv_splits must be >= 0 (0: chosen by fattn), got " << options.kv_splits;
     fail(m.str());
   }
+  if (options.decode_prefetch_tiles < -1 || options.decode_prefetch_tiles > kMaxDecodePrefetchTiles) {
+    std::ostringstream m;
+    m << "decode_prefetch_tiles must be -1 (chosen by fattn) or 0 to " << kMaxDecodePrefetchTiles
+      << ", got " << options.decode_prefetch_tiles;
+    fail(m.str());
+  }
   if (options.runner && !options.runner->run) fail("runner.run must not be null");
   return scale;
 }

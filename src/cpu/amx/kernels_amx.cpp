@@ -33,8 +33,8 @@ std::int64_t backward_workspace_floats(const detail::Problem& p, bool naive, int
 
 // The decode kernel is memory-bound at the shapes it is chosen for (a few query rows per
 // kv head): it runs the AVX-512 FMA loop here too, with no bfloat16 split.
-std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, std::int64_t splits) {
-  return DecodeWorkspace<S>(p, workers, splits).total;
+std::int64_t decode_workspace_floats(const detail::Problem& p, int workers, const DecodeRequest& request) {
+  return DecodeWorkspace<S>(p, workers, request).total;
 }
 
 // The naive and fused kernels on tiles; the decode kernel on AVX-512 FMAs (above).

@@ -47,10 +47,10 @@ namespace fattn::cpu {
 
 template <class S>
 void decode_forward(const detail::Problem& p, const detail::Exec& exec, float* memory,
-                    std::int64_t requested_splits) {
+                    const DecodeRequest& request) {
   using Ops = DecodeOps<S>;
   using Workspace = DecodeWorkspace<S>;
-  const Workspace ws(p, exec.workers, requested_splits);
+  const Workspace ws(p, exec.workers, request);
   const float q_factor = static_cast<float>(p.scale) * Ops::kLog2e;
   auto worker_of = [&](int worker) {
     return DecodeWorker<S>{{p, ws, memory + worker * ws.worker_floats, q_factor}};

@@ -18,16 +18,17 @@
 namespace fattn::cpu {
 
 template <class S>
-DecodePlan decode_plan(const detail::Problem& p, int workers, std::int64_t requested_splits) {
+DecodePlan decode_plan(const detail::Problem& p, int workers, const DecodeRequest& request) {
   using Ops = DecodeOps<S>;
   using Workspace = DecodeWorkspace<S>;
-  const Workspace ws(p, workers, requested_splits);
+  const Workspace ws(p, workers, request);
   DecodePlan plan;
   plan.reads_in_place = ws.in_place;
   plan.key_tile = Ops::Bk;
   plan.rows = ws.rows;
   plan.heads_per_item = ws.heads_per_item;
   plan.splits = ws.splits;
+  plan.prefetch_tiles = ws.in_place ? ws.prefetch_tiles : 0;
   plan.items = ws.items;
 
   // The scores of a full row tile (ws.tile_rows rows), as DecodeWorker::scores picks them.
@@ -76,13 +77,22 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, std::int64_t reque
       << "); " << ws.heads_per_item << " of " << p.kv_heads << " kv heads an item (their states"
       << (ws.in_place ? "" : " and staged tiles") << " within " << Workspace::kItemFloats
       << " floats); ";
-  if (requested_splits > 0)
-    why << ws.splits << " key chunks as asked (kv_splits " << requested_splits
+  if (request.splits > 0)
+    why << ws.splits << " key chunks as asked (kv_splits " << request.splits
         << ", at most one per key tile)";
   else
     why << ws.splits << " key chunks: " << ws.items / ws.splits << " items (batch × head groups × "
         << "row tiles) for " << workers << " workers, " << Workspace::kItemsPerWorker
         << " a worker wanted, chunks of at least " << Workspace::kMinChunkKeys << " keys";
+  why << "; ";
+  if (!ws.in_place)
+    why << "no software prefetch (staged tiles)";
+  else if (ws.prefetch_tiles == 0)
+    why << "no software prefetch (decode_prefetch_tiles 0: the hardware prefetchers alone)";
+  else
+    why << "the rows " << ws.prefetch_tiles << " key tile" << (ws.prefetch_tiles > 1 ? "s" : "")
+        << " ahead asked of memory during each tile's scores ("
+        << (request.prefetch_tiles < 0 ? "the measured default" : "decode_prefetch_tiles as asked") << ")";
   plan.reason = why.str();
   return plan;
 }

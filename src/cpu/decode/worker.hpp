@@ -208,7 +208,8 @@ struct DecodePass {
   RowKeys<S> keys;
   std::int64_t nj = 0;
   typename Layout::Step step;
-  // The next key tile's rows, asked of memory in equal shares during the heads' scores.
+  // The rows of the key tile ws.prefetch_tiles ahead, asked of memory in equal shares
+  // during the heads' scores.
   typename Ops::Prefetch next{};
 
   // Each row's visible keys of [j0, j0 + Bk); the tile staged where tiles are staged.
@@ -222,7 +223,7 @@ struct DecodePass {
       keys.visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
     }
     tiles.prepare(it, j0, nj);
-    next = tiles.next_tile(it, j0, kv_end);
+    next = tiles.next_tile(it, j0, kv_end, c.ws.prefetch_tiles);
     return static_cast<int>(it.hk_end - it.hk_begin);
   }
   // Head hk_begin + x; its share of the next tile asked of memory during its scores.

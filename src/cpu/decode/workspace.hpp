@@ -12,6 +12,7 @@
 #include "cpu/decode/query_lanes.hpp"
 #include "cpu/common/online_softmax.hpp"
 #include "cpu/common/workspace.hpp"
+#include "cpu/kernels.hpp"
 
 namespace fattn::cpu {
 
@@ -36,6 +37,12 @@ struct DecodeWorkspace {
   static constexpr std::int64_t kItemsPerWorker = 4;
   // ... but not into chunks under this many keys (each chunk costs a partial and a merge).
   static constexpr std::int64_t kMinChunkKeys = 512;
+  // The software prefetch asks for the rows of the key tile after the one it computes
+  // (TilesInCache::next_tile). Measured against the other distances and against the
+  // hardware prefetchers alone (decode, B 1, Hq 32, Hkv 8, D 128, 32k keys, float32,
+  // 2 threads, GB/s): on dev-zen3 (AVX2) 1 tile 11.8-15.4, 2 tiles 11.4-11.7, none
+  // 8.8-10.9 (docs/perf-log.md, 2026-12-07); Options::decode_prefetch_tiles sweeps it.
+  static constexpr int kPrefetchTiles = 1;
 
   // K and V read where they lie (DecodeOps::reads_in_place), else staged tile by tile.
   bool in_place;
@@ -45,6 +52,7 @@ struct DecodeWorkspace {
   bool query_lanes;
   std::int64_t lane_rows;
   std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
+  int prefetch_tiles;  // key tiles ahead the software prefetch asks for (0: none)
   // Floats from the start of the working memory; per head: qs, os, m, l, alpha, and the
   // query rows' bfloat16 bits qb where the scores use them (on_bf16_dot_products).
   std::int64_t worker_floats, head_floats, kt_at, st_at, heads_at, k_stage_at, v_stage_at;
@@ -52,9 +60,11 @@ struct DecodeWorkspace {
   bool dot_bf16;
   std::int64_t partial_floats, partials_at, total;
 
-  // splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key tile).
-  DecodeWorkspace(const detail::Problem& p, int workers, std::int64_t requested_splits = 0) {
+  // request.splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key
+  // tile). request.prefetch_tiles: -1 takes kPrefetchTiles.
+  DecodeWorkspace(const detail::Problem& p, int workers, const DecodeRequest& request = {}) {
     Sizes n;
+    prefetch_tiles = request.prefetch_tiles < 0 ? kPrefetchTiles : request.prefetch_tiles;
     dot_bf16 = on_bf16_dot_products<S>(p.dtype);  // the scores from the query rows' bits
     D = p.head_dim;
     Dp = Ops::padded_dim(D);
@@ -96,8 +106,8 @@ struct DecodeWorkspace {
     std::int64_t max_keys = 0;
     for (std::int64_t b = 0; b < p.batch; ++b) max_keys = std::max(max_keys, p.keys_of(b));
     const std::int64_t key_tiles = std::max<std::int64_t>(1, n.div_up(max_keys, Ops::Bk));
-    if (requested_splits > 0) {
-      splits = std::min(requested_splits, key_tiles);
+    if (request.splits > 0) {
+      splits = std::min(request.splits, key_tiles);
     } else {
       const std::int64_t wanted = n.div_up(kItemsPerWorker * workers, std::max<std::int64_t>(base, 1));
       splits = std::clamp<std::int64_t>(wanted, 1, std::max<std::int64_t>(1, max_keys / kMinChunkKeys));
@@ -207,12 +217,15 @@ struct TilesInCache {
                                         std::int64_t nj) const {
     return Ops::in_cache(p, v, it.b, hk, j0, nj);
   }
-  // The rows of the item's next key tile (after the one at j0, none past kv_end): every
-  // head's K rows, then every head's V rows, each in the order they lie in memory.
-  typename Ops::Prefetch next_tile(const Item& it, std::int64_t j0, std::int64_t kv_end) const {
+  // The rows of the item's key tile `ahead` tiles after the one at j0 (none past kv_end,
+  // none for ahead 0): every head's K rows, then every head's V rows, each in the order
+  // they lie in memory. (Farther than one tile, the tiles between are left to the
+  // hardware prefetchers at a chunk's start.)
+  typename Ops::Prefetch next_tile(const Item& it, std::int64_t j0, std::int64_t kv_end,
+                                   int ahead) const {
     using Prefetch = typename Ops::Prefetch;
-    const std::int64_t j = j0 + Ops::Bk, rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
-    if (rows <= 0) return {};
+    const std::int64_t j = j0 + ahead * Ops::Bk, rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
+    if (ahead == 0 || rows <= 0) return {};
     const std::int64_t heads = it.hk_end - it.hk_begin;
     return {Prefetch::span_of(k_rows(it, it.hk_begin, j, rows), k.head, heads, rows),
             Prefetch::span_of(v_rows(it, it.hk_begin, j, rows), v.head, heads, rows),
@@ -240,7 +253,7 @@ struct StagedTiles {
                                             std::int64_t) const {
     return Ops::staged(v_stage, hk - it.hk_begin, p.head_dim);
   }
-  typename Ops::Prefetch next_tile(const Item&, std::int64_t, std::int64_t) const { return {}; }
+  typename Ops::Prefetch next_tile(const Item&, std::int64_t, std::int64_t, int) const { return {}; }
 };
 
 }  // namespace fattn::cpu
