@@ -235,6 +235,7 @@ pybind11::dict forward_plan(const at::Tensor& q, const at::Tensor& k, const at::
     decode["rows"] = plan.decode.rows;
     decode["heads_per_item"] = plan.decode.heads_per_item;
     decode["splits"] = plan.decode.splits;
+    decode["prefetch_tiles"] = plan.decode.prefetch_tiles;
     decode["items"] = plan.decode.items;
     decode["reason"] = plan.decode.reason;
     d["decode"] = decode;
