@@ -277,7 +277,9 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
                            static_cast<long long>(D), static_cast<long long>(Sq),
                            static_cast<long long>(Sk), fattn::to_string(impl));
               if (impl != fattn::Impl::decode) {  // the schedule options are the decode kernel's
-                results.push_back(measure(c, ceilings, p, impl, -1, 0));
+                const fattn::Options defaults;
+                results.push_back(measure(c, ceilings, p, impl, defaults.decode_prefetch_tiles,
+                                          defaults.kv_splits));
                 continue;
               }
               for (int prefetch_tiles : c.prefetch_tiles)

@@ -28,7 +28,7 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, const DecodeReques
   plan.rows = ws.rows;
   plan.heads_per_item = ws.heads_per_item;
   plan.splits = ws.splits;
-  plan.prefetch_tiles = ws.in_place ? ws.prefetch_tiles : 0;
+  plan.prefetch_tiles = ws.prefetch_tiles;
   plan.items = ws.items;
 
   // The scores of a full row tile (ws.tile_rows rows), as DecodeWorker::scores picks them.

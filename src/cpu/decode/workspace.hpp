@@ -61,10 +61,9 @@ struct DecodeWorkspace {
   std::int64_t partial_floats, partials_at, total;
 
   // request.splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key
-  // tile). request.prefetch_tiles: -1 takes kPrefetchTiles.
+  // tile). request.prefetch_tiles: -1 takes kPrefetchTiles; staged tiles take none.
   DecodeWorkspace(const detail::Problem& p, int workers, const DecodeRequest& request = {}) {
     Sizes n;
-    prefetch_tiles = request.prefetch_tiles < 0 ? kPrefetchTiles : request.prefetch_tiles;
     dot_bf16 = on_bf16_dot_products<S>(p.dtype);  // the scores from the query rows' bits
     D = p.head_dim;
     Dp = Ops::padded_dim(D);
@@ -76,6 +75,8 @@ struct DecodeWorkspace {
     in_place = Ops::reads_in_place(p) &&
                !(p.kv_q8_0 && DecodeQueryLanes<S>::applies(p, true, false) &&
                  DecodeQueryLanes<S>::takes(tile_rows));
+    prefetch_tiles = request.prefetch_tiles < 0 ? kPrefetchTiles : request.prefetch_tiles;
+    if (!in_place) prefetch_tiles = 0;  // staged tiles: nothing read where it lies to ask for
     query_lanes = DecodeQueryLanes<S>::applies(p, !in_place, in_place && dot_bf16) &&
                   DecodeQueryLanes<S>::takes(tile_rows);
     lane_rows = query_lanes ? DecodeQueryLanes<S>::Br : tile_rows;
