@@ -156,6 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{1, 32, 2, 4, 900, 128, Causal::bottom_right},  // 64 rows a kv head
                       Shape{1, 16, 2, 1, 777, 128, Causal::bottom_right},  // 8 rows: direct, 4 + 4
                       Shape{2, 14, 2, 1, 500, 64, Causal::none},           // 7 rows: 4 + 2 + 1
+                      Shape{1, 6, 2, 1, 333, 64, Causal::bottom_right},    // 3 rows: direct on AVX2, 2 + 1
+                      Shape{2, 3, 1, 1, 250, 32, Causal::none},            // ... one block a row
                       Shape{2, 8, 2, 3, 1031, 64, Causal::none},
                       Shape{2, 8, 2, 37, 300, 64, Causal::bottom_right},
                       Shape{1, 4, 4, 70, 70, 256, Causal::top_left},

@@ -211,12 +211,21 @@ typename S::vec load_row_vec(const E* row, std::int64_t d) {
   }
 }
 
-// N vectors of load_row_vec from value d on; of a q8_0 row, whole blocks (d and N lanes a
-// whole number of blocks) with each block's scale widened once, not once per vector.
+// N vectors of load_row_vec from value d on; of a q8_0 row each block's scale widened once,
+// not once per vector: whole blocks (d and N lanes a whole number of blocks), or N vectors
+// within one block (N a divisor of the block's vectors, d a multiple of N lanes).
+// Always inlined: a call per key row in P·V cost the AVX2 q8_0 decode a fifth of its time
+// (perf, dev-zen3).
 template <class S, int N, class E>
-void load_row_vecs(const E* row, std::int64_t d, typename S::vec (&out)[N]) {
+[[gnu::always_inline]] inline void load_row_vecs(const E* row, std::int64_t d, typename S::vec (&out)[N]) {
   constexpr int kPerBlock = static_cast<int>(kQ8_0BlockValues) / S::lanes;
-  if constexpr (std::is_same_v<E, Q8_0> && kPerBlock > 0 && N % kPerBlock == 0) {
+  if constexpr (std::is_same_v<E, Q8_0> && kPerBlock > N && kPerBlock % N == 0) {
+    const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues);
+    const typename S::vec scale = S::splat(q8_0_scale(block));
+    const std::int8_t* values = q8_0_values(block) + d % kQ8_0BlockValues;
+#pragma GCC unroll 8
+    for (int u = 0; u < N; ++u) out[u] = q8_0_lanes<S>(values + u * S::lanes, scale);
+  } else if constexpr (std::is_same_v<E, Q8_0> && kPerBlock > 0 && N % kPerBlock == 0) {
 #pragma GCC unroll 8
     for (int b = 0; b < N / kPerBlock; ++b) {
       const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues + b);

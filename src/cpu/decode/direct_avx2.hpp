@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "cpu/common/elements.hpp"
 #include "cpu/common/simd.hpp"
@@ -35,6 +36,7 @@ namespace {  // each unit's own copy, built with its own instructions
 template <class Rows>
 struct DirectScoresAvx2 {
   using S = Simd<32>;
+  using Element = std::remove_cv_t<std::remove_pointer_t<decltype(std::declval<const Rows&>().row(0))>>;
   static constexpr int kStep = S::lanes;  // dims per FMA
   static constexpr int kSums = 8;         // dot products per sum_lanes
 
@@ -48,10 +50,7 @@ struct DirectScoresAvx2 {
     for (int kk = 0; kk < KB; ++kk) krow[kk] = k.row(j + kk);
     __m256 acc[kSums];
     // The first step starts the sums from its products (no zeroed array to add to).
-    auto step = [&](std::int64_t d, auto first) {
-      __m256 kv[KB];
-#pragma GCC unroll 8
-      for (int kk = 0; kk < KB; ++kk) kv[kk] = load_row_vec<S>(krow[kk], d);
+    auto products = [&](std::int64_t d, const __m256 (&kv)[KB], auto first) {
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const __m256 qv = _mm256_loadu_ps(q + r * Dp + d);
@@ -62,8 +61,45 @@ struct DirectScoresAvx2 {
         }
       }
     };
-    step(0, std::true_type{});
-    for (std::int64_t d = kStep; d < Dp; d += kStep) step(d, std::false_type{});
+    if constexpr (std::is_same_v<Element, Q8_0>) {
+      // A block (32 dims) of each key a step: its scale widened once, not for each 8 of its
+      // values; the same floats and products as load_row_vec (in-cache q8_0 decode, Sk 1k,
+      // 1 thread, dev-zen3: docs/perf-log.md 2026-12-07).
+      constexpr int kPerBlock = static_cast<int>(kQ8_0BlockValues) / kStep;
+      auto block_step = [&](std::int64_t d0, auto first) {
+        __m256 scale[KB];
+        const std::int8_t* values[KB];
+#pragma GCC unroll 8
+        for (int kk = 0; kk < KB; ++kk) {
+          const std::uint8_t* at = q8_0_block(krow[kk], d0 / kQ8_0BlockValues);
+          scale[kk] = S::splat(q8_0_scale(at));
+          values[kk] = q8_0_values(at);
+        }
+        auto widen = [&](int u, __m256(&kv)[KB]) {
+#pragma GCC unroll 8
+          for (int kk = 0; kk < KB; ++kk) kv[kk] = q8_0_lanes<S>(values[kk] + u * kStep, scale[kk]);
+        };
+        __m256 kv[KB];
+        widen(0, kv);
+        products(d0, kv, first);
+#pragma GCC unroll 4
+        for (int u = 1; u < kPerBlock; ++u) {
+          widen(u, kv);
+          products(d0 + u * kStep, kv, std::false_type{});
+        }
+      };
+      block_step(0, std::true_type{});
+      for (std::int64_t d0 = kQ8_0BlockValues; d0 < Dp; d0 += kQ8_0BlockValues) block_step(d0, std::false_type{});
+    } else {
+      auto step = [&](std::int64_t d, auto first) {
+        __m256 kv[KB];
+#pragma GCC unroll 8
+        for (int kk = 0; kk < KB; ++kk) kv[kk] = load_row_vec<S>(krow[kk], d);
+        products(d, kv, first);
+      };
+      step(0, std::true_type{});
+      for (std::int64_t d = kStep; d < Dp; d += kStep) step(d, std::false_type{});
+    }
     alignas(32) float sums[kSums];
     _mm256_store_ps(sums, sum_lanes<8>(acc));
     for (int r = 0; r < R; ++r) std::memcpy(st + r * st_stride + j, sums + r * KB, KB * sizeof(float));
