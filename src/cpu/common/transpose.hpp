@@ -11,29 +11,10 @@
 
 #include <immintrin.h>
 
+#include "cpu/common/interleave.hpp"
+
 namespace fattn::cpu {
 namespace {  // each unit's own copy, built with its own instructions
-
-// The shuffles of the first two stages, one name for both widths (within each 128-bit lane:
-// floats, then float pairs, of two rows interleaved).
-inline __m256 unpack_lo(__m256 x, __m256 y) { return _mm256_unpacklo_ps(x, y); }
-inline __m256 unpack_hi(__m256 x, __m256 y) { return _mm256_unpackhi_ps(x, y); }
-inline __m256 unpack_lo_pairs(__m256 x, __m256 y) {
-  return _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(x), _mm256_castps_pd(y)));
-}
-inline __m256 unpack_hi_pairs(__m256 x, __m256 y) {
-  return _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(x), _mm256_castps_pd(y)));
-}
-#if defined(FATTN_AVX512)
-inline __m512 unpack_lo(__m512 x, __m512 y) { return _mm512_unpacklo_ps(x, y); }
-inline __m512 unpack_hi(__m512 x, __m512 y) { return _mm512_unpackhi_ps(x, y); }
-inline __m512 unpack_lo_pairs(__m512 x, __m512 y) {
-  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
-}
-inline __m512 unpack_hi_pairs(__m512 x, __m512 y) {
-  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
-}
-#endif
 
 // The first two stages of an N×N transpose (N = 8 or 16 rows of N floats): pairs of rows
 // interleaved by float, then by float pair. After them b[4g + c], 128-bit lane L, holds
@@ -42,15 +23,16 @@ template <int N, class V>
 inline void interleave_row_quads(const V* r, V* b) {
   V a[N];
   for (int k = 0; k < N / 2; ++k) {
-    a[2 * k] = unpack_lo(r[2 * k], r[2 * k + 1]);
-    a[2 * k + 1] = unpack_hi(r[2 * k], r[2 * k + 1]);
+    const auto floats = interleave_floats(r[2 * k], r[2 * k + 1]);
+    a[2 * k] = floats.lo;
+    a[2 * k + 1] = floats.hi;
   }
-  for (int g = 0; g < N / 4; ++g) {
-    b[4 * g + 0] = unpack_lo_pairs(a[4 * g], a[4 * g + 2]);
-    b[4 * g + 1] = unpack_hi_pairs(a[4 * g], a[4 * g + 2]);
-    b[4 * g + 2] = unpack_lo_pairs(a[4 * g + 1], a[4 * g + 3]);
-    b[4 * g + 3] = unpack_hi_pairs(a[4 * g + 1], a[4 * g + 3]);
-  }
+  for (int g = 0; g < N / 4; ++g)
+    for (int h = 0; h < 2; ++h) {  // rows 4g + h and 4g + h + 2
+      const auto pairs = interleave_pairs(a[4 * g + h], a[4 * g + h + 2]);
+      b[4 * g + 2 * h] = pairs.lo;
+      b[4 * g + 2 * h + 1] = pairs.hi;
+    }
 }
 
 // r[k][j] ← r[j][k] for 8 vectors of 8 floats: the two stages above, then the 128-bit
