@@ -155,6 +155,10 @@ std::vector<std::tuple<DType, Variant, Case16>> kernel_cases() {
                           // AVX512-BF16 on vdpbf16ps, D = 48 ending in half a vector
                           {1, 4, 2, 2, 300, 64, Causal::bottom_right, Layout::bshd},
                           {2, 6, 2, 1, 250, 48, Causal::none, Layout::bhsd},
+                          // 8 and 6 rows: direct on AVX2 (4 + 4, 4 + 2), transposed on
+                          // AVX-512 (its 16-bit limit is 4 rows)
+                          {1, 8, 1, 1, 333, 128, Causal::bottom_right, Layout::bshd},
+                          {2, 12, 2, 1, 150, 64, Causal::none, Layout::bhsd},
                           // 15 rows per kv head (blocks of 4 and a last of 3) through
                           // decode's transposed key tile (with AVX512-BF16 of bfloat16
                           // pairs), D = 80 ending in half a 32-dim block, a last tile of 3

@@ -253,7 +253,7 @@ def test_release_cached_memory_then_run_again():
 # rows is decided by those whose top two keys nearly tie, and over 64 rows the ratio of
 # two equally accurate kernels reached 1.7 on some seeds.
 # dev-zen5, these cases: each score in one FMA chain (chains of 128 dims added in turn),
-# in the fused kernel and the decode kernel's transposed key tile (AVX2 at every row
+# in the fused kernel and the decode kernel's transposed key tile (then AVX2 at every row
 # count, AVX-512 from 5 rows per kv head): 1.15-2.77 with AVX2 at Sq ≤ 3 (9 of 14 over
 # 1.5), 1.92-2.48 with AVX-512 at GQA 4-16:1; the AVX-512 decode kernel's direct scores
 # (≤ 4 rows: 16 lane partials and a tree) 0.59-0.97. Chains of 16 dims summed pairwise

@@ -347,8 +347,13 @@ struct DecodeOps {
   // over the tile's rows from L1/L2 costs: float32 Sk 32k, B 8 71-74 → 57-65 ms; q8_0
   // keys in L3 (Sk 2k) 0.43 → 0.30 ms; 16-bit caches mixed (bfloat16 B 1 32k 3.3-5.2 →
   // 3.7-4.8 ms, float16 B 8 32k 43-44 → 49), so 4 (dev-zen4, docs/perf-log.md 2026-12-06).
+  // On AVX2 8 rows for every element type: at GQA 8:1 two passes of 4 rows cost less than
+  // the 8×8 transposes and their stores (dev-zen3, B 8, Hkv 4, 32k keys, 2 threads, ms:
+  // float32 140-149 → 113-126, float16 104-106 → 82-92, bfloat16 112-125 → 71-89, q8_0
+  // 115-120 → 68-81; B 1 alike; docs/perf-log.md 2026-12-07).
   template <class E>
   static constexpr std::int64_t direct_rows() {
+    if constexpr (L == 8) return 2 * kDirectRows;
     return std::is_same_v<E, float> || std::is_same_v<E, Q8_0> ? 2 * kDirectRows : kDirectRows;
   }
   // Whether tile_scores multiplies the key rows where they lie for `rows` query rows (keys
@@ -359,7 +364,7 @@ struct DecodeOps {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) return dims_contiguous && rows <= direct_rows<E>();
 #elif defined(FATTN_AVX)
-    if constexpr (L == 8) return dims_contiguous && rows <= kDirectRows;
+    if constexpr (L == 8) return dims_contiguous && rows <= direct_rows<E>();
 #endif
     return false;
   }
