@@ -10,7 +10,7 @@
 // bits (DotBf16Products), 32 dims per instruction.
 // (decode, Sq = 1, GQA 4:1, D = 128: compute alone 37.7 → 48.9 GB/s per core, keys in L2;
 // in DRAM 30.6-33.0 → 38.1-42.2 GB/s with its prefetch, docs/perf-log.md "Decode kernel").
-// AVX-512 here; AVX2 has its own (cpu/decode/direct_avx2.hpp, up to 4 rows); portable transposes.
+// AVX-512 here; AVX2 has its own (cpu/decode/direct_avx2.hpp, up to 8 rows in blocks of 4); portable transposes.
 #pragma once
 
 #include "cpu/common/isa_target.hpp"
