@@ -197,6 +197,19 @@ typename S::vec q8_0_lanes(const std::int8_t* values, typename S::vec scale) {
 inline const std::int8_t* q8_0_values(const std::uint8_t* block) {
   return reinterpret_cast<const std::int8_t*>(block + sizeof(std::uint16_t));
 }
+// Block `block` of a q8_0 row as the kernels widen it: its scale in every lane, widened
+// once for all of the block's vectors, and its values; lanes(o): S::lanes of them from
+// value o on, d·q (q8_0_lanes).
+template <class S>
+struct Q8_0BlockLanes {
+  typename S::vec scale;
+  const std::int8_t* values;
+  Q8_0BlockLanes() = default;
+  explicit Q8_0BlockLanes(const std::uint8_t* block)
+      : scale(S::splat(q8_0_scale(block))), values(q8_0_values(block)) {}
+  Q8_0BlockLanes(const Q8_0* row, std::int64_t block) : Q8_0BlockLanes(q8_0_block(row, block)) {}
+  typename S::vec lanes(std::int64_t offset) const { return q8_0_lanes<S>(values + offset, scale); }
+};
 
 // S::lanes values of a row from value d on (contiguous dims; d a multiple of S::lanes):
 // load_vec at row + d, or for a q8_0 row the lanes of block d / 32 widened, d·q. The
@@ -206,8 +219,7 @@ typename S::vec load_row_vec(const E* row, std::int64_t d) {
   if constexpr (!std::is_same_v<E, Q8_0>) {
     return load_vec<S>(row + d);
   } else {
-    const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues);
-    return q8_0_lanes<S>(q8_0_values(block) + d % kQ8_0BlockValues, S::splat(q8_0_scale(block)));
+    return Q8_0BlockLanes<S>(row, d / kQ8_0BlockValues).lanes(d % kQ8_0BlockValues);
   }
 }
 
@@ -220,19 +232,15 @@ template <class S, int N, class E>
 [[gnu::always_inline]] inline void load_row_vecs(const E* row, std::int64_t d, typename S::vec (&out)[N]) {
   constexpr int kPerBlock = static_cast<int>(kQ8_0BlockValues) / S::lanes;
   if constexpr (std::is_same_v<E, Q8_0> && kPerBlock > N && kPerBlock % N == 0) {
-    const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues);
-    const typename S::vec scale = S::splat(q8_0_scale(block));
-    const std::int8_t* values = q8_0_values(block) + d % kQ8_0BlockValues;
+    const Q8_0BlockLanes<S> block(row, d / kQ8_0BlockValues);
 #pragma GCC unroll 8
-    for (int u = 0; u < N; ++u) out[u] = q8_0_lanes<S>(values + u * S::lanes, scale);
+    for (int u = 0; u < N; ++u) out[u] = block.lanes(d % kQ8_0BlockValues + u * S::lanes);
   } else if constexpr (std::is_same_v<E, Q8_0> && kPerBlock > 0 && N % kPerBlock == 0) {
 #pragma GCC unroll 8
     for (int b = 0; b < N / kPerBlock; ++b) {
-      const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues + b);
-      const typename S::vec scale = S::splat(q8_0_scale(block));
+      const Q8_0BlockLanes<S> block(row, d / kQ8_0BlockValues + b);
 #pragma GCC unroll 8
-      for (int u = 0; u < kPerBlock; ++u)
-        out[b * kPerBlock + u] = q8_0_lanes<S>(q8_0_values(block) + u * S::lanes, scale);
+      for (int u = 0; u < kPerBlock; ++u) out[b * kPerBlock + u] = block.lanes(u * S::lanes);
     }
   } else {
 #pragma GCC unroll 8

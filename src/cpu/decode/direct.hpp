@@ -116,10 +116,8 @@ struct Q8_0Products {
   static constexpr int kDims = static_cast<int>(kQ8_0BlockValues);
   static Operand load(const float* q, bool) { return {_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16)}; }
   static Operand load_key(const Q8_0* row, std::int64_t d, bool) {
-    const std::uint8_t* block = q8_0_block(row, d / kQ8_0BlockValues);
-    const __m512 scale = _mm512_set1_ps(q8_0_scale(block));
-    return {q8_0_lanes<Simd<64>>(q8_0_values(block), scale),
-            q8_0_lanes<Simd<64>>(q8_0_values(block) + 16, scale)};
+    const Q8_0BlockLanes<Simd<64>> block(row, d / kQ8_0BlockValues);
+    return {block.lanes(0), block.lanes(16)};
   }
   static __m512 add_products(__m512 acc, Operand q, Operand k) {
     return _mm512_fmadd_ps(q.hi, k.hi, _mm512_fmadd_ps(q.lo, k.lo, acc));

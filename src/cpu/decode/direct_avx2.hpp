@@ -68,17 +68,12 @@ struct DirectScoresAvx2 {
       // 1 thread, dev-zen3: docs/perf-log.md 2026-12-07).
       constexpr int kPerBlock = static_cast<int>(kQ8_0BlockValues) / kStep;
       auto block_step = [&](std::int64_t d0, auto first) {
-        __m256 scale[KB];
-        const std::int8_t* values[KB];
+        Q8_0BlockLanes<S> blocks[KB];
 #pragma GCC unroll 8
-        for (int kk = 0; kk < KB; ++kk) {
-          const std::uint8_t* at = q8_0_block(krow[kk], d0 / kQ8_0BlockValues);
-          scale[kk] = S::splat(q8_0_scale(at));
-          values[kk] = q8_0_values(at);
-        }
+        for (int kk = 0; kk < KB; ++kk) blocks[kk] = {krow[kk], d0 / kQ8_0BlockValues};
         auto widen = [&](int u, __m256(&kv)[KB]) {
 #pragma GCC unroll 8
-          for (int kk = 0; kk < KB; ++kk) kv[kk] = q8_0_lanes<S>(values[kk] + u * kStep, scale[kk]);
+          for (int kk = 0; kk < KB; ++kk) kv[kk] = blocks[kk].lanes(u * kStep);
         };
         __m256 kv[KB];
         widen(0, kv);
