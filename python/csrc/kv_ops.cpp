@@ -158,19 +158,6 @@ std::tuple<at::Tensor, at::Tensor> run_kvcache(
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_kvcache(
-    const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
-    const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
-    const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& block_table,
-    bool causal, std::optional<double> scale, std::int64_t kv_splits, c10::string_view impl,
-    std::int64_t window_left, std::int64_t window_right, double softcap,
-    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
-  check_kvcache_ranks(q, k_cache, v_cache, k_new, v_new, kv_splits);
-  const KvCacheCall call(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table);
-  return run_kvcache(q, call, kvcache_options(q, causal, scale, impl, kv_splits), window_left,
-                     window_right, softcap, alibi_slopes, sinks);
-}
-
 #ifdef FATTN_WITH_CUDA
 // The dispatch table's kernel for a KV-cache call on CUDA tensors (impl auto), asked on q's
 // device with the call's variants.
@@ -210,39 +197,45 @@ bool runs_decode(const at::Tensor& q, const KvCacheCall& call, const fattn::Opti
   const std::string planned = fattn_torch::planned_kvcache_kernel(kind);
   return planned.empty() || planned == "decode";
 }
+#else
+// A build without CUDA has no Triton kernels to choose: fattn's kernels run every call.
+bool runs_decode(const at::Tensor&, const KvCacheCall&, const fattn::Options&, std::int64_t,
+                 std::int64_t, double, const std::optional<at::Tensor>&,
+                 const std::optional<at::Tensor>&) {
+  return true;
+}
+#endif
 
-// attention_kvcache on CUDA, impl auto: the GPU dispatch table's choice
-// (fattn::cuda_kvcache_kernel: the first candidate of table.json's "kvcache" row for the call
-// that takes it). Its C++ decode kernel (src/cuda/decode.cuh; what it takes:
-// fattn::cuda_kvcache_refusal) is launched from here, so that a decode step costs the host a
-// few microseconds and never waits for the GPU; impl="decode" asks for it (an error where it
-// does not take the call); the Triton kernels run the rest and impl="triton"
-// (triton_attention_kvcache, registered from Python).
-std::tuple<at::Tensor, at::Tensor> attention_kvcache_cuda(
+std::tuple<at::Tensor, at::Tensor> attention_kvcache(
     const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
     const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& block_table,
     bool causal, std::optional<double> scale, std::int64_t kv_splits, c10::string_view impl,
     std::int64_t window_left, std::int64_t window_right, double softcap,
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
-  if (impl != "triton") {
+  // On CUDA, impl auto takes the GPU dispatch table's choice (fattn::cuda_kvcache_kernel: the
+  // first candidate of table.json's "kvcache" row for the call that takes it). Its C++ decode
+  // kernel (src/cuda/decode.cuh; what it takes: fattn::cuda_kvcache_refusal) is launched from
+  // here, so that a decode step costs the host a few microseconds and never waits for the
+  // GPU; impl="decode" asks for it (an error where it does not take the call); the Triton
+  // kernels run the rest and impl="triton" (triton_attention_kvcache, registered from Python).
+  if (!(q.is_cuda() && impl == "triton")) {
     check_kvcache_ranks(q, k_cache, v_cache, k_new, v_new, kv_splits);
     const fattn::Options options = kvcache_options(q, causal, scale, impl, kv_splits);
     const KvCacheCall call(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table);
-    if (impl != "auto" || runs_decode(q, call, options, window_left, window_right, softcap,
-                                      alibi_slopes, sinks))
+    if (!q.is_cuda() || impl != "auto" ||
+        runs_decode(q, call, options, window_left, window_right, softcap, alibi_slopes, sinks))
       return run_kvcache(q, call, options, window_left, window_right, softcap, alibi_slopes,
                          sinks);
   }
   static const auto triton =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow(FATTN_STRINGIFY(FATTN_OP_NAMESPACE) "::triton_attention_kvcache", "")
-          .typed<decltype(attention_kvcache_cuda)>();
+          .typed<decltype(attention_kvcache)>();
   return triton.call(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, causal,
                      scale, kv_splits, c10::string_view("auto"), window_left, window_right,
                      softcap, alibi_slopes, sinks);
 }
-#endif
 
 // --- packed variable-length sequences -------------------------------------------------------
 
@@ -389,7 +382,7 @@ TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CPU, m) {
 
 #ifdef FATTN_WITH_CUDA
 TORCH_LIBRARY_IMPL(FATTN_OP_NAMESPACE, CUDA, m) {
-  m.impl("attention_kvcache", &attention_kvcache_cuda);
+  m.impl("attention_kvcache", &attention_kvcache);
 }
 #endif
 

@@ -117,12 +117,13 @@ def forced_forward(kernel: str, impl: str | None, case: Case, inp: Inputs):
 
 def forced_varlen(kernel: str, impl: str | None, case: Case, inp: Inputs):
     if case.seqused:  # the packed keys as one page per sequence's rows, seqused_k the keys used
+        packed = inp.packed
         return _triton().attention_varlen_kvcache(
-            inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, inp.seqused, None,
+            inp.q, inp.k, inp.v, packed.cu_q, packed.cu_k, packed.seqused, None,
             causal=case.causal is not None, window_left=case.window[0],
             window_right=case.window[1], softcap=case.softcap, sinks=inp.sinks,
             alibi_slopes=inp.slopes)
-    return _triton().attention_varlen(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k,
+    return _triton().attention_varlen(inp.q, inp.k, inp.v, inp.packed.cu_q, inp.packed.cu_k,
                                       causal=case.causal is not None, window_size=case.window,
                                       softcap=case.softcap, sinks=inp.sinks,
                                       alibi_slopes=inp.slopes, return_lse=True, **_dropout(case))
@@ -131,14 +132,14 @@ def forced_varlen(kernel: str, impl: str | None, case: Case, inp: Inputs):
 def forced_kvcache(kernel: str, impl: str | None, case: Case, inp: Inputs):
     k_cache, v_cache = fresh_caches(case, inp)
     causal = case.causal is not None
+    c = inp.cache
     if dispatch.kernels()[kernel]["engine"] == TRITON:
-        return _triton().kvcache_attention(inp.q, k_cache, v_cache, inp.k_new, inp.v_new,
-                                           inp.lengths, inp.block_table, causal, *case.window,
-                                           case.softcap, inp.sinks, inp.slopes)
-    return torch.ops.fattn.attention_kvcache(inp.q, k_cache, v_cache, inp.k_new, inp.v_new,
-                                             inp.lengths, inp.block_table, causal, None, 0,
-                                             impl, *case.window, case.softcap, inp.slopes,
-                                             inp.sinks)
+        return _triton().kvcache_attention(inp.q, k_cache, v_cache, c.k_new, c.v_new, c.lengths,
+                                           c.block_table, causal, *case.window, case.softcap,
+                                           inp.sinks, inp.slopes)
+    return torch.ops.fattn.attention_kvcache(inp.q, k_cache, v_cache, c.k_new, c.v_new,
+                                             c.lengths, c.block_table, causal, None, 0, impl,
+                                             *case.window, case.softcap, inp.slopes, inp.sinks)
 
 
 def forced_backward(kernel: str, case: Case, inp: Inputs, out, lse):
@@ -146,7 +147,8 @@ def forced_backward(kernel: str, case: Case, inp: Inputs, out, lse):
     causal, bottom_right = case.causal is not None, case.causal == "bottom_right"
     if case.entry == "varlen_backward":
         return _triton().attention_varlen_backward(
-            inp.dout, inp.q, inp.k, inp.v, out, lse, inp.cu_q, inp.cu_k, causal=causal,
+            inp.dout, inp.q, inp.k, inp.v, out, lse, inp.packed.cu_q, inp.packed.cu_k,
+            causal=causal,
             window_size=case.window, softcap=case.softcap, sinks=inp.sinks,
             alibi_slopes=inp.slopes, **_dropout(case))
     if dispatch.kernels()[kernel]["engine"] == TRITON:

@@ -52,7 +52,7 @@ def packed_definition(q, k, v, case: Case, inp: Inputs, exact: bool):
     each sequence uses; with dropout, sequence n's mask is batch n's): out (total_q, Hq, D),
     lse (Hq, total_q)."""
     outs, lses = [], []
-    cq, ck, used = inp.cu_q.tolist(), inp.cu_k.tolist(), case.used_keys()
+    cq, ck, used = inp.packed.cu_q.tolist(), inp.packed.cu_k.tolist(), case.used_keys()
     for n in range(len(cq) - 1):
         end = ck[n] + used[n]
         rows = ((q, cq[n], cq[n + 1]), (k, ck[n], end), (v, ck[n], end))
@@ -70,7 +70,8 @@ def cache_definition(case: Case, inp: Inputs, exact: bool):
     outs, lses = [], []
     for n, length in enumerate(case.k_lens):
         kv = []
-        for cache, new in ((inp.keys, inp.k_new), (inp.values, inp.v_new)):
+        c = inp.cache
+        for cache, new in ((c.keys, c.k_new), (c.values, c.v_new)):
             rows = cache[n, :length].transpose(0, 1)
             if new is not None:
                 rows = torch.cat([rows, new[n]], 1)

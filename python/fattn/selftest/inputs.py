@@ -11,28 +11,44 @@ from .environment import device
 
 
 @dataclasses.dataclass
+class Packed:
+    """A varlen case's offsets: cu_q, cu_k (B + 1,) int32, and with seqused_k the keys each
+    sequence uses (B,) int32."""
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    seqused: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class Cache:
+    """A kvcache case's caches and appends: the keys of each sequence before the append
+    (keys, values: (B, capacity, Hkv, D)), k_new, v_new (B, Hkv, S_new, D) views or None,
+    the lengths (B,) int32 and the block table of the shuffled pages (or None)."""
+    keys: torch.Tensor
+    values: torch.Tensor
+    k_new: torch.Tensor | None
+    v_new: torch.Tensor | None
+    lengths: torch.Tensor
+    block_table: torch.Tensor | None
+
+
+@dataclasses.dataclass
 class Inputs:
     """A case's tensors. Dense: q (B, Hq, Sq, D), k, v (B, Hkv, Sk, D) views of (B, S, H, D)
-    memory; varlen: (total, H, D) with cu_q, cu_k; kvcache: q (B, Hq, Sq, D) view, k/v
-    caches as the operator's views, the keys of each sequence before the append in keys /
-    values ((B, capacity, Hkv, D)), k_new, v_new (B, Hkv, S_new, D) views."""
+    memory; varlen: (total, H, D) with the offsets in `packed`; kvcache: q (B, Hq, Sq, D)
+    view, k and v None, the caches in `cache`. The variants' tensors (sinks, ALiBi slopes,
+    the boolean mask, dropout's keep: (B, Hq, Sq, Sk) bool, True where P survives) where the
+    case has them."""
     q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
+    k: torch.Tensor | None
+    v: torch.Tensor | None
     dout: torch.Tensor | None = None
     sinks: torch.Tensor | None = None
     slopes: torch.Tensor | None = None
     mask: torch.Tensor | None = None
-    cu_q: torch.Tensor | None = None
-    cu_k: torch.Tensor | None = None
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    k_new: torch.Tensor | None = None
-    v_new: torch.Tensor | None = None
-    lengths: torch.Tensor | None = None
-    block_table: torch.Tensor | None = None
-    keep: torch.Tensor | None = None     # dropout: (B, Hq, Sq, Sk) bool, True where P survives
-    seqused: torch.Tensor | None = None  # varlen with seqused_k: (B,) int32
+    keep: torch.Tensor | None = None
+    packed: Packed | None = None
+    cache: Cache | None = None
 
 
 class Draw:
@@ -81,10 +97,10 @@ def varlen_inputs(case: Case) -> Inputs:
                   draw(tk, case.kv_heads, d, dtype=case.dtype),
                   draw(tk, case.kv_heads, d, dtype=case.dtype),
                   dout=draw(tq, case.heads, d, dtype=case.dtype),
-                  cu_q=_offsets(case.q_lens), cu_k=_offsets(case.k_lens),
                   keep=_keep(case, len(case.q_lens), max(case.q_lens), max(case.k_lens)),
-                  seqused=torch.tensor(case.used_keys(), dtype=torch.int32, device=device())
-                  if case.seqused else None,
+                  packed=Packed(_offsets(case.q_lens), _offsets(case.k_lens),
+                                torch.tensor(case.used_keys(), dtype=torch.int32,
+                                             device=device()) if case.seqused else None),
                   **_variant_tensors(case, draw))
 
 
@@ -113,18 +129,19 @@ def kvcache_inputs(case: Case) -> Inputs:
     new = [draw(b, case.new_keys, hkv, d, dtype=case.dtype).transpose(1, 2)
            for _ in range(2)] if case.new_keys else [None, None]
     return Inputs(draw(b, sq, case.heads, d, dtype=case.dtype).transpose(1, 2), None, None,
-                  keys=keys, values=values, k_new=new[0], v_new=new[1],
-                  lengths=torch.tensor(case.k_lens, dtype=torch.int32, device=device()),
-                  block_table=block_table, **_variant_tensors(case, draw))
+                  cache=Cache(keys, values, new[0], new[1],
+                              torch.tensor(case.k_lens, dtype=torch.int32, device=device()),
+                              block_table),
+                  **_variant_tensors(case, draw))
 
 
 def fresh_caches(case: Case, inp: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     """The caches as the operator's (B, Hkv, S, D) or (pages, Hkv, page, D) views, new ones
     per run: the kernel appends into them."""
     if case.page:
-        return tuple(_paged(t, inp.block_table, case.page).transpose(1, 2)
-                     for t in (inp.keys, inp.values))
-    return tuple(t.clone().transpose(1, 2) for t in (inp.keys, inp.values))
+        return tuple(_paged(t, inp.cache.block_table, case.page).transpose(1, 2)
+                     for t in (inp.cache.keys, inp.cache.values))
+    return tuple(t.clone().transpose(1, 2) for t in (inp.cache.keys, inp.cache.values))
 
 
 INPUTS = {"forward": dense_inputs, "backward": dense_inputs, "varlen": varlen_inputs,

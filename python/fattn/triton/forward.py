@@ -53,13 +53,13 @@ def _forward_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Every call without dropout or seqused_k: the arguments of the kernel the H200 run
     verified, whose machine code is kept (fattn/dispatch/verified.json)."""
-    forward_tile(
+    _forward_full_kernel(
         Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_K, TABLE,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
         sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
         smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
         q_heads, kv_heads, q_len, kv_len, head_dim, block_size, num_splits,
-        scale, softcap, window_left, window_right, 0, 0, 0, 1.0,
+        scale, softcap, window_left, window_right, SEQ_K, 0, 0, 1.0,
         CAUSAL, WINDOW, MASK_KIND, SOFTCAP, ALIBI, SINKS_ON, False, LENGTHS, PAGED, PACK_GQA,
         SPLIT, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D)
 
@@ -79,39 +79,12 @@ def _forward_full_kernel(
         LENGTHS: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr,
         SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Calls with dropout (its stream: the seed at SEED in device memory, offset,
-    threshold, scale) or seqused_k (SEQ_USED, LENGTHS 3)."""
+    """The forward with every argument: calls with dropout (its stream: the seed at SEED in
+    device memory, offset, threshold, scale) or seqused_k (SEQ_USED, LENGTHS 3) launch it,
+    and _forward_kernel runs it as its body with dropout off. One program's tile."""
     seed = 0
     if DROPOUT:
         seed = tl.load(SEED)
-    forward_tile(
-        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_USED, TABLE,
-        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
-        sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
-        smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
-        q_heads, kv_heads, q_len, kv_len, head_dim, block_size, num_splits,
-        scale, softcap, window_left, window_right,
-        seed, dropout_offset, dropout_threshold, dropout_scale,
-        CAUSAL, WINDOW, MASK_KIND, SOFTCAP, ALIBI, SINKS_ON, DROPOUT, LENGTHS, PAGED, PACK_GQA,
-        SPLIT, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D)
-
-
-@triton.jit
-def forward_tile(
-        Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_USED, TABLE,
-        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
-        sob, soh, sos, sod, slb, slh, sls, sos_split, sls_split,
-        smb, smh, sms, smk, scb, sch, scm, scn, sab, sah, stb,
-        q_heads, kv_heads, q_len, kv_len, head_dim, block_size, num_splits,
-        scale, softcap, window_left, window_right,
-        seed, dropout_offset, dropout_threshold, dropout_scale,
-        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, MASK_KIND: tl.constexpr,
-        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS_ON: tl.constexpr,
-        DROPOUT: tl.constexpr,
-        LENGTHS: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr,
-        SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program's tile of the forward (both kernels above)."""
     tile = tl.program_id(0)
     split = tl.program_id(2)
     group = q_heads // kv_heads
