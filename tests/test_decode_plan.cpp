@@ -98,6 +98,26 @@ TEST(DecodePlan, SplitsByRuleOrAsAsked) {
   expect_consistent(asked, one);
 }
 
+TEST(DecodePlan, ShortCacheHeadsDealtOutAmongWorkers) {
+  // Under two chunks of keys, one sequence: one item of all 8 kv heads would leave all but
+  // one worker idle, so the heads are split among the workers.
+  const Shape short_cache{1, 32, 8, 1, 600, 128};
+  const Call call(short_cache);
+  const Isa isa = fattn::best_cpu_isa() == Isa::amx ? Isa::avx512 : fattn::best_cpu_isa();
+  for (int threads : {2, 3, 16}) {
+    SCOPED_TRACE(threads);
+    const fattn::DecodePlan d = call.plan(isa, 0, threads);
+    expect_consistent(d, short_cache);
+    EXPECT_EQ(d.splits, 1);
+    EXPECT_GE(d.items, std::min<std::int64_t>(threads, short_cache.Hkv));
+    EXPECT_THAT(d.reason, HasSubstr("dealt out among " + std::to_string(threads) + " workers"));
+  }
+  // One thread, a long cache (chunks instead) or chunks asked for: all heads in one item.
+  EXPECT_EQ(call.plan(isa, 0, 1).heads_per_item, 8);
+  EXPECT_EQ(Call(Shape{1, 32, 8, 1, 4096, 128}).plan(isa).heads_per_item, 8);
+  EXPECT_EQ(call.plan(isa, 2, 2).heads_per_item, 8);
+}
+
 TEST(DecodePlan, PrefetchDistanceByDefaultOrAsAsked) {
   const Call call(Shape{1, 32, 8, 1, 32768, 128});
   const Isa isa = fattn::best_cpu_isa() == Isa::amx ? Isa::avx512 : fattn::best_cpu_isa();

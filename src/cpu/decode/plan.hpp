@@ -74,9 +74,13 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, const DecodeReques
   why << "); " << (ws.in_place ? "K and V read in place" : "K and V staged as float32 tile by tile")
       << " (" << (ws.in_place ? "contiguous dims, whole vectors" : "strided dims, a head dim not a "
                   "whole number of vectors, or a q8_0 cache under the query-lane tiles")
-      << "); " << ws.heads_per_item << " of " << p.kv_heads << " kv heads an item (their states"
-      << (ws.in_place ? "" : " and staged tiles") << " within " << Workspace::kItemFloats
-      << " floats); ";
+      << "); " << ws.heads_per_item << " of " << p.kv_heads << " kv heads an item (";
+  if (ws.short_cache_heads)
+    why << "dealt out among " << workers << " workers: under " << 2 * Workspace::kMinChunkKeys
+        << " keys, too few to cut into chunks); ";
+  else
+    why << "their states" << (ws.in_place ? "" : " and staged tiles") << " within "
+        << Workspace::kItemFloats << " floats); ";
   if (request.splits > 0)
     why << ws.splits << " key chunks as asked (kv_splits " << request.splits
         << ", at most one per key tile)";

@@ -52,6 +52,7 @@ struct DecodeWorkspace {
   bool query_lanes;
   std::int64_t lane_rows;
   std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
+  bool short_cache_heads = false;  // heads_per_item cut to give every worker an item
   int prefetch_tiles;  // key tiles ahead the software prefetch asks for (0: none)
   // Floats from the start of the working memory; per head: qs, os, m, l, alpha, and the
   // query rows' bfloat16 bits qb where the scores use them (on_bf16_dot_products).
@@ -91,6 +92,19 @@ struct DecodeWorkspace {
     const std::int64_t stage_floats = Ops::Bk * Dp;  // one head's key tile of K or V
     const std::int64_t item_head_floats = head_floats + (in_place ? 0 : 2 * stage_floats);
     heads_per_item = std::clamp<std::int64_t>(kItemFloats / item_head_floats, 1, p.kv_heads);
+    std::int64_t max_keys = 0;
+    for (std::int64_t b = 0; b < p.batch; ++b) max_keys = std::max(max_keys, p.keys_of(b));
+    // Keys too few for two chunks (the split rule below) and fewer (sequence, row tile)
+    // pairs than workers: the heads are dealt out among the workers instead, so that a short
+    // cache is not decoded on one core while the others wait. An item then reads part of
+    // each key's row, which costs streaming rate at long contexts, not here: the whole
+    // cache is under 2·kMinChunkKeys keys.
+    const std::int64_t row_items = n.mul(p.batch, row_tiles);
+    if (request.splits <= 0 && max_keys < 2 * kMinChunkKeys && row_items < workers) {
+      const std::int64_t groups = std::min(p.kv_heads, n.div_up(workers, row_items));
+      heads_per_item = std::min(heads_per_item, n.div_up(p.kv_heads, groups));
+      short_cache_heads = true;
+    }
     head_groups = n.div_up(p.kv_heads, heads_per_item);
     Layout worker;
     kt_at = worker.take(D * Ops::Bk);
@@ -103,9 +117,7 @@ struct DecodeWorkspace {
     worker_floats = worker.end;
     n.overflow |= worker.n.overflow;
 
-    const std::int64_t base = n.mul(n.mul(p.batch, head_groups), row_tiles);
-    std::int64_t max_keys = 0;
-    for (std::int64_t b = 0; b < p.batch; ++b) max_keys = std::max(max_keys, p.keys_of(b));
+    const std::int64_t base = n.mul(row_items, head_groups);
     const std::int64_t key_tiles = std::max<std::int64_t>(1, n.div_up(max_keys, Ops::Bk));
     if (request.splits > 0) {
       splits = std::min(request.splits, key_tiles);
