@@ -44,6 +44,17 @@ __device__ __forceinline__ float softcapped(float x, float cap, float inv_cap) {
   return copysignf(t, x) * cap;
 }
 
+// f(x, row, col) for each score of a warp's blocks s[n][e] (mma.sync m16n8's accumulator
+// layout, as scale_and_mask walks it): element e of block n is the pair
+// (row0 + 8·(e / 2), col0 + 8·n + e % 2).
+template <int kN, class F>
+__device__ __forceinline__ void for_each_score(float (&s)[kN][4], int row0, int col0, F&& f) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(s[n][e], row0 + (e >> 1) * 8, col0 + n * 8 + (e & 1));
+}
+
 // The variants' scale_and_mask (warp_softmax.cuh): raw products s → scores in log2 units with
 // softcap and ALiBi; `mask` set: pairs outside the sequence or the band −inf (the caller
 // knows when no pair of the warp's tile is hidden).
@@ -53,22 +64,17 @@ __device__ __forceinline__ void scale_modify_mask(float (&s)[kN][4], const Param
                                                   int col0) {
   const Visibility band = visibility(p);
   const int alibi_offset = p.kv_len - p.q_len;  // ALiBi's diagonal: bottom-right aligned
-#pragma unroll
-  for (int n = 0; n < kN; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = row0 + (e >> 1) * 8;
-      const int col = col0 + n * 8 + (e & 1);
-      float x = s[n][e];
-      if (p.softcap != 0.0f) {
-        x = softcapped(x * static_cast<float>(p.scale), p.softcap, head.inv_softcap) * kLog2e;
-      } else {
-        x *= p.scale_log2;
-      }
-      if (p.alibi) x -= head.slope2 * static_cast<float>(abs(row + alibi_offset - col));
-      if (mask && band.hidden(row, col)) x = neg_inf();
-      s[n][e] = x;
+  for_each_score(s, row0, col0, [&](float& score, int row, int col) {
+    float x = score;
+    if (p.softcap != 0.0f) {
+      x = softcapped(x * static_cast<float>(p.scale), p.softcap, head.inv_softcap) * kLog2e;
+    } else {
+      x *= p.scale_log2;
     }
+    if (p.alibi) x -= head.slope2 * static_cast<float>(abs(row + alibi_offset - col));
+    if (mask && band.hidden(row, col)) x = neg_inf();
+    score = x;
+  });
 }
 
 // The sink's term, folded into a warp's rows before store_rows (warp_softmax.cuh): each
