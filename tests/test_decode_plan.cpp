@@ -116,6 +116,10 @@ TEST(DecodePlan, ShortCacheHeadsDealtOutAmongWorkers) {
   EXPECT_EQ(call.plan(isa, 0, 1).heads_per_item, 8);
   EXPECT_EQ(Call(Shape{1, 32, 8, 1, 4096, 128}).plan(isa).heads_per_item, 8);
   EXPECT_EQ(call.plan(isa, 2, 2).heads_per_item, 8);
+  // One kv head has nothing to deal out.
+  const fattn::DecodePlan mqa = Call(Shape{1, 8, 1, 1, 600, 128}).plan(isa);
+  EXPECT_EQ(mqa.heads_per_item, 1);
+  EXPECT_THAT(mqa.reason, ::testing::Not(HasSubstr("dealt out")));
 }
 
 TEST(DecodePlan, PrefetchDistanceByDefaultOrAsAsked) {

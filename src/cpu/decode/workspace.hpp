@@ -102,8 +102,9 @@ struct DecodeWorkspace {
     const std::int64_t row_items = n.mul(p.batch, row_tiles);
     if (request.splits <= 0 && max_keys < 2 * kMinChunkKeys && row_items < workers) {
       const std::int64_t groups = std::min(p.kv_heads, n.div_up(workers, row_items));
-      heads_per_item = std::min(heads_per_item, n.div_up(p.kv_heads, groups));
-      short_cache_heads = true;
+      const std::int64_t dealt = n.div_up(p.kv_heads, groups);
+      short_cache_heads = dealt < heads_per_item;
+      heads_per_item = std::min(heads_per_item, dealt);
     }
     head_groups = n.div_up(p.kv_heads, heads_per_item);
     Layout worker;
