@@ -148,8 +148,7 @@ def forced_backward(kernel: str, case: Case, inp: Inputs, out, lse):
     if case.entry == "varlen_backward":
         return _triton().attention_varlen_backward(
             inp.dout, inp.q, inp.k, inp.v, out, lse, inp.packed.cu_q, inp.packed.cu_k,
-            causal=causal,
-            window_size=case.window, softcap=case.softcap, sinks=inp.sinks,
+            causal=causal, window_size=case.window, softcap=case.softcap, sinks=inp.sinks,
             alibi_slopes=inp.slopes, **_dropout(case))
     if dispatch.kernels()[kernel]["engine"] == TRITON:
         return _triton().attention_backward(

@@ -68,9 +68,9 @@ def packed_definition(q, k, v, case: Case, inp: Inputs, exact: bool):
 def cache_definition(case: Case, inp: Inputs, exact: bool):
     """definition() per cached sequence: its first k_lens[b] keys and the appended ones."""
     outs, lses = [], []
+    c = inp.cache
     for n, length in enumerate(case.k_lens):
         kv = []
-        c = inp.cache
         for cache, new in ((c.keys, c.k_new), (c.values, c.v_new)):
             rows = cache[n, :length].transpose(0, 1)
             if new is not None:

@@ -52,7 +52,8 @@ def _forward_kernel(
         SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Every call without dropout or seqused_k: the arguments of the kernel the H200 run
-    verified, whose machine code is kept (fattn/dispatch/verified.json)."""
+    verified, whose machine code is kept (fattn/dispatch/verified.json). SEQ_K stands in
+    for the seed's pointer: with DROPOUT False it is never read."""
     _forward_full_kernel(
         Q, K, V, O, LSE, MASK, COVER, SLOPES, SINKS, SEQ_Q, SEQ_K, SEQ_K, TABLE,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,

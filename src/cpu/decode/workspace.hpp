@@ -94,13 +94,15 @@ struct DecodeWorkspace {
     heads_per_item = std::clamp<std::int64_t>(kItemFloats / item_head_floats, 1, p.kv_heads);
     std::int64_t max_keys = 0;
     for (std::int64_t b = 0; b < p.batch; ++b) max_keys = std::max(max_keys, p.keys_of(b));
-    // Keys too few for two chunks (the split rule below) and fewer (sequence, row tile)
-    // pairs than workers: the heads are dealt out among the workers instead, so that a short
-    // cache is not decoded on one core while the others wait. An item then reads part of
-    // each key's row, which costs streaming rate at long contexts, not here: the whole
-    // cache is under 2·kMinChunkKeys keys.
+    // The most key chunks the split rule below may cut.
+    const std::int64_t most_chunks = std::max<std::int64_t>(1, max_keys / kMinChunkKeys);
+    // Keys too few for two chunks and fewer (sequence, row tile) pairs than workers: the
+    // heads are dealt out among the workers instead, so that a short cache is not decoded on
+    // one core while the others wait. An item then reads part of each key's row, which
+    // costs streaming rate at long contexts, not here: the whole cache is under
+    // 2·kMinChunkKeys keys.
     const std::int64_t row_items = n.mul(p.batch, row_tiles);
-    if (request.splits <= 0 && max_keys < 2 * kMinChunkKeys && row_items < workers) {
+    if (request.splits <= 0 && most_chunks == 1 && row_items < workers) {
       const std::int64_t groups = std::min(p.kv_heads, n.div_up(workers, row_items));
       const std::int64_t dealt = n.div_up(p.kv_heads, groups);
       short_cache_heads = dealt < heads_per_item;
@@ -124,7 +126,7 @@ struct DecodeWorkspace {
       splits = std::min(request.splits, key_tiles);
     } else {
       const std::int64_t wanted = n.div_up(kItemsPerWorker * workers, std::max<std::int64_t>(base, 1));
-      splits = std::clamp<std::int64_t>(wanted, 1, std::max<std::int64_t>(1, max_keys / kMinChunkKeys));
+      splits = std::clamp<std::int64_t>(wanted, 1, most_chunks);
     }
     items = n.mul(base, splits);
     partial_floats = n.align(n.mul(tile_rows, Dp + 2));  // os, then m and l per row
