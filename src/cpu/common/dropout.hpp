@@ -25,6 +25,13 @@ struct DropoutOps {
     for (int i = 0; i < L; ++i) v[i] = static_cast<std::int32_t>(x);
     return v;
   }
+  // The high and low 32 bits of a · m.
+  static void mulhilo(std::uint32_t a, std::uint32_t m, std::uint32_t& hi, std::uint32_t& lo) {
+    const std::uint64_t product = std::uint64_t{a} * m;
+    hi = static_cast<std::uint32_t>(product >> 32);
+    lo = static_cast<std::uint32_t>(product);
+  }
+
   // (high, low) 32 bits of the unsigned a · m, lane by lane: two 32×32→64 products of the
   // even and the odd lanes, blended (GCC's vector extensions widened to 64-bit lanes and
   // back, and cost the dropout 2.4× its Philox arithmetic: docs/perf-log.md, "attention
@@ -52,9 +59,10 @@ struct DropoutOps {
     }
 #endif
     for (int i = 0; i < L; ++i) {
-      const std::uint64_t product = std::uint64_t{static_cast<std::uint32_t>(a[i])} * m;
-      hi[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(product >> 32));
-      lo[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(product));
+      std::uint32_t hi_i, lo_i;
+      mulhilo(static_cast<std::uint32_t>(a[i]), m, hi_i, lo_i);
+      hi[i] = static_cast<std::int32_t>(hi_i);
+      lo[i] = static_cast<std::int32_t>(lo_i);
     }
   }
   // The round keys: round r uses (seed low + r·kKeyA, seed high + r·kKeyB), mod 2^32.
@@ -85,13 +93,6 @@ struct DropoutOps {
         c[3][n] = lo_a;
       }
     }
-  }
-
-  // The high and low 32 bits of a · m.
-  static void mulhilo(std::uint32_t a, std::uint32_t m, std::uint32_t& hi, std::uint32_t& lo) {
-    const std::uint64_t product = std::uint64_t{a} * m;
-    hi = static_cast<std::uint32_t>(product >> 32);
-    lo = static_cast<std::uint32_t>(product);
   }
 
   // Counters evaluated together: 4 with AVX-512's 32 registers (16 hold their words), 2
