@@ -3,6 +3,7 @@ sequences) against the float64 definition, sequence by sequence; the append in p
 input raises before anything is written. On CUDA tensors with a GPU, under Triton's
 interpreter on CPU tensors otherwise (see test_triton.py)."""
 import os
+import re
 
 import pytest
 import torch
@@ -138,12 +139,11 @@ def bad_kvcache_calls():
     bad_table[1, 0] = 99
     return (k_cache, v_cache), [
         (dict(q=q, k=new, v=new, cache_seqlens=full, block_table=table),
-         r"cache_seqlens\[1\] = 32: every cache_seqlens entry with the 1 new keys must fit "
-         r"the cache's 32 positions"),
+         r"cache_seqlens\[1\] \+ k_new.size\(2\) = 32 \+ 1 = 33 keys exceed the cache's "
+         r"capacity of 32 keys per sequence \(block_table.size\(1\) × block_size\)"),
         (dict(q=q, k=new, v=new, cache_seqlens=lens, block_table=bad_table),
-         r"block_table\[1, 0\] = 99: every block_table entry a sequence uses must be a page "
-         r"of k_cache \(0 to 6; flash_attn_with_kvcache's cache_batch_idx entries are "
-         r"checked as these\)"),
+         r"block_table\[1\]\[0\] = 99 is outside \[0, 7\) \(k_cache.size\(0\), the cache's "
+         r"pages\), and sequence 1 uses that block"),
         (dict(q=q, k=new, v=new, block_table=table),
          "appending k_new and v_new needs cache_seqlens"),
         (dict(q=q, k=new, v=None, cache_seqlens=lens, block_table=table),
@@ -189,6 +189,85 @@ def test_kvcache_device_side_checks(index, names, monkeypatch):
     with pytest.raises(RuntimeError, match=f"every {names} entry"):
         fattn.triton.attention_with_kvcache(k_cache=k_cache, v_cache=v_cache, **kw)
     assert torch.equal(k_cache, k0)
+
+
+def _cache_argument_errors():
+    """Calls with one bad cache index each, as (name, call(api), where api is fattn or
+    fattn.triton): the same arguments through FlashAttention's functions on the CPU (fattn's
+    C++ checks) and through fattn.triton's (its own host checks)."""
+    k_cache, v_cache, table = make_cache(True, 2, 32, 16, seed=0)
+    flat_k, flat_v, _ = make_cache(False, 2, 32, 16, seed=0)
+    q, new = torch.randn(2, 1, HQ, D), torch.randn(2, 1, HKV, D)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+    bad_table = table.clone()
+    bad_table[1, 0] = 99
+
+    def kvcache(kc, vc, **kw):
+        def call(api):
+            run = (api.flash_attn_with_kvcache if api is fattn
+                   else fattn.triton.attention_with_kvcache)
+            return run(q, kc.clone(), vc.clone(), **kw)
+        return call
+
+    cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
+    qv = torch.randn(2, HQ, D)
+
+    def varlen(**kw):
+        def call(api):
+            if api is fattn:
+                return fattn.flash_attn_varlen_func(qv, k_cache, v_cache, cu_q, kw.get(
+                    "cu_seqlens_k"), 1, 64, seqused_k=kw.get("seqused_k"),
+                    block_table=kw["block_table"])
+            return fattn.triton.attention_varlen_kvcache(  # the operator's page layout
+                qv, k_cache.transpose(1, 2), v_cache.transpose(1, 2), cu_q,
+                kw.get("cu_seqlens_k"), kw.get("seqused_k"), kw["block_table"])
+        return call
+
+    def int32(values):
+        return torch.tensor(values, dtype=torch.int32)
+
+    return [
+        ("appended past the pages",
+         kvcache(k_cache, v_cache, k=new, v=new, block_table=table, cache_seqlens=int32([3, 32]))),
+        ("appended past the cache",
+         kvcache(flat_k, flat_v, k=new, v=new, cache_seqlens=int32([32, 3]))),
+        ("negative length", kvcache(flat_k, flat_v, cache_seqlens=int32([3, -2]))),
+        ("page out of range",
+         kvcache(k_cache, v_cache, k=new, v=new, cache_seqlens=lens, block_table=bad_table)),
+        ("varlen page out of range", varlen(seqused_k=lens, block_table=bad_table)),
+        ("seqused_k past the pages", varlen(seqused_k=int32([3, 33]), block_table=table)),
+        ("cu_seqlens_k past the pages", varlen(cu_seqlens_k=int32([0, 3, 36]), block_table=table)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_cache_argument_errors())))
+def test_cache_index_errors_read_the_same_on_every_device(index, monkeypatch):
+    """A bad cache index is worded as fattn's C++ checks word it, whichever kernels run."""
+    from fattn.triton import api
+    monkeypatch.setattr(api, "DEVICE_SIDE_CHECKS", ())  # the host's verdict, which names the entry
+    name, call = _cache_argument_errors()[index]
+    with pytest.raises(RuntimeError) as cpu:
+        call(fattn)
+    with pytest.raises(fattn.triton.ArgumentError) as gpu:
+        call(fattn.triton)
+    cpu_words = str(cpu.value).split("\n")[0].removeprefix("fattn: ")
+    gpu_words = str(gpu.value).split(": ", 1)[1]
+    assert gpu_words == cpu_words, name
+
+
+def test_device_side_rules_are_the_cuda_kernels():
+    """The rules a device-side check states on CUDA read as the CUDA decode kernel's own."""
+    from fattn.triton import api
+    source = os.path.join(os.path.dirname(__file__), "..", "..", "src", "cuda", "decode.cuh")
+    if not os.path.exists(source):
+        pytest.skip("fattn's source tree is not here")
+    text = open(source).read()
+    # each require(condition, "..." "..."): its message, the literal's pieces joined
+    messages = [re.findall(r'"((?:[^"\\]|\\.)*)"', call)
+                for call in re.findall(r"require\((.*?)\);[ \t]*\n", text, re.S)]
+    kernel_rules = ["".join(pieces).removeprefix("fattn: ") for pieces in messages]
+    assert api._LENGTH_RULES["cache_seqlens"] in kernel_rules
+    assert api._table_rule("k_cache") in kernel_rules
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="checked on CPU tensors")

@@ -301,7 +301,7 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
         else:
             lengths, lengths_name = seqused_k, "seqused_k"
         _check_cache_indices(fn, lengths, 0, capacity, block_table, k.size(0), page,
-                             lengths_name)
+                             lengths_name, "k")
     else:
         check(cu_seqlens_k is not None, fn,
               "cu_seqlens_k must be given for keys packed in k and v (no block_table)")
@@ -309,7 +309,7 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
         capacity = k.size(0)
         if seqused_k is not None:
             room = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-            _check_cache_indices(fn, seqused_k, 0, room, None, 0, 1, "seqused_k")
+            _check_cache_indices(fn, seqused_k, 0, room, None, 0, 1, "seqused_k", "k")
     check_lengths(fn, total_q=total_q, capacity=capacity)
     left, right, softcap, sinks, alibi = check_variants(fn, q, window_left, window_right,
                                                         softcap, sinks, alibi_slopes, batch)
@@ -479,16 +479,55 @@ def _cache_lengths(fn, cache_seqlens, b, device):
 # Device types on which the cache indices are checked without a host synchronisation.
 DEVICE_SIDE_CHECKS = ("cuda",)
 
+# What the key lengths of a cache may be, by the argument that gives them: the rule a
+# device-side check states. The words here and in the host's messages below are those of
+# fattn's C++ checks (src/model/validate_kvcache.cpp, validate_varlen.cpp; the CUDA decode
+# kernel's device-side checks, src/cuda/decode.cuh), so a bad entry reads the same on every
+# device (tests/python/test_triton_cache.py compares them).
+_LENGTH_RULES = {
+    "cache_seqlens": "every cache_seqlens entry must be >= 0 and, with the new keys "
+                     "(k_new.size(2)), fit the cache's capacity (k_cache.size(2), or "
+                     "block_table.size(1) x block_size)",
+    "seqused_k": "every seqused_k entry must be >= 0 and at most the keys its sequence has "
+                 "(its rows in cu_seqlens_k, or block_table.size(1) x block_size)",
+    "cu_seqlens_k": "every sequence's keys (cu_seqlens_k[b + 1] - cu_seqlens_k[b]) must fit "
+                    "its pages (block_table.size(1) x block_size)",
+}
+
+
+def _table_rule(cache_name):
+    rule = (f"every block_table entry a sequence uses must be a page of {cache_name} "
+            f"(0 <= entry < {cache_name}.size(0)")
+    if cache_name == "k_cache":
+        rule += "; flash_attn_with_kvcache's cache_batch_idx entries are checked as these"
+    return rule + ")"
+
+
+def _length_message(lengths_name, n, length, new, room, paged):
+    """The host's words for entry n of the lengths, which breaks its rule."""
+    if lengths_name == "cache_seqlens":
+        if length < 0:
+            return f"cache_seqlens[{n}] must be >= 0, got {length}"
+        return (f"cache_seqlens[{n}] + k_new.size(2) = {length} + {new} = {length + new} keys "
+                f"exceed the cache's capacity of {room} keys per sequence ("
+                + ("block_table.size(1) × block_size" if paged else "k_cache.size(2)") + ")")
+    if lengths_name == "seqused_k":
+        most = ("block_table.size(1) × block_size, the keys a sequence's pages hold" if paged
+                else "its rows in cu_seqlens_k")
+        return f"seqused_k[{n}] must be in [0, {room}] ({most}), got {length}"
+    return (f"sequence {n} has {length} keys (cu_seqlens_k[{n + 1}] - cu_seqlens_k[{n}]), "
+            f"more than its pages hold: block_table.size(1) × block_size = {room}")
+
 
 def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
-                         lengths_name="cache_seqlens"):
-    """Every length within the cache and every page a sequence uses within k_cache, before
-    anything is written. The checks run on the tensors' device. On CUDA their verdict stays
-    there: torch._assert_async stops the stream with a device-side assert whose message
-    names the argument, raised at the next synchronisation, and nothing queued after it
-    (the append, the attention) runs; a decode step never waits for the GPU and can be
-    captured in a CUDA graph. Elsewhere the verdict comes to the host in one read and the
-    error names the entry too."""
+                         lengths_name="cache_seqlens", cache_name="k_cache"):
+    """Every length within the cache (capacity: an int, or per sequence a tensor) and every
+    page a sequence uses within the cache's `pages`, before anything is written. The checks
+    run on the tensors' device. On CUDA their verdict stays there: torch._assert_async stops
+    the stream with a device-side assert whose message states the rule, raised at the next
+    synchronisation, and nothing queued after it (the append, the attention) runs; a decode
+    step never waits for the GPU and can be captured in a CUDA graph. Elsewhere the verdict
+    comes to the host in one read and the error names the entry too."""
     b = block_table.size(0) if block_table is not None else (
         lengths.numel() if lengths is not None else 0)
     length_bad = table_bad = None
@@ -501,13 +540,8 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
         slots = torch.arange(block_table.size(1), device=block_table.device)
         in_use = slots.view(1, -1) * page < used.view(-1, 1)
         table_bad = ((block_table < 0) | (block_table >= pages)) & in_use
-    room = capacity if isinstance(capacity, int) else "its sequence's"
-    length_rule = (f"every {lengths_name} entry" + (f" with the {new} new keys" if new else "")
-                   + f" must fit the cache's {room} positions (and be >= 0)")
-    table_rule = (f"every block_table entry a sequence uses must be a page of k_cache (0 to "
-                  f"{pages - 1}; flash_attn_with_kvcache's cache_batch_idx entries are "
-                  f"checked as these)")
-    rules = [(bad, rule) for bad, rule in ((length_bad, length_rule), (table_bad, table_rule))
+    rules = [(bad, rule) for bad, rule in ((length_bad, _LENGTH_RULES[lengths_name]),
+                                           (table_bad, _table_rule(cache_name)))
              if bad is not None]
     if not rules:
         return
@@ -519,9 +553,13 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
         return
     if length_bad is not None and bool(length_bad.any()):
         n = int(length_bad.nonzero()[0, 0])
-        check(False, fn, f"{lengths_name}[{n}] = {int(lengths[n])}: {length_rule}")
+        room = int(capacity[n]) if isinstance(capacity, torch.Tensor) else capacity
+        check(False, fn, _length_message(lengths_name, n, int(lengths[n]), new, room,
+                                         block_table is not None))
     n, slot = (int(x) for x in table_bad.nonzero()[0])
-    check(False, fn, f"block_table[{n}, {slot}] = {int(block_table[n, slot])}: {table_rule}")
+    check(False, fn, f"block_table[{n}][{slot}] = {int(block_table[n, slot])} is outside "
+                     f"[0, {pages}) ({cache_name}.size(0), the cache's pages), and sequence {n} "
+                     "uses that block")
 
 
 def _append(k_cache, v_cache, k_new, v_new, lengths, block_table, new):
