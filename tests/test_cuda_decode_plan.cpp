@@ -1,5 +1,6 @@
 // fattn tests — the CUDA decode kernel's host-checkable parts (cuda/decode_params.hpp,
-// cuda/decode_tiles.hpp), without nvcc: each sequence's band against the model's
+// cuda/decode_tiles.hpp, the band it reads from cuda/visibility.cuh), without nvcc: each
+// sequence's band against the model's
 // (model/problem.hpp, a KV cache of per-sequence lengths), the split of a sequence's keys
 // into whole tiles, and the split count's rules.
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 
 #include "cuda/decode_params.hpp"
 #include "cuda/decode_tiles.hpp"
+#include "cuda/visibility.cuh"
 #include "model/problem.hpp"
 
 namespace {
@@ -19,6 +21,7 @@ using fattn::cuda::DecodeParams;
 using fattn::cuda::DecodeTiles;
 using fattn::cuda::SequenceBand;
 using fattn::cuda::SplitRange;
+using fattn::cuda::VisibilityOf;
 
 // The model's problem for one sequence of `length` keys in a cache: causal bottom-right and
 // the window aligned to the sequence's own length.
@@ -46,12 +49,8 @@ TEST(CudaDecodePlan, SequenceBandIsTheModelsBandPerSequence) {
             std::int32_t lengths[1] = {length};
             fattn::detail::Problem with_cache = pr;
             with_cache.paging.seqlens = lengths;
-            DecodeParams p;
-            p.q_len = q_len;
-            p.causal = causal;
-            p.window_left = left;
-            p.window_right = right;
-            const SequenceBand band = SequenceBand::of(p, length);
+            const SequenceBand sequence = SequenceBand::bottom_right(q_len, length, causal, left, right);
+            const VisibilityOf<SequenceBand> band{sequence};
             const std::string what = "Sq " + std::to_string(q_len) + ", L " +
                                      std::to_string(length) + ", causal " +
                                      std::to_string(causal) + ", window (" +
@@ -59,14 +58,23 @@ TEST(CudaDecodePlan, SequenceBandIsTheModelsBandPerSequence) {
             for (int i = 0; i < q_len; ++i) {
               const std::int64_t begin = with_cache.visible_begin(0, i);
               const std::int64_t end = with_cache.visible_end(0, i);
-              for (int j = -2; j < length + 3; ++j)
-                ASSERT_EQ(band.visible(i, j), j >= begin && j < end) << what << ", i " << i << ", j " << j;
+              for (int j = 0; j < length + 3; ++j)
+                ASSERT_EQ(band.hidden(i, j), !(j >= begin && j < end)) << what << ", i " << i << ", j " << j;
               // The keys a block of queries [i, i_last] loads: every visible key inside.
               for (int i_last = i; i_last < q_len; ++i_last) {
-                const int first = band.begin(i), last = band.end(i_last);
+                const int first = band.kv_begin(i), last = band.kv_end(i_last + 1);
+                // ... and the tile test the kernel masks by: a tile without it hides nothing.
+                for (int k0 = 0; k0 < length; k0 += 4) {
+                  bool hides = false;
+                  for (int r = i; r <= i_last; ++r)
+                    for (int j = k0; j < k0 + 4; ++j) hides |= band.hidden(r, j);
+                  if (hides)
+                    ASSERT_TRUE(band.tile_hides_keys(k0, 4, i) || band.below_band(k0, i_last))
+                        << what << ", rows [" << i << ", " << i_last << "], keys from " << k0;
+                }
                 for (int r = i; r <= i_last; ++r)
                   for (int j = 0; j < length; ++j)
-                    if (band.visible(r, j)) {
+                    if (!band.hidden(r, j)) {
                       ASSERT_GE(j, first) << what;
                       ASSERT_LT(j, last) << what;
                     }

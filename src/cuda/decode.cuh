@@ -12,8 +12,8 @@
 //                    read from k_new/v_new and not from the cache being written);
 //                    S = Q·Kᵀ and O += P·V on mma.sync (mma_warp.cuh's warp products,
 //                    16 rows: GQA packs the query heads of the kv head into them), the
-//                    variants and the band per key (SequenceBand), the online softmax
-//                    (warp_softmax.cuh);
+//                    variants and the band per key (visibility.cuh, over the sequence's
+//                    SequenceBand), the online softmax (warp_softmax.cuh);
 //                  the warps' rows merged in shared memory; one split: the sink folded in
 //                  and out, lse written; more: float32 partial rows.
 //   combine_splits one warp per (sequence, query head, query): the splits' rows weighted by
@@ -30,6 +30,7 @@
 #include "cuda/decode_tiles.hpp"
 #include "cuda/mma_warp.cuh"
 #include "cuda/score_mods.cuh"
+#include "cuda/visibility.cuh"
 #include "cuda/warp_softmax.cuh"
 
 // The device-side assertion's entry (CUDA's; glibc's <assert.h> declares it only without
@@ -137,10 +138,11 @@ struct ThreadRows {
 // softcap, ALiBi, then −inf for hidden pairs when `mask` (the tile holds one).
 template <int kN>
 __device__ __forceinline__ void modify_scores(float (&s)[kN][4], const DecodeParams& p,
-                                              const ThreadRows& rows, const SequenceBand& band,
-                                              bool mask, int k0, int lane) {
+                                              const ThreadRows& rows,
+                                              const VisibilityOf<SequenceBand>& band, bool mask,
+                                              int k0, int lane) {
   const float inv_softcap = p.softcap != 0.0f ? 1.0f / p.softcap : 0.0f;
-  const int alibi_offset = band.length - p.q_len;
+  const int alibi_offset = band.p.kv_len - p.q_len;
 #pragma unroll
   for (int n = 0; n < kN; ++n)
 #pragma unroll
@@ -153,7 +155,7 @@ __device__ __forceinline__ void modify_scores(float (&s)[kN][4], const DecodePar
       else
         x *= p.scale_log2;
       if (p.alibi) x -= rows.slope2[half] * static_cast<float>(abs(rows.query[half] + alibi_offset - key));
-      if (mask && !band.visible(rows.query[half], key)) x = neg_inf();
+      if (mask && band.hidden(rows.query[half], key)) x = neg_inf();
       s[n][e] = x;
     }
 }
@@ -164,7 +166,8 @@ template <class T, int kN, int kDB>
 __device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (&o)[kDB][4],
                                                 const T* v_tile, int pitch,
                                                 const ThreadRows& rows,
-                                                const SequenceBand& band, int k0, int lane) {
+                                                const VisibilityOf<SequenceBand>& band, int k0,
+                                                int lane) {
   const int t = lane % 4, quad = lane & ~3;
 #pragma unroll
   for (int half = 0; half < 2; ++half)
@@ -176,7 +179,7 @@ __device__ __forceinline__ void pv_visible_keys(const float (&s)[kN][4], float (
         const float p1 = __shfl_sync(0xffffffffu, s[n][2 * half + 1], quad + src);
         for (int e = 0; e < 2; ++e) {
           const int key = n * 8 + 2 * src + e;
-          if (!band.visible(rows.query[half], k0 + key)) continue;
+          if (band.hidden(rows.query[half], k0 + key)) continue;
           const float pe = e ? p1 : p0;
           const T* const vrow = v_tile + key * pitch + 2 * t;
 #pragma unroll
@@ -366,10 +369,12 @@ __global__ void __launch_bounds__(DecodeTiles::kThreads, 1)
                      p.group};
   const int b = tile.b, hk = tile.kv_head;
   const int old = old_length(p, b);
-  const SequenceBand band = SequenceBand::of(p, old + p.new_len);
+  const SequenceBand sequence =
+      SequenceBand::bottom_right(p.q_len, old + p.new_len, p.causal, p.window_left, p.window_right);
+  const VisibilityOf<SequenceBand> band{sequence};
   const int i_first = tile.query(0);
   const int i_last = tile.query(min(kRows, tile.rows - tile.first) - 1);
-  const int seen_begin = band.begin(i_first), seen_end = band.end(i_last);
+  const int seen_begin = band.kv_begin(i_first), seen_end = band.kv_end(i_last + 1);
   const SplitRange range =
       SplitRange::of(seen_begin / kBc * kBc, seen_end, split, p.splits, kBc);
   const int tiles = (range.end - range.begin + kBc - 1) / kBc;
@@ -453,14 +458,12 @@ __global__ void __launch_bounds__(DecodeTiles::kThreads, 1)
     qk_mma<T, 1, kBc, kD, kPitch>(s, q_frag, sk + k_frag);
     // Whether a key of the tile is hidden from some row: past the sequence, or past an edge
     // of the band for the first or last query.
-    const bool mask = k0 + kBc > band.length ||
-                      (band.has_hi && k0 + kBc - 1 > i_first + band.hi) ||
-                      (band.has_lo && k0 < i_last + band.lo);
+    const bool mask = band.tile_hides_keys(k0, kBc, i_first) || band.below_band(k0, i_last);
     modify_scores(s[0], p, rows, band, mask, k0, lane);
     softmax_update(s[0], o[0], stats);
     // Keys seen by some rows only exist when the tile's rows hold several queries.
     if (mask && i_first != i_last &&
-        warp_tile_nonfinite<T, kD>(sv, min(kBc, band.length - k0), kPitch, lane))
+        warp_tile_nonfinite<T, kD>(sv, min(kBc, sequence.kv_len - k0), kPitch, lane))
       pv_visible_keys<T>(s[0], o[0], sv, kPitch, rows, band, k0, lane);
     else
       pv_mma<T, 1, kBc, kD, kPitch>(s, o, sv + v_frag);

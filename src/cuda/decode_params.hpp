@@ -66,40 +66,6 @@ struct DecodeParams {
   float* lse_part = nullptr;
 };
 
-// The keys a sequence's queries see: key j of a sequence of L keys is visible to query i
-// (of Sq) iff j < L and lo <= j − i <= hi (model/problem.hpp's band, per sequence).
-struct SequenceBand {
-  int length;       // L: keys after the append
-  bool has_lo, has_hi;
-  long long lo, hi;  // the diagonals' edges where present
-
-  FATTN_DECODE_FN static SequenceBand of(const DecodeParams& p, int length) {
-    SequenceBand s{length, p.window_left >= 0, p.causal || p.window_right >= 0, 0, 0};
-    const long long align = static_cast<long long>(length) - p.q_len;
-    s.lo = align - p.window_left;
-    // Causal: the upper edge is the diagonal itself (a right window, >= 0, hides no more).
-    s.hi = p.causal ? align : align + p.window_right;
-    return s;
-  }
-
-  FATTN_DECODE_FN bool visible(int i, int j) const {
-    const long long d = static_cast<long long>(j) - i;
-    return j >= 0 && j < length && (!has_lo || d >= lo) && (!has_hi || d <= hi);
-  }
-
-  // [begin, end): the keys some query of [i_first, i_last] sees (empty: begin >= end).
-  FATTN_DECODE_FN int begin(int i_first) const {
-    if (!has_lo) return 0;
-    const long long b = i_first + lo;
-    return static_cast<int>(b < 0 ? 0 : b > length ? length : b);
-  }
-  FATTN_DECODE_FN int end(int i_last) const {
-    if (!has_hi) return length;
-    const long long e = i_last + hi + 1;
-    return static_cast<int>(e < 0 ? 0 : e > length ? length : e);
-  }
-};
-
 // Which keys split `split` of `splits` takes of [begin, end): whole tiles of `tile` keys,
 // in order (the last splits may get none).
 struct SplitRange {

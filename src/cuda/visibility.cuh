@@ -27,10 +27,12 @@
 //   q_begin(k0), q_end(k_end)               the rows keys [k0, k_end) may be seen by: which
 //                                           query tiles the backward's key blocks visit
 //   tile_has_hidden_pair, pair_hidden       the backward's masking, over rows past q_len too
-// A view over the kernel's Params (a reference, not a copy).
+// A view over the kernel's Params (a reference, not a copy), or over one sequence's band
+// where each sequence has its own length (SequenceBand: the decode kernel).
 //
 // Who asks what today: every kernel takes kv_end from here (FusedBlock's tile count,
-// the naive and reference kernels' rows); the wgmma kernels and the reference ask all of it.
+// the naive and reference kernels' rows); the wgmma kernels, the reference and the decode
+// kernel (over each sequence's band) ask all of it.
 // The kernels that have run on an H100 (fused_mma, fused_tf32, fused_fma, naive;
 // warp_softmax.cuh's scale_and_mask and pv_visible_keys) still write the boolean tests of
 // the upper edge inline: moving a short-circuit test into these functions changes their SASS
@@ -52,8 +54,12 @@
 
 namespace fattn::cuda {
 
-struct Visibility {
-  const Params& p;
+// The questions over any band that holds Params' band fields (q_len, kv_len, has_band_lo,
+// band_lo, has_band_hi, band_hi): the forward kernels' Params (Visibility below), or one
+// sequence's band where each sequence has its own (SequenceBand below).
+template <class Band>
+struct VisibilityOf {
+  const Band& p;
 
   // The first key that query rows [q_begin, ..) may see, clamped to [0, kv_len].
   FATTN_BAND_FN int kv_begin(int q_begin) const {
@@ -121,6 +127,36 @@ struct Visibility {
   }
 };
 
+// The forward and backward kernels' band: one for the whole call, in their Params.
+using Visibility = VisibilityOf<Params>;
 FATTN_BAND_FN Visibility visibility(const Params& p) { return Visibility{p}; }
+
+// One sequence's band in a batch whose sequences each have their own length (the decode
+// kernel: a sequence's keys after the append): the diagonals aligned bottom-right, as
+// model/problem.hpp aligns a KV cache's queries (the last query sees the last key and, with
+// a window, `window_left` keys before its diagonal and `window_right` after it); each edge
+// present where the call has it, clamped as set_band (band.hpp) clamps the forward's, so
+// i ± edge stays inside int. Read through VisibilityOf<SequenceBand>.
+struct SequenceBand {
+  int q_len, kv_len;
+  bool has_band_lo, has_band_hi;
+  int band_lo, band_hi;
+
+  FATTN_BAND_FN static SequenceBand bottom_right(int q_len, int kv_len, bool causal,
+                                                 int window_left, int window_right) {
+    SequenceBand s{q_len, kv_len, window_left >= 0, causal || window_right >= 0, 0, 0};
+    const long long align = static_cast<long long>(kv_len) - q_len;
+    const long long lowest = -(static_cast<long long>(q_len) - 1), highest = kv_len - 1LL;
+    if (s.has_band_hi) {  // causal: the diagonal itself (a right window hides no more)
+      const long long hi = causal ? align : align + window_right;
+      s.band_hi = static_cast<int>(hi > highest ? highest : hi < lowest - 1 ? lowest - 1 : hi);
+    }
+    if (s.has_band_lo) {
+      const long long lo = align - window_left;
+      s.band_lo = static_cast<int>(lo < lowest ? lowest : lo > highest + 1 ? highest + 1 : lo);
+    }
+    return s;
+  }
+};
 
 }  // namespace fattn::cuda
