@@ -170,9 +170,10 @@ double sampled_error(const Problem& p, const fattn::Options& options) {
 }
 
 DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p, fattn::Impl impl,
-                     int prefetch_tiles, int kv_splits) {
+                     int prefetch_tiles, int prefetch_level, int kv_splits) {
   fattn::Options options;
   options.decode_prefetch_tiles = prefetch_tiles;
+  options.decode_prefetch_level = prefetch_level;
   options.kv_splits = kv_splits;
   options.causal = fattn::Causal::bottom_right;
   options.impl = impl;
@@ -202,7 +203,8 @@ DecodeResult measure(const DecodeConfig& c, const Ceilings& ceilings, Problem& p
   r.dtype = c.dtype;
   r.batch = p.B, r.q_heads = p.Hq, r.kv_heads = p.Hkv, r.head_dim = p.D, r.q_len = p.Sq, r.kv_len = p.Sk;
   r.page = p.page;
-  r.prefetch_tiles_asked = prefetch_tiles, r.kv_splits_asked = kv_splits;
+  r.prefetch_tiles_asked = prefetch_tiles, r.prefetch_level_asked = prefetch_level;
+  r.kv_splits_asked = kv_splits;
   r.ms_median = t.median_ms, r.ms_min = t.min_ms, r.ms_max = t.max_ms;
   r.kv_bytes = 2 * cache_bytes(p.B * p.Hkv * p.Sk * p.D, p.k.view.dtype);
   constexpr double kGigaPerMilli = 1e-6;
@@ -279,12 +281,14 @@ std::vector<DecodeResult> run_decode_sweep(const DecodeConfig& c, const Ceilings
               if (impl != fattn::Impl::decode) {  // the schedule options are the decode kernel's
                 const fattn::Options defaults;
                 results.push_back(measure(c, ceilings, p, impl, defaults.decode_prefetch_tiles,
-                                          defaults.kv_splits));
+                                          defaults.decode_prefetch_level, defaults.kv_splits));
                 continue;
               }
               for (int prefetch_tiles : c.prefetch_tiles)
-                for (int kv_splits : c.kv_splits)
-                  results.push_back(measure(c, ceilings, p, impl, prefetch_tiles, kv_splits));
+                for (int prefetch_level : c.prefetch_levels)
+                  for (int kv_splits : c.kv_splits)
+                    results.push_back(
+                        measure(c, ceilings, p, impl, prefetch_tiles, prefetch_level, kv_splits));
             }
           }
         }
@@ -347,7 +351,9 @@ void write_decode_json(const std::string& path, const Machine& m,
     doc["decode"].push_back({{"impl", fattn::to_string(r.impl)}, {"dtype", fattn::to_string(r.dtype)}, {"B", r.batch}, {"Hq", r.q_heads},
                              {"Hkv", r.kv_heads}, {"D", r.head_dim}, {"Sq", r.q_len},
                              {"Sk", r.kv_len}, {"page", r.page}, {"causal", "bottom_right"},
-                             {"decode_prefetch_tiles", r.prefetch_tiles_asked}, {"kv_splits", r.kv_splits_asked},
+                             {"decode_prefetch_tiles", r.prefetch_tiles_asked},
+                             {"decode_prefetch_level", r.prefetch_level_asked},
+                             {"kv_splits", r.kv_splits_asked},
                              {"ms_median", r.ms_median}, {"ms_min", r.ms_min},
                              {"ms_max", r.ms_max}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
                              {"pct_read_bandwidth", r.pct_read_bandwidth},
@@ -362,6 +368,7 @@ void write_decode_json(const std::string& path, const Machine& m,
                                        {"heads_per_item", r.plan.heads_per_item},
                                        {"splits", r.plan.splits}, {"items", r.plan.items},
                                        {"prefetch_tiles", r.plan.prefetch_tiles},
+                                       {"prefetch_level", r.plan.prefetch_level},
                                        {"reason", r.plan.reason}}}});
   std::ofstream file(path);
   file << doc.dump(2) << '\n';

@@ -25,8 +25,8 @@ struct DecodeConfig {
   // read through attention_kvcache's block table; the decode kernel alone); 0: contiguous.
   std::int64_t page = 0;
   // The decode kernel's schedule, each value a point of the sweep (Options::
-  // decode_prefetch_tiles, Options::kv_splits; -1 and 0: the kernel chooses).
-  std::vector<int> prefetch_tiles{-1}, kv_splits{0};
+  // decode_prefetch_tiles, decode_prefetch_level, kv_splits; -1 and 0: the kernel chooses).
+  std::vector<int> prefetch_tiles{-1}, prefetch_levels{-1}, kv_splits{0};
   int threads = 0, reps = 5, warmup = 1;
   fattn::Isa isa = fattn::Isa::automatic;
   fattn::Isa read_isa = fattn::Isa::avx2;  // the loads of the read stream over the cache (the ceilings')
@@ -39,7 +39,8 @@ struct DecodeResult {
   fattn::DType dtype = fattn::DType::float32;
   std::int64_t batch = 0, q_heads = 0, kv_heads = 0, head_dim = 0, q_len = 0, kv_len = 0;
   std::int64_t page = 0;  // keys per page of a paged cache (0: contiguous)
-  int prefetch_tiles_asked = -1, kv_splits_asked = 0;  // the options it ran with (plan: what they became)
+  // the options it ran with (plan: what they became)
+  int prefetch_tiles_asked = -1, prefetch_level_asked = -1, kv_splits_asked = 0;
   double ms_median = 0, ms_min = 0, ms_max = 0;
   std::int64_t kv_bytes = 0;  // K and V read once per call, in their dtype
   double gbs = 0;             // kv_bytes / median time

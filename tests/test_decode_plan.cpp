@@ -5,7 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -24,7 +26,8 @@ struct Shape {
   std::int64_t B, Hq, Hkv, Sq, Sk, D;
 };
 
-// The plan of a decode call over (B, S, H, D) float32 data (the values are never read).
+// The plan of a decode call over (B, S, H, D) float32 data (the values are read only where a
+// test runs the call).
 struct Call {
   Shape s;
   std::vector<float> q, k, v;
@@ -38,9 +41,11 @@ struct Call {
     kv = TensorView::bshd(k.data(), s.B, s.Sk, s.Hkv, s.D, dtype);
     vv = TensorView::bshd(v.data(), s.B, s.Sk, s.Hkv, s.D, dtype);
   }
-  fattn::DecodePlan plan(Isa isa, std::int64_t splits = 0, int threads = 2, int prefetch_tiles = -1) const {
+  fattn::DecodePlan plan(Isa isa, std::int64_t splits = 0, int threads = 2, int prefetch_tiles = -1,
+                         int prefetch_level = -1) const {
     fattn::Options o;
     o.decode_prefetch_tiles = prefetch_tiles;
+    o.decode_prefetch_level = prefetch_level;
     o.impl = Impl::decode;
     o.isa = isa;
     o.kv_splits = static_cast<int>(splits);
@@ -136,6 +141,40 @@ TEST(DecodePlan, PrefetchDistanceByDefaultOrAsAsked) {
   EXPECT_EQ(far.prefetch_tiles, 3);
   EXPECT_THAT(far.reason, HasSubstr("3 key tiles ahead"));
   EXPECT_THAT(far.reason, HasSubstr("as asked"));
+  // The level it fills: L1 by default, L2 as asked; none without a prefetch.
+  EXPECT_EQ(chosen.prefetch_level, 1);
+  EXPECT_THAT(chosen.reason, HasSubstr("into L1 (PREFETCHT0: the measured default)"));
+  const fattn::DecodePlan l2 = call.plan(isa, 0, 2, -1, 2);
+  EXPECT_EQ(l2.prefetch_level, 2);
+  EXPECT_THAT(l2.reason, HasSubstr("into L2 (PREFETCHT1: decode_prefetch_level as asked)"));
+  EXPECT_EQ(call.plan(isa, 0, 2, 0, 2).prefetch_level, 0);
+}
+
+// The prefetch's distance and level change when the rows arrive, never the results.
+TEST(DecodePlan, PrefetchOptionsKeepTheBits) {
+  const Shape s{2, 8, 2, 1, 3000, 128};
+  Call call(s);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (auto* t : {&call.q, &call.k, &call.v})
+    for (float& x : *t) x = normal(rng);
+  auto run = [&](int tiles, int level) {
+    std::vector<float> out(call.q.size(), std::nanf(""));
+    fattn::Options o;
+    o.impl = Impl::decode;
+    o.num_threads = 2;
+    o.causal = fattn::Causal::bottom_right;
+    o.decode_prefetch_tiles = tiles;
+    o.decode_prefetch_level = level;
+    fattn::attention_forward(call.qv, call.kv, call.vv,
+                             TensorView::bshd(out.data(), s.B, s.Sq, s.Hq, s.D), nullptr, o);
+    return out;
+  };
+  const std::vector<float> base = run(-1, -1);
+  EXPECT_FALSE(std::isnan(base[0]));
+  EXPECT_EQ(run(-1, 2), base);
+  EXPECT_EQ(run(2, 2), base);
+  EXPECT_EQ(run(0, -1), base);
 }
 
 TEST(DecodePlan, StagedWhereDimsAreStrided) {

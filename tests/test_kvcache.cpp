@@ -444,6 +444,13 @@ TEST(KvCache, OtherErrors) {
                 HasSubstr("decode_prefetch_tiles must be -1 (chosen by fattn) or 0 to 4, got " +
                           std::to_string(tiles)));
   }
+  for (int level : {-2, 0, fattn::kMaxDecodePrefetchLevel + 1}) {
+    Options bad_level;
+    bad_level.decode_prefetch_level = level;
+    EXPECT_THAT(error_of([&] { fattn::attention_kvcache(qv, {kv, vv, &s}, nullptr, nullptr, ov, nullptr, bad_level); }),
+                HasSubstr("decode_prefetch_level must be -1 (chosen by fattn) or 1 to 2 (the cache "
+                          "level the prefetch fills), got " + std::to_string(level)));
+  }
 }
 
 // ---- variable-length prefill ---------------------------------------------------------------

@@ -125,6 +125,13 @@ struct Options {
   // and why); 0 leaves the streaming to the hardware prefetchers; 1 to 4 for the
   // benchmark that measures the choice. The results are the same bits for every value.
   int decode_prefetch_tiles = -1;
+  // The cache level that software prefetch fills: 1 (PREFETCHT0: L1 and the levels below
+  // it), 2 (PREFETCHT1: L2, where the core keeps the hint apart: Intel's cores, AMD's from
+  // Zen 4 on; on Zen 3 every hint fills L1). A tile's lines asked for a tile ahead do not
+  // fit L1 beside the tile being computed, so a fill of L1 is fetched into it again by the
+  // loads (docs/perf-log.md, 2026-12-07). -1 chooses (DecodePlan::prefetch_level); 1 and
+  // 2 for the benchmark that measures the choice. The results are the same bits for both.
+  int decode_prefetch_level = -1;
   // The CUDA decode kernel's cp.async ring depth per warp: 0 chooses (the deepest of 3
   // the device's shared memory takes); 2 to 4 for the benchmark that measures the choice.
   int decode_stages = 0;
@@ -184,6 +191,8 @@ inline constexpr std::int64_t kMinHeadDim = 16;
 inline constexpr std::int64_t kMaxHeadDim = 256;
 // The farthest Options::decode_prefetch_tiles takes.
 inline constexpr int kMaxDecodePrefetchTiles = 4;
+// The deepest cache level Options::decode_prefetch_level names.
+inline constexpr int kMaxDecodePrefetchLevel = 2;
 
 // q: (B, Hq, Sq, D)   k, v: (B, Hkv, Sk, D)   out: (B, Hq, Sq, D)   lse: (B, Hq, Sq) float32
 // Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA). D in [16, 256]. lse may be null.
@@ -247,6 +256,7 @@ struct DecodePlan {
   std::int64_t heads_per_item = 0;  // kv heads a work item takes each key tile for
   std::int64_t splits = 0;          // key chunks per sequence (split-KV)
   int prefetch_tiles = 0;           // key tiles ahead its software prefetch asks for (0: none)
+  int prefetch_level = 0;           // the cache level that prefetch fills (1: L1, 2: L2; 0: none)
   std::int64_t items = 0;           // work items: batch × head groups × row tiles × splits
   std::string reason;               // the rules and the numbers behind the fields above
 };

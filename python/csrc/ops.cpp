@@ -236,6 +236,7 @@ pybind11::dict forward_plan(const at::Tensor& q, const at::Tensor& k, const at::
     decode["heads_per_item"] = plan.decode.heads_per_item;
     decode["splits"] = plan.decode.splits;
     decode["prefetch_tiles"] = plan.decode.prefetch_tiles;
+    decode["prefetch_level"] = plan.decode.prefetch_level;
     decode["items"] = plan.decode.items;
     decode["reason"] = plan.decode.reason;
     d["decode"] = decode;

@@ -85,7 +85,8 @@ def forward_plan(q, k, v, is_causal: bool = False, causal_bottom_right: bool = F
     ``scores`` ("direct", "transposed", "query_lanes"; "bf16_dot ..." on vdpbf16ps),
     ``reads_in_place``, ``key_tile``, ``rows`` (query rows per kv head), ``heads_per_item``,
     ``splits`` (key chunks), ``prefetch_tiles`` (how many key tiles ahead its software
-    prefetch asks for; 0: none), ``items`` and the ``reason`` for each; None otherwise."""
+    prefetch asks for; 0: none), ``prefetch_level`` (the cache level it fills: 1 L1, 2 L2;
+    0: none), ``items`` and the ``reason`` for each; None otherwise."""
     return _C.forward_plan(q, k, v, is_causal, causal_bottom_right, impl, kv_splits)
 
 

@@ -16,11 +16,15 @@ namespace fattn::cpu {
 using KernelFn = bool (*)(const detail::Problem& p, const detail::Exec& exec, float* workspace);
 
 // What a call asks of the decode kernel's schedule: Options::kv_splits and
-// Options::decode_prefetch_tiles as given (0 and -1: the kernel chooses).
+// Options::decode_prefetch_tiles and decode_prefetch_level as given (0 and -1: the kernel
+// chooses).
 struct DecodeRequest {
   std::int64_t splits = 0;
   int prefetch_tiles = -1;
-  static DecodeRequest of(const Options& o) { return {o.kv_splits, o.decode_prefetch_tiles}; }
+  int prefetch_level = -1;
+  static DecodeRequest of(const Options& o) {
+    return {o.kv_splits, o.decode_prefetch_tiles, o.decode_prefetch_level};
+  }
 };
 
 struct Kernels {

@@ -172,6 +172,13 @@ double checked_scale(const Options& options, std::int64_t head_dim) {
       << ", got " << options.decode_prefetch_tiles;
     fail(m.str());
   }
+  if (options.decode_prefetch_level != -1 &&
+      (options.decode_prefetch_level < 1 || options.decode_prefetch_level > kMaxDecodePrefetchLevel)) {
+    std::ostringstream m;
+    m << "decode_prefetch_level must be -1 (chosen by fattn) or 1 to " << kMaxDecodePrefetchLevel
+      << " (the cache level the prefetch fills), got " << options.decode_prefetch_level;
+    fail(m.str());
+  }
   if (options.runner && !options.runner->run) fail("runner.run must not be null");
   return scale;
 }

@@ -135,12 +135,14 @@ struct DecodeOps {
 
     Span first, second;
     std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of rows (first's, then second's)
+    bool to_l2 = false;        // PREFETCHT1 (L2) rather than PREFETCHT0 (L1): the level asked
     std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
     std::int64_t quota = 0;    // rows the unit running now asks for by its end (issue_rest)
     std::int64_t rows_per_direct_block = 1;
 
-    Prefetch(const Span& a, const Span& b, std::int64_t bytes_per_row)
-        : first(a), second(b), rows(a.count() + b.count()), row_bytes(bytes_per_row), quota(rows) {}
+    Prefetch(const Span& a, const Span& b, std::int64_t bytes_per_row, bool into_l2)
+        : first(a), second(b), rows(a.count() + b.count()), row_bytes(bytes_per_row),
+          to_l2(into_l2), quota(rows) {}
     Prefetch() = default;
 
     // The units of a phase ask for equal shares: unit x of n stops at (x + 1)/n of the rows.
@@ -148,12 +150,19 @@ struct DecodeOps {
     const char* row(std::int64_t i) const {
       return i < first.count() ? first.row(i) : second.row(i - first.count());
     }
+    // One line asked for at the level chosen (the hint must be a constant: two calls).
+    [[gnu::always_inline]] void line(const char* at) const {
+      if (to_l2)
+        __builtin_prefetch(at, 0, 2);
+      else
+        __builtin_prefetch(at, 0, 3);
+    }
     // Every line of a row: every other line (the adjacent-line prefetcher's pair) was
     // slower, 31.2 → 24.1 GB/s.
     [[gnu::always_inline]] void issue(std::int64_t n) {
       for (; n > 0 && next < rows; --n, ++next) {
         const char* r = row(next);
-        for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) __builtin_prefetch(r + d, 0, 3);
+        for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) line(r + d);
       }
     }
     // One line, the next of the row being asked for: called once per dim of a score block,
@@ -163,7 +172,7 @@ struct DecodeOps {
     // 166-181 → 184-195 (docs/perf-log.md, "query rows along the lanes").
     [[gnu::always_inline]] void issue_line() {
       if (next >= rows) return;
-      __builtin_prefetch(row(next) + line_at, 0, 3);
+      line(row(next) + line_at);
       line_at += kLineBytes;
       if (line_at >= row_bytes) line_at = 0, ++next;
     }

@@ -29,6 +29,7 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, const DecodeReques
   plan.heads_per_item = ws.heads_per_item;
   plan.splits = ws.splits;
   plan.prefetch_tiles = ws.prefetch_tiles;
+  plan.prefetch_level = ws.prefetch_level;
   plan.items = ws.items;
 
   // The scores of a full row tile (ws.tile_rows rows), as DecodeWorker::scores picks them.
@@ -96,7 +97,9 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, const DecodeReques
   else
     why << "the rows " << ws.prefetch_tiles << " key tile" << (ws.prefetch_tiles > 1 ? "s" : "")
         << " ahead asked of memory during each tile's scores ("
-        << (request.prefetch_tiles < 0 ? "the measured default" : "decode_prefetch_tiles as asked") << ")";
+        << (request.prefetch_tiles < 0 ? "the measured default" : "decode_prefetch_tiles as asked")
+        << "), into " << (ws.prefetch_level == 2 ? "L2 (PREFETCHT1" : "L1 (PREFETCHT0") << ": "
+        << (request.prefetch_level < 0 ? "the measured default" : "decode_prefetch_level as asked") << ")";
   plan.reason = why.str();
   return plan;
 }

@@ -223,7 +223,7 @@ struct DecodePass {
       keys.visible[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_end(it.b, i) - j0, 0, nj));
     }
     tiles.prepare(it, j0, nj);
-    next = tiles.next_tile(it, j0, kv_end, c.ws.prefetch_tiles);
+    next = tiles.next_tile(it, j0, kv_end, c.ws.prefetch_tiles, c.ws.prefetch_level);
     return static_cast<int>(it.hk_end - it.hk_begin);
   }
   // Head hk_begin + x; its share of the next tile asked of memory during its scores.

@@ -43,6 +43,10 @@ struct DecodeWorkspace {
   // 2 threads, GB/s): on dev-zen3 (AVX2) 1 tile 11.8-15.4, 2 tiles 11.4-11.7, none
   // 8.8-10.9 (docs/perf-log.md, 2026-12-07); Options::decode_prefetch_tiles sweeps it.
   static constexpr int kPrefetchTiles = 1;
+  // ... into L1 (PREFETCHT0). The same on dev-zen3, whose every hint fills L1 (AMD's guide);
+  // L2 alone is the sweep's other value (Options::decode_prefetch_level) for the cores that
+  // keep PREFETCHT1 out of L1, not measured yet.
+  static constexpr int kPrefetchLevel = 1;
 
   // K and V read where they lie (DecodeOps::reads_in_place), else staged tile by tile.
   bool in_place;
@@ -54,6 +58,7 @@ struct DecodeWorkspace {
   std::int64_t rows, tile_rows, row_tiles, heads_per_item, head_groups, splits, items, D, Dp;
   bool short_cache_heads = false;  // heads_per_item cut to give every worker an item
   int prefetch_tiles;  // key tiles ahead the software prefetch asks for (0: none)
+  int prefetch_level;  // the cache level it fills (1: L1, 2: L2; 0: no prefetch)
   // Floats from the start of the working memory; per head: qs, os, m, l, alpha, and the
   // query rows' bfloat16 bits qb where the scores use them (on_bf16_dot_products).
   std::int64_t worker_floats, head_floats, kt_at, st_at, heads_at, k_stage_at, v_stage_at;
@@ -62,7 +67,8 @@ struct DecodeWorkspace {
   std::int64_t partial_floats, partials_at, total;
 
   // request.splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key
-  // tile). request.prefetch_tiles: -1 takes kPrefetchTiles; staged tiles take none.
+  // tile). request.prefetch_tiles: -1 takes kPrefetchTiles; staged tiles take none;
+  // request.prefetch_level: -1 takes kPrefetchLevel.
   DecodeWorkspace(const detail::Problem& p, int workers, const DecodeRequest& request = {}) {
     Sizes n;
     dot_bf16 = on_bf16_dot_products<S>(p.dtype);  // the scores from the query rows' bits
@@ -78,6 +84,7 @@ struct DecodeWorkspace {
                  DecodeQueryLanes<S>::takes(tile_rows));
     prefetch_tiles = request.prefetch_tiles < 0 ? kPrefetchTiles : request.prefetch_tiles;
     if (!in_place) prefetch_tiles = 0;  // staged tiles: nothing read where it lies to ask for
+    prefetch_level = prefetch_tiles == 0 ? 0 : request.prefetch_level < 0 ? kPrefetchLevel : request.prefetch_level;
     query_lanes = DecodeQueryLanes<S>::applies(p, !in_place, in_place && dot_bf16) &&
                   DecodeQueryLanes<S>::takes(tile_rows);
     lane_rows = query_lanes ? DecodeQueryLanes<S>::Br : tile_rows;
@@ -234,18 +241,18 @@ struct TilesInCache {
     return Ops::in_cache(p, v, it.b, hk, j0, nj);
   }
   // The rows of the item's key tile `ahead` tiles after the one at j0 (none past kv_end,
-  // none for ahead 0): every head's K rows, then every head's V rows, each in the order
-  // they lie in memory. (Farther than one tile, the tiles between are left to the
+  // none for ahead 0), asked for into cache level `level` (1 or 2): every head's K rows,
+  // then every head's V rows, each in the order they lie in memory. (Farther than one tile, the tiles between are left to the
   // hardware prefetchers at a chunk's start.)
   typename Ops::Prefetch next_tile(const Item& it, std::int64_t j0, std::int64_t kv_end,
-                                   int ahead) const {
+                                   int ahead, int level) const {
     using Prefetch = typename Ops::Prefetch;
     const std::int64_t j = j0 + ahead * Ops::Bk, rows = std::min<std::int64_t>(Ops::Bk, kv_end - j);
     if (ahead == 0 || rows <= 0) return {};
     const std::int64_t heads = it.hk_end - it.hk_begin;
     return {Prefetch::span_of(k_rows(it, it.hk_begin, j, rows), k.head, heads, rows),
             Prefetch::span_of(v_rows(it, it.hk_begin, j, rows), v.head, heads, rows),
-            row_bytes_of<E>(p.head_dim)};
+            row_bytes_of<E>(p.head_dim), level == 2};
   }
 };
 
@@ -269,7 +276,7 @@ struct StagedTiles {
                                             std::int64_t) const {
     return Ops::staged(v_stage, hk - it.hk_begin, p.head_dim);
   }
-  typename Ops::Prefetch next_tile(const Item&, std::int64_t, std::int64_t, int) const { return {}; }
+  typename Ops::Prefetch next_tile(const Item&, std::int64_t, std::int64_t, int, int) const { return {}; }
 };
 
 }  // namespace fattn::cpu
