@@ -87,14 +87,18 @@ def test_paged_varlen_errors():
     cu_q, cu_k = int32([0, 2, 6]), int32([0, 20, 30])
     table = int32([[0, 1], [2, 3]])
     call = fattn.triton.attention_varlen_kvcache
-    with pytest.raises(fattn.triton.ArgumentError, match=r"block_table\[1, 0\] = 9"):
+    with pytest.raises(fattn.triton.ArgumentError,
+                       match=r"block_table\[1\]\[0\] = 9 is outside \[0, 4\)"):
         call(q, kc, kc, cu_q, cu_k, None, int32([[0, 1], [9, 3]]))
-    with pytest.raises(fattn.triton.ArgumentError, match=r"seqused_k\[0\] = 33"):
+    with pytest.raises(fattn.triton.ArgumentError,
+                       match=r"seqused_k\[0\] must be in \[0, 32\] \(block_table.size\(1\) × "
+                             r"block_size, the keys a sequence's pages hold\), got 33"):
         call(q, kc, kc, cu_q, None, int32([33, 1]), table)
     with pytest.raises(fattn.triton.ArgumentError, match="multiple of 16"):
         call(q, kc[:, :, :8], kc[:, :, :8], cu_q, int32([0, 5, 10]), None, table)
     with pytest.raises(fattn.triton.ArgumentError, match="needs cu_seqlens_k or seqused_k"):
         call(q, kc, kc, cu_q, None, None, table)
     rows = torch.randn(30, HKV, D)
-    with pytest.raises(fattn.triton.ArgumentError, match=r"seqused_k\[1\] = 11"):
+    with pytest.raises(fattn.triton.ArgumentError,
+                       match=r"seqused_k\[1\] must be in \[0, 10\] \(its rows in cu_seqlens_k\), got 11"):
         call(q, rows, rows, cu_q, cu_k, int32([20, 11]))
