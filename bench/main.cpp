@@ -257,7 +257,9 @@ int main(int argc, char** argv) {
                  "--decode: the cache level the decode kernel's software prefetch fills, each a "
                  "point of the sweep (Options::decode_prefetch_level; -1: its choice, 1: L1 "
                  "(PREFETCHT0), 2: L2 (PREFETCHT1))")
-      ->capture_default_str()->check(CLI::IsMember(std::vector<int>{-1, 1, fattn::kMaxDecodePrefetchLevel}))->delimiter(',');
+      ->capture_default_str()
+      ->check(CLI::IsMember(std::vector<int>{-1, 1, fattn::kMaxDecodePrefetchLevel}))
+      ->delimiter(',');
   app.add_option("--decode-kv-splits", decode_config.kv_splits,
                  "--decode: the decode kernel's key chunks per sequence, each a point of the sweep "
                  "(Options::kv_splits; 0: its choice)")

@@ -133,8 +133,9 @@ FATTN_BAND_FN Visibility visibility(const Params& p) { return Visibility{p}; }
 
 // One sequence's band in a batch whose sequences each have their own length (the decode
 // kernel: a sequence's keys after the append): the diagonals aligned bottom-right, as
-// model/problem.hpp aligns a KV cache's queries (the last query sees the last key and, with
-// a window, `window_left` keys before its diagonal and `window_right` after it); each edge
+// model/problem.hpp aligns a KV cache's queries (query q_len − 1's diagonal is key
+// kv_len − 1; a window keeps `window_left` keys before a query's diagonal and
+// `window_right` after it, causal none after it); each edge
 // present where the call has it, clamped as set_band (band.hpp) clamps the forward's, so
 // i ± edge stays inside int. Read through VisibilityOf<SequenceBand>.
 struct SequenceBand {

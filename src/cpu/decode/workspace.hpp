@@ -84,7 +84,9 @@ struct DecodeWorkspace {
                  DecodeQueryLanes<S>::takes(tile_rows));
     prefetch_tiles = request.prefetch_tiles < 0 ? kPrefetchTiles : request.prefetch_tiles;
     if (!in_place) prefetch_tiles = 0;  // staged tiles: nothing read where it lies to ask for
-    prefetch_level = prefetch_tiles == 0 ? 0 : request.prefetch_level < 0 ? kPrefetchLevel : request.prefetch_level;
+    prefetch_level = prefetch_tiles == 0         ? 0
+                     : request.prefetch_level < 0 ? kPrefetchLevel
+                                                  : request.prefetch_level;
     query_lanes = DecodeQueryLanes<S>::applies(p, !in_place, in_place && dot_bf16) &&
                   DecodeQueryLanes<S>::takes(tile_rows);
     lane_rows = query_lanes ? DecodeQueryLanes<S>::Br : tile_rows;
@@ -242,8 +244,8 @@ struct TilesInCache {
   }
   // The rows of the item's key tile `ahead` tiles after the one at j0 (none past kv_end,
   // none for ahead 0), asked for into cache level `level` (1 or 2): every head's K rows,
-  // then every head's V rows, each in the order they lie in memory. (Farther than one tile, the tiles between are left to the
-  // hardware prefetchers at a chunk's start.)
+  // then every head's V rows, each in the order they lie in memory. (Farther than one
+  // tile, the tiles between are left to the hardware prefetchers at a chunk's start.)
   typename Ops::Prefetch next_tile(const Item& it, std::int64_t j0, std::int64_t kv_end,
                                    int ahead, int level) const {
     using Prefetch = typename Ops::Prefetch;
