@@ -195,10 +195,13 @@ def _cache_argument_errors():
     """Calls with one bad cache index each, as (name, call(api), where api is fattn or
     fattn.triton): the same arguments through FlashAttention's functions on the CPU (fattn's
     C++ checks) and through fattn.triton's (its own host checks)."""
+    def int32(values):
+        return torch.tensor(values, dtype=torch.int32)
+
     k_cache, v_cache, table = make_cache(True, 2, 32, 16, seed=0)
     flat_k, flat_v, _ = make_cache(False, 2, 32, 16, seed=0)
     q, new = torch.randn(2, 1, HQ, D), torch.randn(2, 1, HKV, D)
-    lens = torch.tensor([3, 5], dtype=torch.int32)
+    lens = int32([3, 5])
     bad_table = table.clone()
     bad_table[1, 0] = 99
 
@@ -209,7 +212,7 @@ def _cache_argument_errors():
             return run(q, kc.clone(), vc.clone(), **kw)
         return call
 
-    cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
+    cu_q = int32([0, 1, 2])
     qv = torch.randn(2, HQ, D)
 
     def varlen(**kw):
@@ -222,9 +225,6 @@ def _cache_argument_errors():
                 qv, k_cache.transpose(1, 2), v_cache.transpose(1, 2), cu_q,
                 kw.get("cu_seqlens_k"), kw.get("seqused_k"), kw["block_table"])
         return call
-
-    def int32(values):
-        return torch.tensor(values, dtype=torch.int32)
 
     return [
         ("appended past the pages",
