@@ -192,6 +192,8 @@ void print_machine(std::FILE* out, const Machine& m) {
   const auto [bf16_products, bf16_reason] = bf16_products_chosen();
   std::fprintf(out, "  bfloat16 products on avx512: %s (%s)\n", bf16_products.c_str(),
                bf16_reason.c_str());
+  const fattn::DecodePrefetchLevelChoice& prefetch = fattn::decode_prefetch_level_choice();
+  std::fprintf(out, "  decode prefetch level: %d (%s)\n", prefetch.level, prefetch.reason.c_str());
   for (const LevelBandwidth& l : c.bandwidth_levels)
     std::fprintf(out, "  triad %-9s %8.1f GB/s     (working set %s%s)\n", l.level.c_str(),
                  l.bandwidth_gbs, bytes_label(l.working_set_bytes).c_str(),
@@ -344,6 +346,8 @@ nlohmann::ordered_json machine_json(const Machine& m) {
       {"bf16_dot_peak_gflops", c.bf16_dot_peak_gflops},
       {"bf16_products", bf16_products},
       {"bf16_products_reason", bf16_reason},
+      {"decode_prefetch_level", fattn::decode_prefetch_level_choice().level},
+      {"decode_prefetch_level_reason", fattn::decode_prefetch_level_choice().reason},
       {"bandwidth_gbs", c.bandwidth_gbs},
       {"date", m.date},
       {"scalar_fma_peak_gflops", c.scalar_fma_peak_gflops},

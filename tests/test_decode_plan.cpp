@@ -141,13 +141,50 @@ TEST(DecodePlan, PrefetchDistanceByDefaultOrAsAsked) {
   EXPECT_EQ(far.prefetch_tiles, 3);
   EXPECT_THAT(far.reason, HasSubstr("3 key tiles ahead"));
   EXPECT_THAT(far.reason, HasSubstr("as asked"));
-  // The level it fills: L1 by default, L2 as asked; none without a prefetch.
-  EXPECT_EQ(chosen.prefetch_level, 1);
-  EXPECT_THAT(chosen.reason, HasSubstr("into L1 (PREFETCHT0: the measured default)"));
+  // The level it fills: the probed core's by default, the one asked for where asked; none
+  // without a prefetch.
+  const fattn::DecodePrefetchLevelChoice& probed = fattn::decode_prefetch_level_choice();
+  EXPECT_EQ(chosen.prefetch_level, probed.level);
+  EXPECT_THAT(chosen.reason, HasSubstr(probed.level == 2 ? "into L2 (PREFETCHT1: " + probed.reason
+                                                         : "into L1 (PREFETCHT0: " + probed.reason));
+  const fattn::DecodePlan l1 = call.plan(isa, 0, 2, -1, 1);
+  EXPECT_EQ(l1.prefetch_level, 1);
+  EXPECT_THAT(l1.reason, HasSubstr("into L1 (PREFETCHT0: decode_prefetch_level as asked)"));
   const fattn::DecodePlan l2 = call.plan(isa, 0, 2, -1, 2);
   EXPECT_EQ(l2.prefetch_level, 2);
   EXPECT_THAT(l2.reason, HasSubstr("into L2 (PREFETCHT1: decode_prefetch_level as asked)"));
   EXPECT_EQ(call.plan(isa, 0, 2, 0, 2).prefetch_level, 0);
+}
+
+// The probe's rule: level 2 where a line PREFETCHT1 asked for loads nearer an unhinted
+// line's time than a PREFETCHT0 one's (it stayed in L2); 1 where it loads as fast as after
+// PREFETCHT0, and where the probe sees no L1 apart from L2 at all.
+TEST(DecodePrefetchLevel, ProbeRule) {
+  using fattn::decode_prefetch_level_for, fattn::PrefetchLatencies;
+  EXPECT_EQ(decode_prefetch_level_for(PrefetchLatencies{2.9, 1.8, 2.8}), 2);  // Zen 4, as probed
+  EXPECT_EQ(decode_prefetch_level_for(PrefetchLatencies{2.9, 1.8, 1.9}), 1);  // T1 fills L1
+  EXPECT_EQ(decode_prefetch_level_for(PrefetchLatencies{2.9, 1.8, 2.4}), 2);  // past the midpoint
+  EXPECT_EQ(decode_prefetch_level_for(PrefetchLatencies{2.9, 1.8, 2.3}), 1);
+  EXPECT_EQ(decode_prefetch_level_for(PrefetchLatencies{2.9, 2.8, 2.9}), 1);  // no L1 seen
+  EXPECT_FALSE(fattn::prefetch_probe_tells_levels(PrefetchLatencies{2.9, 2.8, 2.9}));
+  EXPECT_TRUE(fattn::prefetch_probe_tells_levels(PrefetchLatencies{2.9, 1.8, 2.9}));
+}
+
+// The probe on this machine: once per process, a level the options take, the timings in its
+// reason.
+TEST(DecodePrefetchLevel, ProbedOncePerProcess) {
+  const fattn::DecodePrefetchLevelChoice& choice = fattn::decode_prefetch_level_choice();
+  EXPECT_EQ(&choice, &fattn::decode_prefetch_level_choice());
+  EXPECT_TRUE(choice.level == 1 || choice.level == 2) << choice.level;
+  EXPECT_FALSE(choice.reason.empty());
+#if defined(__x86_64__)
+  const fattn::PrefetchLatencies& t = choice.latencies;
+  EXPECT_GT(t.unhinted_ns, 0.0);
+  EXPECT_GT(t.t0_ns, 0.0);
+  EXPECT_GT(t.t1_ns, 0.0);
+  EXPECT_EQ(choice.level, fattn::decode_prefetch_level_for(t));
+  EXPECT_THAT(choice.reason, HasSubstr("after PREFETCHT1"));
+#endif
 }
 
 // The prefetch's distance and level change when the rows arrive, never the results.
@@ -172,6 +209,7 @@ TEST(DecodePlan, PrefetchOptionsKeepTheBits) {
   };
   const std::vector<float> base = run(-1, -1);
   for (float x : base) ASSERT_FALSE(std::isnan(x));  // every row written over the poison
+  EXPECT_EQ(run(-1, 1), base);
   EXPECT_EQ(run(-1, 2), base);
   EXPECT_EQ(run(2, 2), base);
   EXPECT_EQ(run(0, -1), base);

@@ -22,7 +22,9 @@ def test_decode_plan_of_a_decode_step():
     assert d["items"] == 2 * groups * d["splits"]
     assert d["scores"] in d["reason"]
     assert d["prefetch_tiles"] == 1 and "1 key tile ahead" in d["reason"]
-    assert d["prefetch_level"] == 1 and "into L1" in d["reason"]
+    # The level the core was probed for (fattn::decode_prefetch_level_choice).
+    assert d["prefetch_level"] in (1, 2)
+    assert ("into L2 (PREFETCHT1" if d["prefetch_level"] == 2 else "into L1 (PREFETCHT0") in d["reason"]
     if plan["isa"] in ("avx512", "avx2"):
         assert d["scores"].endswith("direct")
     asked = fattn.forward_plan(q, k, v, True, True, "decode", kv_splits=3)["decode"]

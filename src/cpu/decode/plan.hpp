@@ -99,7 +99,9 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, const DecodeReques
         << " ahead asked of memory during each tile's scores ("
         << (request.prefetch_tiles < 0 ? "the measured default" : "decode_prefetch_tiles as asked")
         << "), into " << (ws.prefetch_level == 2 ? "L2 (PREFETCHT1" : "L1 (PREFETCHT0") << ": "
-        << (request.prefetch_level < 0 ? "the measured default" : "decode_prefetch_level as asked") << ")";
+        << (request.prefetch_level < 0 ? decode_prefetch_level_choice().reason
+                                       : std::string("decode_prefetch_level as asked"))
+        << ")";
   plan.reason = why.str();
   return plan;
 }

@@ -43,10 +43,8 @@ struct DecodeWorkspace {
   // 2 threads, GB/s): on dev-zen3 (AVX2) 1 tile 11.8-15.4, 2 tiles 11.4-11.7, none
   // 8.8-10.9 (docs/perf-log.md, 2026-12-07); Options::decode_prefetch_tiles sweeps it.
   static constexpr int kPrefetchTiles = 1;
-  // ... into L1 (PREFETCHT0). The same on dev-zen3, whose every hint fills L1 (AMD's guide);
-  // L2 alone is the sweep's other value (Options::decode_prefetch_level) for the cores that
-  // keep PREFETCHT1 out of L1, not measured yet.
-  static constexpr int kPrefetchLevel = 1;
+  // ... into the cache level decode_prefetch_level_choice() probed for this core (L2 where
+  // the core keeps PREFETCHT1 there, else L1; src/cpu/prefetch_level.cpp).
 
   // K and V read where they lie (DecodeOps::reads_in_place), else staged tile by tile.
   bool in_place;
@@ -68,7 +66,7 @@ struct DecodeWorkspace {
 
   // request.splits: 0 picks by the rule above; n > 0 asks for n (capped at one per key
   // tile). request.prefetch_tiles: -1 takes kPrefetchTiles; staged tiles take none;
-  // request.prefetch_level: -1 takes kPrefetchLevel.
+  // request.prefetch_level: -1 takes decode_prefetch_level_choice().
   DecodeWorkspace(const detail::Problem& p, int workers, const DecodeRequest& request = {}) {
     Sizes n;
     dot_bf16 = on_bf16_dot_products<S>(p.dtype);  // the scores from the query rows' bits
@@ -85,7 +83,7 @@ struct DecodeWorkspace {
     prefetch_tiles = request.prefetch_tiles < 0 ? kPrefetchTiles : request.prefetch_tiles;
     if (!in_place) prefetch_tiles = 0;  // staged tiles: nothing read where it lies to ask for
     prefetch_level = prefetch_tiles == 0         ? 0
-                     : request.prefetch_level < 0 ? kPrefetchLevel
+                     : request.prefetch_level < 0 ? decode_prefetch_level_choice().level
                                                   : request.prefetch_level;
     query_lanes = DecodeQueryLanes<S>::applies(p, !in_place, in_place && dot_bf16) &&
                   DecodeQueryLanes<S>::takes(tile_rows);
