@@ -200,8 +200,7 @@ VarlenProblem::VarlenProblem(const TensorView& q, const KvCache& cache, const Te
                          "block_table.size(1) × block_size, the keys a sequence's pages hold");
   } else {
     if (!cu_k)
-      fail("a paged attention_varlen needs cu_seqlens_k or seqused_k (the keys of each "
-           "sequence)");
+      fail("a paged varlen call needs cu_seqlens_k or seqused_k (the keys of each sequence)");
     keys = lengths_of_offsets(*cu_k, batch);
     for (std::int64_t b = 0; b < batch; ++b)
       if (keys[static_cast<std::size_t>(b)] > g.capacity) {

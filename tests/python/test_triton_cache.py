@@ -216,14 +216,20 @@ def _cache_argument_errors():
     qv = torch.randn(2, HQ, D)
 
     def varlen(**kw):
-        def call(api):
-            if api is fattn:
-                return fattn.flash_attn_varlen_func(qv, k_cache, v_cache, cu_q, kw.get(
-                    "cu_seqlens_k"), 1, 64, seqused_k=kw.get("seqused_k"),
-                    block_table=kw["block_table"])
-            return fattn.triton.attention_varlen_kvcache(  # the operator's page layout
-                qv, k_cache.transpose(1, 2), v_cache.transpose(1, 2), cu_q,
+        # The operator's page layout for the operator and fattn.triton's function.
+        args = (qv, k_cache.transpose(1, 2), v_cache.transpose(1, 2), cu_q,
                 kw.get("cu_seqlens_k"), kw.get("seqused_k"), kw["block_table"])
+
+        def call(api):
+            if api is not fattn:
+                return fattn.triton.attention_varlen_kvcache(*args)
+            if kw.get("cu_seqlens_k") is None and kw.get("seqused_k") is None:
+                # FlashAttention's function takes no call without cu_seqlens_k (a TypeError
+                # before any kernel); the CPU operator's check is the one to compare.
+                return torch.ops.fattn.attention_varlen_kvcache(*args)
+            return fattn.flash_attn_varlen_func(qv, k_cache, v_cache, cu_q, kw.get(
+                "cu_seqlens_k"), 1, 64, seqused_k=kw.get("seqused_k"),
+                block_table=kw["block_table"])
         return call
 
     return [
@@ -237,6 +243,7 @@ def _cache_argument_errors():
         ("varlen page out of range", varlen(seqused_k=lens, block_table=bad_table)),
         ("seqused_k past the pages", varlen(seqused_k=int32([3, 33]), block_table=table)),
         ("cu_seqlens_k past the pages", varlen(cu_seqlens_k=int32([0, 3, 36]), block_table=table)),
+        ("paged varlen without key lengths", varlen(block_table=table)),
     ]
 
 
