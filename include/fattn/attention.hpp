@@ -126,8 +126,8 @@ struct Options {
   // benchmark that measures the choice. The results are the same bits for every value.
   int decode_prefetch_tiles = -1;
   // The cache level that software prefetch fills: 1 (PREFETCHT0: L1 and the levels below
-  // it), 2 (PREFETCHT1: L2, where the core keeps the hint apart: AMD's cores from Zen 4 on;
-  // on Zen 3 every hint fills L1). A tile's lines asked for a tile ahead do not fit L1
+  // it), 2 (PREFETCHT1: L2, where the core keeps the hint apart, as Zen 4 does; on Zen 3
+  // every hint fills L1). A tile's lines asked for a tile ahead do not fit L1
   // beside the tile being computed, so a fill of L1 is fetched into it again by the loads
   // (docs/perf-log.md, 2026-12-07). -1 takes decode_prefetch_level_choice() (the core
   // probed); 1 and 2 for the benchmark that measures the choice. The results are the same
@@ -356,7 +356,7 @@ struct PrefetchLatencies {
 };
 // The probe sees L1 apart from L2 where a line PREFETCHT0 asked for loads in under this
 // share of an unhinted line's time (L1 hits take a third to half of L2's on the cores
-// measured: Zen 4 1.7-1.8 against 2.9 ns, docs/perf-log.md 2026-12-07).
+// measured: Zen 4 1.2-1.8 against 2.9-3.0 ns, docs/perf-log.md 2026-12-07).
 inline constexpr double kPrefetchProbeL1Share = 0.8;
 bool prefetch_probe_tells_levels(const PrefetchLatencies& latencies);
 // 2 where PREFETCHT1 leaves the line in L2 (its load nearer an unhinted one's time than
@@ -367,8 +367,9 @@ int decode_prefetch_level_for(const PrefetchLatencies& latencies);
 // Options::decode_prefetch_level is -1, and why; probed once per process, at the first
 // call that asks (under a millisecond): 2 (PREFETCHT1) where this core keeps PREFETCHT1 in
 // L2, else 1 (PREFETCHT0). Measured: on Zen 4, which keeps it in L2, level 2 decoded
-// 20-48 % faster on the AVX2 table and as fast or faster on AVX-512; on Zen 3, where every
-// hint fills L1, the two read the same (src/cpu/prefetch_level.cpp, docs/perf-log.md).
+// 21-57 % faster on the AVX2 table and the same or up to 62 % faster on AVX-512 (within
+// ±7 % where the kernel is compute-bound); on Zen 3, where every hint fills L1, the two
+// read the same (src/cpu/prefetch_level.cpp, docs/perf-log.md).
 struct DecodePrefetchLevelChoice {
   int level = 1;
   std::string reason;

@@ -7,9 +7,10 @@
 // PREFETCHT1 in L2, the line waits there and crosses once. Measured (fattn-bench --decode,
 // Hq 32, Hkv 8, D 128, 32k keys, 2 threads, the levels alternated in one run;
 // docs/perf-log.md, 2026-12-07): on a Zen 4 core, which keeps PREFETCHT1 in L2 (this probe:
-// a hinted line loads at L2's latency), PREFETCHT1 read 20-48 % more on the AVX2 table in
-// every dtype and up to 20 % more on AVX-512's 16-bit caches, float32 on AVX-512 the
-// same; on a Zen 3 core, where every hint fills L1 (AMD's guide), the levels read the same.
+// a hinted line loads at L2's latency), PREFETCHT1 read 21-57 % more on the AVX2 table in
+// every dtype and the same or up to 62 % more on AVX-512 (16-key pages most; within ±7 %
+// where the kernel is compute-bound: q8_0, 16 query rows); on a Zen 3 core, where every
+// hint fills L1 (AMD's guide), the levels read the same.
 // Which the core does is a property of the core, not of its feature flags, so it is timed
 // here once per process: a line of L2 asked for by each hint, then loaded.
 #include <algorithm>

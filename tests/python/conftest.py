@@ -36,6 +36,11 @@ def cpu_isa(name):
         fattn._C.set_cpu_isa(before)
 
 
+def int32(values):
+    """An int32 tensor of the values: the cache indices and sequence offsets."""
+    return torch.tensor(values, dtype=torch.int32)
+
+
 def randn(*shape, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g, dtype=dtype)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fattn
-from conftest import assert_close_to_reference, assert_lse_close, randn, reference
+from conftest import assert_close_to_reference, assert_lse_close, int32, randn, reference
 
 kv_op = torch.ops.fattn.attention_kvcache
 varlen_op = torch.ops.fattn.attention_varlen
@@ -63,10 +63,6 @@ def varlen_reference(q, k, v, cu_q, cu_k, causal):
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses, dim=1)
-
-
-def int32(values):
-    return torch.tensor(values, dtype=torch.int32)
 
 
 def make_cache(b, s_cache, hkv, d, seed):

@@ -14,6 +14,7 @@ triton = pytest.importorskip("triton")
 
 import fattn.triton  # noqa: E402
 from fattn.triton import reference  # noqa: E402
+from conftest import int32  # noqa: E402
 from test_triton import DEVICE, assert_matches  # noqa: E402
 
 HQ, HKV, D = 4, 2, 32
@@ -195,9 +196,6 @@ def _cache_argument_errors():
     """Calls with one bad cache index each, as (name, call(api), where api is fattn or
     fattn.triton): the same arguments through FlashAttention's functions on the CPU (fattn's
     C++ checks) and through fattn.triton's (its own host checks)."""
-    def int32(values):
-        return torch.tensor(values, dtype=torch.int32)
-
     k_cache, v_cache, table = make_cache(True, 2, 32, 16, seed=0)
     flat_k, flat_v, _ = make_cache(False, 2, 32, 16, seed=0)
     q, new = torch.randn(2, 1, HQ, D), torch.randn(2, 1, HKV, D)

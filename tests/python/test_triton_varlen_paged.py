@@ -14,6 +14,7 @@ triton = pytest.importorskip("triton")
 
 import fattn.triton  # noqa: E402
 from fattn.triton import reference  # noqa: E402
+from conftest import int32  # noqa: E402
 from test_triton import DEVICE, assert_matches  # noqa: E402
 from test_triton_cache import HQ, HKV, D, TILES_16, on_device, randn, variants  # noqa: E402
 
@@ -23,10 +24,6 @@ CASES = [  # (q lengths, k lengths, variant, page)
     ([20, 7], [7, 20], "window_both", 16),
     ([1, 1, 4], [70, 3, 18], "sinks_alibi_heads", 48),
 ]
-
-
-def int32(values):
-    return torch.tensor(values, dtype=torch.int32)
 
 
 def on_pages(k, lengths, page, seed):

@@ -9,12 +9,9 @@ import pytest
 import torch
 
 import fattn
+from conftest import int32
 
 varlen_kvcache_op = torch.ops.fattn.attention_varlen_kvcache
-
-
-def int32(values):
-    return torch.tensor(values, dtype=torch.int32)
 
 
 def padding_mask(max_len, batch, generator):
