@@ -336,6 +336,7 @@ void print_contention(std::FILE* out, const Machine& m) {
 nlohmann::ordered_json machine_json(const Machine& m) {
   const Ceilings& c = m.ceilings;
   const auto [bf16_products, bf16_reason] = bf16_products_chosen();
+  const fattn::DecodePrefetchLevelChoice& prefetch = fattn::decode_prefetch_level_choice();
   return {
       {"device", m.device},
       {"cpu", m.cpu},
@@ -346,8 +347,8 @@ nlohmann::ordered_json machine_json(const Machine& m) {
       {"bf16_dot_peak_gflops", c.bf16_dot_peak_gflops},
       {"bf16_products", bf16_products},
       {"bf16_products_reason", bf16_reason},
-      {"decode_prefetch_level", fattn::decode_prefetch_level_choice().level},
-      {"decode_prefetch_level_reason", fattn::decode_prefetch_level_choice().reason},
+      {"decode_prefetch_level", prefetch.level},
+      {"decode_prefetch_level_reason", prefetch.reason},
       {"bandwidth_gbs", c.bandwidth_gbs},
       {"date", m.date},
       {"scalar_fma_peak_gflops", c.scalar_fma_peak_gflops},

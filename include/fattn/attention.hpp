@@ -366,10 +366,7 @@ int decode_prefetch_level_for(const PrefetchLatencies& latencies);
 // The cache level the CPU decode kernel's software prefetch fills where
 // Options::decode_prefetch_level is -1, and why; probed once per process, at the first
 // call that asks (under a millisecond): 2 (PREFETCHT1) where this core keeps PREFETCHT1 in
-// L2, else 1 (PREFETCHT0). Measured: on Zen 4, which keeps it in L2, level 2 decoded
-// 21-57 % faster on the AVX2 table and the same or up to 62 % faster on AVX-512 (within
-// ±7 % where the kernel is compute-bound); on Zen 3, where every hint fills L1, the two
-// read the same (src/cpu/prefetch_level.cpp, docs/perf-log.md).
+// L2, else 1 (PREFETCHT0); the measurements behind the rule: src/cpu/prefetch_level.cpp.
 struct DecodePrefetchLevelChoice {
   int level = 1;
   std::string reason;
