@@ -268,6 +268,27 @@ fattn::Options varlen_options(const at::Tensor& q, bool causal, std::optional<do
   return base_options(q, causal ? fattn::Causal::bottom_right : fattn::Causal::none, scale, impl);
 }
 
+// A packed (varlen) call's operands checked and its options built, as the forward and the
+// backward both take them: ranks, then the score variants (Variants keeps the views the
+// options point at), then the dropout stream.
+struct VarlenCall {
+  fattn::Options options;
+  Variants variants;
+  VarlenCall(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+             std::optional<double> scale, c10::string_view impl, std::int64_t window_left,
+             std::int64_t window_right, double softcap,
+             const std::optional<at::Tensor>& alibi_slopes,
+             const std::optional<at::Tensor>& sinks, double dropout_p,
+             const std::optional<at::Tensor>& dropout_seed, std::int64_t dropout_offset)
+      : options((check_packed(q, k, v), varlen_options(q, causal, scale, impl))),
+        variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
+                 alibi_slopes, sinks, &options) {
+    set_dropout(dropout_p, dropout_seed, dropout_offset, &options);
+  }
+  VarlenCall(const VarlenCall&) = delete;
+  VarlenCall& operator=(const VarlenCall&) = delete;
+};
+
 std::tuple<at::Tensor, at::Tensor> attention_varlen(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, bool causal, std::optional<double> scale,
@@ -275,11 +296,9 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen(
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks,
     double dropout_p, const std::optional<at::Tensor>& dropout_seed,
     std::int64_t dropout_offset) {
-  check_packed(q, k, v);
-  fattn::Options options = varlen_options(q, causal, scale, impl);
-  const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
-                          alibi_slopes, sinks, &options);
-  set_dropout(dropout_p, dropout_seed, dropout_offset, &options);
+  const VarlenCall call(q, k, v, causal, scale, impl, window_left, window_right, softcap,
+                        alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset);
+  const fattn::Options& options = call.options;
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
   if (q.numel() == 0) return {out, lse};  // no query row
@@ -340,14 +359,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_varlen_back
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks,
     double dropout_p, const std::optional<at::Tensor>& dropout_seed,
     std::int64_t dropout_offset) {
-  check_packed(q, k, v);
+  const VarlenCall call(q, k, v, causal, scale, impl, window_left, window_right, softcap,
+                        alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset);
+  const fattn::Options& options = call.options;
   check_rank(dout, "dout", 3, "(total_q, heads, head_dim)");
   check_rank(out, "out", 3, "(total_q, heads, head_dim)");
   check_rank(lse, "lse", 2, "(heads, total_q)");
-  fattn::Options options = varlen_options(q, causal, scale, impl);
-  const Variants variants(q.scalar_type(), std::nullopt, window_left, window_right, softcap,
-                          alibi_slopes, sinks, &options);
-  set_dropout(dropout_p, dropout_seed, dropout_offset, &options);
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());

@@ -124,7 +124,8 @@ void check_append_slots(const KvCache& cache, const Geometry& g,
     const Slots &a = writes[n - 1], &c = writes[n];
     if (a.page == c.page && c.first <= a.last) {
       std::ostringstream m;
-      m << "sequences " << a.b << " and " << c.b << " both append to slots of page " << a.page
+      m << "sequences " << std::min(a.b, c.b) << " and " << std::max(a.b, c.b)
+        << " both append to slots of page " << a.page
         << " (block_table): the append would write one key twice";
       fail(m.str());
     }

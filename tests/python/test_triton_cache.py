@@ -192,6 +192,20 @@ def test_kvcache_device_side_checks(index, names, monkeypatch):
     assert torch.equal(k_cache, k0)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="a device-side assert ends the CUDA context")
+def test_kvcache_device_side_check_of_a_shared_slot(monkeypatch):
+    from fattn.triton import api
+    monkeypatch.setattr(api, "DEVICE_SIDE_CHECKS", ("cpu",))
+    k_cache, v_cache, table = make_cache(True, 2, 32, 16, seed=0)
+    table[1, 0] = table[0, 0]
+    q, new = torch.randn(2, 1, HQ, D), torch.randn(2, 2, HKV, D)
+    k0 = k_cache.clone()
+    with pytest.raises(RuntimeError, match=re.escape(api._APPEND_RULE)):
+        fattn.triton.attention_with_kvcache(q, k_cache, v_cache, new, new,
+                                            cache_seqlens=int32([3, 2]), block_table=table)
+    assert torch.equal(k_cache, k0)
+
+
 def _cache_argument_errors():
     """Calls with one bad cache index each, as (name, call(api), where api is fattn or
     fattn.triton): the same arguments through FlashAttention's functions on the CPU (fattn's
@@ -209,6 +223,11 @@ def _cache_argument_errors():
                    else fattn.triton.attention_with_kvcache)
             return run(q, kc.clone(), vc.clone(), **kw)
         return call
+
+    shared = table.clone()
+    shared[1, 0] = table[0, 0]  # both sequences' first page: appends at slots 3-4 and 2-3
+    two = torch.randn(2, 2, HKV, D)
+    strided = torch.stack([table, table], dim=2)[:, :, 0]  # the table's values, stride(1) 2
 
     cu_q = int32([0, 1, 2])
     qv = torch.randn(2, HQ, D)
@@ -242,6 +261,11 @@ def _cache_argument_errors():
         ("seqused_k past the pages", varlen(seqused_k=int32([3, 33]), block_table=table)),
         ("cu_seqlens_k past the pages", varlen(cu_seqlens_k=int32([0, 3, 36]), block_table=table)),
         ("paged varlen without key lengths", varlen(block_table=table)),
+        ("two appends to one slot",
+         kvcache(k_cache, v_cache, k=two, v=two, block_table=shared, cache_seqlens=int32([3, 2]))),
+        ("a table's rows not contiguous",
+         kvcache(k_cache, v_cache, block_table=strided, cache_seqlens=lens)),
+        ("a paged varlen table's rows not contiguous", varlen(seqused_k=lens, block_table=strided)),
     ]
 
 
@@ -273,6 +297,7 @@ def test_device_side_rules_are_the_cuda_kernels():
     kernel_rules = ["".join(pieces).removeprefix("fattn: ") for pieces in messages]
     assert api._LENGTH_RULES["cache_seqlens"] in kernel_rules
     assert api._table_rule("k_cache") in kernel_rules
+    assert api._APPEND_RULE in kernel_rules
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="checked on CPU tensors")

@@ -456,6 +456,9 @@ def _check_page_table(fn, block_table, batch, cache_name, page, device):
     check(page > 0 and page % PAGE_MULTIPLE == 0, fn,
           f"{cache_name}.size(2) (block_size, keys per page) must be a multiple of "
           f"{PAGE_MULTIPLE} with a paged cache, got {page}")
+    # the kernels step through a sequence's pages one int32 at a time
+    check(block_table.stride(1) == 1 or block_table.size(1) <= 1, fn,
+          f"block_table.stride(1) must be 1 (contiguous rows), got {block_table.stride(1)}")
     return block_table.size(1) * page
 
 
@@ -493,6 +496,11 @@ _LENGTH_RULES = {
     "cu_seqlens_k": "every sequence's keys (cu_seqlens_k[b + 1] - cu_seqlens_k[b]) must fit "
                     "its pages (block_table.size(1) x block_size)",
 }
+
+
+# A paged append's rule: the words of the CUDA decode kernel's device-side check.
+_APPEND_RULE = ("two sequences append to one slot of a page (block_table): each new key of "
+                "k_new needs a slot of its own")
 
 
 def _table_rule(cache_name):
@@ -540,8 +548,12 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
         slots = torch.arange(block_table.size(1), device=block_table.device)
         in_use = slots.view(1, -1) * page < used.view(-1, 1)
         table_bad = ((block_table < 0) | (block_table >= pages)) & in_use
+    slots = same_slot = None
+    if block_table is not None and new > 0:
+        slots, same_slot = _append_slots(lengths, new, capacity, block_table, page)
     rules = [(bad, rule) for bad, rule in ((length_bad, _LENGTH_RULES[lengths_name]),
-                                           (table_bad, _table_rule(cache_name)))
+                                           (table_bad, _table_rule(cache_name)),
+                                           (same_slot, _APPEND_RULE))
              if bad is not None]
     if not rules:
         return
@@ -556,10 +568,33 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
         room = int(capacity[n]) if isinstance(capacity, torch.Tensor) else capacity
         check(False, fn, _length_message(lengths_name, n, int(lengths[n]), new, room,
                                          block_table is not None))
-    n, slot = (int(x) for x in table_bad.nonzero()[0])
-    check(False, fn, f"block_table[{n}][{slot}] = {int(block_table[n, slot])} is outside "
-                     f"[0, {pages}) ({cache_name}.size(0), the cache's pages), and sequence {n} "
-                     "uses that block")
+    if bool(table_bad.any()):
+        n, slot = (int(x) for x in table_bad.nonzero()[0])
+        check(False, fn, f"block_table[{n}][{slot}] = {int(block_table[n, slot])} is outside "
+                         f"[0, {pages}) ({cache_name}.size(0), the cache's pages), and sequence "
+                         f"{n} uses that block")
+    first = int(same_slot.nonzero()[0, 0])
+    keys = slots.flatten().sort(stable=True)
+    a, c = sorted(int(keys.indices[first + x]) // new for x in (0, 1))
+    check(False, fn, f"sequences {a} and {c} both append to slots of page "
+                     f"{int(keys.values[first]) // page} (block_table): the append would write "
+                     "one key twice")
+
+
+def _append_slots(lengths, new, capacity, block_table, page):
+    """The cache slot (page · page size + position in the page) each appended key of a
+    paged append takes, (B, new), and where two keys take one, (B·new − 1,) bool over the
+    slots in sorted order (true at the first of each equal pair). A sequence whose length
+    breaks its own rule takes no slot here (its length's error speaks for it)."""
+    b = lengths.numel()
+    fits = ((lengths >= 0) & (lengths.to(torch.int64) + new <= capacity)).view(b, 1)
+    positions = lengths.to(torch.int64).view(b, 1) + torch.arange(new, device=lengths.device)
+    positions = torch.where(fits, positions, 0)
+    pages = torch.gather(block_table.to(torch.int64), 1, positions // page)
+    outside = -1 - torch.arange(b * new, device=lengths.device).view(b, new)  # all distinct
+    slots = torch.where(fits, pages * page + positions % page, outside)
+    ordered = slots.flatten().sort(stable=True).values
+    return slots, ordered[1:] == ordered[:-1]
 
 
 def _append(k_cache, v_cache, k_new, v_new, lengths, block_table, new):
