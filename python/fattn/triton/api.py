@@ -549,7 +549,7 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
         in_use = slots.view(1, -1) * page < used.view(-1, 1)
         table_bad = ((block_table < 0) | (block_table >= pages)) & in_use
     slots = same_slot = None
-    if block_table is not None and new > 0:
+    if block_table is not None and new > 0 and block_table.size(1) > 0:  # else no room at all
         slots, same_slot = _append_slots(lengths, new, capacity, block_table, page)
     rules = [(bad, rule) for bad, rule in ((length_bad, _LENGTH_RULES[lengths_name]),
                                            (table_bad, _table_rule(cache_name)),
