@@ -119,10 +119,6 @@ struct DecodeOps {
       std::int64_t head_bytes = 0, heads = 0, keys = 0;
       bool keys_outer = true;
       std::int64_t count() const { return heads * keys; }
-      const char* row(std::int64_t i) const {
-        const std::int64_t j = keys_outer ? i / heads : i % keys, x = keys_outer ? i % heads : i / keys;
-        return rows.row(j) + x * head_bytes;
-      }
     };
     template <class E>
     static Span span_of(const Rows<E>& r, std::int64_t head_stride, std::int64_t heads, std::int64_t keys) {
@@ -135,6 +131,10 @@ struct DecodeOps {
 
     Span first, second;
     std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of rows (first's, then second's)
+    // Row `next` as its span's key and head, stepped a row at a time: found from `next` by
+    // a division for every row asked for, the asking cost the decode of a tile in L2 a
+    // fifth of its time (docs/perf-log.md, 2026-12-07).
+    std::int64_t key = 0, head = 0;
     bool to_l2 = false;        // PREFETCHT1 (L2) rather than PREFETCHT0 (L1): the level asked
     std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
     std::int64_t quota = 0;    // rows the unit running now asks for by its end (issue_rest)
@@ -147,8 +147,22 @@ struct DecodeOps {
 
     // The units of a phase ask for equal shares: unit x of n stops at (x + 1)/n of the rows.
     void share(int x, int n) { quota = rows * (x + 1) / n; }
-    const char* row(std::int64_t i) const {
-      return i < first.count() ? first.row(i) : second.row(i - first.count());
+    const Span& span() const { return next < first.count() ? first : second; }
+    const char* row() const {
+      const Span& s = span();
+      return s.rows.row(key) + head * s.head_bytes;
+    }
+    void step() {
+      if (++next == first.count()) {  // into the second span
+        key = head = 0;
+        return;
+      }
+      const Span& s = span();
+      if (s.keys_outer) {
+        if (++head == s.heads) head = 0, ++key;
+      } else if (++key == s.keys) {
+        key = 0, ++head;
+      }
     }
     // One line asked for at the level chosen (the hint must be a constant: two calls).
     [[gnu::always_inline]] void line(const char* at) const {
@@ -160,8 +174,8 @@ struct DecodeOps {
     // Every line of a row: every other line (the adjacent-line prefetcher's pair) was
     // slower, 31.2 → 24.1 GB/s.
     [[gnu::always_inline]] void issue(std::int64_t n) {
-      for (; n > 0 && next < rows; --n, ++next) {
-        const char* r = row(next);
+      for (; n > 0 && next < rows; --n, step()) {
+        const char* r = row();
         for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) line(r + d);
       }
     }
@@ -172,9 +186,9 @@ struct DecodeOps {
     // 166-181 → 184-195 (docs/perf-log.md, "query rows along the lanes").
     [[gnu::always_inline]] void issue_line() {
       if (next >= rows) return;
-      line(row(next) + line_at);
+      line(row() + line_at);
       line_at += kLineBytes;
-      if (line_at >= row_bytes) line_at = 0, ++next;
+      if (line_at >= row_bytes) line_at = 0, step();
     }
     void issue_rest() {
       line_at = 0;  // a row begun by issue_line is asked for whole again
