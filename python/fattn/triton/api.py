@@ -10,6 +10,7 @@ import torch
 
 from . import problem
 from .._layouts import PAGE_MULTIPLE
+from .outputs import check_destination, check_disjoint, check_no_self_overlap
 from .problem import (DTYPES, HEAD_DIMS, ArgumentError, Problem, check, check_lengths,
                       check_variants, run_backward, run_forward, window_pair)
 
@@ -44,8 +45,11 @@ def _check_heads_and_dim(fn, hq, hkv, d, dk, dv):
           f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
 
 
-def _scale(scale, d):
-    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+def _scale(fn, scale, d):
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    check(math.isfinite(float(scale)), fn, f"scale must be finite, got {float(scale)}")
+    return float(scale)
 
 
 def _mask_view(fn, attn_mask, q, sk):
@@ -91,7 +95,7 @@ def _dense_problem(fn, q, k, v, attn_mask, causal, causal_bottom_right, window_s
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if lse is None:
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    return Problem(q, k, v, out, lse, batch=b, q_len=sq, kv_len=sk, scale=_scale(scale, d),
+    return Problem(q, k, v, out, lse, batch=b, q_len=sq, kv_len=sk, scale=_scale(fn, scale, d),
                    causal=(2 if causal_bottom_right else 1) if causal else 0,
                    window_left=left, window_right=right, mask=mask, mask_source=attn_mask,
                    softcap=softcap, alibi=alibi, sinks=sinks, block_m=block_m, block_n=block_n)
@@ -129,6 +133,9 @@ def attention(q, k, v, attn_mask=None, causal=False, causal_bottom_right=False,
     the stream (dropout_seed, dropout_offset), the CPU kernels' mask (dropout.py)."""
     p = _dense_problem("attention", q, k, v, attn_mask, causal, causal_bottom_right,
                        window_size, softcap, sinks, alibi_slopes, scale, out, block_m, block_n)
+    if out is not None:
+        check_destination("attention", "out", out, q.shape, q.dtype, q.device,
+                          [("q", q), ("k", k), ("v", v)])
     _with_dropout("attention", p, dropout_p, dropout_seed, dropout_offset)
     run_forward(p)
     return (p.out, p.lse) if return_lse else p.out
@@ -175,8 +182,15 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, attn_mask=None, causa
                 f"powers of two >= 16, warps a power of two, stages >= 1; got {tiles!r}")
         p.backward_tiles = tuple(tuple(t) for t in tiles)
     _check_gradient_inputs(fn, p, dout, out, lse, dlse, tuple(q.shape[:3]))
-    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) if g is None else g
-                  for t, g in ((q, dq), (k, dk), (v, dv)))
+    reads = [("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse),
+             ("dlse", dlse)]
+    for name, given, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if given is not None:
+            check_destination(fn, name, given, like.shape, like.dtype, q.device, reads)
+            reads.append((name, given))
+    # laid out as the inputs where they are dense (FlashAttention's (B, S, H, D) stays so:
+    # its heads D elements apart, within the dK/dV kernel's 32-bit head offsets)
+    grads = tuple(torch.empty_like(t) if g is None else g for t, g in ((q, dq), (k, dk), (v, dv)))
     dsinks = run_backward(p, dout, dlse, *grads)
     return grads + (dsinks,)
 
@@ -230,9 +244,10 @@ def _varlen_problem(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
     return Problem(packed(q, batch), packed(k, batch), packed(v, batch), packed(out, batch),
                    lse.unsqueeze(0).expand(batch, -1, -1), batch=batch, q_len=longest_q,
-                   kv_len=longest_k, scale=_scale(scale, d), causal=2 if causal else 0,
+                   kv_len=longest_k, scale=_scale(fn, scale, d), causal=2 if causal else 0,
                    window_left=left, window_right=right, softcap=softcap, alibi=alibi,
-                   sinks=sinks, lengths=2, seq_q=cu_seqlens_q, seq_k=cu_seqlens_k,
+                   sinks=sinks, lengths=2, seq_q=cu_seqlens_q.contiguous(),
+                   seq_k=cu_seqlens_k.contiguous(),
                    block_m=block_m, block_n=block_n)
 
 
@@ -253,6 +268,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     p = _varlen_problem("attention_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, causal, window_size, softcap, sinks, alibi_slopes, scale,
                         out, block_m, block_n)
+    if out is not None:
+        check_destination("attention_varlen", "out", out, q.shape, q.dtype, q.device,
+                          [("q", q), ("k", k), ("v", v)])
     _with_dropout("attention_varlen", p, dropout_p, dropout_seed, dropout_offset)
     if p.batch > 0:
         run_forward(p)
@@ -317,14 +335,18 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
     if batch > 0:
         keys = (k, v) if paged else (packed(k, batch), packed(v, batch))
-        starts = cu_seqlens_k if cu_seqlens_k is not None else seqused_k  # pages: unused
+        # the kernels step through the offsets one int32 at a time: a strided view as
+        # its values
+        starts = (cu_seqlens_k if cu_seqlens_k is not None else seqused_k).contiguous()
         run_forward(Problem(packed(q, batch), *keys, packed(out, batch),
                             lse.unsqueeze(0).expand(batch, -1, -1), batch=batch,
-                            q_len=longest_q, kv_len=capacity, scale=_scale(scale, d),
+                            q_len=longest_q, kv_len=capacity, scale=_scale(fn, scale, d),
                             causal=2 if causal else 0, window_left=left, window_right=right,
                             softcap=softcap, alibi=alibi, sinks=sinks,
-                            lengths=3 if seqused_k is not None else 2, seq_q=cu_seqlens_q,
-                            seq_k=starts, seq_used=seqused_k, block_table=block_table,
+                            lengths=3 if seqused_k is not None else 2,
+                            seq_q=cu_seqlens_q.contiguous(), seq_k=starts,
+                            seq_used=None if seqused_k is None else seqused_k.contiguous(),
+                            block_table=block_table,
                             block_m=block_m, block_n=block_n))
     return out, lse
 
@@ -420,6 +442,13 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
                                                   f"= {expected}, got {tuple(t.shape)}")
         new = k_new.size(2)
         check(cache_seqlens is not None, fn, "appending k_new and v_new needs cache_seqlens")
+        # the append writes the caches: they must be fit to be written (the CPU's rules)
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            check_no_self_overlap(fn, name, cache)
+        check_disjoint(fn, "k_cache", k_cache, "v_cache", v_cache)
+        for cache_name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            for new_name, rows in (("k_new", k_new), ("v_new", v_new)):
+                check_disjoint(fn, cache_name, cache, new_name, rows)
     lengths = _cache_lengths(fn, cache_seqlens, b, q.device)
     check_lengths(fn, capacity=capacity, **{"q.size(2)": sq})
     left, right, softcap, sinks, alibi = check_variants(fn, q, window_left, window_right,
@@ -432,7 +461,7 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     seq_k = None if lengths is None else (lengths + new).to(torch.int32)
     run_forward(Problem(q, k_cache, v_cache, out, lse, batch=b, q_len=sq, kv_len=capacity,
-                        scale=_scale(scale, d), causal=2 if causal else 0, window_left=left,
+                        scale=_scale(fn, scale, d), causal=2 if causal else 0, window_left=left,
                         window_right=right, softcap=softcap, alibi=alibi, sinks=sinks,
                         lengths=0 if seq_k is None else 1, seq_k=seq_k,
                         block_table=block_table, num_splits=num_splits, block_m=block_m,

@@ -143,7 +143,9 @@ def check_variants(fn: str, q, window_left: int, window_right: int, softcap, sin
     sinks (Hq,) float32, alibi (B, Hq) with batch stride 0 for (Hq,) slopes)."""
     for name, value in (("window_left", window_left), ("window_right", window_right)):
         check(value >= -1, fn, f"{name} must be >= -1 (-1: unbounded), got {value}")
-    left, right = int(window_left), int(window_right)
+    # A window at least as long as any sequence (lengths are below UNBOUNDED) hides
+    # nothing on its side: as UNBOUNDED, the band's int32 arithmetic cannot wrap.
+    left, right = min(int(window_left), UNBOUNDED), min(int(window_right), UNBOUNDED)
     softcap = float(softcap)
     check(math.isfinite(softcap) and softcap >= 0.0, fn,
           f"softcap must be a finite number >= 0 (0: off), got {softcap}")
@@ -195,17 +197,20 @@ def mask_cover(mask: torch.Tensor, block_m: int, block_n: int, source=None) -> t
         visible, changed = stored, ~stored
     else:
         visible, changed = stored != float("-inf"), stored != 0
+    # a dim the mask broadcasts (one row, or one key for all) is one tile of one element,
+    # the same cover for every tile of the view
     rows = block_m if stored.size(2) > 1 else 1
-    tiles_m, tiles_n = triton.cdiv(stored.size(2), rows), triton.cdiv(sk, block_n)
-    pad = (0, tiles_n * block_n - sk, 0, tiles_m * rows - stored.size(2))
+    cols = block_n if stored.size(3) > 1 else 1
+    tiles_m, tiles_n = triton.cdiv(stored.size(2), rows), triton.cdiv(stored.size(3), cols)
+    pad = (0, tiles_n * cols - stored.size(3), 0, tiles_m * rows - stored.size(2))
     # padding: hidden and changed, so a partial tile is never called unchanged wrongly
     visible = torch.nn.functional.pad(visible, pad, value=False)
     changed = torch.nn.functional.pad(changed, pad, value=True)
-    shape = (stored.size(0), stored.size(1), tiles_m, rows, tiles_n, block_n)
+    shape = (stored.size(0), stored.size(1), tiles_m, rows, tiles_n, cols)
     any_visible = visible.reshape(shape).any(dim=5).any(dim=3)
     any_changed = changed.reshape(shape).any(dim=5).any(dim=3)
     cover = torch.where(any_visible, 1 + any_changed.to(torch.int8), 0).to(torch.int8)
-    cover = cover.expand(b, h, triton.cdiv(sq, block_m), tiles_n)  # stride 0 if broadcast
+    cover = cover.expand(b, h, triton.cdiv(sq, block_m), triton.cdiv(sk, block_n))  # stride 0 if broadcast
     if len(_COVER_CACHE) >= _COVER_CACHE_SIZE:
         _COVER_CACHE.pop(next(iter(_COVER_CACHE)))
     _COVER_CACHE[key] = (weakref.ref(source), cover)
@@ -398,6 +403,29 @@ def row_deltas(out, dout, dlse):
     return delta
 
 
+# The dK/dV kernel addresses a head as its index times the head stride in 32 bits: int64
+# there spilled registers in its variants' compilation for sm_90 (fattn.triton.compile_check:
+# 0 → 28-40 bytes), where the other kernels take 64-bit offsets at no cost. Tensors whose
+# heads lie 2^31 elements apart or more are refused instead of addressed wrongly.
+_HEAD_OFFSET_LIMIT = 2 ** 31
+
+
+def _check_head_offsets(p: Problem, query_side, key_side):
+    """(name, tensor) pairs of (B, H, S, D)-shaped views: (H − 1) × stride(1) within
+    _HEAD_OFFSET_LIMIT, or a stride Triton passes as 64 bits anyway."""
+    for pairs, heads in ((query_side, p.q.size(1)), (key_side, p.k.size(1))):
+        for name, t in pairs:
+            if t is None:
+                continue
+            stride = abs(t.stride(1))
+            reach = stride * (heads - 1) if t.size(1) > 1 else 0
+            check(stride >= _HEAD_OFFSET_LIMIT or reach < _HEAD_OFFSET_LIMIT, "attention_backward",
+                  f"{name}'s heads lie {stride} elements apart: the backward's dK/dV kernel "
+                  f"addresses {heads} heads in 32 bits (at most {_HEAD_OFFSET_LIMIT - 1} "
+                  f"elements), and ({heads} - 1) × {stride} = {reach}; lay the tensor out as "
+                  "(B, S, H, D) (heads D elements apart)")
+
+
 def run_backward(p: Problem, dout, dlse, dq, dk, dv):
     """dq, dk, dv (views shaped as p.q, p.k, p.v) of the forward Problem p, whose out and
     lse are the forward's results; returns the sinks' gradient (float32) or None."""
@@ -421,6 +449,8 @@ def run_backward(p: Problem, dout, dlse, dq, dk, dv):
         dk.zero_()
         dv.zero_()
         return dsinks
+    _check_head_offsets(p, [("q", p.q), ("dout", dout), ("lse", lse), ("attn_mask", p.mask)],
+                        [("k", p.k), ("v", p.v), ("dk", dk), ("dv", dv)])
     precision, upcast = _precision(p)
     dkdv_tiles, dq_tiles = backward_tiles(p.head_dim, p.block_m, p.block_n, p.backward_tiles,
                                           dropout=p.dropout_p > 0.0)
