@@ -61,6 +61,21 @@ def test_strided_seqused_k_reads_as_its_values():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_pages_with_seqused_k_read_no_key_offsets():
+    """As the CPU's: cu_seqlens_k beside seqused_k and a block table is neither read nor
+    checked (the kernels read the lengths from seqused_k, the rows from the pages)."""
+    k_cache, v_cache = randn(6, 2, 16, 16, seed=21), randn(6, 2, 16, 16, seed=22)
+    table = int32([[3, 0, 5], [1, 4, 2]]).to(DEVICE)
+    q = randn(3, 2, 16, seed=23)
+    cu_q, used = int32([0, 1, 3]).to(DEVICE), int32([37, 20]).to(DEVICE)
+    want = fattn.triton.attention_varlen_kvcache(q, k_cache, v_cache, cu_q, None, used, table,
+                                                 **TILES)
+    got = fattn.triton.attention_varlen_kvcache(q, k_cache, v_cache, cu_q,
+                                                int32([0, 999, -5]).to(DEVICE), used, table,
+                                                **TILES)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_a_window_longer_than_any_sequence_hides_nothing(side):
     # align = Sk − Sq: align − left wraps in int32 where align < −1, align + right where > 0

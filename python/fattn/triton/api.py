@@ -335,9 +335,10 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
     if batch > 0:
         keys = (k, v) if paged else (packed(k, batch), packed(v, batch))
-        # the kernels step through the offsets one int32 at a time: a strided view as
-        # its values
-        starts = (cu_seqlens_k if cu_seqlens_k is not None else seqused_k).contiguous()
+        # the kernels step through the offsets one int32 at a time: a strided view as its
+        # values. Pages with seqused_k read no key offsets (as the CPU's, which neither reads
+        # nor checks cu_seqlens_k then): cu_seqlens_q stands in, B + 1 entries on q's device.
+        starts = (cu_seqlens_q if paged and seqused_k is not None else cu_seqlens_k).contiguous()
         run_forward(Problem(packed(q, batch), *keys, packed(out, batch),
                             lse.unsqueeze(0).expand(batch, -1, -1), batch=batch,
                             q_len=longest_q, kv_len=capacity, scale=_scale(fn, scale, d),
