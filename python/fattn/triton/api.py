@@ -578,9 +578,9 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
         slots = torch.arange(block_table.size(1), device=block_table.device)
         in_use = slots.view(1, -1) * page < used.view(-1, 1)
         table_bad = ((block_table < 0) | (block_table >= pages)) & in_use
-    slots = same_slot = None
+    taken = same_slot = None
     if block_table is not None and new > 0 and block_table.size(1) > 0:  # else no room at all
-        slots, same_slot = _append_slots(lengths, new, capacity, block_table, page)
+        taken, same_slot = _append_slots(lengths, new, capacity, block_table, page)
     rules = [(bad, rule) for bad, rule in ((length_bad, _LENGTH_RULES[lengths_name]),
                                            (table_bad, _table_rule(cache_name)),
                                            (same_slot, _APPEND_RULE))
@@ -604,7 +604,7 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
                          f"[0, {pages}) ({cache_name}.size(0), the cache's pages), and sequence "
                          f"{n} uses that block")
     first = int(same_slot.nonzero()[0, 0])
-    keys = slots.flatten().sort(stable=True)
+    keys = taken.flatten().sort(stable=True)
     a, c = sorted(int(keys.indices[first + x]) // new for x in (0, 1))
     check(False, fn, f"sequences {a} and {c} both append to slots of page "
                      f"{int(keys.values[first]) // page} (block_table): the append would write "
