@@ -131,9 +131,10 @@ struct DecodeOps {
 
     Span first, second;
     std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of rows (first's, then second's)
-    // Row `next` as its span's key and head, stepped a row at a time: found from `next` by
-    // a division for every row asked for, the asking cost the decode of a tile in L2 a
-    // fifth of its time (docs/perf-log.md, 2026-12-07).
+    // Row `next` as its span's key and head, stepped a row at a time rather than found
+    // from `next` by a 64-bit division for every row asked for (float16 with the cache in
+    // L2/L3 +3 %; the asking costs a fifth of that decode's time: docs/perf-log.md,
+    // 2026-12-07).
     std::int64_t key = 0, head = 0;
     bool to_l2 = false;        // PREFETCHT1 (L2) rather than PREFETCHT0 (L1): the level asked
     std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
