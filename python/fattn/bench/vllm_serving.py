@@ -357,7 +357,10 @@ def _layers(model: str) -> int:
 
 def engine(layers, contexts, batches, prefill, new_tokens, reps, workdir: Path, log,
            threads: int = 0, distinct=(), context_prefill: bool = False) -> list[dict]:
-    model = make_model(workdir / f"llama-{layers}l", layers)
+    # the random model (160 MB at 4 layers) in a folder of its own, removed after: the
+    # results folder keeps what was measured
+    models = tempfile.TemporaryDirectory(prefix="fattn-vllm-model-")
+    model = make_model(Path(models.name) / f"llama-{layers}l", layers)
     out = workdir / "engines.json"
     cmd = [sys.executable, "-m", "fattn.bench.vllm_serving", "--engines-run",
            "--model", str(model), "--json", str(out), "--contexts", *map(str, contexts),
@@ -372,7 +375,8 @@ def engine(layers, contexts, batches, prefill, new_tokens, reps, workdir: Path, 
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)  # torch's pool in the engines' process
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    with models:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     (workdir / "engines.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"the engines failed (exit {proc.returncode}):\n"
