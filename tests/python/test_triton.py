@@ -271,10 +271,10 @@ def test_large_logits_float32(d):
 
 # --- bad input: a clear error naming the argument, nothing written ------------------------
 @pytest.mark.parametrize("call,match", [
-    (lambda q: fattn.triton.attention(q[..., :8], q[..., :8], q[..., :8]), "head dim must be in"),
+    (lambda q: fattn.triton.attention(q[..., :8], q[..., :8], q[..., :8]), r"q.size\(3\) \(head dim\) must be in \[16, 256\], got 8"),
     (lambda q: fattn.triton.attention(q, q, q, causal_bottom_right=True),
      "causal_bottom_right=True needs causal=True"),
-    (lambda q: fattn.triton.attention(q, q[:, :3], q[:, :3]), r"multiple of kv heads \(3\)"),
+    (lambda q: fattn.triton.attention(q, q[:, :3], q[:, :3]), r"q.size\(1\) \(query heads\) must be a multiple of k.size\(1\) \(kv heads\) = 3"),
     (lambda q: fattn.triton.attention(q, q, q.half()), "v.dtype is torch.float16"),
     (lambda q: fattn.triton.attention(q.double(), q.double(), q.double()),
      "must be float32, float16 or bfloat16"),

@@ -146,7 +146,7 @@ def bad_kvcache_calls():
          r"block_table\[1\]\[0\] = 99 is outside \[0, 7\) \(k_cache.size\(0\), the cache's "
          r"pages\), and sequence 1 uses that block"),
         (dict(q=q, k=new, v=new, block_table=table),
-         "appending k_new and v_new needs cache_seqlens"),
+         "k_new and v_new need cache_seqlens: the position at which to append"),
         (dict(q=q, k=new, v=None, cache_seqlens=lens, block_table=table),
          "k_new and v_new must be given together"),
         (dict(q=q, k=new, v=new, cache_seqlens=lens.long(), block_table=table),
@@ -266,6 +266,17 @@ def _cache_argument_errors():
         ("a table's rows not contiguous",
          kvcache(k_cache, v_cache, block_table=strided, cache_seqlens=lens)),
         ("a paged varlen table's rows not contiguous", varlen(seqused_k=lens, block_table=strided)),
+        ("append without cache_seqlens", kvcache(k_cache, v_cache, k=new, v=new, block_table=table)),
+        ("pages not a multiple of 16 keys",
+         kvcache(k_cache[:, :8], v_cache[:, :8], block_table=table, cache_seqlens=lens)),
+        ("a table per sequence", kvcache(k_cache, v_cache, block_table=table[:1], cache_seqlens=lens)),
+        ("a cache row per sequence", kvcache(flat_k[:1], flat_v[:1], cache_seqlens=lens)),
+        ("query heads a multiple of kv heads",
+         kvcache(k_cache[:, :, :1].expand(-1, -1, 3, -1), v_cache[:, :, :1].expand(-1, -1, 3, -1),
+                 block_table=table, cache_seqlens=lens)),
+        ("one head dim", kvcache(k_cache[..., :16], v_cache[..., :16], block_table=table,
+                                 cache_seqlens=lens)),
+        ("a varlen table per sequence", varlen(seqused_k=lens, block_table=table[:1])),
     ]
 
 

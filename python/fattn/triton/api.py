@@ -37,12 +37,15 @@ def _check_operands(fn, named, rank, layout):
           "under Triton's interpreter, TRITON_INTERPRET=1 before triton is imported)")
 
 
-def _check_heads_and_dim(fn, hq, hkv, d, dk, dv):
-    check(dk == d and dv == d, fn, f"q, k and v must have one head dim, got {d}, {dk}, {dv}")
+def _check_heads_and_dim(fn, hq, hkv, d, dk, dv, k_name="k", v_name="v"):
+    """The C++ library's words (src/model/validate.cpp), sizes counted as in its (B, H, S,
+    D) views (packed tensors: (1, H, total, D)), so a call reads the same on every device."""
+    for name, got in ((k_name, dk), (v_name, dv)):
+        check(got == d, fn, f"{name}.size(3) (head dim) must equal q.size(3) = {d}, got {got}")
     check(HEAD_DIMS[0] <= d <= HEAD_DIMS[1], fn,
-          f"head dim must be in [{HEAD_DIMS[0]}, {HEAD_DIMS[1]}], got {d}")
-    check(hkv > 0 and hq % hkv == 0, fn,
-          f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
+          f"q.size(3) (head dim) must be in [{HEAD_DIMS[0]}, {HEAD_DIMS[1]}], got {d}")
+    check(hkv > 0 and hq % hkv == 0, fn, f"q.size(1) (query heads) must be a multiple of "
+                                         f"{k_name}.size(1) (kv heads) = {hkv}, got {hq}")
 
 
 def _scale(fn, scale, d):
@@ -310,7 +313,8 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
               f"seqused_k is on {seqused_k.device} but q is on {q.device}")
     if paged:
         page = k.size(2)
-        capacity = _check_page_table(fn, block_table, batch, "k", page, q.device)
+        capacity = _check_page_table(fn, block_table, batch, "k", page, q.device,
+                                     "cu_seqlens_q.size(0) - 1")
         if seqused_k is None:
             check(cu_seqlens_k is not None, fn, "a paged varlen call needs cu_seqlens_k or "
                                                 "seqused_k (the keys of each sequence)")
@@ -425,7 +429,7 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
     hkv = k_cache.size(1)
     check(v_cache.shape == k_cache.shape, fn, f"v_cache must have k_cache's shape "
                                               f"{tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
-    _check_heads_and_dim(fn, hq, hkv, d, k_cache.size(3), v_cache.size(3))
+    _check_heads_and_dim(fn, hq, hkv, d, k_cache.size(3), v_cache.size(3), "k_cache", "v_cache")
     check(isinstance(num_splits, int) and num_splits >= 0, fn,
           f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     page = k_cache.size(2)
@@ -433,7 +437,7 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
         capacity = _check_page_table(fn, block_table, b, "k_cache", page, q.device)
     else:
         check(k_cache.size(0) == b, fn,
-              f"k_cache.size(0) must be the batch {b}, got {k_cache.size(0)}")
+              f"k_cache.size(0) (batch) must equal q.size(0) = {b}, got {k_cache.size(0)}")
         capacity = page
     new = 0
     if k_new is not None:
@@ -442,7 +446,8 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
             check(tuple(t.shape) == expected, fn, f"{name} must have shape (B, Hkv, S_new, D) "
                                                   f"= {expected}, got {tuple(t.shape)}")
         new = k_new.size(2)
-        check(cache_seqlens is not None, fn, "appending k_new and v_new needs cache_seqlens")
+        check(cache_seqlens is not None, fn,
+              "k_new and v_new need cache_seqlens: the position at which to append")
         # the append writes the caches: they must be fit to be written (the CPU's rules)
         for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             check_no_self_overlap(fn, name, cache)
@@ -470,7 +475,8 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
     return out, lse
 
 
-def _check_page_table(fn, block_table, batch, cache_name, page, device):
+def _check_page_table(fn, block_table, batch, cache_name, page, device,
+                      batch_source="q.size(0)"):
     """block_table (batch, pages per sequence) int32 on q's device, pages of a multiple of
     PAGE_MULTIPLE keys (the cache named cache_name's size(2)); returns the keys a sequence
     can hold."""
@@ -479,13 +485,13 @@ def _check_page_table(fn, block_table, batch, cache_name, page, device):
           "block_table must be an int32 tensor of shape (B, pages per sequence), got "
           f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
           f"{tuple(getattr(block_table, 'shape', ()))}")
-    check(block_table.size(0) == batch, fn,
-          f"block_table.size(0) must be the batch {batch}, got {block_table.size(0)}")
+    check(block_table.size(0) == batch, fn, f"block_table.size(0) (batch) must equal "
+                                            f"{batch_source} = {batch}, got {block_table.size(0)}")
     check(block_table.device == device, fn,
           f"block_table is on {block_table.device} but q is on {device}")
     check(page > 0 and page % PAGE_MULTIPLE == 0, fn,
           f"{cache_name}.size(2) (block_size, keys per page) must be a multiple of "
-          f"{PAGE_MULTIPLE} with a paged cache, got {page}")
+          f"{PAGE_MULTIPLE} with a block_table, got {page}")
     # the kernels step through a sequence's pages one int32 at a time
     check(block_table.stride(1) == 1 or block_table.size(1) <= 1, fn,
           f"block_table.stride(1) must be 1 (contiguous rows), got {block_table.stride(1)}")
