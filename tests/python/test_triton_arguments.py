@@ -160,7 +160,7 @@ def test_scale_must_be_finite(scale):
         fattn.triton.attention(q, k, v, scale=scale, **TILES)
 
 
-def test_the_backward_refuses_heads_its_32_bit_offsets_cannot_reach():
+def test_heads_the_32_bit_offsets_cannot_reach_are_refused():
     """A (B, H, S, D) view whose last head lies 2^31 elements in, without the memory: the
     check runs before any kernel reads it."""
     from fattn.triton import problem
@@ -168,8 +168,9 @@ def test_the_backward_refuses_heads_its_32_bit_offsets_cannot_reach():
     p = problem.Problem(q, k, v, torch.empty_like(q), torch.empty(1, 3, 20, device=DEVICE),
                         batch=1, q_len=20, kv_len=33, scale=0.25)
     far = torch.empty(0, device="meta").as_strided((1, 3, 33, 16), (0, 2 ** 30, 16, 1))
-    with pytest.raises(ArgumentError, match=r"k's heads lie 1073741824 elements apart: the "
-                                            r"backward's dK/dV kernel addresses 3 heads in 32 "
-                                            r"bits .* \(3 - 1\) × 1073741824 = 2147483648"):
-        problem._check_head_offsets(p, [], [("k", far)])
-    problem._check_head_offsets(p, [("q", q)], [("k", k), ("dk", None)])  # within: no error
+    with pytest.raises(ArgumentError, match=r"attention_backward: k's heads lie 1073741824 "
+                                            r"elements apart: the Triton kernels address its 3 "
+                                            r"heads in 32 bits .* \(3 - 1\) × 1073741824 = "
+                                            r"2147483648"):
+        problem.check_head_offsets("attention_backward", p, [], [("k", far)])
+    problem.check_head_offsets("attention", p, [("q", q)], [("k", k), ("dk", None)])  # within

@@ -277,6 +277,8 @@ def _cache_argument_errors():
         ("one head dim", kvcache(k_cache[..., :16], v_cache[..., :16], block_table=table,
                                  cache_seqlens=lens)),
         ("a varlen table per sequence", varlen(seqused_k=lens, block_table=table[:1])),
+        ("a negative softcap", kvcache(k_cache, v_cache, block_table=table, cache_seqlens=lens,
+                                       softcap=-1.0)),
     ]
 
 

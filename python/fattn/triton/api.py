@@ -192,7 +192,7 @@ def attention_backward(dout, q, k, v, out, lse, dlse=None, attn_mask=None, causa
             check_destination(fn, name, given, like.shape, like.dtype, q.device, reads)
             reads.append((name, given))
     # laid out as the inputs where they are dense (FlashAttention's (B, S, H, D) stays so:
-    # its heads D elements apart, within the dK/dV kernel's 32-bit head offsets)
+    # its heads D elements apart, within the kernels' 32-bit head offsets)
     grads = tuple(torch.empty_like(t) if g is None else g for t, g in ((q, dq), (k, dk), (v, dv)))
     dsinks = run_backward(p, dout, dlse, *grads)
     return grads + (dsinks,)
@@ -276,7 +276,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                           [("q", q), ("k", k), ("v", v)])
     _with_dropout("attention_varlen", p, dropout_p, dropout_seed, dropout_offset)
     if p.batch > 0:
-        run_forward(p)
+        run_forward(p, "attention_varlen")
     out, lse = p.out[0].transpose(0, 1), p.lse[0]
     return (out, lse) if return_lse else out
 
@@ -352,7 +352,7 @@ def attention_varlen_kvcache(q, k, v, cu_seqlens_q, cu_seqlens_k=None, seqused_k
                             seq_q=cu_seqlens_q.contiguous(), seq_k=starts,
                             seq_used=None if seqused_k is None else seqused_k.contiguous(),
                             block_table=block_table,
-                            block_m=block_m, block_n=block_n))
+                            block_m=block_m, block_n=block_n), fn)
     return out, lse
 
 
@@ -471,7 +471,7 @@ def kvcache_attention(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
                         window_right=right, softcap=softcap, alibi=alibi, sinks=sinks,
                         lengths=0 if seq_k is None else 1, seq_k=seq_k,
                         block_table=block_table, num_splits=num_splits, block_m=block_m,
-                        block_n=block_n))
+                        block_n=block_n), fn)
     return out, lse
 
 

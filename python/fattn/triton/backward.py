@@ -138,7 +138,7 @@ def _dq_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     tile = tl.program_id(0)
     b = (tl.program_id(1) // q_heads).to(tl.int64)
-    head = (tl.program_id(1) % q_heads).to(tl.int64)
+    head = tl.program_id(1) % q_heads
     hk = head // (q_heads // kv_heads)
     q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, SEQ_K, b, q_len, kv_len, LENGTHS)
     lo, hi = visibility.band(lq, lk, window_left, window_right, CAUSAL, WINDOW)
@@ -195,7 +195,7 @@ def _delta_kernel(O, DO, DLSE, DELTA, sob, soh, sos, sod, sdob, sdoh, sdos, sdod
     """Δ = rowsum(dO ∘ O) − dlse for BLOCK_M rows of one (batch, head), float32, read once
     from the 16-bit (or float32) tensors: no float32 copies of dO and O in memory."""
     b = (tl.program_id(1) // heads).to(tl.int64)
-    h = (tl.program_id(1) % heads).to(tl.int64)
+    h = tl.program_id(1) % heads
     i = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     dims = tl.arange(0, BLOCK_D)
     row_ok = i < rows

@@ -101,9 +101,7 @@ def _forward_full_kernel(
         head = tl.program_id(1) % q_heads
         hk = head // group
         i = r
-    # 64-bit offsets: a head's or a batch's stride times its index passes 2^31 in large
-    # (B, H, S, D) tensors (heads × S × D elements)
-    b, head, hk = b.to(tl.int64), head.to(tl.int64), hk.to(tl.int64)
+    b = b.to(tl.int64)
     # --- the sequence's queries and keys -----------------------------------------------
     q_start, lq, k_start, lk = visibility.sequence(SEQ_Q, SEQ_K, SEQ_USED, b, q_len, kv_len, LENGTHS)
     rows = lq * group if PACK_GQA else lq
@@ -201,10 +199,10 @@ def _forward_full_kernel(
     seen = l > 0.0
     out = tl.where(seen[:, None], acc / tl.where(seen, l, 1.0)[:, None], 0.0)
     lse = tl.where(seen, (m + tl.log2(tl.where(seen, l, 1.0))) * LN2, float("-inf"))
-    o_ptr = O + split.to(tl.int64) * sos_split + b * sob + head * soh + q_rows * sos
+    o_ptr = O + split * sos_split + b * sob + head * soh + q_rows * sos
     tl.store(o_ptr[:, None] + dims[None, :] * sod, out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & dim_ok[None, :])
-    tl.store(LSE + split.to(tl.int64) * sls_split + b * slb + head * slh + q_rows * sls, lse, mask=row_ok)
+    tl.store(LSE + split * sls_split + b * slb + head * slh + q_rows * sls, lse, mask=row_ok)
 
 
 @triton.jit
@@ -215,9 +213,9 @@ def _combine_kernel(OP, LSEP, O, LSE, sps, spb, sph, sps_row, spd, slps, slpb, s
     out = Σ_s e^(lse_s − lse)·out_s, lse = ln Σ_s e^(lse_s)."""
     row = tl.program_id(0)
     b = (row // (q_heads * q_len)).to(tl.int64)
-    h = ((row // q_len) % q_heads).to(tl.int64)
+    h = (row // q_len) % q_heads
     i = (row % q_len).to(tl.int64)
-    s = tl.arange(0, SPLITS).to(tl.int64)
+    s = tl.arange(0, SPLITS)
     dims = tl.arange(0, BLOCK_D)
     split_ok = s < num_splits
     lse_s = tl.load(LSEP + s * slps + b * slpb + h * slph + i * slps_row, mask=split_ok,

@@ -148,7 +148,7 @@ def check_variants(fn: str, q, window_left: int, window_right: int, softcap, sin
     left, right = min(int(window_left), UNBOUNDED), min(int(window_right), UNBOUNDED)
     softcap = float(softcap)
     check(math.isfinite(softcap) and softcap >= 0.0, fn,
-          f"softcap must be a finite number >= 0 (0: off), got {softcap}")
+          f"softcap must be finite and > 0 (0: off), got {softcap:g}")
     hq = q.size(1)
     if sinks is not None:
         check(isinstance(sinks, torch.Tensor), fn,
@@ -260,11 +260,13 @@ def dropout_args(p: Problem, dummy) -> tuple:
             1.0 / (1.0 - p.dropout_p))
 
 
-def run_forward(p: Problem) -> None:
+def run_forward(p: Problem, fn: str = "attention") -> None:
     """Launches the forward kernel (and the split combine) for a validated Problem,
-    writing p.out and p.lse."""
+    writing p.out and p.lse (fn: the entry point, for the words of an error)."""
     if p.out.numel() == 0:
         return
+    check_head_offsets(fn, p, [("q", p.q), ("out", p.out), ("attn_mask", p.mask)],
+                       [("k", p.k), ("v", p.v)])
     group = p.q_heads // p.kv_heads
     # GQA packing: the query heads of one kv head share a tile's K/V loads, where a tile of
     # queries alone would be mostly empty (decode); not with an attn_mask (its cover is per
@@ -403,27 +405,30 @@ def row_deltas(out, dout, dlse):
     return delta
 
 
-# The dK/dV kernel addresses a head as its index times the head stride in 32 bits: int64
-# there spilled registers in its variants' compilation for sm_90 (fattn.triton.compile_check:
-# 0 → 28-40 bytes), where the other kernels take 64-bit offsets at no cost. Tensors whose
-# heads lie 2^31 elements apart or more are refused instead of addressed wrongly.
+# The kernels address a head as its index times the head stride in 32 bits (the batch and
+# row offsets are 64-bit): tensors whose last head lies 2^31 elements in or further are
+# refused rather than addressed wrongly. 64-bit head offsets changed the H200-verified
+# kernels' machine code (fattn.dispatch.status) and spilled 28-40 bytes of registers in the
+# dK/dV kernel's variants (fattn.triton.compile_check, sm_90): a change for a GPU run to
+# measure.
 _HEAD_OFFSET_LIMIT = 2 ** 31
 
 
-def _check_head_offsets(p: Problem, query_side, key_side):
-    """(name, tensor) pairs of (B, H, S, D)-shaped views: (H − 1) × stride(1) within
-    _HEAD_OFFSET_LIMIT, or a stride Triton passes as 64 bits anyway."""
+def check_head_offsets(fn: str, p: Problem, query_side, key_side) -> None:
+    """(name, tensor) pairs of (B, H, S, D)-shaped views of the query heads and of the kv
+    heads: (H − 1) × stride(1) below _HEAD_OFFSET_LIMIT, or a stride Triton passes as 64
+    bits anyway."""
     for pairs, heads in ((query_side, p.q.size(1)), (key_side, p.k.size(1))):
         for name, t in pairs:
-            if t is None:
+            if t is None or t.dim() != 4 or t.size(1) < 2:
                 continue
             stride = abs(t.stride(1))
-            reach = stride * (heads - 1) if t.size(1) > 1 else 0
-            check(stride >= _HEAD_OFFSET_LIMIT or reach < _HEAD_OFFSET_LIMIT, "attention_backward",
-                  f"{name}'s heads lie {stride} elements apart: the backward's dK/dV kernel "
-                  f"addresses {heads} heads in 32 bits (at most {_HEAD_OFFSET_LIMIT - 1} "
-                  f"elements), and ({heads} - 1) × {stride} = {reach}; lay the tensor out as "
-                  "(B, S, H, D) (heads D elements apart)")
+            reach = stride * (heads - 1)
+            check(stride >= _HEAD_OFFSET_LIMIT or reach < _HEAD_OFFSET_LIMIT, fn,
+                  f"{name}'s heads lie {stride} elements apart: the Triton kernels address "
+                  f"its {heads} heads in 32 bits (at most {_HEAD_OFFSET_LIMIT - 1} elements), "
+                  f"and ({heads} - 1) × {stride} = {reach}; lay it out as (B, S, H, D) (heads "
+                  "D elements apart)")
 
 
 def run_backward(p: Problem, dout, dlse, dq, dk, dv):
@@ -449,8 +454,9 @@ def run_backward(p: Problem, dout, dlse, dq, dk, dv):
         dk.zero_()
         dv.zero_()
         return dsinks
-    _check_head_offsets(p, [("q", p.q), ("dout", dout), ("lse", lse), ("attn_mask", p.mask)],
-                        [("k", p.k), ("v", p.v), ("dk", dk), ("dv", dv)])
+    check_head_offsets("attention_backward", p,
+                       [("q", p.q), ("dout", dout), ("dq", dq), ("attn_mask", p.mask)],
+                       [("k", p.k), ("v", p.v), ("dk", dk), ("dv", dv)])
     precision, upcast = _precision(p)
     dkdv_tiles, dq_tiles = backward_tiles(p.head_dim, p.block_m, p.block_n, p.backward_tiles,
                                           dropout=p.dropout_p > 0.0)
