@@ -51,8 +51,9 @@ def _check_heads_and_dim(fn, hq, hkv, d, dk, dv, k_name="k", v_name="v"):
 def _scale(fn, scale, d):
     if scale is None:
         return 1.0 / math.sqrt(d)
-    check(math.isfinite(float(scale)), fn, f"scale must be finite, got {float(scale)}")
-    return float(scale)
+    scale = float(scale)
+    check(math.isfinite(scale), fn, f"scale must be finite, got {scale}")
+    return scale
 
 
 def _mask_view(fn, attn_mask, q, sk):
@@ -584,9 +585,9 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
         slots = torch.arange(block_table.size(1), device=block_table.device)
         in_use = slots.view(1, -1) * page < used.view(-1, 1)
         table_bad = ((block_table < 0) | (block_table >= pages)) & in_use
-    taken = same_slot = None
+    slots_sorted = same_slot = None
     if block_table is not None and new > 0 and block_table.size(1) > 0:  # else no room at all
-        taken, same_slot = _append_slots(lengths, new, capacity, block_table, page)
+        slots_sorted, same_slot = _append_slots(lengths, new, capacity, block_table, page)
     rules = [(bad, rule) for bad, rule in ((length_bad, _LENGTH_RULES[lengths_name]),
                                            (table_bad, _table_rule(cache_name)),
                                            (same_slot, _APPEND_RULE))
@@ -610,18 +611,18 @@ def _check_cache_indices(fn, lengths, new, capacity, block_table, pages, page,
                          f"[0, {pages}) ({cache_name}.size(0), the cache's pages), and sequence "
                          f"{n} uses that block")
     first = int(same_slot.nonzero()[0, 0])
-    keys = taken.flatten().sort(stable=True)
-    a, c = sorted(int(keys.indices[first + x]) // new for x in (0, 1))
+    a, c = sorted(int(slots_sorted.indices[first + x]) // new for x in (0, 1))
     check(False, fn, f"sequences {a} and {c} both append to slots of page "
-                     f"{int(keys.values[first]) // page} (block_table): the append would write "
-                     "one key twice")
+                     f"{int(slots_sorted.values[first]) // page} (block_table): the append "
+                     "would write one key twice")
 
 
 def _append_slots(lengths, new, capacity, block_table, page):
-    """The cache slot (page · page size + position in the page) each appended key of a
-    paged append takes, (B, new), and where two keys take one, (B·new − 1,) bool over the
-    slots in sorted order (true at the first of each equal pair). A sequence whose length
-    breaks its own rule takes no slot here (its length's error speaks for it)."""
+    """The cache slots (page · page size + position in the page) the appended keys of a
+    paged append take, sorted (stably: .values, and .indices into the (B, new) keys), and
+    where two keys take one, (B·new − 1,) bool (true at the first of each equal pair). A
+    sequence whose length breaks its own rule takes no slot here (its length's error speaks
+    for it)."""
     b = lengths.numel()
     fits = ((lengths >= 0) & (lengths.to(torch.int64) + new <= capacity)).view(b, 1)
     positions = lengths.to(torch.int64).view(b, 1) + torch.arange(new, device=lengths.device)
@@ -629,8 +630,8 @@ def _append_slots(lengths, new, capacity, block_table, page):
     pages = torch.gather(block_table.to(torch.int64), 1, positions // page)
     outside = -1 - torch.arange(b * new, device=lengths.device).view(b, new)  # all distinct
     slots = torch.where(fits, pages * page + positions % page, outside)
-    ordered = slots.flatten().sort(stable=True).values
-    return slots, ordered[1:] == ordered[:-1]
+    ordered = slots.flatten().sort(stable=True)
+    return ordered, ordered.values[1:] == ordered.values[:-1]
 
 
 def _append(k_cache, v_cache, k_new, v_new, lengths, block_table, new):

@@ -210,7 +210,8 @@ def mask_cover(mask: torch.Tensor, block_m: int, block_n: int, source=None) -> t
     any_visible = visible.reshape(shape).any(dim=5).any(dim=3)
     any_changed = changed.reshape(shape).any(dim=5).any(dim=3)
     cover = torch.where(any_visible, 1 + any_changed.to(torch.int8), 0).to(torch.int8)
-    cover = cover.expand(b, h, triton.cdiv(sq, block_m), triton.cdiv(sk, block_n))  # stride 0 if broadcast
+    # stride 0 where broadcast
+    cover = cover.expand(b, h, triton.cdiv(sq, block_m), triton.cdiv(sk, block_n))
     if len(_COVER_CACHE) >= _COVER_CACHE_SIZE:
         _COVER_CACHE.pop(next(iter(_COVER_CACHE)))
     _COVER_CACHE[key] = (weakref.ref(source), cover)
