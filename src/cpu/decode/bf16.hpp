@@ -121,7 +121,7 @@ struct DecodeScoresBf16 {
   }
 
   // Whether tile_scores takes the key rows where they lie for `rows` rows (forward_plan
-  // reports it): up to DecodeOps::kDirectRows, as the float32 scores of 16-bit keys.
+  // reports it): up to DecodeOps::kDirectRows, as the float32 scores.
   static constexpr bool direct_scores(std::int64_t rows) { return rows <= Ops::kDirectRows; }
 
   // Scores of one key tile against `rows` query rows (their bits qb, Dp per row): straight

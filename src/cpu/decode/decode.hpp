@@ -6,8 +6,9 @@
 // once, cpu/decode/ops.hpp), in the tile layout chosen for the item (cpu/decode/worker.hpp):
 //   for each key tile, for each kv head:
 //        next ← its share of the next key tile (every head's K rows, then V rows, in the
-//               order they lie in memory), asked of memory during its scores (Prefetch)
-//        st ← qs·Kᵀ                 (tile_scores: from the key rows for ≤ 4 rows, else
+//               order they lie in memory), asked of memory during its scores
+//               (cpu/decode/prefetch.hpp)
+//        st ← qs·Kᵀ                 (tile_scores: from the key rows for ≤ 8 rows, else
 //                                    through the transposed tile; items of 48 rows or
 //                                    more: the query rows along the lanes instead,
 //                                    cpu/decode/query_lanes.hpp; a bfloat16 cache on

@@ -1,6 +1,6 @@
 // fattn — the decode kernel's scores for a few query rows, straight from the key rows.
 //
-// With few rows (4; 8 for float32 and q8_0 keys: DecodeOps::direct_rows) a key tile's
+// With few rows (up to 8: DecodeOps::kDirectRows) a key tile's
 // transpose (cpu/decode/ops.hpp, transpose_keys: 64 shuffles per 16×16 block) costs more
 // than the products it feeds (R FMAs per 16 elements). Here each key row is multiplied
 // where it lies, dims along the lanes:
@@ -149,10 +149,15 @@ struct DirectScores {
   // One register an operand: the keys first, as they always ran.
   static constexpr bool kKeysOuter = sizeof(typename Products::Operand) > sizeof(__m512);
 
-  // st[r][j + k] for R rows and 16/R keys starting at j.
+  // st[r][j + k] for R rows and 16/R keys starting at j. Inlined into the loop over the
+  // blocks: GCC 12 made it a function of its own, called for every 16 dot products, whose
+  // sums went through the stack on their way to sum_lanes; inlined, the scores of a tile
+  // (GQA 4, D 128, keys in L2) take 38 cycles a key where they took 57, for 32 cycles of
+  // FMAs (dev-zen4, docs/perf-log.md 2026-12-08).
   template <int R>
-  static void block(const Query* q, std::int64_t Dp, const Rows& k, std::int64_t j,
-                    std::int64_t st_stride, float factor, float* st) {
+  [[gnu::always_inline]] static void block(const Query* q, std::int64_t Dp, const Rows& k,
+                                           std::int64_t j, std::int64_t st_stride, float factor,
+                                           float* st) {
     constexpr int KB = kSums / R;
     decltype(k.row(0)) krow[KB];
     for (int kk = 0; kk < KB; ++kk) krow[kk] = k.row(j + kk);

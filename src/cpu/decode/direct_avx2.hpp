@@ -2,7 +2,7 @@
 // AVX2: cpu/decode/direct.hpp's scheme sized for 16 ymm registers.
 //
 // With up to 8 rows (blocks of R ≤ 4 rows, each a pass over the tile's key rows: the
-// rule is DecodeOps::direct_rows), transposing a key tile costs more than the products it
+// rule is DecodeOps::kDirectRows), transposing a key tile costs more than the products it
 // feeds (R FMAs per 8 elements against 3 shuffles per element-vector). Here each key row is multiplied
 // where it lies, dims along the lanes:
 //   acc[r][k] += qs[r][d..d+7] · k[j + k][d..d+7]     R rows × 8/R keys, over d

@@ -27,6 +27,7 @@
 #include "cpu/common/blocks.hpp"
 #include "cpu/decode/direct.hpp"
 #include "cpu/decode/direct_avx2.hpp"
+#include "cpu/decode/prefetch.hpp"
 #include "cpu/common/elements.hpp"
 #include "cpu/common/exp2.hpp"
 #include "cpu/common/online_softmax.hpp"
@@ -93,114 +94,9 @@ struct DecodeOps {
     }
   }
 
-  // Asks the memory for the rows a worker reads next, a few rows at a time between blocks
-  // of the current compute: the loads of one tile overlap the arithmetic of the one before,
-  // where the hardware prefetchers alone left the core waiting after each tile (decode,
-  // Sk = 64k: 23 → 31 GB/s, docs/perf-log.md). The rows come as up to two spans (K's,
-  // then V's), each the rows of some kv heads over some keys, asked for in the order they
-  // lie in memory (a (B, S, Hkv, D) cache: key by key, every head of a key); a unit of
-  // work asks for its share of them (`quota`) by its end.
-  struct Prefetch {
-    static constexpr std::int64_t kLineBytes = 64;
-    // Rows asked for after each 16×16 block of the transpose: 2 rows (32.5 GB/s), 4 (30.6),
-    // 8 (30.1), 16 (27.0); the rows left a line per dim of the scores (issue_line).
-    static constexpr std::int64_t kRowsPerBlock = 2;
-    // ... and after each block of direct scores (cpu/decode/direct.hpp, direct_avx2.hpp)
-    // an equal part of the unit's share (spread). A fixed 32 lines a block left half of a
-    // float32 share (8 lines a row) to one burst at the scores' end: spread evenly, decode
-    // (B 1 and 8, Hq 32, Hkv 8, D 128, 8k-32k keys, 2 threads, dev-zen4) read 85 → 93 % and
-    // 76 → 82 % of a read stream over the same memory; bfloat16 (4 lines a row, which the
-    // fixed pace already spread) 88 → 86 % (docs/perf-log.md, 2026-12-06).
-    // Rows [0, keys) of `heads` kv heads of K or V as bytes: head x's row j at
-    // rows.row(j) + x·head_bytes; key by key where a key's heads lie closer together than a
-    // head's keys, else head by head.
-    struct Span {
-      Rows<char> rows{};
-      std::int64_t head_bytes = 0, heads = 0, keys = 0;
-      bool keys_outer = true;
-      std::int64_t count() const { return heads * keys; }
-    };
-    template <class E>
-    static Span span_of(const Rows<E>& r, std::int64_t head_stride, std::int64_t heads, std::int64_t keys) {
-      Span s{{{}, r.stride * static_cast<std::int64_t>(sizeof(E)), 0},
-             head_stride * static_cast<std::int64_t>(sizeof(E)), heads, keys,
-             std::abs(head_stride) < std::abs(r.stride)};
-      for (int g = 0; g < kGroups; ++g) s.rows.group[g] = reinterpret_cast<const char*>(r.group[g]);
-      return s;
-    }
-
-    Span first, second;
-    std::int64_t rows = 0, next = 0, row_bytes = 0;  // next: of rows (first's, then second's)
-    // Row `next` as its span's key and head, stepped a row at a time rather than found
-    // from `next` by a 64-bit division for every row asked for (float16 with the cache in
-    // L2/L3 +3 %; the asking costs a fifth of that decode's time: docs/perf-log.md,
-    // 2026-12-07).
-    std::int64_t key = 0, head = 0;
-    bool to_l2 = false;        // PREFETCHT1 (L2) rather than PREFETCHT0 (L1): the level asked
-    std::int64_t line_at = 0;  // bytes of row `next` asked for by issue_line
-    std::int64_t quota = 0;    // rows the unit running now asks for by its end (issue_rest)
-    std::int64_t rows_per_direct_block = 1;
-
-    Prefetch(const Span& a, const Span& b, std::int64_t bytes_per_row, bool into_l2)
-        : first(a), second(b), rows(a.count() + b.count()), row_bytes(bytes_per_row),
-          to_l2(into_l2), quota(rows) {}
-    Prefetch() = default;
-
-    // The units of a phase ask for equal shares: unit x of n stops at (x + 1)/n of the rows.
-    void share(int x, int n) { quota = rows * (x + 1) / n; }
-    const Span& span() const { return next < first.count() ? first : second; }
-    const char* row() const {
-      const Span& s = span();
-      return s.rows.row(key) + head * s.head_bytes;
-    }
-    void step() {
-      if (++next == first.count()) {  // into the second span
-        key = head = 0;
-        return;
-      }
-      const Span& s = span();
-      if (s.keys_outer) {
-        if (++head == s.heads) head = 0, ++key;
-      } else if (++key == s.keys) {
-        key = 0, ++head;
-      }
-    }
-    // One line asked for at the level chosen (the hint must be a constant: two calls).
-    [[gnu::always_inline]] void line(const char* at) const {
-      if (to_l2)
-        __builtin_prefetch(at, 0, 2);
-      else
-        __builtin_prefetch(at, 0, 3);
-    }
-    // Every line of a row: every other line (the adjacent-line prefetcher's pair) was
-    // slower, 31.2 → 24.1 GB/s.
-    [[gnu::always_inline]] void issue(std::int64_t n) {
-      for (; n > 0 && next < rows; --n, step()) {
-        const char* r = row();
-        for (std::int64_t d = 0; d < row_bytes; d += kLineBytes) line(r + d);
-      }
-    }
-    // One line, the next of the row being asked for: called once per dim of a score block,
-    // so the lines go out evenly among the FMAs. In bursts (a block's share of rows at
-    // once) the core stalled on full miss buffers: Sq = 16, query lanes, 6 % of the
-    // samples on the burst's loop; evenly, 348-355 → 388 GFLOP/s; Sq = 4, key lanes,
-    // 166-181 → 184-195 (docs/perf-log.md, "query rows along the lanes").
-    [[gnu::always_inline]] void issue_line() {
-      if (next >= rows) return;
-      line(row() + line_at);
-      line_at += kLineBytes;
-      if (line_at >= row_bytes) line_at = 0, step();
-    }
-    void issue_rest() {
-      line_at = 0;  // a row begun by issue_line is asked for whole again
-      issue(quota - next);
-    }
-    // The rest of the unit's share over its next `blocks` blocks of direct scores.
-    void spread(std::int64_t blocks) {
-      rows_per_direct_block = std::max<std::int64_t>(1, (quota - next + blocks - 1) / std::max<std::int64_t>(blocks, 1));
-    }
-    void issue_after_direct_block() { issue(rows_per_direct_block); }
-  };
+  // The next tile's rows, asked of the memory between blocks of this one's compute
+  // (cpu/decode/prefetch.hpp).
+  using Prefetch = TilePrefetch<kGroups, kKeyGroup>;
 
   // kt[d][j] = k[j][d] for the tile's nj keys; keys past nj are zero.
   // With contiguous dims, whole 16-key × 16-dim blocks go through registers (AVX-512;
@@ -363,32 +259,27 @@ struct DecodeOps {
     transpose_keys(k, nj, D, kt, next);
     scores(qs, rows, D, kt, st, next);
   }
-  // Rows up to which the scores skip the transpose (cpu/decode/direct.hpp): its compute at
-  // Sq = 1, GQA 4:1 (4 rows), keys in L2: 37.7 → 48.9 GB/s per core.
-  static constexpr std::int64_t kDirectRows = 4;
-  // ... on AVX-512 by the cache's element type: 8 rows (GQA 8:1, in two blocks of 4) for
-  // float32 and q8_0, whose widening or FMAs cost the transpose more than a second pass
-  // over the tile's rows from L1/L2 costs: float32 Sk 32k, B 8 71-74 → 57-65 ms; q8_0
-  // keys in L3 (Sk 2k) 0.43 → 0.30 ms; 16-bit caches mixed (bfloat16 B 1 32k 3.3-5.2 →
-  // 3.7-4.8 ms, float16 B 8 32k 43-44 → 49), so 4 (dev-zen4, docs/perf-log.md 2026-12-06).
-  // On AVX2 8 rows for every element type: at GQA 8:1 two passes of 4 rows cost less than
-  // the 8×8 transposes and their stores (dev-zen3, B 8, Hkv 4, 32k keys, 2 threads, ms:
-  // float32 140-149 → 113-126, float16 104-106 → 82-92, bfloat16 112-125 → 71-89, q8_0
-  // 115-120 → 68-81; B 1 alike; docs/perf-log.md 2026-12-07).
-  template <class E>
-  static constexpr std::int64_t direct_rows() {
-    if constexpr (L == 8) return 2 * kDirectRows;
-    return std::is_same_v<E, float> || std::is_same_v<E, Q8_0> ? 2 * kDirectRows : kDirectRows;
-  }
+  // Rows up to which the scores skip the transpose (cpu/decode/direct.hpp, in blocks of 4
+  // rows: GQA 8:1 in two passes over the tile's rows from L1/L2), for every element type.
+  // At 4 rows (GQA 4:1), keys in L2: 37.7 → 48.9 GB/s per core. At 8 rows two passes cost
+  // less than the transpose and its stores: on AVX2 for every element type (dev-zen3, B 8,
+  // Hkv 4, 32k keys, 2 threads, ms: float32 140-149 → 113-126, float16 104-106 → 82-92,
+  // bfloat16 112-125 → 71-89, q8_0 115-120 → 68-81; docs/perf-log.md 2026-12-07); on
+  // AVX-512 for float32 and q8_0 (float32 B 8 32k 71-74 → 57-65 ms; 2026-12-06), and for
+  // 16-bit caches since the direct block is inlined (one core, keys in L2, GFLOP/s: float16
+  // 67-68 → 84, bfloat16 104-105 → 128-131; 2 threads, 32k keys, ms: float16 B 1
+  // 4.8-5.0 → 3.6-3.9, B 8 39-42 → 29-33, bfloat16 B 1 4.3 → 2.7, B 8 37 → 26; dev-zen4,
+  // docs/perf-log.md 2026-12-08).
+  static constexpr std::int64_t kDirectRows = 8;
   // Whether tile_scores multiplies the key rows where they lie for `rows` query rows (keys
   // of element type E, their dims contiguous or not), rather than through the transposed
   // tile: the rule tile_scores follows and forward_plan reports.
   template <class E>
   static constexpr bool direct_scores(std::int64_t rows, bool dims_contiguous) {
 #if defined(FATTN_AVX512)
-    if constexpr (L == 16) return dims_contiguous && rows <= direct_rows<E>();
+    if constexpr (L == 16) return dims_contiguous && rows <= kDirectRows;
 #elif defined(FATTN_AVX)
-    if constexpr (L == 8) return dims_contiguous && rows <= direct_rows<E>();
+    if constexpr (L == 8) return dims_contiguous && rows <= kDirectRows;
 #endif
     return false;
   }
