@@ -94,6 +94,11 @@ struct DirectScoresAvx2 {
         products(d, kv, first);
       };
       step(0, std::true_type{});
+      // Unrolled: one step a loop iteration left the 8 accumulator chains (two FMA ports ×
+      // four cycles: none to spare) waiting on its loads; unrolled by 4 the scores of a tile
+      // run at 81-90 GFLOP/s where they ran at 54-60 (fattn-decode-tile --isa avx2, 4 and
+      // 8 rows, dev-zen4, docs/perf-log.md 2026-12-08).
+#pragma GCC unroll 4
       for (std::int64_t d = kStep; d < Dp; d += kStep) step(d, std::false_type{});
     }
     alignas(32) float sums[kSums];
