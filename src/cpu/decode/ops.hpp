@@ -222,7 +222,7 @@ struct DecodeOps {
                           std::int64_t nj, float* kt, float* st, Prefetch& next) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) {
-      if (direct_scores<E>(rows, k.dim_stride == 1)) {
+      if (direct_scores(rows, k.dim_stride == 1)) {
 #if defined(FATTN_AVX512_BF16)
         // The AVX512-BF16 table runs a bfloat16 cache's scores on vdpbf16ps (bf16.hpp);
         // the split pairs serve the AVX-512 table, where the FMA choice sends bfloat16.
@@ -249,7 +249,7 @@ struct DecodeOps {
     }
 #elif defined(FATTN_AVX)
     if constexpr (L == 8) {
-      if (direct_scores<E>(rows, k.dim_stride == 1)) {
+      if (direct_scores(rows, k.dim_stride == 1)) {
         DirectScoresAvx2<Rows<E>>::scores(qs, rows, padded_dim(D), k, nj, Bk, st, next);
         next.issue_rest();
         return;
@@ -272,9 +272,8 @@ struct DecodeOps {
   // docs/perf-log.md 2026-12-08).
   static constexpr std::int64_t kDirectRows = 8;
   // Whether tile_scores multiplies the key rows where they lie for `rows` query rows (keys
-  // of element type E, their dims contiguous or not), rather than through the transposed
-  // tile: the rule tile_scores follows and forward_plan reports.
-  template <class E>
+  // of any element type, their dims contiguous or not), rather than through the
+  // transposed tile: the rule tile_scores follows and forward_plan reports.
   static constexpr bool direct_scores(std::int64_t rows, bool dims_contiguous) {
 #if defined(FATTN_AVX512)
     if constexpr (L == 16) return dims_contiguous && rows <= kDirectRows;

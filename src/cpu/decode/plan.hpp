@@ -33,7 +33,6 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, const DecodeReques
   plan.items = ws.items;
 
   // The scores of a full row tile (ws.tile_rows rows), as DecodeWorker::scores picks them.
-  const DType keys = ws.in_place ? p.kv_dtype() : DType::float32;  // staged tiles: float32
   const bool dims_contiguous = !ws.in_place || p.k.dim == 1;
   // direct_for_rows(rows): the kernel's own rule; direct_up_to: the most rows it takes
   // directly, up to a row tile's.
@@ -43,24 +42,15 @@ DecodePlan decode_plan(const detail::Problem& p, int workers, const DecodeReques
     direct = direct_for_rows(ws.tile_rows);
     for (std::int64_t r = 1; r <= Workspace::kRowTile && direct_for_rows(r); ++r) direct_up_to = r;
   };
-  auto direct_for = [&](auto element) {
-    using E = decltype(element);
-    follow([&](std::int64_t rows) { return Ops::template direct_scores<E>(rows, dims_contiguous); });
-  };
   std::string products;
 #if defined(FATTN_AVX512_BF16)
-  if (ws.dot_bf16 && ws.in_place && keys == DType::bfloat16) {
+  if (ws.dot_bf16 && ws.in_place && p.kv_dtype() == DType::bfloat16) {
     products = "bf16_dot ";
     follow([](std::int64_t rows) { return DecodeScoresBf16<S>::direct_scores(rows); });
   } else
 #endif
   {
-    switch (keys) {
-      case DType::float16: direct_for(Float16{}); break;
-      case DType::bfloat16: direct_for(BFloat16{}); break;
-      case DType::q8_0: direct_for(Q8_0{}); break;
-      default: direct_for(0.0f); break;
-    }
+    follow([&](std::int64_t rows) { return Ops::direct_scores(rows, dims_contiguous); });
   }
   plan.scores = products + (ws.query_lanes ? "query_lanes" : direct ? "direct" : "transposed");
 

@@ -82,7 +82,8 @@ struct TilePrefetch {
         total_ += r.outer * r.inner * ((r.bytes + kLineBytes - 1) / kLineBytes + (aligned ? 0 : 1));
       }
     quota_ = total_;
-    span_ = -1;
+    span_ = 0;
+    group_ = -1;
     next_group();
   }
 
@@ -137,7 +138,7 @@ struct TilePrefetch {
   // The first run of the next group that holds rows (of this span, then the next).
   void next_group() {
     for (;;) {
-      if (++group_ >= kGroups || span_ < 0) {
+      if (++group_ >= kGroups) {
         if (++span_ >= 2) {
           at_ = end_ = nullptr;
           return;
